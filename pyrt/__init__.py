@@ -1,0 +1,46 @@
+"""pyrt: run TensorRT-accelerated ExecuTorch programs from Python.
+
+>>> import pyrt
+>>> info = pyrt.inspect("model.pte")                  # doctest: +SKIP
+>>> with pyrt.Program("model.pte", budget="2GiB") as prog:   # doctest: +SKIP
+...     out = prog(x)
+
+Importing pyrt imports neither torch nor executorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyrt.errors import (
+    BackendError,
+    BlobFormatError,
+    BudgetError,
+    DeviceError,
+    EngineError,
+    ExportError,
+    InputError,
+    ProgramClosedError,
+    PteFormatError,
+    PyrtError,
+    UnsupportedOperatorError,
+)
+from pyrt.report import inspect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Program", "inspect", "__version__",
+    "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
+    "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExportError",
+    "ProgramClosedError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the runtime pulls in numpy and the CUDA seam only when used.
+    if name == "Program":
+        from pyrt.program import Program
+
+        return Program
+    raise AttributeError(f"module 'pyrt' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from pyrt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,40 @@
+"""The ``pyrt`` command line.
+
+    pyrt inspect model.pte          # readable report
+    pyrt inspect --json model.pte   # the same data as pyrt.inspect()
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from pyrt.errors import PyrtError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyrt", description="TensorRT-accelerated ExecuTorch programs from Python")
+    sub = parser.add_subparsers(dest="command", required=True)
+    insp = sub.add_parser("inspect", help="describe a .pte file")
+    insp.add_argument("path", help="the .pte file")
+    insp.add_argument("--json", action="store_true", help="print JSON (the pyrt.inspect() dict)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from pyrt.report import format_report, inspect
+
+    try:
+        info = inspect(args.path)
+    except PyrtError as exc:
+        print(f"pyrt: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

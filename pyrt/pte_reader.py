@@ -1,0 +1,747 @@
+"""Zero-copy, validated reader for ExecuTorch ``.pte`` program files.
+
+A file is opened with one read-only mmap; the ``Program`` flatbuffer is parsed
+lazily, field by field, and every offset goes through one bounds check
+(:class:`pyrt._bounds.Span`). Delegate blobs and constant data come back as
+memoryviews into the mmap: nothing large is copied on the load path.
+
+>>> from pyrt.pte_reader import PteFile
+>>> with PteFile.open("model.pte") as pte:                     # doctest: +SKIP
+...     plan = pte.program.method("forward")
+...     [d.id for d in plan.delegates]
+['TensorRTBackend']
+
+Layout facts: ``docs/formats.md`` (shared) section 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import mmap
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator, Sequence, Union
+
+from pyrt._bounds import Span
+from pyrt._flatbuffer import Table, Vector
+from pyrt.dtypes import ScalarType
+from pyrt.errors import PteFormatError
+
+FILE_IDENTIFIER = b"ET12"  # bytes 4..8
+EXT_HEADER_OFFSET = 8  # the extended header follows root offset (4) + identifier (4)
+EXT_HEADER_MAGIC = b"eh00"
+# eh00 magic (4) + header length (4) + program_size (8) + segment_base_offset (8) = 24 bytes;
+# segment_data_size (8) follows only when the header length says it is there (>= 32).
+EXT_HEADER_MIN_LENGTH = 24
+EXT_HEADER_WITH_DATA_SIZE = 32
+FLATBUFFER_MAX = 2**31  # FlatBuffers cannot address more than 2 GiB
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
+
+
+class ShapeDynamism(enum.IntEnum):
+    STATIC = 0
+    DYNAMIC_BOUND = 1
+    DYNAMIC_UNBOUND = 2
+
+
+class TensorDataLocation(enum.IntEnum):
+    SEGMENT = 0
+    EXTERNAL = 1
+
+
+class DeviceType(enum.IntEnum):
+    CPU = 0
+    CUDA = 1
+
+
+class DataLocation(enum.IntEnum):
+    INLINE = 0
+    SEGMENT = 1
+
+
+# EValue union tags (program.fbs KernelTypes, NONE = 0).
+EVALUE_KINDS = {
+    1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String",
+    7: "IntList", 8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
+}
+# Instruction union tags (program.fbs InstructionArguments, NONE = 0).
+INSTRUCTION_KINDS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
+
+
+# -- plain records ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtendedHeader:
+    program_size: int
+    segment_base_offset: int
+    segment_data_size: int | None
+
+
+@dataclass(frozen=True)
+class DataSegment:
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SubsegmentOffsets:
+    segment_index: int
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NamedData:
+    key: str
+    segment_index: int
+
+
+@dataclass(frozen=True)
+class AllocationInfo:
+    memory_id: int
+    memory_offset: int  # low | high << 32
+
+
+@dataclass(frozen=True)
+class ExtraTensorInfo:
+    mutable_data_segments_idx: int
+    fully_qualified_name: str | None
+    location: TensorDataLocation
+    device_type: DeviceType
+    device_index: int
+
+
+@dataclass(frozen=True)
+class Tensor:
+    scalar_type: ScalarType
+    storage_offset: int
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    requires_grad: bool
+    data_buffer_idx: int
+    allocation_info: AllocationInfo | None
+    layout: int
+    shape_dynamism: ShapeDynamism
+    extra_tensor_info: ExtraTensorInfo | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor at its (upper-bound) sizes."""
+        return self.numel * self.scalar_type.itemsize
+
+    @property
+    def is_constant(self) -> bool:
+        """Data stored in the file's constant segment (or a named-data entry)."""
+        external = self.extra_tensor_info is not None and self.extra_tensor_info.location == TensorDataLocation.EXTERNAL
+        return external or (self.data_buffer_idx > 0 and self.allocation_info is None)
+
+
+@dataclass(frozen=True)
+class EValue:
+    """One value slot; ``kind`` is the union member name, ``value`` its Python payload.
+
+    Payloads: Null -> None, Int -> int, Bool -> bool, Double -> float,
+    Tensor -> :class:`Tensor`, String -> str, IntList / TensorList /
+    OptionalTensorList -> tuple of value indices (-1 = None in optional lists),
+    DoubleList / BoolList -> tuple of literals.
+    """
+
+    kind: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    overload: str
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    op_index: int
+    args: tuple[int, ...]
+    kind = "KernelCall"
+
+
+@dataclass(frozen=True)
+class DelegateCall:
+    delegate_index: int
+    args: tuple[int, ...]
+    kind = "DelegateCall"
+
+
+@dataclass(frozen=True)
+class MoveCall:
+    move_from: int
+    move_to: int
+    kind = "MoveCall"
+
+
+@dataclass(frozen=True)
+class JumpFalseCall:
+    cond_value_index: int
+    destination_instruction: int
+    kind = "JumpFalseCall"
+
+
+@dataclass(frozen=True)
+class FreeCall:
+    value_index: int
+    kind = "FreeCall"
+
+
+Instruction = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]
+
+
+@dataclass(frozen=True)
+class Chain:
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    instructions: tuple[Instruction, ...]
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    key: str
+    value: bytes
+
+    def text(self) -> str:
+        """The value as UTF-8 text, or ``hex:...`` when it is not printable text."""
+        try:
+            decoded = self.value.decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = None
+        if decoded is not None and decoded.isprintable():
+            return decoded
+        return "hex:" + self.value.hex()
+
+
+@dataclass(frozen=True)
+class BackendDelegate:
+    id: str
+    location: DataLocation
+    index: int
+    compile_specs: tuple[CompileSpec, ...]
+
+    def spec(self, key: str) -> bytes | None:
+        """The value of compile spec ``key``; a duplicated key is a format error."""
+        found = [c.value for c in self.compile_specs if c.key == key]
+        if len(found) > 1:
+            raise PteFormatError(f"delegate {self.id!r} has compile spec {key!r} {len(found)} times")
+        return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class BufferDevice:
+    buffer_idx: int
+    device_type: DeviceType
+    device_index: int
+
+
+# -- the file ------------------------------------------------------------------------------------
+
+
+class PteFile:
+    """An open ``.pte``: header, extended header and a lazily parsed Program.
+
+    Use :meth:`open` with a path (one read-only mmap) or a bytes-like object.
+    """
+
+    def __init__(self, data: memoryview, source: str, *, _mmap: mmap.mmap | None = None) -> None:
+        self._mmap = _mmap
+        self._data = data
+        self.source = source
+        self.file = Span(data, source)
+        self.size = data.nbytes
+        self.identifier, self.extended_header = _parse_headers(self.file)
+        program_size = self.extended_header.program_size if self.extended_header else self.size
+        self._fb = Span(data[:program_size], source)
+
+    @classmethod
+    def open(cls, source: Source) -> "PteFile":
+        """Open a path (mmapped read-only) or wrap a bytes-like object (no copy)."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return cls(memoryview(source).cast("B"), "<bytes>")
+        path = Path(source)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    raise PteFormatError(f"{path}: file is empty (0 bytes)")
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        return cls(memoryview(mm), str(path), _mmap=mm)
+
+    # lifetime
+    def close(self) -> None:
+        """Release the mapping. Views handed out earlier must not be used afterwards."""
+        self.__dict__.pop("program", None)
+        for span in (self.file, self._fb):
+            span.data = memoryview(b"")
+            span.length = 0
+        self._data.release()
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping closes when it is released
+            self._mmap = None
+
+    def __enter__(self) -> "PteFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # layout
+    @property
+    def segment_base_offset(self) -> int:
+        return self.extended_header.segment_base_offset if self.extended_header else 0
+
+    @cached_property
+    def program(self) -> "Program":
+        return Program(self, Table.root(self._fb, "Program"))
+
+    def segment_view(self, index: int) -> memoryview:
+        """Zero-copy view of segment ``index`` (offsets are relative to segment_base_offset)."""
+        segs = self.program.segments
+        if not 0 <= index < len(segs):
+            raise PteFormatError(f"{self.source}: segment index {index} out of range ({len(segs)} segments)")
+        if self.extended_header is None:
+            raise PteFormatError(f"{self.source}: segment {index} is referenced but the file has no extended header")
+        seg = segs[index]
+        return self.file.view(f"segment {index}", self.segment_base_offset + seg.offset, seg.size)
+
+
+def _parse_headers(span: Span) -> tuple[str, ExtendedHeader | None]:
+    ident = span.bytes_at("file identifier", 4, 4)
+    if ident != FILE_IDENTIFIER:
+        raise PteFormatError(f"{span.source}: file identifier {ident!r} is not {FILE_IDENTIFIER!r}")
+    if span.length < EXT_HEADER_OFFSET + 4 or span.bytes_at("header magic", 8, 4) != EXT_HEADER_MAGIC:
+        if span.length > FLATBUFFER_MAX:
+            raise PteFormatError(f"{span.source}: {span.length} bytes without an extended header exceeds 2 GiB")
+        return ident.decode("ascii"), None
+    length = span.u32("extended header length", 12)
+    if length < EXT_HEADER_MIN_LENGTH:
+        raise PteFormatError(f"{span.source}: extended header length {length} < {EXT_HEADER_MIN_LENGTH}")
+    span.check("extended header", EXT_HEADER_OFFSET, length)
+    program_size = span.u64("program_size", 16)
+    base = span.u64("segment_base_offset", 24)
+    data_size = span.u64("segment_data_size", 32) if length >= EXT_HEADER_WITH_DATA_SIZE else None
+    if not EXT_HEADER_OFFSET + length <= program_size <= span.length:
+        raise PteFormatError(
+            f"{span.source}: program_size {program_size} is outside [{EXT_HEADER_OFFSET + length}, "
+            f"file length {span.length}]"
+        )
+    if program_size > FLATBUFFER_MAX:
+        raise PteFormatError(f"{span.source}: program_size {program_size} exceeds the 2 GiB flatbuffer limit")
+    if base < program_size and base != 0:
+        raise PteFormatError(f"{span.source}: segment_base_offset {base} is inside the program (size {program_size})")
+    if base > span.length:
+        raise PteFormatError(f"{span.source}: segment_base_offset {base} is past the end (length {span.length})")
+    if data_size is not None and base + data_size > span.length:
+        raise PteFormatError(
+            f"{span.source}: segment data [{base}, {base + data_size}) overruns the file (length {span.length})"
+        )
+    return ident.decode("ascii"), ExtendedHeader(program_size, base, data_size)
+
+
+# -- the Program table ---------------------------------------------------------------------------
+
+
+class Program:
+    """The root ``Program`` table; every field is decoded on first access."""
+
+    def __init__(self, pte: PteFile, table: Table) -> None:
+        self.pte = pte
+        self._t = table
+
+    @cached_property
+    def version(self) -> int:
+        return int(self._t.scalar(0, "version", "u32"))
+
+    @cached_property
+    def _plans(self) -> Vector | None:
+        return self._t.vector(1, "execution_plan", "table")
+
+    def __len__(self) -> int:
+        return len(self._plans) if self._plans else 0
+
+    @cached_property
+    def execution_plan(self) -> tuple["ExecutionPlan", ...]:
+        plans = self._plans
+        return tuple(ExecutionPlan(self, plans.table(i, f"execution_plan[{i}]"), i) for i in range(len(plans or ())))
+
+    @cached_property
+    def method_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.execution_plan)
+
+    def method(self, name: str) -> "ExecutionPlan":
+        for plan in self.execution_plan:
+            if plan.name == name:
+                return plan
+        raise PteFormatError(f"{self.pte.source}: no method {name!r}; methods are {list(self.method_names)}")
+
+    @cached_property
+    def segments(self) -> tuple[DataSegment, ...]:
+        vec = self._t.vector(4, "segments", "table")
+        return tuple(vec.tables(_data_segment)) if vec else ()
+
+    @cached_property
+    def constant_segment(self) -> SubsegmentOffsets | None:
+        t = self._t.table(5, "constant_segment")
+        return _subsegment(t) if t else None
+
+    @cached_property
+    def mutable_data_segments(self) -> tuple[SubsegmentOffsets, ...]:
+        vec = self._t.vector(6, "mutable_data_segments", "table")
+        return tuple(vec.tables(lambda t, i: _subsegment(t))) if vec else ()
+
+    @cached_property
+    def named_data(self) -> tuple[NamedData, ...]:
+        vec = self._t.vector(7, "named_data", "table")
+        if not vec:
+            return ()
+        return tuple(
+            NamedData(t.string(0, "key") or "", int(t.scalar(1, "segment_index", "u32"))) for t in vec.tables(_first)
+        )
+
+    @cached_property
+    def _inline_data(self) -> Vector | None:
+        return self._t.vector(3, "backend_delegate_data", "table")
+
+    @property
+    def num_inline_delegate_data(self) -> int:
+        return len(self._inline_data) if self._inline_data else 0
+
+    @cached_property
+    def _constant_buffer(self) -> Vector | None:
+        return self._t.vector(2, "constant_buffer", "table")
+
+    # data access (zero-copy)
+    def delegate_data(self, delegate: BackendDelegate) -> memoryview:
+        """The processed blob of ``delegate``: inline data or a whole segment."""
+        if delegate.location == DataLocation.SEGMENT:
+            return self.pte.segment_view(delegate.index)
+        inline = self._inline_data
+        n = len(inline) if inline else 0
+        if not 0 <= delegate.index < n:
+            raise PteFormatError(
+                f"{self.pte.source}: delegate {delegate.id!r} inline index {delegate.index} out of range ({n} entries)"
+            )
+        data = inline.table(delegate.index, f"backend_delegate_data[{delegate.index}]").vector(0, "data", "u8")
+        return data.raw() if data else memoryview(b"")
+
+    def constant_data(self, tensor: Tensor) -> memoryview:
+        """Bytes of a constant tensor (constant segment, legacy constant buffer, or named data)."""
+        info = tensor.extra_tensor_info
+        if info is not None and info.location == TensorDataLocation.EXTERNAL:
+            return self._sized(self.named_data_view(info.fully_qualified_name or ""), tensor, "named data")
+        idx = tensor.data_buffer_idx
+        cs = self.constant_segment
+        if cs is not None and len(cs.offsets) > 1:
+            return self._subsegment_view(cs, idx, tensor, "constant_segment")
+        buf = self._constant_buffer
+        n = len(buf) if buf else 0
+        if not 0 < idx < n:
+            raise PteFormatError(f"{self.pte.source}: constant data_buffer_idx {idx} out of range ({n} buffers)")
+        storage = buf.table(idx, f"constant_buffer[{idx}]").vector(0, "storage", "u8")
+        return self._sized(storage.raw() if storage else memoryview(b""), tensor, f"constant_buffer[{idx}]")
+
+    def mutable_data(self, tensor: Tensor) -> memoryview:
+        """Initial bytes of a mutable (memory-planned, pre-initialised) tensor."""
+        info = tensor.extra_tensor_info
+        which = info.mutable_data_segments_idx if info else 0
+        segs = self.mutable_data_segments
+        if not 0 <= which < len(segs):
+            raise PteFormatError(
+                f"{self.pte.source}: mutable_data_segments index {which} out of range ({len(segs)} entries)"
+            )
+        return self._subsegment_view(segs[which], tensor.data_buffer_idx, tensor, f"mutable_data_segments[{which}]")
+
+    def named_data_view(self, key: str) -> memoryview:
+        for nd in self.named_data:
+            if nd.key == key:
+                return self.pte.segment_view(nd.segment_index)
+        raise PteFormatError(f"{self.pte.source}: named data key {key!r} not found (external data lives in a .ptd)")
+
+    def _subsegment_view(self, sub: SubsegmentOffsets, idx: int, tensor: Tensor, what: str) -> memoryview:
+        if not 0 <= idx < len(sub.offsets):
+            raise PteFormatError(f"{self.pte.source}: {what} buffer index {idx} out of range ({len(sub.offsets)})")
+        seg = Span(self.pte.segment_view(sub.segment_index), self.pte.source)
+        return seg.view(f"{what}[{idx}] in segment {sub.segment_index}", sub.offsets[idx], tensor.nbytes)
+
+    def _sized(self, view: memoryview, tensor: Tensor, what: str) -> memoryview:
+        return Span(view, self.pte.source).view(what, 0, tensor.nbytes)
+
+
+def _first(t: Table, i: int) -> Table:
+    return t
+
+
+def _data_segment(t: Table, i: int) -> DataSegment:
+    return DataSegment(int(t.scalar(0, "offset", "u64")), int(t.scalar(1, "size", "u64")))
+
+
+def _subsegment(t: Table) -> SubsegmentOffsets:
+    offs = t.vector(1, "offsets", "u64")
+    return SubsegmentOffsets(int(t.scalar(0, "segment_index", "u32")), offs.scalars() if offs else ())
+
+
+class ExecutionPlan:
+    """One method. Fields decode on first access and are then cached."""
+
+    def __init__(self, program: Program, table: Table, index: int) -> None:
+        self.program = program
+        self._t = table
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"ExecutionPlan({self.name!r})"
+
+    @property
+    def _src(self) -> str:
+        return f"{self.program.pte.source}: method {self.index}"
+
+    @cached_property
+    def name(self) -> str:
+        return self._t.string(0, "name") or ""
+
+    @cached_property
+    def container_meta_type(self) -> tuple[str, str]:
+        t = self._t.table(1, "container_meta_type")
+        return ("", "") if t is None else (t.string(0, "encoded_inp_str") or "", t.string(1, "encoded_out_str") or "")
+
+    @cached_property
+    def _values(self) -> Vector | None:
+        return self._t.vector(2, "values", "table")
+
+    @property
+    def num_values(self) -> int:
+        return len(self._values) if self._values else 0
+
+    @cached_property
+    def values(self) -> tuple[EValue, ...]:
+        return tuple(self.value(i) for i in range(self.num_values))
+
+    def value(self, index: int) -> EValue:
+        """Decode value ``index`` (bounds-checked)."""
+        self.check_value_index(index, "value")
+        return _decode_evalue(self._values.table(index, f"values[{index}]"), self)
+
+    def check_value_index(self, index: int, what: str) -> int:
+        if not 0 <= index < self.num_values:
+            raise PteFormatError(f"{self._src} ({self.name!r}): {what} index {index} out of range ({self.num_values} values)")
+        return index
+
+    def _indices(self, slot: int, field: str) -> tuple[int, ...]:
+        vec = self._t.vector(slot, field, "i32")
+        out = vec.scalars() if vec else ()
+        for i in out:
+            self.check_value_index(i, field)
+        return out
+
+    @cached_property
+    def inputs(self) -> tuple[int, ...]:
+        return self._indices(3, "inputs")
+
+    @cached_property
+    def outputs(self) -> tuple[int, ...]:
+        return self._indices(4, "outputs")
+
+    @cached_property
+    def chains(self) -> tuple[Chain, ...]:
+        vec = self._t.vector(5, "chains", "table")
+        return tuple(vec.tables(self._chain)) if vec else ()
+
+    @cached_property
+    def operators(self) -> tuple[Operator, ...]:
+        vec = self._t.vector(6, "operators", "table")
+        if not vec:
+            return ()
+        return tuple(Operator(t.string(0, "name") or "", t.string(1, "overload") or "") for t in vec.tables(_first))
+
+    @cached_property
+    def delegates(self) -> tuple[BackendDelegate, ...]:
+        vec = self._t.vector(7, "delegates", "table")
+        return tuple(vec.tables(_delegate)) if vec else ()
+
+    @cached_property
+    def non_const_buffer_sizes(self) -> tuple[int, ...]:
+        vec = self._t.vector(8, "non_const_buffer_sizes", "i64")
+        sizes = vec.scalars() if vec else ()
+        for i, s in enumerate(sizes):
+            if s < 0:
+                raise PteFormatError(f"{self._src}: non_const_buffer_sizes[{i}] is negative ({s})")
+        return sizes
+
+    @cached_property
+    def non_const_buffer_device(self) -> tuple[BufferDevice, ...]:
+        vec = self._t.vector(9, "non_const_buffer_device", "table")
+        if not vec:
+            return ()
+        return tuple(
+            BufferDevice(
+                int(t.scalar(0, "buffer_idx", "i32")),
+                _enum(DeviceType, t.scalar(1, "device_type", "i8"), "device_type", t),
+                int(t.scalar(2, "device_index", "i8")),
+            )
+            for t in vec.tables(_first)
+        )
+
+    def buffer_device(self, buffer_idx: int) -> tuple[DeviceType, int]:
+        """Device of memory arena ``buffer_idx`` (CPU unless tagged)."""
+        for d in self.non_const_buffer_device:
+            if d.buffer_idx == buffer_idx:
+                return d.device_type, d.device_index
+        return DeviceType.CPU, 0
+
+    def _chain(self, t: Table, i: int) -> Chain:
+        ins = t.vector(2, "instructions", "table")
+        instructions = tuple(ins.tables(self._instruction)) if ins else ()
+        inputs = t.vector(0, "inputs", "i32")
+        outputs = t.vector(1, "outputs", "i32")
+        return Chain(inputs.scalars() if inputs else (), outputs.scalars() if outputs else (), instructions)
+
+    def _instruction(self, t: Table, i: int) -> Instruction:
+        tag, body = t.union(0, "instr_args")
+        kind = INSTRUCTION_KINDS.get(tag)
+        if kind is None or body is None:
+            raise PteFormatError(f"{self._src}: instruction {i} has unknown or empty type tag {tag}")
+
+        def idx(slot: int, field: str) -> int:
+            return int(body.scalar(slot, field, "i32"))
+
+        def args() -> tuple[int, ...]:
+            vec = body.vector(1, "args", "i32")
+            out = vec.scalars() if vec else ()
+            for a in out:
+                self.check_value_index(a, f"instruction {i} argument")
+            return out
+
+        if kind == "KernelCall":
+            return KernelCall(idx(0, "op_index"), args())
+        if kind == "DelegateCall":
+            return DelegateCall(idx(0, "delegate_index"), args())
+        if kind == "MoveCall":
+            return MoveCall(idx(0, "move_from"), idx(1, "move_to"))
+        if kind == "JumpFalseCall":
+            return JumpFalseCall(idx(0, "cond_value_index"), idx(1, "destination_instruction"))
+        return FreeCall(idx(0, "value_index"))
+
+
+def _enum(kind: type[enum.IntEnum], raw: int | float, field: str, t: Table) -> Any:
+    try:
+        return kind(int(raw))
+    except ValueError:
+        raise PteFormatError(f"{t.span.source}: {t.name}.{field} has unknown value {raw}") from None
+
+
+def _delegate(t: Table, i: int) -> BackendDelegate:
+    processed = t.table(1, "processed")
+    if processed is None:
+        raise PteFormatError(f"{t.span.source}: delegates[{i}] has no processed data reference")
+    specs = t.vector(2, "compile_specs", "table")
+    compile_specs = ()
+    if specs:
+        compile_specs = tuple(
+            CompileSpec(s.string(0, "key") or "", bytes(v.raw()) if (v := s.vector(1, "value", "u8")) else b"")
+            for s in specs.tables(_first)
+        )
+    return BackendDelegate(
+        id=t.string(0, "id") or "",
+        location=_enum(DataLocation, processed.scalar(0, "location", "i8"), "location", processed),
+        index=int(processed.scalar(1, "index", "u32")),
+        compile_specs=compile_specs,
+    )
+
+
+def _decode_evalue(t: Table, plan: ExecutionPlan) -> EValue:
+    tag, body = t.union(0, "val")
+    kind = EVALUE_KINDS.get(tag)
+    if kind is None:
+        raise PteFormatError(f"{t.span.source}: {t.name} has unknown EValue type tag {tag}")
+    if kind == "Null" or body is None:
+        if kind != "Null":
+            raise PteFormatError(f"{t.span.source}: {t.name} is a {kind} with no payload")
+        return EValue("Null", None)
+    if kind == "Int":
+        return EValue(kind, int(body.scalar(0, "int_val", "i64")))
+    if kind == "Bool":
+        return EValue(kind, bool(body.scalar(0, "bool_val", "bool")))
+    if kind == "Double":
+        return EValue(kind, float(body.scalar(0, "double_val", "f64")))
+    if kind == "String":
+        return EValue(kind, body.string(0, "string_val") or "")
+    if kind == "Tensor":
+        return EValue(kind, _decode_tensor(body))
+    elem = {"IntList": "i64", "DoubleList": "f64", "BoolList": "bool"}.get(kind, "i32")
+    vec = body.vector(0, "items", elem)
+    items = vec.scalars() if vec else ()
+    if kind in ("TensorList", "OptionalTensorList"):
+        for item in items:
+            if not (kind == "OptionalTensorList" and item < 0):
+                plan.check_value_index(item, f"{t.name} {kind} item")
+    return EValue(kind, items)
+
+
+def _decode_tensor(t: Table) -> Tensor:
+    sizes_v = t.vector(2, "sizes", "i32")
+    sizes = sizes_v.scalars() if sizes_v else ()
+    if any(s < 0 for s in sizes):
+        raise PteFormatError(f"{t.span.source}: {t.name} has negative sizes {sizes}")
+    dim_order_v = t.vector(3, "dim_order", "u8")
+    dim_order = dim_order_v.scalars() if dim_order_v else ()
+    if dim_order and sorted(dim_order) != list(range(len(sizes))):
+        raise PteFormatError(f"{t.span.source}: {t.name} dim_order {dim_order} is not a permutation of {len(sizes)} dims")
+    alloc = t.table(6, "allocation_info")
+    extra = t.table(9, "extra_tensor_info")
+    return Tensor(
+        scalar_type=_enum(ScalarType, t.scalar(0, "scalar_type", "i8"), "scalar_type", t),
+        storage_offset=int(t.scalar(1, "storage_offset", "i32")),
+        sizes=sizes,
+        dim_order=dim_order,
+        requires_grad=bool(t.scalar(4, "requires_grad", "bool")),
+        data_buffer_idx=int(t.scalar(5, "data_buffer_idx", "u32")),
+        allocation_info=None if alloc is None else AllocationInfo(
+            int(alloc.scalar(0, "memory_id", "u32")),
+            int(alloc.scalar(1, "memory_offset_low", "u32")) | int(alloc.scalar(2, "memory_offset_high", "u32")) << 32,
+        ),
+        layout=int(t.scalar(7, "layout", "i8")),
+        shape_dynamism=_enum(ShapeDynamism, t.scalar(8, "shape_dynamism", "i8"), "shape_dynamism", t),
+        extra_tensor_info=None if extra is None else ExtraTensorInfo(
+            mutable_data_segments_idx=int(extra.scalar(0, "mutable_data_segments_idx", "u64")),
+            fully_qualified_name=extra.string(1, "fully_qualified_name"),
+            location=_enum(TensorDataLocation, extra.scalar(2, "location", "i8"), "location", extra),
+            device_type=_enum(DeviceType, extra.scalar(3, "device_type", "i8"), "device_type", extra),
+            device_index=int(extra.scalar(4, "device_index", "i8")),
+        ),
+    )
+
+
+def iter_delegate_blobs(pte: PteFile) -> Iterator[tuple[ExecutionPlan, int, BackendDelegate, memoryview]]:
+    """Every delegate of every method with its blob view."""
+    for plan in pte.program.execution_plan:
+        for i, d in enumerate(plan.delegates):
+            yield plan, i, d, pte.program.delegate_data(d)
+
+
+__all__: Sequence[str] = [
+    "PteFile", "Program", "ExecutionPlan", "EValue", "Tensor", "BackendDelegate", "CompileSpec",
+    "KernelCall", "DelegateCall", "MoveCall", "JumpFalseCall", "FreeCall", "Chain", "Operator",
+    "DataSegment", "SubsegmentOffsets", "NamedData", "AllocationInfo", "ExtraTensorInfo",
+    "ShapeDynamism", "DeviceType", "DataLocation", "TensorDataLocation", "iter_delegate_blobs",
+]
