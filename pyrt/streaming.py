@@ -1,0 +1,449 @@
+"""Weight-streaming budgets: parse what users and files say, decide per engine.
+
+Pure integer logic; no TensorRT, CUDA or torch. The engine layer applies the
+decisions (and, for ``source == "automatic"``, asks TensorRT for its automatic
+budget and retries with 0 if that fails).
+
+Resolution per engine (formats.md §3): load-time budget > baked compile spec
+``weight_streaming_budget`` > TensorRT automatic.
+
+Load-time forms (see :func:`parse_budget`):
+
+* ``None`` or ``""``: nothing given (``""`` is logged and ignored).
+* ``"auto"``: TensorRT's automatic budget, overriding any baked value.
+* bytes: an ``int``, or a string ``"<number>[unit]"``. Units, case-insensitive:
+  ``B``, decimal ``kB MB GB TB`` (10**3...), binary ``KiB MiB GiB TiB``
+  (2**10...). A fractional number is allowed only when it names a whole number
+  of bytes (``"1.5GB"`` yes, ``"0.1KiB"`` no). At most 2**63.
+* share of the streamable size: a ``float`` with ``0 < f <= 1``, or a percent
+  string with ``0 < p <= 100``. A float is read exactly as its shortest
+  ``repr`` (``0.3`` is 3/10, not the binary double), so shares are always
+  exact decimal fractions.
+* a mapping ``{delegate_index: any of the above}`` setting engines one by one.
+
+Out-of-range policy: a program-wide byte budget is a TOTAL, split across the
+streamable engines in proportion to their streamable sizes
+(:func:`split_proportionally`); a share applies to each engine's own size,
+rounded down; a per-engine byte value (mapping or baked) applies to that
+engine. Any budget above an engine's streamable size (or a total above the
+program's) is clamped to it with a :class:`BudgetWarning`; values below 0 are
+rejected by parsing, so the lower clamp never fires. An explicit budget
+(load-time or baked) on an engine with no streamable weights warns and is not
+applied (``source == "none"``); a program-wide budget on a program with nothing
+streamable warns once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Integral
+from typing import Literal, Union, cast
+
+from pyrt.errors import BudgetError
+
+__all__ = [
+    "COMPILE_SPEC_KEY",
+    "MAX_BUDGET_BYTES",
+    "BudgetSpec",
+    "BudgetWarning",
+    "EngineStreamingInfo",
+    "ResolvedBudget",
+    "find_baked_budget",
+    "parse_budget",
+    "parse_compile_spec_budget",
+    "resolve_budgets",
+    "split_proportionally",
+]
+
+logger = logging.getLogger("pyrt.streaming")
+
+COMPILE_SPEC_KEY = "weight_streaming_budget"
+MAX_BUDGET_BYTES = 2**63  # formats.md §2: "at most 2^63"
+_MAX_NUMBER_CHARS = 1000  # under int()'s 4300-digit limit; fits every float's exact decimal
+
+_UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_UNIT_NAMES = {"kb": "kB", "mb": "MB", "gb": "GB", "tb": "TB",
+               "kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+_BYTES_RE = re.compile(rf"({_NUMBER})\s*([a-z]*)", re.ASCII | re.IGNORECASE)
+_PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
+
+BudgetKind = Literal["auto", "bytes", "share"]
+BudgetSource = Literal["load-time", "baked", "automatic", "none"]
+BudgetValue = Union[None, str, int, float, "BudgetSpec"]
+LoadTimeBudget = Union[BudgetValue, Mapping[int, BudgetValue]]
+
+
+class BudgetWarning(UserWarning):
+    """A budget was clamped, or given where nothing streams, and was adjusted."""
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _error(value: object, source: str, why: str) -> BudgetError:
+    return BudgetError(f"{source}: invalid weight-streaming budget {_show(value)}: {why}")
+
+
+def _is_decimal_fraction(x: Fraction) -> bool:
+    d = x.denominator
+    for p in (2, 5):
+        while d % p == 0:
+            d //= p
+    return d == 1
+
+
+def _decimal_str(x: Fraction) -> str:
+    """Exact decimal text of a terminating fraction: 25/2 -> '12.5'."""
+    k = 0
+    while (10**k) % x.denominator:
+        k += 1
+    digits = str(x.numerator * 10**k // x.denominator).rjust(k + 1, "0")
+    if k == 0:
+        return digits
+    return f"{digits[:-k]}.{digits[-k:]}".rstrip("0").rstrip(".")
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A parsed budget. ``str()`` gives text that parses back to an equal spec.
+
+    kind ``"auto"``: value None; ``"bytes"``: int in [0, 2**63];
+    ``"share"``: Fraction in (0, 1] with a terminating decimal expansion.
+
+    >>> str(BudgetSpec("bytes", 3 * 2**30)), str(BudgetSpec("share", Fraction(1, 8)))
+    ('3GiB', '12.5%')
+    """
+
+    kind: BudgetKind
+    value: int | Fraction | None = None
+
+    def __post_init__(self) -> None:
+        v = self.value
+        ok = {
+            "auto": v is None,
+            "bytes": isinstance(v, int) and not isinstance(v, bool)
+            and 0 <= v <= MAX_BUDGET_BYTES,
+            "share": isinstance(v, Fraction) and 0 < v <= 1 and _is_decimal_fraction(v),
+        }.get(self.kind)
+        if not ok:
+            raise _error(self, "BudgetSpec", "kind must be 'auto' (value None), 'bytes' "
+                         "(int in [0, 2**63]) or 'share' (decimal Fraction in (0, 1])")
+
+    def __str__(self) -> str:
+        if self.kind == "auto":
+            return "auto"
+        if self.kind == "share":
+            return _decimal_str(cast(Fraction, self.value) * 100) + "%"
+        n = int(self.value or 0)
+        for key, mult in sorted(_UNITS.items(), key=lambda kv: -kv[1]):
+            if mult > 1 and n >= mult and n % mult == 0:
+                return f"{n // mult}{_UNIT_NAMES[key]}"
+        return f"{n}B"
+
+
+def _parse_number(text: str, value: object, source: str) -> Fraction:
+    if len(text) > _MAX_NUMBER_CHARS:
+        raise _error(value, source, f"more than {_MAX_NUMBER_CHARS} characters of digits")
+    return Fraction(text)
+
+
+def _parse_share(share: Fraction, value: object, source: str) -> BudgetSpec:
+    if not 0 < share <= 1:
+        raise _error(value, source, "a share must be in (0, 1] (a percentage in (0, 100]); "
+                     "pass an int for a byte count")
+    return BudgetSpec("share", share)
+
+
+def _parse_bytes(amount: Fraction, value: object, source: str) -> BudgetSpec:
+    if amount.denominator != 1:
+        raise _error(value, source, f"is {amount} bytes, not a whole number of bytes")
+    if amount > MAX_BUDGET_BYTES:
+        raise _error(value, source, "exceeds the maximum of 2**63 bytes")
+    return BudgetSpec("bytes", int(amount))
+
+
+def _parse_str(value: str, source: str) -> BudgetSpec | None:
+    text = value.strip()
+    if not text:
+        logger.info("%s: empty weight-streaming budget %r ignored", source, value)
+        return None
+    if text.lower() == "auto":
+        return BudgetSpec("auto")
+    if text.startswith("-"):
+        raise _error(value, source, "must not be negative")
+    if m := _PERCENT_RE.fullmatch(text):
+        return _parse_share(_parse_number(m[1], value, source) / 100, value, source)
+    m = _BYTES_RE.fullmatch(text)
+    if m is None or m[2].lower() not in _UNITS:
+        raise _error(value, source, "expected 'auto', '<number>[unit]' with unit one of "
+                     "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB, or '<number>%'")
+    amount = _parse_number(m[1], value, source) * _UNITS[m[2].lower()]
+    return _parse_bytes(amount, value, source)
+
+
+def parse_budget(value: object, *, source: str) -> BudgetSpec | None:
+    """Parse one budget value; None when nothing was given.
+
+    ``source`` names where the value came from and appears in every error.
+
+    >>> parse_budget("1.5GB", source="load-time budget")
+    BudgetSpec(kind='bytes', value=1500000000)
+    >>> parse_budget(0.3, source="load-time budget")
+    BudgetSpec(kind='share', value=Fraction(3, 10))
+    >>> parse_budget("AUTO", source="x"), parse_budget(None, source="x")
+    (BudgetSpec(kind='auto', value=None), None)
+    >>> parse_budget(2.0, source="load-time budget")
+    Traceback (most recent call last):
+    pyrt.errors.BudgetError: load-time budget: invalid weight-streaming budget 2.0: \
+a share must be in (0, 1] (a percentage in (0, 100]); pass an int for a byte count
+    """
+    if value is None or isinstance(value, BudgetSpec):
+        return value
+    if isinstance(value, bool):
+        raise _error(value, source, "a bool is not a budget")
+    if isinstance(value, Integral):
+        if value < 0:
+            raise _error(value, source, "must not be negative")
+        return _parse_bytes(Fraction(int(value)), value, source)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _error(value, source, "must be finite")
+        return _parse_share(Fraction(repr(float(value))), value, source)
+    if isinstance(value, str):
+        return _parse_str(value, source)
+    raise _error(value, source, f"unsupported type {type(value).__name__}; expected None, "
+                 "'auto', an int of bytes, a str like '2GiB' or '50%', or a float share")
+
+
+def parse_compile_spec_budget(raw: bytes | bytearray | memoryview | str, *,
+                              source: str) -> int:
+    """Parse a baked ``weight_streaming_budget`` compile-spec value (ASCII decimal).
+
+    >>> parse_compile_spec_budget(b"1048576", source="delegate 0")
+    1048576
+    >>> parse_compile_spec_budget(b"1 MiB", source="compile spec of delegate 2")
+    Traceback (most recent call last):
+    pyrt.errors.BudgetError: compile spec of delegate 2: invalid weight-streaming budget \
+b'1 MiB': expected ASCII decimal digits only
+    """
+    if isinstance(raw, (bytearray, memoryview)):
+        raw = bytes(raw)
+    if isinstance(raw, bytes):
+        ok = raw.isdigit()  # bytes.isdigit is ASCII-only
+        text = raw.decode("ascii") if ok else ""
+    elif isinstance(raw, str):
+        ok = raw.isascii() and raw.isdigit()
+        text = raw
+    else:
+        raise _error(raw, source, f"unsupported type {type(raw).__name__}; expected bytes or str")
+    if not ok:
+        raise _error(raw, source, "expected ASCII decimal digits only")
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) > MAX_BUDGET_BYTES:
+        raise _error(raw, source, "exceeds the maximum of 2**63 bytes")
+    return int(digits)
+
+
+def find_baked_budget(compile_specs: Iterable[tuple[str, bytes | bytearray | memoryview | str]],
+                      *, source: str) -> int | None:
+    """The baked budget among a delegate's (key, value) compile specs; None if absent.
+
+    A duplicated key is an error (formats.md §3).
+
+    >>> find_baked_budget([("target_device", b"cuda:0"), ("weight_streaming_budget", b"64")],
+    ...                   source="delegate 1")
+    64
+    """
+    found = [v for k, v in compile_specs if k == COMPILE_SPEC_KEY]
+    if len(found) > 1:
+        raise BudgetError(f"{source}: compile spec {COMPILE_SPEC_KEY!r} appears "
+                          f"{len(found)} times")
+    key = f"{source} compile spec {COMPILE_SPEC_KEY}"
+    return parse_compile_spec_budget(found[0], source=key) if found else None
+
+
+def split_proportionally(total: int, weights: Sequence[int]) -> list[int]:
+    """Split ``total`` into parts proportional to ``weights`` (largest remainder).
+
+    Policy: the total is first clamped to ``sum(weights)``, so each part lies in
+    ``[0, weights[i]]`` and ``sum(result) == min(total, sum(weights))`` exactly.
+    Each part is the floor or the ceiling of its exact share
+    ``total * w / sum(weights)``; leftover bytes go to the largest fractional
+    remainders, ties to the lower position. Known trade-off of the method: a
+    part may shrink by 1 byte when the total grows (Alabama paradox), never more.
+
+    >>> split_proportionally(10, [30, 30, 30])
+    [4, 3, 3]
+    >>> split_proportionally(100, [30, 10])
+    [30, 10]
+    """
+    _check_count(total, "total")
+    for i, w in enumerate(weights):
+        _check_count(w, f"weights[{i}]")
+    whole = sum(weights)
+    if total >= whole:
+        return [int(w) for w in weights]
+    numer = [total * w for w in weights]
+    parts = [n // whole for n in numer]
+    leftover = total - sum(parts)
+    order = sorted(range(len(parts)), key=lambda i: (-(numer[i] % whole), i))
+    for i in order[:leftover]:
+        parts[i] += 1
+    return parts
+
+
+def _check_count(n: object, name: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise BudgetError(f"split_proportionally: {name} must be an int >= 0, got {_show(n)}")
+
+
+@dataclass(frozen=True)
+class EngineStreamingInfo:
+    """What the engine layer knows about one TensorRT delegate before choosing a budget.
+
+    ``baked`` is the parsed compile-spec budget (see :func:`find_baked_budget`).
+
+    >>> EngineStreamingInfo(0, streamable_bytes=1 << 20, baked=None).streamable_bytes
+    1048576
+    """
+
+    delegate_index: int
+    streamable_bytes: int
+    baked: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("delegate_index", "streamable_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise BudgetError(f"EngineStreamingInfo: {name} must be an int >= 0, got {_show(v)}")
+        b = self.baked
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int)
+                              or not 0 <= b <= MAX_BUDGET_BYTES):
+            raise BudgetError(f"EngineStreamingInfo of delegate {self.delegate_index}: baked "
+                              f"budget must be None or an int in [0, 2**63], got {_show(b)}")
+
+
+@dataclass(frozen=True)
+class ResolvedBudget:
+    """The decision for one engine.
+
+    ``budget`` is the byte count to set, or None: with ``source == "automatic"``
+    the engine layer uses TensorRT's automatic budget (retrying with 0 if that
+    fails); with ``source == "none"`` it sets nothing (no streamable weights).
+    """
+
+    delegate_index: int
+    streamable_bytes: int
+    budget: int | None
+    source: BudgetSource
+
+
+def _warn(message: str) -> None:
+    """Warn, attributing the warning to the first caller outside this module."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, BudgetWarning, stacklevel=level)
+
+
+def _clamped(budget: int, streamable: int, what: str) -> int:
+    if budget > streamable:
+        _warn(f"{what}: budget of {budget} bytes exceeds the {streamable} streamable bytes; "
+              f"using {streamable}")
+        return streamable
+    return budget
+
+
+def _per_engine(e: EngineStreamingInfo, spec: BudgetSpec | None, what: str,
+                explicit: bool) -> ResolvedBudget:
+    """Decide one engine from a per-engine (not total) load-time spec, else its baked value.
+
+    ``explicit``: the spec names this engine (a mapping entry), so ignoring it warns.
+    """
+    if e.streamable_bytes == 0:
+        if explicit and spec is not None and spec.kind != "auto":
+            _warn(f"{what}: budget {spec} ignored, the engine has no streamable weights")
+        elif spec is None and e.baked is not None:
+            _warn(f"delegate {e.delegate_index}: baked budget of {e.baked} bytes ignored, "
+                  "the engine has no streamable weights")
+        return ResolvedBudget(e.delegate_index, 0, None, "none")
+    if spec is None and e.baked is not None:
+        budget = _clamped(e.baked, e.streamable_bytes, f"delegate {e.delegate_index} baked")
+        return ResolvedBudget(e.delegate_index, e.streamable_bytes, budget, "baked")
+    if spec is None or spec.kind == "auto":
+        return ResolvedBudget(e.delegate_index, e.streamable_bytes, None, "automatic")
+    if spec.kind == "share":
+        share = cast(Fraction, spec.value)
+        budget = share.numerator * e.streamable_bytes // share.denominator
+    else:
+        budget = _clamped(int(spec.value or 0), e.streamable_bytes, what)
+    return ResolvedBudget(e.delegate_index, e.streamable_bytes, budget, "load-time")
+
+
+def _split_total(engines: Sequence[EngineStreamingInfo], total: int,
+                 source: str) -> list[ResolvedBudget]:
+    streaming = sorted((e for e in engines if e.streamable_bytes), key=lambda e: e.delegate_index)
+    whole = sum(e.streamable_bytes for e in streaming)
+    if total > whole > 0:
+        _warn(f"{source}: total of {total} bytes exceeds the program's {whole} streamable "
+              f"bytes; using {whole}")
+    parts = split_proportionally(total, [e.streamable_bytes for e in streaming])
+    chosen = {e.delegate_index: p for e, p in zip(streaming, parts)}
+    return [ResolvedBudget(e.delegate_index, e.streamable_bytes, chosen[e.delegate_index],
+                           "load-time") if e.streamable_bytes
+            else ResolvedBudget(e.delegate_index, 0, None, "none") for e in engines]
+
+
+def resolve_budgets(engines: Sequence[EngineStreamingInfo], load_time: LoadTimeBudget = None,
+                    *, source: str = "load-time budget") -> list[ResolvedBudget]:
+    """Decide every engine's budget; results follow the order of ``engines``.
+
+    A program-wide byte budget is a total split by streamable size; a share,
+    ``"auto"`` or a mapping entry applies per engine.
+
+    >>> engines = [EngineStreamingInfo(0, 300), EngineStreamingInfo(1, 100, baked=40)]
+    >>> [(r.budget, r.source) for r in resolve_budgets(engines, "200B")]
+    [(150, 'load-time'), (50, 'load-time')]
+    >>> [(r.budget, r.source) for r in resolve_budgets(engines, {0: "50%"})]
+    [(150, 'load-time'), (40, 'baked')]
+    >>> [(r.budget, r.source) for r in resolve_budgets(engines)]
+    [(None, 'automatic'), (40, 'baked')]
+    """
+    indices = [e.delegate_index for e in engines]
+    if len(set(indices)) != len(indices):
+        raise BudgetError(f"resolve_budgets: duplicate delegate indices in {indices}")
+    if isinstance(load_time, Mapping):
+        specs = _parse_mapping(load_time, sorted(indices), source)
+        return [_per_engine(e, specs.get(e.delegate_index), f"{source} for delegate "
+                            f"{e.delegate_index}", True) for e in engines]
+    spec = parse_budget(load_time, source=source)
+    if spec is not None and spec.kind != "auto" and not any(e.streamable_bytes for e in engines):
+        _warn(f"{source}: budget {spec} ignored, the program has no streamable weights")
+    if spec is not None and spec.kind == "bytes":
+        return _split_total(engines, int(spec.value or 0), source)
+    return [_per_engine(e, spec, source, False) for e in engines]
+
+
+def _parse_mapping(mapping: Mapping[object, object], valid: list[int],
+                   source: str) -> dict[int, BudgetSpec | None]:
+    specs: dict[int, BudgetSpec | None] = {}
+    for key, value in mapping.items():
+        if isinstance(key, bool) or not isinstance(key, int) or key not in valid:
+            raise BudgetError(f"{source}: no TensorRT delegate with index {_show(key)}; "
+                              f"valid delegate indices are {valid}")
+        specs[key] = parse_budget(value, source=f"{source} for delegate {key}")
+    return specs
