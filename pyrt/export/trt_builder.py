@@ -1,0 +1,632 @@
+"""Build serialized TensorRT engines from PyTorch modules.
+
+The route is torch -> ONNX (``torch.onnx.export(dynamo=True)``) -> the flavour's
+``OnnxParser`` -> ``build_serialized_network`` on a strongly typed network.
+torch, onnx and tensorrt are imported only inside the functions that need them.
+See docs/engine_building.md for why the ONNX parser and what it cannot do.
+
+>>> import torch
+>>> from pyrt.export.trt_builder import build_engine
+>>> built = build_engine(torch.nn.Linear(4, 2).eval(), (torch.randn(3, 4),),
+...                      flavour="tensorrt_rtx")          # doctest: +SKIP
+>>> [(b.name, b.dtype, b.shape) for b in built.inputs]    # doctest: +SKIP
+[('input', 'float32', (3, 4))]
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import inspect
+import io
+import logging
+import re
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from pyrt.errors import ExportError
+from pyrt.trt_blob import IOBinding
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("pyrt.export")
+
+Progress = Callable[[str], None]
+ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (min, opt, max)
+
+BUILDER_FLAVOURS = ("tensorrt", "tensorrt_rtx")  # the order "auto" tries them in
+RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")
+_MAX_ERROR_LINES = 20  # TensorRT error lines kept for an ExportError message
+STAGES = ("export_onnx", "parse_onnx", "build_engine", "done")  # what progress() is called with
+
+# TensorRT DataType member name -> pyrt dtype string (IOBinding.dtype).
+_DTYPES = {
+    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
+    "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn",
+}
+# TensorRT ILogger.Severity member name -> logging level (VERBOSE sits below DEBUG).
+_SEVERITY = {"INTERNAL_ERROR": logging.CRITICAL, "ERROR": logging.ERROR, "WARNING": logging.WARNING,
+             "INFO": logging.DEBUG, "VERBOSE": 5}
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """A serialized engine and its I/O, as the TR01 blob needs them.
+
+    ``engine`` is a zero-copy memoryview of TensorRT's ``IHostMemory`` (the view keeps it
+    alive). ``inputs`` follow the module's argument order, ``outputs`` the engine's order;
+    names are the engine's own tensor names, -1 marks a dynamic dimension.
+    ``build_seconds`` covers the whole build: ONNX export, parsing and engine build.
+    """
+
+    engine: memoryview
+    inputs: list[IOBinding]
+    outputs: list[IOBinding]
+    streamable_weights: bool
+    flavour: str
+    build_seconds: float
+
+
+@dataclass
+class _Session:
+    """One flavour's builder with the logger that collects its error lines."""
+
+    trt: ModuleType
+    name: str
+    logger: Any
+    builder: Any
+
+
+@dataclass(frozen=True)
+class _Options:
+    weight_streaming: bool
+    workspace: int | None
+    compute_capabilities: tuple[str, ...] | None  # ComputeCapability member names
+
+
+def build_engine(
+    gm: Any,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    flavour: str | ModuleType = "auto",
+    weight_streaming: bool = False,
+    dynamic_shapes: Mapping[str | int, Mapping[str, Sequence[int]]] | None = None,
+    fp16: bool = False,
+    workspace: int | None = None,
+    compute_capabilities: Sequence[str] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> BuiltEngine:
+    """Export ``gm`` to ONNX and build a strongly typed TensorRT engine from it.
+
+    ``flavour``: "auto" (tensorrt, else tensorrt_rtx), "tensorrt", "tensorrt_rtx" or a module.
+    ``dynamic_shapes``: ``{input: {"min": shape, "opt": shape, "max": shape}}``, the input
+    named by position, by ``input_names`` or by ``forward``'s parameter name; inputs left out
+    are static at their example shape. ``fp16``: build from a float16 copy of the module, so
+    floating inputs and outputs become float16 (strongly typed networks take no FP16 flag).
+    ``compute_capabilities`` (TensorRT-RTX only), e.g. ``["sm86", "sm120"]`` or ``["current"]``;
+    None keeps TensorRT-RTX's portable default, which builds on a machine without a GPU.
+    Every failure raises ExportError.
+
+    >>> built = build_engine(torch.nn.Linear(4, 2), (torch.randn(3, 4),))  # doctest: +SKIP
+    >>> built.outputs[0].shape                                           # doctest: +SKIP
+    (3, 2)
+    """
+    start = time.perf_counter()
+    examples = _check_examples(example_inputs)
+    module = _as_module(gm)
+    names = _check_names(input_names, len(examples), "input_names") or _default_names(module, len(examples))
+    _check_names(output_names, None, "output_names")
+    ranges = parse_dynamic_shapes(dynamic_shapes, names, [tuple(x.shape) for x in examples])
+    options = _options(weight_streaming, workspace, compute_capabilities)
+    session = _open_session(flavour, options)
+    if fp16:
+        module, examples = _to_half(module, examples)
+    with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
+        _stage(progress, "export_onnx")
+        dims = [_dynamic_dims(ranges.get(i)) for i in range(len(examples))]
+        path = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
+        built = _build(session, path, ranges, options, progress)
+    _check_io(built, examples, input_names, output_names)
+    built = replace(built, build_seconds=time.perf_counter() - start)
+    log.info("built a %s engine: %d bytes in %.2f s", built.flavour, built.engine.nbytes, built.build_seconds)
+    _stage(progress, "done")
+    return built
+
+
+def build_engine_from_onnx(
+    onnx_path: str | Path,
+    *,
+    flavour: str | ModuleType = "auto",
+    weight_streaming: bool = False,
+    dynamic_shapes: Mapping[str | int, Mapping[str, Sequence[int]]] | None = None,
+    workspace: int | None = None,
+    compute_capabilities: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> BuiltEngine:
+    """Build an engine from an ONNX file (its external data beside it).
+
+    ``dynamic_shapes`` keys are ONNX input names or positions. I/O bindings come from
+    the parsed network, inputs in the ONNX graph's order.
+
+    >>> build_engine_from_onnx("model.onnx", flavour="tensorrt_rtx").flavour  # doctest: +SKIP
+    'tensorrt_rtx'
+    """
+    start = time.perf_counter()
+    path = Path(onnx_path)
+    if not path.is_file():
+        raise ExportError(f"ONNX model {str(path)!r} does not exist or is not a file")
+    ranges = parse_dynamic_shapes(dynamic_shapes, None, None)
+    options = _options(weight_streaming, workspace, compute_capabilities)
+    built = _build(_open_session(flavour, options), path, ranges, options, progress)
+    _stage(progress, "done")
+    return replace(built, build_seconds=time.perf_counter() - start)
+
+
+# -- flavour -----------------------------------------------------------------------------------
+
+
+def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
+    """The TensorRT module that builds for ``flavour``; ExportError says why none can.
+
+    >>> resolve_flavour("tensorrt_lean")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: flavour 'tensorrt_lean' is a runtime-only TensorRT package and has no builder; use 'tensorrt' or 'tensorrt_rtx' to build engines
+    """
+    return _open_session(flavour, _options(False, None, None)).trt
+
+
+def _open_session(flavour: str | ModuleType, options: _Options) -> _Session:
+    if isinstance(flavour, ModuleType):
+        return _session_for(flavour, options)
+    if flavour == "auto":
+        return _auto_session(options)
+    if flavour in RUNTIME_ONLY_FLAVOURS:
+        raise ExportError(_runtime_only(flavour))
+    if flavour not in BUILDER_FLAVOURS:
+        raise ExportError(f"flavour {flavour!r} is not one of 'auto', {', '.join(map(repr, BUILDER_FLAVOURS))}")
+    return _session_for(_import(flavour), options)
+
+
+def _auto_session(options: _Options) -> _Session:
+    reasons = []
+    for name in BUILDER_FLAVOURS:
+        try:
+            return _session_for(_import(name), options)
+        except ExportError as exc:
+            reasons.append(str(exc))
+    raise ExportError("flavour 'auto' found no TensorRT that can build engines ("
+                      + "; ".join(reasons) + "; tensorrt_lean and tensorrt_dispatch are runtime-only)")
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ExportError(f"flavour {name!r} is not importable: {exc}") from exc
+
+
+def _session_for(trt: ModuleType, options: _Options) -> _Session:
+    name = trt.__name__.split(".")[0]
+    if name in RUNTIME_ONLY_FLAVOURS:
+        raise ExportError(_runtime_only(name))
+    missing = [a for a in ("Builder", "OnnxParser", "ILogger") if not hasattr(trt, a)]
+    if missing:
+        raise ExportError(f"flavour {name!r} has no {', '.join(missing)}: it cannot build engines from ONNX")
+    if options.compute_capabilities is not None and not hasattr(trt, "ComputeCapability"):
+        raise ExportError(f"compute_capabilities was given but flavour {name!r} has no ComputeCapability "
+                          "API (only TensorRT-RTX targets compute capabilities)")
+    logger = _make_logger(trt, name)
+    try:
+        builder = trt.Builder(logger)
+    except Exception as exc:  # TensorRT raises for a failed factory (e.g. no GPU for tensorrt)
+        raise ExportError(f"{name}.Builder() failed: {exc} {_errors(logger)}".rstrip()) from exc
+    if builder is None:
+        raise ExportError(f"{name}.Builder() returned None {_errors(logger)}".rstrip())
+    return _Session(trt, name, logger, builder)
+
+
+def _runtime_only(name: str) -> str:
+    return (f"flavour {name!r} is a runtime-only TensorRT package and has no builder; "
+            "use 'tensorrt' or 'tensorrt_rtx' to build engines")
+
+
+def _make_logger(trt: ModuleType, name: str) -> Any:
+    """An ILogger of ``trt`` that forwards to logging and keeps error lines for messages."""
+
+    class _Logger(trt.ILogger):  # type: ignore[name-defined, misc]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: collections.deque[str] = collections.deque(maxlen=_MAX_ERROR_LINES)
+
+        def log(self, severity: Any, msg: str) -> None:
+            level = _SEVERITY.get(getattr(severity, "name", ""), logging.INFO)
+            if level >= logging.ERROR:
+                self.errors.append(msg)
+            if log.isEnabledFor(level):
+                log.log(level, "[%s] %s", name, msg)
+
+    return _Logger()
+
+
+def _errors(logger: Any) -> str:
+    lines = getattr(logger, "errors", [])
+    return ("; TensorRT said: " + " | ".join(lines)) if lines else ""
+
+
+# -- build -------------------------------------------------------------------------------------
+
+
+def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
+           options: _Options, progress: Progress | None) -> BuiltEngine:
+    trt, builder = session.trt, session.builder
+    network = _strongly_typed_network(session)
+    parser = trt.OnnxParser(network, session.logger)  # must outlive the build: it owns weights
+    if parser is None:
+        raise ExportError(f"{session.name}.OnnxParser() returned None{_errors(session.logger)}")
+    _stage(progress, "parse_onnx")
+    _parse(session, parser, network, path)
+    config = _configure(session, network, ranges, options)
+    _stage(progress, "build_engine")
+    started = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None or serialized.nbytes == 0:
+        raise ExportError(f"{session.name} build_serialized_network returned no engine for {path.name}"
+                          f"{_errors(session.logger)}{_hint(options)}")
+    log.info("%s engine build took %.2f s", session.name, time.perf_counter() - started)
+    inputs, outputs = _bindings(network, True), _bindings(network, False)
+    return BuiltEngine(memoryview(serialized).cast("B"), inputs, outputs,
+                       options.weight_streaming, session.name, 0.0)
+
+
+def _hint(options: _Options) -> str:
+    if "CURRENT" in (options.compute_capabilities or ()):
+        return " (compute capability 'current' needs a visible CUDA GPU)"
+    return ""
+
+
+def _strongly_typed_network(session: _Session) -> Any:
+    """TensorRT 11 / RTX: create_network(0) is strongly typed; TensorRT 10 needs the flag."""
+    trt, builder = session.trt, session.builder
+    flag = getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)
+    network = builder.create_network(0)
+    if network is not None and (flag is None or network.get_flag(flag)):
+        return network
+    if flag is not None:
+        network = builder.create_network(1 << int(flag))
+        if network is not None and network.get_flag(flag):
+            return network
+    raise ExportError(f"{session.name} could not create a strongly typed network{_errors(session.logger)}")
+
+
+def _parse(session: _Session, parser: Any, network: Any, path: Path) -> None:
+    ok = parser.parse_from_file(str(path))
+    if ok and parser.num_errors == 0:
+        if network.num_outputs == 0:  # protobuf decoding is lenient: junk bytes parse as an empty graph
+            raise ExportError(f"{session.name} OnnxParser found no outputs in {str(path)!r}: not an ONNX "
+                              "model, or one that computes nothing")
+        return
+    problems = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
+    raise ExportError(f"{session.name} OnnxParser rejected {path.name}: "
+                      + ("; ".join(problems) or "no parser error recorded") + _errors(session.logger))
+
+
+def _parser_error(err: Any) -> str:
+    node, name, op = err.node(), err.node_name(), err.node_operator()
+    where = f"node {node} {name!r} (op {op})" if op or name else f"node {node}"
+    return f"{where}: {getattr(err.code(), 'name', err.code())}: {err.desc()}"
+
+
+def _configure(session: _Session, network: Any, ranges: dict[int | str, ShapeRange], options: _Options) -> Any:
+    trt = session.trt
+    config = session.builder.create_builder_config()
+    if config is None:
+        raise ExportError(f"{session.name} create_builder_config returned None{_errors(session.logger)}")
+    if options.weight_streaming:
+        config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
+        if not config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING):
+            raise ExportError(f"{session.name} did not keep BuilderFlag.WEIGHT_STREAMING")
+    if options.workspace is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace)
+        if config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) != options.workspace:
+            raise ExportError(f"{session.name} did not keep workspace={options.workspace}")
+    if options.compute_capabilities is not None:
+        _set_compute_capabilities(session, config, options.compute_capabilities)
+    _add_profile(session, network, config, ranges)
+    return config
+
+
+def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, ...]) -> None:
+    members = session.trt.ComputeCapability.__members__
+    unknown = [n for n in names if n not in members]
+    if unknown:
+        raise ExportError(f"{session.name} has no compute capability {', '.join(unknown)} "
+                          f"(it offers {', '.join(m for m in members if m != 'NONE')})")
+    caps = [members[n] for n in names]
+    config.num_compute_capabilities = len(caps)
+    if config.num_compute_capabilities != len(caps):
+        raise ExportError(f"{session.name} did not keep num_compute_capabilities={len(caps)}")
+    for i, cap in enumerate(caps):
+        if not config.set_compute_capability(cap, i) or config.get_compute_capability(i) != cap:
+            raise ExportError(f"{session.name} refused compute capability {cap.name} at index {i}"
+                              f"{_errors(session.logger)}")
+
+
+def _add_profile(session: _Session, network: Any, config: Any, ranges: dict[int | str, ShapeRange]) -> None:
+    tensors = [network.get_input(i) for i in range(network.num_inputs)]
+    by_name = {t.name: i for i, t in enumerate(tensors)}
+    for key in ranges:
+        if (by_name.get(key) if isinstance(key, str) else key if 0 <= key < len(tensors) else None) is None:
+            raise ExportError(f"dynamic_shapes names input {key!r}, but the network's inputs are "
+                              f"{list(by_name)}")
+    profile = session.builder.create_optimization_profile()
+    used = False
+    for i, tensor in enumerate(tensors):
+        rng = ranges.get(i, ranges.get(tensor.name))
+        shape = tuple(int(d) for d in tensor.shape)
+        if rng is None:
+            if -1 in shape:
+                raise ExportError(f"input {i} ({tensor.name!r}) has dynamic shape {shape} but dynamic_shapes "
+                                  "gives it no min/opt/max")
+            continue
+        _check_range_fits(i, tensor.name, shape, rng)
+        try:
+            profile.set_shape(tensor.name, *rng)
+        except (ValueError, TypeError) as exc:
+            raise ExportError(f"dynamic_shapes for input {tensor.name!r}: {session.name} refused {rng}: {exc}") from exc
+        used = True
+    if used and config.add_optimization_profile(profile) < 0:
+        raise ExportError(f"{session.name} refused the optimization profile {ranges}{_errors(session.logger)}")
+
+
+def _check_range_fits(i: int, name: str, shape: tuple[int, ...], rng: ShapeRange) -> None:
+    lo, _, hi = rng
+    if len(lo) != len(shape):
+        raise ExportError(f"dynamic_shapes for input {i} ({name!r}) has rank {len(lo)}, the network input "
+                          f"has shape {shape}")
+    for d, size in enumerate(shape):
+        if size != -1 and not lo[d] == hi[d] == size:
+            raise ExportError(f"dynamic_shapes asks dim {d} of input {i} ({name!r}) to range {lo[d]}..{hi[d]}, "
+                              f"but the network fixed it to {size} (the ONNX model has a static dim there: torch.export "
+                              "specialised it, so check the model's code)")
+
+
+def _bindings(network: Any, inputs: bool) -> list[IOBinding]:
+    count = network.num_inputs if inputs else network.num_outputs
+    get = network.get_input if inputs else network.get_output
+    return [_binding(get(i), inputs) for i in range(count)]
+
+
+def _binding(tensor: Any, is_input: bool) -> IOBinding:
+    kind = getattr(tensor.dtype, "name", str(tensor.dtype))
+    if kind not in _DTYPES:
+        raise ExportError(f"engine {'input' if is_input else 'output'} {tensor.name!r} has TensorRT dtype {kind}, "
+                          f"which pyrt cannot bind (supported: {', '.join(_DTYPES)})")
+    return IOBinding(tensor.name, _DTYPES[kind], tuple(int(d) for d in tensor.shape), is_input)
+
+
+def _options(weight_streaming: bool, workspace: int | None, caps: Sequence[str] | None) -> _Options:
+    if not isinstance(weight_streaming, bool):
+        raise ExportError(f"weight_streaming must be a bool, got {weight_streaming!r}")
+    if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, int) or workspace <= 0):
+        raise ExportError(f"workspace must be a positive number of bytes, got {workspace!r}")
+    return _Options(weight_streaming, workspace, None if caps is None else parse_compute_capabilities(caps))
+
+
+def parse_compute_capabilities(caps: Sequence[str]) -> tuple[str, ...]:
+    """Normalise target names to TensorRT-RTX ComputeCapability member names.
+
+    >>> parse_compute_capabilities(["sm86", "8.9", "SM_120"])
+    ('SM86', 'SM89', 'SM120')
+    """
+    if isinstance(caps, (str, bytes)) or not isinstance(caps, Sequence) or not caps:
+        raise ExportError(f"compute_capabilities must be a non-empty list such as ['sm86'], got {caps!r}")
+    names = tuple(_capability_name(c, i) for i, c in enumerate(caps))
+    if len(set(names)) != len(names):
+        raise ExportError(f"compute_capabilities {list(caps)!r} repeats a target")
+    if "CURRENT" in names and len(names) > 1:
+        raise ExportError(f"compute_capabilities {list(caps)!r}: 'current' must be the only target")
+    return names
+
+
+_KNOWN_CAPABILITIES = ("CURRENT", "SM75", "SM80", "SM86", "SM89", "SM120", "SM121")
+
+
+def _capability_name(cap: Any, index: int) -> str:
+    text = getattr(cap, "name", cap)
+    if not isinstance(text, str):
+        raise ExportError(f"compute_capabilities[{index}] = {cap!r} is not a string such as 'sm86'")
+    key = text.strip().upper().replace("_", "").replace(".", "")
+    key = "SM" + key if key.isdigit() else key
+    if key not in _KNOWN_CAPABILITIES:
+        raise ExportError(f"compute_capabilities[{index}] = {cap!r} is not one of "
+                          f"{', '.join(k.lower() for k in _KNOWN_CAPABILITIES)}")
+    return key
+
+
+# -- dynamic shapes ----------------------------------------------------------------------------
+
+
+def parse_dynamic_shapes(
+    spec: Mapping[Any, Any] | None,
+    names: Sequence[str] | None,
+    example_shapes: Sequence[tuple[int, ...]] | None,
+) -> dict[int | str, ShapeRange]:
+    """Check a ``{input: {"min","opt","max"}}`` spec; keys become positions when ``names`` is given.
+
+    >>> parse_dynamic_shapes({"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}, ["x"], [(8, 4)])
+    {0: ((1, 4), (8, 4), (32, 4))}
+    """
+    if spec is None:
+        return {}
+    if not isinstance(spec, Mapping):
+        raise ExportError(f"dynamic_shapes must be a dict of {{input: {{'min','opt','max'}}}}, got {type(spec).__name__}")
+    out: dict[int | str, ShapeRange] = {}
+    for key, value in spec.items():
+        slot = _input_slot(key, names)
+        rng = _parse_range(key, value)
+        if example_shapes is not None:
+            _check_example_in_range(key, rng, example_shapes[slot])  # type: ignore[index]
+        if slot in out:
+            raise ExportError(f"dynamic_shapes gives input {key!r} twice (by name and by position)")
+        out[slot] = rng
+    return out
+
+
+def _input_slot(key: Any, names: Sequence[str] | None) -> int | str:
+    if isinstance(key, bool) or not isinstance(key, (int, str)):
+        raise ExportError(f"dynamic_shapes key {key!r} must be an input name or position")
+    if names is None:
+        return key
+    if isinstance(key, int):
+        if not 0 <= key < len(names):
+            raise ExportError(f"dynamic_shapes key {key} is not an input position (the module takes {len(names)})")
+        return key
+    if key not in names:
+        raise ExportError(f"dynamic_shapes key {key!r} is not an input name; the inputs are {list(names)}")
+    return list(names).index(key)
+
+
+def _parse_range(key: Any, value: Any) -> ShapeRange:
+    if not isinstance(value, Mapping) or set(value) != {"min", "opt", "max"}:
+        got = sorted(map(str, value)) if isinstance(value, Mapping) else type(value).__name__
+        raise ExportError(f"dynamic_shapes[{key!r}] must be a dict with exactly 'min', 'opt', 'max'; got {got}")
+    lo, opt, hi = (_shape(key, k, value[k]) for k in ("min", "opt", "max"))
+    if not len(lo) == len(opt) == len(hi):
+        raise ExportError(f"dynamic_shapes[{key!r}]: min {lo}, opt {opt}, max {hi} differ in rank")
+    for d, (a, b, c) in enumerate(zip(lo, opt, hi)):
+        if not 0 <= a <= b <= c:
+            raise ExportError(f"dynamic_shapes[{key!r}] dim {d}: need 0 <= min <= opt <= max, got {a}, {b}, {c}")
+    return lo, opt, hi
+
+
+def _shape(key: Any, which: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise ExportError(f"dynamic_shapes[{key!r}][{which!r}] must be a list of ints, got {value!r}")
+    return tuple(value)
+
+
+def _check_example_in_range(key: Any, rng: ShapeRange, example: tuple[int, ...]) -> None:
+    lo, _, hi = rng
+    if len(lo) != len(example):
+        raise ExportError(f"dynamic_shapes[{key!r}] has rank {len(lo)}, its example input has shape {example}")
+    for d, size in enumerate(example):
+        if not lo[d] <= size <= hi[d] or (lo[d] == hi[d] != size):
+            raise ExportError(f"dynamic_shapes[{key!r}] dim {d} spans {lo[d]}..{hi[d]}, but the example "
+                              f"input has size {size} there")
+
+
+def _dynamic_dims(rng: ShapeRange | None) -> list[int]:
+    return [] if rng is None else [d for d, (a, c) in enumerate(zip(rng[0], rng[2])) if a != c]
+
+
+# -- torch side --------------------------------------------------------------------------------
+
+
+def _check_examples(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    import torch
+
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ExportError(f"example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise ExportError(f"example_inputs[{i}] is a {type(x).__name__}, not a torch.Tensor")
+    return tuple(example_inputs)
+
+
+def _as_module(gm: Any) -> torch.nn.Module:
+    import torch
+
+    if isinstance(gm, torch.export.ExportedProgram):
+        return gm.module()
+    if not isinstance(gm, torch.nn.Module):
+        raise ExportError(f"build_engine needs a torch.nn.Module or fx.GraphModule, got {type(gm).__name__}")
+    return gm
+
+
+def _check_names(names: Sequence[str] | None, count: int | None, what: str) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ExportError(f"{what} must be a list of non-empty strings, got {names!r}")
+    if len(set(names)) != len(names):
+        raise ExportError(f"{what} {list(names)!r} repeats a name")
+    if count is not None and len(names) != count:
+        raise ExportError(f"{what} has {len(names)} names for {count} example inputs")
+    return list(names)
+
+
+def _default_names(module: torch.nn.Module, count: int) -> list[str]:
+    """forward()'s positional parameter names: what dynamic_shapes may call the inputs."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return [f"input_{i}" for i in range(count)]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:count] if len(names) >= count else [f"input_{i}" for i in range(count)]
+
+
+def _to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """A float16 copy of the module and its floating example inputs (the original is untouched)."""
+    import copy
+
+    import torch
+
+    half = copy.deepcopy(module).to(torch.float16)
+    return half, tuple(x.to(torch.float16) if x.is_floating_point() else x for x in examples)
+
+
+def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], directory: Path,
+                 input_names: Sequence[str] | None, output_names: Sequence[str] | None,
+                 dims: list[list[int]]) -> Path:
+    """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export."""
+    import torch
+
+    path = directory / "model.onnx"
+    dynamic = tuple({d: torch.export.Dim.DYNAMIC for d in ds} or None for ds in dims) if any(dims) else None
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(chatter):
+            torch.onnx.export(module, examples, str(path), dynamo=True, external_data=True,
+                              input_names=input_names, output_names=output_names, dynamic_shapes=dynamic)
+    except Exception as exc:  # torch.export / onnx conversion errors come in many types
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch colours its export errors
+        raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
+                          f"{type(exc).__name__}: {text}") from exc
+    finally:
+        if chatter.getvalue().strip():
+            log.debug("torch.onnx.export: %s", chatter.getvalue().strip())
+    if not path.is_file():
+        raise ExportError(f"torch.onnx.export wrote no model at {path}")
+    return path
+
+
+def _check_io(built: BuiltEngine, examples: tuple[torch.Tensor, ...], input_names: Sequence[str] | None,
+              output_names: Sequence[str] | None) -> None:
+    """The engine must take the module's arguments one for one, in order and dtype."""
+    if len(built.inputs) != len(examples):
+        raise ExportError(f"the engine has {len(built.inputs)} inputs {[b.name for b in built.inputs]} but the "
+                          f"module takes {len(examples)}: ONNX export dropped or added an input")
+    for i, (binding, x) in enumerate(zip(built.inputs, examples)):
+        want = str(x.dtype).removeprefix("torch.")
+        if binding.dtype != want:
+            raise ExportError(f"input {i} ({binding.name!r}) is {want} in the module but {binding.dtype} in the "
+                              f"{built.flavour} engine (TensorRT has no {want} I/O; cast the model)")
+    for what, want_names, got in (("input", input_names, built.inputs), ("output", output_names, built.outputs)):
+        if want_names is not None and [b.name for b in got] != list(want_names):
+            raise ExportError(f"engine {what} names {[b.name for b in got]} differ from {what}_names {list(want_names)}")
+
+
+def _stage(progress: Progress | None, stage: str) -> None:
+    log.debug("stage %s", stage)
+    if progress is not None:
+        progress(stage)

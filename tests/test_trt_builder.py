@@ -1,0 +1,395 @@
+"""pyrt.export.trt_builder: real TensorRT-RTX engines built on the CPU (ahead of time).
+
+TensorRT-RTX builds without a GPU; only deserializing its engines needs one, so that
+check is the single GPU test. The TensorRT-10-like flavour below is a fake at the lowest
+seam (the tensorrt module): it wraps the real tensorrt_rtx and only changes what
+TensorRT 10 does differently (weakly typed networks by default, no ComputeCapability).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trt = pytest.importorskip("tensorrt_rtx")
+onnx = pytest.importorskip("onnx")
+
+from pyrt.errors import ExportError  # noqa: E402
+from pyrt.export.trt_builder import (  # noqa: E402
+    STAGES,
+    BuiltEngine,
+    build_engine,
+    build_engine_from_onnx,
+    parse_compute_capabilities,
+    parse_dynamic_shapes,
+    resolve_flavour,
+)
+from pyrt.trt_blob import IOBinding, encode_blob, parse_blob  # noqa: E402
+from tests.conftest import cuda_device_count  # noqa: E402
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 32)
+        self.fc2 = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class ConvNet(torch.nn.Module):
+    """Two inputs of different dtypes, two outputs: checks argument and output order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.head = torch.nn.Linear(6, 5)
+
+    def forward(self, image: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.relu(self.conv(image))
+        return features, self.head(features.mean((2, 3))) + steps.to(torch.float32)
+
+
+def _mlp_inputs() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(3, 8),)
+
+
+def _conv_inputs() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 3, 10, 12), torch.arange(2, dtype=torch.int64).reshape(2, 1))
+
+
+def _expected(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """Output dtypes and shapes as torch itself computes them."""
+    with torch.no_grad():
+        out = module(*examples)
+    outs = out if isinstance(out, tuple) else (out,)
+    return [(str(o.dtype).removeprefix("torch."), tuple(o.shape)) for o in outs]
+
+
+# -- session fixtures: each is one real ONNX export + TensorRT-RTX build -------------------------
+
+
+@pytest.fixture(scope="session")
+def mlp() -> tuple[MLP, tuple[torch.Tensor, ...], BuiltEngine, list[str]]:
+    torch.manual_seed(0)
+    model, examples, stages = MLP().eval(), _mlp_inputs(), []
+    return model, examples, build_engine(model, examples, flavour="tensorrt_rtx", progress=stages.append), stages
+
+
+@pytest.fixture(scope="session")
+def conv() -> tuple[ConvNet, tuple[torch.Tensor, ...], BuiltEngine]:
+    torch.manual_seed(0)
+    model, examples = ConvNet().eval(), _conv_inputs()
+    built = build_engine(model, examples, flavour="tensorrt_rtx", weight_streaming=True,
+                         input_names=["image", "steps"], output_names=["features", "logits"])
+    return model, examples, built
+
+
+@pytest.fixture(scope="session")
+def mlp_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP as an ONNX file, to build several engines from one export."""
+    path = tmp_path_factory.mktemp("onnx") / "mlp.onnx"
+    torch.manual_seed(0)
+    torch.onnx.export(MLP().eval(), _mlp_inputs(), str(path), dynamo=True, external_data=True)
+    return path
+
+
+# -- successful builds -------------------------------------------------------------------------
+
+
+def test_mlp_bindings_match_the_model(mlp) -> None:
+    model, examples, built, _ = mlp
+    assert built.flavour == "tensorrt_rtx"
+    assert built.inputs == [IOBinding("x", "float32", (3, 8), True)]
+    assert [(b.dtype, b.shape) for b in built.outputs] == _expected(model, examples)
+    assert all(not b.is_input for b in built.outputs)
+    assert built.streamable_weights is False
+    assert isinstance(built.engine, memoryview) and built.engine.nbytes > 0
+    assert built.build_seconds > 0
+
+
+def test_progress_reports_every_stage_in_order(mlp) -> None:
+    assert mlp[3] == list(STAGES)
+
+
+def test_conv_bindings_follow_argument_and_output_order(conv) -> None:
+    model, examples, built = conv
+    assert [(b.name, b.dtype, b.shape) for b in built.inputs] == [
+        ("image", "float32", (2, 3, 10, 12)), ("steps", "int64", (2, 1))]
+    assert [b.name for b in built.outputs] == ["features", "logits"]
+    assert [(b.dtype, b.shape) for b in built.outputs] == _expected(model, examples)
+    assert built.streamable_weights is True
+
+
+def test_built_engine_round_trips_through_a_tr01_blob(conv) -> None:
+    _, _, built = conv
+    blob = parse_blob(encode_blob(built.engine, built.inputs + built.outputs))
+    assert bytes(blob.engine) == bytes(built.engine)
+    assert blob.inputs == built.inputs and blob.outputs == built.outputs
+
+
+def test_weight_streaming_flag_reaches_the_builder(mlp_onnx: Path) -> None:
+    plain = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
+    again = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
+    streaming = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", weight_streaming=True)
+    assert bytes(plain.engine) == bytes(again.engine), "builds are deterministic, so a difference means the flag"
+    assert bytes(streaming.engine) != bytes(plain.engine)
+    assert (plain.streamable_weights, streaming.streamable_weights) == (False, True)
+    assert streaming.inputs == plain.inputs and streaming.outputs == plain.outputs
+
+
+def test_dynamic_fp16_named_build() -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    built = build_engine(model, _mlp_inputs(), flavour="tensorrt_rtx", fp16=True, workspace=64 << 20,
+                         dynamic_shapes={"inp": {"min": [1, 8], "opt": [3, 8], "max": [64, 8]}},
+                         input_names=["inp"], output_names=["out"], compute_capabilities=["sm86", "12.0"])
+    assert built.inputs == [IOBinding("inp", "float16", (-1, 8), True)]
+    assert built.outputs == [IOBinding("out", "float16", (-1, 4), False)]
+    assert model.fc1.weight.dtype == torch.float32, "fp16 must convert a copy, not the caller's module"
+
+
+def test_auto_prefers_tensorrt_then_rtx(mlp_onnx: Path) -> None:
+    built = build_engine_from_onnx(mlp_onnx, flavour="auto")
+    if importlib.util.find_spec("tensorrt") is None:
+        assert built.flavour == "tensorrt_rtx"
+    else:
+        assert built.flavour in ("tensorrt", "tensorrt_rtx")
+
+
+def test_importing_the_builder_pulls_in_neither_torch_nor_tensorrt() -> None:
+    code = ("import sys, pyrt.export.trt_builder; "
+            "print(sorted(m for m in ('torch', 'tensorrt', 'tensorrt_rtx', 'onnx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- TensorRT 10 (weakly typed by default), faked at the module seam ---------------------------
+
+
+def _tensorrt10_like() -> types.ModuleType:
+    """tensorrt_rtx posing as TensorRT 10: create_network(0) is weakly typed, a weakly typed
+    network refuses WEIGHT_STREAMING as TensorRT 10 does, and there is no ComputeCapability."""
+    fake = types.ModuleType("tensorrt")
+    for name in dir(trt):
+        if not name.startswith("__") and name != "ComputeCapability":
+            setattr(fake, name, getattr(trt, name))
+    strong = trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED
+
+    class Network:
+        def __init__(self, network: object, strongly_typed: bool) -> None:
+            self.real, self.strongly_typed = network, strongly_typed
+
+        def get_flag(self, flag: object) -> bool:
+            return self.strongly_typed if flag == strong else self.real.get_flag(flag)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.real, name)
+
+    class Builder:
+        def __init__(self, logger: object) -> None:
+            self.real, self.logger = trt.Builder(logger), logger
+
+        def create_network(self, flags: int) -> Network:
+            return Network(self.real.create_network(0), bool(flags & (1 << int(strong))))
+
+        def build_serialized_network(self, network: Network, config: object) -> object:
+            if config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING) and not network.strongly_typed:
+                self.logger.log(trt.ILogger.Severity.ERROR, "WEIGHT_STREAMING needs a strongly typed network")
+                return None
+            return self.real.build_serialized_network(network.real, config)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.real, name)
+
+    fake.Builder = Builder
+    fake.OnnxParser = lambda network, logger: trt.OnnxParser(network.real, logger)
+    return fake
+
+
+def test_tensorrt10_gets_a_strongly_typed_network_for_weight_streaming(mlp_onnx: Path) -> None:
+    built = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True)
+    assert (built.flavour, built.streamable_weights) == ("tensorrt", True)
+    assert built.engine.nbytes > 0
+
+
+def test_compute_capabilities_need_tensorrt_rtx(mlp_onnx: Path) -> None:
+    with pytest.raises(ExportError, match="only TensorRT-RTX"):
+        build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), compute_capabilities=["sm86"])
+
+
+# -- failures name the problem -----------------------------------------------------------------
+
+
+class Det(torch.nn.Module):
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.det(a)
+
+
+def test_parser_rejection_names_the_node_and_op() -> None:
+    with pytest.raises(ExportError, match=r"OnnxParser rejected.*node 0 .*\(op Det\)"):
+        build_engine(Det().eval(), (torch.randn(3, 3),), flavour="tensorrt_rtx")
+
+
+def test_unknown_onnx_op_is_reported(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("PyrtBogus", ["x"], ["y"], name="bogus_node", domain="pyrt.test")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("pyrt.test", 1)])
+    onnx.save(model, str(tmp_path / "bogus.onnx"))
+    with pytest.raises(ExportError, match=r"'bogus_node' \(op PyrtBogus\)"):
+        build_engine_from_onnx(tmp_path / "bogus.onnx", flavour="tensorrt_rtx")
+
+
+def test_corrupt_and_missing_onnx_files(tmp_path: Path) -> None:
+    (tmp_path / "junk.onnx").write_bytes(b"\x00not a protobuf\xff" * 8)
+    with pytest.raises(ExportError, match="OnnxParser (rejected|found no outputs)"):
+        build_engine_from_onnx(tmp_path / "junk.onnx", flavour="tensorrt_rtx")
+    with pytest.raises(ExportError, match="does not exist"):
+        build_engine_from_onnx(tmp_path / "absent.onnx", flavour="tensorrt_rtx")
+
+
+def test_failed_build_reports_tensorrt_errors(mlp_onnx: Path) -> None:
+    # TensorRT-RTX cannot compile an FP32 GEMM for Turing, so build_serialized_network returns None.
+    with pytest.raises(ExportError, match=r"returned no engine.*TensorRT said: .*\S"):
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", compute_capabilities=["sm75"])
+
+
+def test_current_compute_capability_needs_a_gpu(mlp_onnx: Path) -> None:
+    if cuda_device_count() > 0:
+        pytest.skip("a CUDA device is present: 'current' builds here (see the gpu test)")
+    with pytest.raises(ExportError, match=r"returned no engine.*'current' needs a visible CUDA GPU"):
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", compute_capabilities=["current"])
+
+
+@pytest.mark.parametrize("flavour", ["tensorrt_lean", "tensorrt_dispatch", types.ModuleType("tensorrt_lean")])
+def test_runtime_only_flavours_have_no_builder(flavour) -> None:
+    with pytest.raises(ExportError, match="runtime-only TensorRT package and has no builder"):
+        build_engine(MLP(), _mlp_inputs(), flavour=flavour)
+
+
+def test_unknown_flavours() -> None:
+    with pytest.raises(ExportError, match="'tensorrt_nano' is not one of"):
+        resolve_flavour("tensorrt_nano")
+    with pytest.raises(ExportError, match="has no Builder, OnnxParser, ILogger"):
+        resolve_flavour(types.ModuleType("not_tensorrt"))
+
+
+GOOD = {"min": [1, 8], "opt": [3, 8], "max": [16, 8]}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ([("x", GOOD)], "must be a dict"),
+    ({"x": {"min": [1, 8], "max": [16, 8]}}, r"dynamic_shapes\['x'\] must be a dict with exactly"),
+    ({"x": {**GOOD, "min": [4, 8], "opt": [8, 8]}}, r"dynamic_shapes\['x'\] dim 0 spans 4..16, but the example input has size 3"),
+    ({"x": {**GOOD, "opt": [32, 8]}}, r"dim 0: need 0 <= min <= opt <= max, got 1, 32, 16"),
+    ({"x": {**GOOD, "max": [16, 8, 1]}}, "differ in rank"),
+    ({"x": {"min": [1], "opt": [3], "max": [16]}}, "has rank 1, its example input has shape"),
+    ({"x": {**GOOD, "min": "1,8"}}, r"\['min'\] must be a list of ints"),
+    ({"y": GOOD}, r"'y' is not an input name; the inputs are \['x'\]"),
+    ({1: GOOD}, "not an input position"),
+    ({"x": GOOD, 0: GOOD}, "twice"),
+])
+def test_bad_dynamic_shapes_are_rejected_before_export(spec, message) -> None:
+    with pytest.raises(ExportError, match=message):
+        build_engine(MLP(), _mlp_inputs(), flavour="tensorrt_rtx", dynamic_shapes=spec)
+
+
+class FixedBatch(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(3, 8) * 2
+
+
+def test_dynamic_dim_specialised_by_the_model_is_reported() -> None:
+    # torch.export refuses first (Dim.DYNAMIC traced to a constant); the post-parse check backs it up.
+    with pytest.raises(ExportError, match=r"static shape of 3 for dimension inputs\['x'\]|fixed it to 3"):
+        build_engine(FixedBatch().eval(), _mlp_inputs(), flavour="tensorrt_rtx",
+                     dynamic_shapes={0: {"min": [1, 8], "opt": [3, 8], "max": [16, 8]}})
+
+
+def test_range_on_a_static_onnx_dim_is_reported(mlp_onnx: Path) -> None:
+    with pytest.raises(ExportError, match=r"dim 0 of input 0 \('x'\) to range 1..16, but the network fixed it to 3"):
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", dynamic_shapes={"x": GOOD})
+    with pytest.raises(ExportError, match=r"names input 'z', but the network's inputs are \['x'\]"):
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", dynamic_shapes={"z": GOOD})
+
+
+def test_dynamic_onnx_input_needs_a_range(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "relu.onnx"))
+    with pytest.raises(ExportError, match=r"input 0 \('x'\) has dynamic shape \(-1, 4\) but dynamic_shapes"):
+        build_engine_from_onnx(tmp_path / "relu.onnx", flavour="tensorrt_rtx")
+    built = build_engine_from_onnx(tmp_path / "relu.onnx", flavour="tensorrt_rtx",
+                                   dynamic_shapes={0: {"min": [1, 4], "opt": [2, 4], "max": [9, 4]}})
+    assert built.inputs == [IOBinding("x", "float32", (-1, 4), True)]
+    assert built.outputs == [IOBinding("y", "float32", (-1, 4), False)]
+
+
+def test_float64_inputs_are_refused() -> None:
+    with pytest.raises(ExportError, match=r"input 0 \('x'\) is float64 in the module but float32"):
+        build_engine(MLP().double().eval(), (torch.randn(3, 8, dtype=torch.float64),), flavour="tensorrt_rtx")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"compute_capabilities": ["sm90"]}, r"compute_capabilities\[0\] = 'sm90' is not one of"),
+    ({"compute_capabilities": ["current", "sm86"]}, "'current' must be the only target"),
+    ({"compute_capabilities": "sm86"}, "must be a non-empty list"),
+    ({"workspace": 0}, "workspace must be a positive number of bytes"),
+    ({"weight_streaming": "yes"}, "weight_streaming must be a bool"),
+    ({"input_names": ["a", "b"]}, "2 names for 1 example inputs"),
+    ({"output_names": ["o", "o"]}, "repeats a name"),
+])
+def test_bad_options_are_rejected(kwargs, message) -> None:
+    with pytest.raises(ExportError, match=message):
+        build_engine(MLP(), _mlp_inputs(), flavour="tensorrt_rtx", **kwargs)
+
+
+def test_bad_modules_and_examples() -> None:
+    with pytest.raises(ExportError, match=r"example_inputs\[1\] is a int, not a torch.Tensor"):
+        build_engine(MLP(), (torch.randn(3, 8), 4))
+    with pytest.raises(ExportError, match="needs a torch.nn.Module"):
+        build_engine(lambda x: x, _mlp_inputs())
+
+
+def test_parsers_normalise() -> None:
+    assert parse_compute_capabilities(["SM_75", "8.0", "sm121"]) == ("SM75", "SM80", "SM121")
+    assert parse_compute_capabilities(["Current"]) == ("CURRENT",)
+    assert parse_dynamic_shapes({"b": {"min": [1], "opt": [2], "max": [2]}}, ["a", "b"], [(5,), (2,)]) == {
+        1: ((1,), (2,), (2,))}
+
+
+# -- GPU: the engine deserializes and its I/O matches the bindings -----------------------------
+
+
+@pytest.mark.gpu  # conftest skips it without a CUDA device: TensorRT-RTX deserializes only on a GPU
+def test_engine_deserializes_with_the_reported_io(conv) -> None:
+    _, _, built = conv
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(built.engine)
+    assert engine is not None
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    assert names == [b.name for b in built.inputs + built.outputs]
+    for b in built.inputs + built.outputs:
+        is_input = engine.get_tensor_mode(b.name) == trt.TensorIOMode.INPUT
+        assert (is_input, tuple(engine.get_tensor_shape(b.name))) == (b.is_input, b.shape)
+    assert engine.streamable_weights_size > 0
+
+
+@pytest.mark.gpu
+def test_current_compute_capability_builds_on_a_gpu(mlp_onnx: Path) -> None:
+    built = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", compute_capabilities=["current"])
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(built.engine)
+    assert engine is not None and engine.num_io_tensors == len(built.inputs) + len(built.outputs)
