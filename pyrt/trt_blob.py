@@ -218,7 +218,7 @@ _MISSING = object()
 def _decode_metadata(raw: bytes, source: str) -> dict[str, Any]:
     try:
         meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise BlobFormatError(f"{source}: metadata ({len(raw)} bytes) is not UTF-8 JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise BlobFormatError(f"{source}: metadata is a JSON {type(meta).__name__}, expected an object")
