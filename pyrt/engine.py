@@ -1,0 +1,329 @@
+"""One TensorRT engine: deserialize, apply a weight-streaming budget, run.
+
+Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
+(zero-copy: the memoryview goes straight to TensorRT), :meth:`Engine.configure`
+applies the budget *before* creating the execution context and reads it back,
+and calling ``configure`` again destroys and recreates the context.
+``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
+enqueues on a stream. Every TensorRT return value is checked.
+
+>>> import numpy as np
+>>> from pyrt.testing import simulated_gpus
+>>> from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+>>> from pyrt.trt_blob import IOBinding
+>>> ref = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
+...                 nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])])
+>>> bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
+>>> with simulated_gpus(1) as sim, Engine.load(memoryview(ref.to_bytes()), device=0,
+...                                            io_bindings=bindings) as engine:
+...     engine.configure(None, "automatic")
+...     x, y = sim.cuda.alloc(16, 0), sim.cuda.alloc(16, 0)
+...     sim.cuda.memcpy_htod(x, np.array([-1, 2, -3, 4], dtype=np.float32))
+...     engine.infer_output_shapes([(4,)])
+...     with sim.cuda.stream(0) as s:
+...         engine.execute([x.ptr], [y.ptr], s.handle)
+...         s.synchronize()
+...     out = np.empty(4, dtype=np.float32)
+...     sim.cuda.memcpy_dtoh(out, y)
+[(4,)]
+>>> out.tolist()
+[0.0, 2.0, 0.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyrt import cuda as cuda_seam
+from pyrt import tensorrt_seam
+from pyrt.errors import BudgetError, EngineError, InputError
+
+_log = logging.getLogger("pyrt.engine")
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]  # -1 for a dynamic dim
+    min_shape: tuple[int, ...]
+    max_shape: tuple[int, ...]
+
+
+class Engine:
+    """A deserialized TensorRT engine on one CUDA device; close it, or use ``with``."""
+
+    def __init__(self, *, trt: Any, cuda: cuda_seam.Cuda, runtime: Any, logger: Any, engine: Any,
+                 device: int, io_bindings: Sequence[Any], name: str) -> None:
+        self._trt, self._cuda = trt, cuda
+        self._runtime, self._logger, self._engine = runtime, logger, engine
+        self._context: Any = None
+        self.device = device
+        self.name = name or "engine"
+        self.io_bindings = list(io_bindings)
+        self.input_names = [b.name for b in self.io_bindings if b.is_input]
+        self.output_names = [b.name for b in self.io_bindings if not b.is_input]
+        self.output_dtypes = [b.dtype for b in self.io_bindings if not b.is_input]
+        self._inputs: list[_Input] = []
+        self._applied_budget: int | None = None
+        self._budget_source: str | None = None
+        self._shapes_set = False
+        self._check_bindings()
+
+    # -- loading -----------------------------------------------------------------
+    @classmethod
+    def load(cls, engine_bytes: memoryview, *, device: int, io_bindings: Sequence[Any],
+             trt: Any = None, cuda: Any = None, name: str = "") -> Engine:
+        """Deserialize ``engine_bytes`` (not copied by pyrt) on CUDA device ``device``.
+
+        DeviceError (listing present devices) comes before anything is allocated;
+        EngineError when TensorRT refuses the bytes or they disagree with ``io_bindings``.
+        """
+        seam = cuda_seam.resolve(cuda)
+        label = name or "engine"
+        seam.require_device(device, purpose=f"TensorRT {label}")
+        module = tensorrt_seam.load_tensorrt(trt, cuda=seam)
+        seam.set_device(device)
+        runtime, logger = tensorrt_seam.create_runtime(module, cuda=seam)
+        try:
+            engine = runtime.deserialize_cuda_engine(engine_bytes)
+        except Exception as exc:  # bindings raise TypeError for a non-buffer, RuntimeError inside
+            raise EngineError(f"{label}: deserializing {_nbytes(engine_bytes)} engine bytes raised {exc}") from exc
+        if engine is None:
+            raise EngineError(
+                f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not deserialize "
+                f"{_nbytes(engine_bytes)} engine bytes on device {device}: {logger.messages.take() or 'no log'}"
+            )
+        return cls(trt=module, cuda=seam, runtime=runtime, logger=logger, engine=engine,
+                   device=device, io_bindings=io_bindings, name=label)
+
+    def _check_bindings(self) -> None:
+        """io_bindings must name exactly the engine's I/O tensors, with their modes and dtypes."""
+        eng, mode = self._engine, self._trt.TensorIOMode
+        engine_names = {eng.get_tensor_name(i) for i in range(eng.num_io_tensors)}
+        bound = {b.name for b in self.io_bindings}
+        if engine_names != bound or len(bound) != len(self.io_bindings):
+            raise EngineError(
+                f"{self.name}: io_bindings {sorted(b.name for b in self.io_bindings)} do not match the "
+                f"engine's I/O tensors {sorted(engine_names)}"
+            )
+        for b in self.io_bindings:
+            want = mode.INPUT if b.is_input else mode.OUTPUT
+            if eng.get_tensor_mode(b.name) != want:
+                raise EngineError(f"{self.name}: binding {b.name!r} is an {'input' if b.is_input else 'output'} "
+                                  f"in io_bindings but not in the engine")
+            actual = tensorrt_seam.dtype_from_trt(eng.get_tensor_dtype(b.name))
+            if actual != b.dtype:
+                raise EngineError(f"{self.name}: binding {b.name!r} is {b.dtype} in io_bindings, {actual} in the engine")
+            shape = tuple(eng.get_tensor_shape(b.name))
+            if len(shape) != len(b.shape) or any(-1 not in (x, y) and x != y for x, y in zip(shape, b.shape)):
+                raise EngineError(f"{self.name}: binding {b.name!r} has shape {tuple(b.shape)} in io_bindings, "
+                                  f"{shape} in the engine")
+            if b.is_input:
+                self._inputs.append(self._profile(b.name, b.dtype, shape))
+
+    def _profile(self, name: str, dtype: str, shape: tuple[int, ...]) -> _Input:
+        if -1 not in shape:
+            return _Input(name, dtype, shape, shape, shape)
+        profile = self._engine.get_tensor_profile_shape(name, 0)
+        if len(profile) != 3:
+            raise EngineError(f"{self.name}: no optimization profile for dynamic input {name!r}: "
+                              f"{self._logger.messages.take()}")
+        return _Input(name, dtype, shape, tuple(profile[0]), tuple(profile[2]))
+
+    # -- weight streaming ------------------------------------------------------------
+    @property
+    def streamable_weights_size(self) -> int:
+        """Bytes of weights TensorRT can stream (0: the engine was built without streaming)."""
+        return self._streaming_property("streamable_weights_size")
+
+    @property
+    def weight_streaming_scratch_memory_size(self) -> int:
+        """Device scratch bytes TensorRT needs to stream weights."""
+        return self._streaming_property("weight_streaming_scratch_memory_size")
+
+    def _streaming_property(self, name: str) -> int:
+        # Some TensorRT versions raise (and log) reading these on engines built without
+        # WEIGHT_STREAMING; such an engine streams nothing.
+        engine = self._live()
+        try:
+            return int(getattr(engine, name))
+        except Exception:
+            self._logger.messages.take()
+            return 0
+
+    @property
+    def applied_budget(self) -> int | None:
+        """The budget read back from TensorRT by the last configure (None: not streamable/configured)."""
+        return self._applied_budget
+
+    @property
+    def budget_source(self) -> str | None:
+        """The ``source`` given to the last configure (e.g. "load-time", "baked", "automatic")."""
+        return self._budget_source
+
+    def configure(self, budget: int | None, source: str) -> None:
+        """Apply a weight-streaming budget, then (re)create the execution context.
+
+        ``budget`` None = TensorRT's automatic budget (retried with 0 if it does not
+        take); an int is clamped to the streamable size. On an engine without
+        streamable weights nothing is set and ``applied_budget`` is None.
+        """
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise BudgetError(f"{self.name}: {source} budget must be an int >= 0 or None, got {budget!r}")
+        engine = self._live()
+        self._cuda.set_device(self.device)
+        self._drop_context()
+        streamable = self.streamable_weights_size
+        applied: int | None = None
+        if streamable > 0:
+            if budget is None:
+                automatic = int(engine.get_weight_streaming_automatic_budget())
+                applied = self._set_budget(automatic, retry_with_zero=True)
+            else:
+                applied = self._set_budget(min(budget, streamable), retry_with_zero=False)
+        elif budget is not None:
+            _log.warning("%s: %s budget %d ignored: the engine has no streamable weights", self.name, source, budget)
+        context = engine.create_execution_context()
+        if context is None:
+            raise EngineError(f"{self.name}: could not create an execution context on device {self.device} "
+                              f"(budget {applied}): {self._logger.messages.take() or 'no log'}")
+        self._context = context
+        self._applied_budget, self._budget_source = applied, source
+        for spec in self._inputs:
+            if -1 not in spec.shape:
+                self._set_shape(spec.name, spec.shape)
+        self._shapes_set = all(-1 not in spec.shape for spec in self._inputs)
+
+    def _set_budget(self, value: int, *, retry_with_zero: bool) -> int:
+        """Set and read back ``value``; for the automatic budget, fall back to 0 once."""
+        got = self._try_budget(value)
+        if got == value:
+            return value
+        error = self._logger.messages.take() or "no log"
+        what = f"budget {value}"
+        if retry_with_zero and value != 0:
+            _log.warning("%s: automatic budget %d did not take (%s); retrying with 0", self.name, value, error)
+            got = self._try_budget(0)
+            if got == 0:
+                return 0
+            error = f"{error}; then {self._logger.messages.take() or 'no log'}"
+            what = f"automatic budget {value} nor the fallback 0"
+        raise EngineError(f"{self.name}: TensorRT did not accept weight-streaming {what} "
+                          f"(reads back {got}): {error}")
+
+    def _try_budget(self, value: int) -> int:
+        self._engine.weight_streaming_budget_v2 = value
+        return int(self._engine.weight_streaming_budget_v2)
+
+    # -- shapes ------------------------------------------------------------------------
+    def check_inputs(self, shapes_dtypes: Sequence[tuple[Sequence[int], str]]) -> None:
+        """InputError naming the binding unless each (shape, dtype) fits its input."""
+        if len(shapes_dtypes) != len(self._inputs):
+            raise InputError(f"{self.name}: expected {len(self._inputs)} inputs {self.input_names}, "
+                             f"got {len(shapes_dtypes)}")
+        for spec, (shape, dtype) in zip(self._inputs, shapes_dtypes):
+            shape = tuple(shape)
+            if dtype != spec.dtype:
+                raise InputError(f"{self.name}: input {spec.name!r} must be {spec.dtype}, got {dtype}")
+            if len(shape) != len(spec.shape):
+                raise InputError(f"{self.name}: input {spec.name!r} must have rank {len(spec.shape)} "
+                                 f"(shape {spec.shape}), got shape {shape}")
+            if not all(lo <= d <= hi for d, lo, hi in zip(shape, spec.min_shape, spec.max_shape)):
+                raise InputError(f"{self.name}: input {spec.name!r} shape {shape} is outside the engine's "
+                                 f"optimization profile [{spec.min_shape}, {spec.max_shape}]")
+
+    def infer_output_shapes(self, input_shapes: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        """Set the input shapes; return every output's shape, in ``output_names`` order."""
+        context = self._ready()
+        if len(input_shapes) != len(self._inputs):
+            raise InputError(f"{self.name}: expected {len(self._inputs)} input shapes, got {len(input_shapes)}")
+        self._cuda.set_device(self.device)
+        self._shapes_set = False
+        for spec, shape in zip(self._inputs, input_shapes):
+            self._set_shape(spec.name, tuple(shape))
+        try:
+            missing = context.infer_shapes()
+        except RuntimeError as exc:
+            raise EngineError(f"{self.name}: TensorRT shape inference failed: {exc}") from exc
+        if missing:
+            raise EngineError(f"{self.name}: TensorRT shape inference left {list(missing)} unspecified")
+        shapes = []
+        for name in self.output_names:
+            shape = tuple(int(d) for d in context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise EngineError(f"{self.name}: output {name!r} has a data-dependent shape {shape}; unsupported")
+            shapes.append(shape)
+        self._shapes_set = True
+        return shapes
+
+    def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        if not self._context.set_input_shape(name, shape):
+            raise InputError(f"{self.name}: TensorRT refused shape {shape} for input {name!r}: "
+                             f"{self._logger.messages.take() or 'outside the optimization profile'}")
+
+    # -- running -------------------------------------------------------------------------
+    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int) -> None:
+        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``."""
+        context = self._ready()
+        if len(input_ptrs) != len(self.input_names) or len(output_ptrs) != len(self.output_names):
+            raise InputError(f"{self.name}: execute needs {len(self.input_names)} input and "
+                             f"{len(self.output_names)} output addresses, got {len(input_ptrs)} and {len(output_ptrs)}")
+        if not self._shapes_set:
+            raise EngineError(f"{self.name}: dynamic input shapes are not set; call infer_output_shapes first")
+        self._cuda.set_device(self.device)
+        for name, ptr in zip([*self.input_names, *self.output_names], [*input_ptrs, *output_ptrs]):
+            if not context.set_tensor_address(name, int(ptr)):
+                raise EngineError(f"{self.name}: TensorRT refused address {int(ptr):#x} for {name!r}: "
+                                  f"{self._logger.messages.take() or 'no log'}")
+        if not context.execute_async_v3(int(stream)):
+            raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
+                              f"{self._logger.messages.take() or 'no log'}")
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def _live(self) -> Any:
+        if self._engine is None:
+            raise EngineError(f"{self.name} is closed")
+        return self._engine
+
+    def _ready(self) -> Any:
+        """The execution context, configured with the automatic budget if nobody configured it."""
+        self._live()
+        if self._context is None:
+            self.configure(None, "automatic")
+        return self._context
+
+    def _drop_context(self) -> None:
+        self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
+        self._shapes_set = False
+
+    def close(self) -> None:
+        """Release the execution context, then the engine (idempotent)."""
+        if self._engine is None:
+            return
+        try:
+            self._cuda.set_device(self.device)
+        finally:
+            self._drop_context()
+            self._engine = None
+            self._runtime = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._engine is None else f"budget={self._applied_budget}"
+        return f"Engine({self.name!r}, device={self.device}, {state})"
+
+
+def _nbytes(data: Any) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        return -1

@@ -1,0 +1,173 @@
+"""The TensorRT seam: find a TensorRT flavour, make runtimes, map dtypes.
+
+pyrt speaks to TensorRT only through the module this returns, so tests can
+swap in ``pyrt.testing.fake_tensorrt`` with :func:`use_tensorrt`. Flavours are
+tried in the order of :data:`FLAVOURS`. ``tensorrt_lean`` crashes the process
+when used without a CUDA device, so it is never imported without one, and no
+runtime of any flavour is created without one: both raise
+:class:`~pyrt.errors.DeviceError` instead.
+
+>>> load_tensorrt("tensorrt_rtx").__name__      # doctest: +SKIP
+'tensorrt_rtx'
+>>> from pyrt.testing import simulated_gpus
+>>> with simulated_gpus(1) as sim:
+...     load_tensorrt() is sim.tensorrt
+True
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from pyrt import cuda as cuda_seam
+from pyrt.errors import BackendError, DeviceError, EngineError
+
+FLAVOURS = ("tensorrt", "tensorrt_rtx", "tensorrt_lean")
+_NEEDS_DEVICE_TO_IMPORT = ("tensorrt_lean",)
+_log = logging.getLogger("pyrt.tensorrt")
+
+# TensorRT DataType member name <-> pyrt dtype string.
+_DTYPE_NAMES = {
+    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8",
+    "INT32": "int32", "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn",
+}
+_TRT_NAMES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+_override: ModuleType | Any | None = None
+_override_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def use_tensorrt(module: ModuleType | Any) -> Iterator[Any]:
+    """Make :func:`load_tensorrt` with no argument return ``module`` inside the block."""
+    global _override
+    with _override_lock:
+        saved, _override = _override, module
+    try:
+        yield module
+    finally:
+        with _override_lock:
+            _override = saved
+
+
+def flavour_of(trt: ModuleType | Any) -> str:
+    """The flavour name of a TensorRT module ("tensorrt", "tensorrt_rtx", ...)."""
+    return str(getattr(trt, "__name__", type(trt).__name__)).split(".")[0]
+
+
+def load_tensorrt(trt: ModuleType | str | Any | None = None, *, cuda: Any = None) -> Any:
+    """Return a TensorRT module: ``trt`` itself, the named flavour, or the first that imports.
+
+    Raises BackendError listing each flavour tried and why it failed, or
+    DeviceError when only ``tensorrt_lean`` remains and no CUDA device exists.
+    """
+    if trt is None:
+        with _override_lock:
+            if _override is not None:
+                return _override
+        names: tuple[str, ...] = FLAVOURS
+    elif isinstance(trt, str):
+        if trt not in FLAVOURS:
+            raise BackendError(f"unknown TensorRT flavour {trt!r}; choose one of {', '.join(FLAVOURS)}")
+        names = (trt,)
+    else:
+        if flavour_of(trt) in _NEEDS_DEVICE_TO_IMPORT:
+            _require_any_device(cuda, flavour_of(trt))
+        return trt
+    failures: list[str] = []
+    device_missing = False
+    for name in names:
+        if name in _NEEDS_DEVICE_TO_IMPORT and cuda_seam.resolve(cuda).device_count() == 0:
+            if importlib.util.find_spec(name) is None:
+                failures.append(f"{name}: not installed")
+            else:
+                device_missing = True
+                failures.append(f"{name}: installed but not imported, it needs a CUDA device "
+                                f"({cuda_seam.resolve(cuda).describe_devices()})")
+            continue
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # ImportError, or a broken install raising anything else
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    error = DeviceError if device_missing else BackendError
+    raise error("no usable TensorRT flavour; tried " + "; ".join(failures))
+
+
+def _require_any_device(cuda: Any, what: str) -> None:
+    seam = cuda_seam.resolve(cuda)
+    if seam.device_count() == 0:
+        raise DeviceError(f"{what} needs a CUDA device before any TensorRT runtime call; {seam.describe_devices()}")
+
+
+class _Messages:
+    """Recent TensorRT log lines; errors are kept to explain a failed call."""
+
+    def __init__(self) -> None:
+        self.errors: collections.deque[str] = collections.deque(maxlen=16)
+
+    def record(self, severity: str, msg: str) -> None:
+        if severity in ("INTERNAL_ERROR", "ERROR"):
+            self.errors.append(msg)
+            _log.error("%s", msg)
+        elif severity == "WARNING":
+            _log.warning("%s", msg)
+        else:
+            _log.debug("%s", msg)
+
+    def take(self) -> str:
+        """Errors logged since the last take, joined for a message ('' if none)."""
+        text = " | ".join(self.errors)
+        self.errors.clear()
+        return text
+
+
+def make_logger(trt: Any) -> Any:
+    """A ``trt.ILogger`` that forwards to Python logging and remembers errors (``.messages``)."""
+
+    class _Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.messages = _Messages()
+
+        def log(self, severity: Any, msg: str) -> None:
+            self.messages.record(getattr(severity, "name", str(severity)), msg)
+
+    return _Logger()
+
+
+def create_runtime(trt: Any, *, cuda: Any = None) -> tuple[Any, Any]:
+    """(runtime, logger) for ``trt``; DeviceError first when no CUDA device exists."""
+    _require_any_device(cuda, f"{flavour_of(trt)}.Runtime")
+    logger = make_logger(trt)
+    try:
+        runtime = trt.Runtime(logger)
+    except Exception as exc:
+        raise EngineError(f"{flavour_of(trt)}.Runtime() failed: {exc}") from exc
+    if runtime is None:
+        raise EngineError(f"{flavour_of(trt)}.Runtime() returned None: {logger.messages.take()}")
+    return runtime, logger
+
+
+def dtype_from_trt(dtype: Any) -> str:
+    """pyrt dtype string for a TensorRT DataType (``trt.DataType.FLOAT`` -> "float32")."""
+    name = getattr(dtype, "name", str(dtype).rsplit(".", 1)[-1])
+    try:
+        return _DTYPE_NAMES[name]
+    except KeyError:
+        raise BackendError(f"TensorRT dtype {name} has no pyrt equivalent") from None
+
+
+def dtype_to_trt(trt: Any, dtype: str) -> Any:
+    """TensorRT DataType for a pyrt dtype string ("float16" -> ``trt.DataType.HALF``)."""
+    try:
+        return getattr(trt.DataType, _TRT_NAMES[dtype])
+    except (KeyError, AttributeError):
+        raise BackendError(f"dtype {dtype!r} has no TensorRT equivalent in {flavour_of(trt)}") from None

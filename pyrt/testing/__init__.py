@@ -1,0 +1,61 @@
+"""Fakes at pyrt's two lowest seams, so the real runtime code runs on CPU machines.
+
+:func:`simulated_gpus` installs a fake CUDA driver (:mod:`pyrt.testing.fake_cuda`)
+and a fake TensorRT (:mod:`pyrt.testing.fake_tensorrt`) together; everything
+above the seams (engines, programs) runs unchanged and computes real results
+for reference engines (:mod:`pyrt.testing.refengine`). Importing this package
+imports neither torch nor TensorRT.
+
+>>> import pyrt.cuda
+>>> with simulated_gpus(2, memory=[1 << 30, 2 << 30]) as sim:
+...     [d.total_memory >> 30 for d in pyrt.cuda.devices()]
+[1, 2]
+>>> pyrt.cuda.current() is not sim.cuda
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyrt import cuda as cuda_seam
+from pyrt import tensorrt_seam
+from pyrt.testing.fake_cuda import FakeDriver
+from pyrt.testing.fake_tensorrt import FakeTensorRT
+from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+
+__all__ = [
+    "SimulatedGPUs", "simulated_gpus", "FakeDriver", "FakeTensorRT",
+    "RefEngine", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
+]
+
+
+@dataclass(frozen=True)
+class SimulatedGPUs:
+    """What :func:`simulated_gpus` installed: the fake driver, the fake TensorRT, the CUDA seam."""
+
+    driver: FakeDriver
+    tensorrt: FakeTensorRT
+    cuda: cuda_seam.Cuda
+
+
+@contextlib.contextmanager
+def simulated_gpus(
+    n: int = 1,
+    memory: int | list[int] = 16 << 30,
+    *,
+    name: str = "Fake GPU",
+    capability: tuple[int, int] = (8, 9),
+) -> Iterator[SimulatedGPUs]:
+    """Swap in ``n`` fake GPUs (``memory`` bytes each, or one size per GPU) and a fake TensorRT.
+
+    Inside the block ``pyrt.cuda`` talks to the fake driver and
+    ``pyrt.tensorrt_seam.load_tensorrt()`` returns the fake TensorRT; both
+    are restored on exit. ``n=0`` simulates a machine with a driver but no GPU.
+    """
+    driver = FakeDriver(n, memory, name=name, capability=capability)
+    trt = FakeTensorRT(driver)
+    with cuda_seam.use_driver(driver) as cuda, tensorrt_seam.use_tensorrt(trt):
+        yield SimulatedGPUs(driver, trt, cuda)
