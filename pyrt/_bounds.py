@@ -60,7 +60,8 @@ class Span:
         return bytes(self.view(field, offset, size))
 
     def unpack(self, fmt: struct.Struct, field: str, offset: int) -> Any:
-        self.check(field, offset, fmt.size)
+        if offset < 0 or offset + fmt.size > self.length:  # hot path: fail through check()
+            self.check(field, offset, fmt.size)
         return fmt.unpack_from(self.data, offset)[0]
 
     def u8(self, field: str, offset: int) -> int:

@@ -228,12 +228,24 @@ class CompileSpec:
         return "hex:" + self.value.hex()
 
 
-@dataclass(frozen=True)
 class BackendDelegate:
-    id: str
-    location: DataLocation
-    index: int
-    compile_specs: tuple[CompileSpec, ...]
+    """A delegate entry; ``compile_specs`` decode on first access (the blob path never needs them)."""
+
+    __slots__ = ("id", "location", "index", "_specs", "_decoded")
+
+    def __init__(self, id: str, location: DataLocation, index: int, compile_specs: Any = ()) -> None:
+        self.id, self.location, self.index = id, location, index
+        self._specs = compile_specs
+        self._decoded: tuple[CompileSpec, ...] | None = compile_specs if isinstance(compile_specs, tuple) else None
+
+    @property
+    def compile_specs(self) -> tuple[CompileSpec, ...]:
+        if self._decoded is None:
+            self._decoded = tuple(
+                CompileSpec(s.string(0, "key") or "", bytes(v.raw()) if (v := s.vector(1, "value", "u8")) else b"")
+                for s in self._specs.tables(_first)
+            )
+        return self._decoded
 
     def spec(self, key: str) -> bytes | None:
         """The value of compile spec ``key``; a duplicated key is a format error."""
@@ -241,6 +253,19 @@ class BackendDelegate:
         if len(found) > 1:
             raise PteFormatError(f"delegate {self.id!r} has compile spec {key!r} {len(found)} times")
         return found[0] if found else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BackendDelegate):
+            return NotImplemented
+        return (self.id, self.location, self.index, self.compile_specs) == (
+            other.id, other.location, other.index, other.compile_specs)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.location, self.index))
+
+    def __repr__(self) -> str:
+        return (f"BackendDelegate(id={self.id!r}, location={self.location!r}, index={self.index}, "
+                f"compile_specs={self.compile_specs!r})")
 
 
 @dataclass(frozen=True)
@@ -654,18 +679,11 @@ def _delegate(t: Table, i: int) -> BackendDelegate:
     processed = t.table(1, "processed")
     if processed is None:
         raise PteFormatError(f"{t.span.source}: delegates[{i}] has no processed data reference")
-    specs = t.vector(2, "compile_specs", "table")
-    compile_specs = ()
-    if specs:
-        compile_specs = tuple(
-            CompileSpec(s.string(0, "key") or "", bytes(v.raw()) if (v := s.vector(1, "value", "u8")) else b"")
-            for s in specs.tables(_first)
-        )
     return BackendDelegate(
         id=t.string(0, "id") or "",
         location=_enum(DataLocation, processed.scalar(0, "location", "i8"), "location", processed),
         index=int(processed.scalar(1, "index", "u32")),
-        compile_specs=compile_specs,
+        compile_specs=t.vector(2, "compile_specs", "table") or (),
     )
 
 
