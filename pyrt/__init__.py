@@ -18,6 +18,7 @@ from pyrt.errors import (
     BudgetError,
     DeviceError,
     EngineError,
+    ExecutionError,
     ExportError,
     InputError,
     ProgramClosedError,
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Program", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
-    "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExportError",
+    "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
     "ProgramClosedError",
 ]
 

@@ -32,6 +32,10 @@ class InputError(PyrtError, ValueError):
     """Inputs given to a method do not match what it expects."""
 
 
+class ExecutionError(PyrtError, RuntimeError):
+    """A kernel failed while a method ran; names the method, instruction and operator."""
+
+
 class UnsupportedOperatorError(PyrtError):
     """A program uses an operator that no available kernel library implements."""
 

@@ -1,0 +1,343 @@
+"""TensorRT delegates of a method: blobs -> engines -> delegate steps; streams and staging.
+
+Loading (:func:`draft_delegates`, :func:`load_engines`) parses each
+``TensorRTBackend`` blob zero-copy, picks its device from the ``target_device``
+compile spec (else the blob's ``device_id``) remapped through ``device_map``,
+deserializes the engine there and applies the weight-streaming budget
+(:mod:`pyrt.streaming`) before the execution context exists.
+
+Running (:class:`DeviceContext`): each device a method touches gets one stream
+(the caller's when given, else torch's current stream for torch CUDA callers,
+else a pyrt stream). A delegate step checks its inputs, sets input shapes,
+resizes outputs to the inferred shapes and enqueues the engine. Inputs or
+outputs that live elsewhere (host arenas, another GPU) go through device
+staging buffers allocated at load: host copies synchronise only when the host
+needs the result; cross-device copies are ordered by events, never by a host sync.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pyrt.errors import EngineError, PteFormatError, UnsupportedOperatorError
+from pyrt.kernels import Step
+from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
+from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
+
+BACKEND_ID = "TensorRTBackend"
+TARGET_DEVICE = "target_device"
+
+
+@dataclass
+class DelegateDraft:
+    """One TensorRT delegate before and after its engine is loaded."""
+
+    method: str
+    index: int
+    delegate: BackendDelegate
+    blob: Any  # pyrt.trt_blob.TensorRTBlob
+    device: int
+    baked: int | None
+    source: str
+    engine: Any = None
+    resolved: Any = None  # pyrt.streaming.ResolvedBudget
+    global_index: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/delegate{self.index}"
+
+
+def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft]:
+    """Parse every delegate blob of a method and decide its device (imports no TensorRT)."""
+    from pyrt.plan import parse_device, remap_device
+    from pyrt.streaming import find_baked_budget
+    from pyrt.trt_blob import parse_blob
+
+    program = xplan.program
+    out = []
+    for i, d in enumerate(xplan.delegates):
+        where = f"{program.pte.source}: method {xplan.name!r} delegate {i}"
+        if d.id != BACKEND_ID:
+            raise UnsupportedOperatorError(f"{where} uses backend {d.id!r}; pyrt runs only {BACKEND_ID} delegates")
+        blob = parse_blob(program.delegate_data(d), source=where)
+        spec = d.spec(TARGET_DEVICE)
+        if spec is not None:
+            try:
+                text = spec.decode("ascii")
+            except UnicodeDecodeError:
+                raise PteFormatError(f"{where}: compile spec {TARGET_DEVICE} {spec!r} is not ASCII") from None
+            device = parse_device(text, f"{where} compile spec {TARGET_DEVICE}")
+        else:
+            device = blob.device_id
+        baked = find_baked_budget([(c.key, c.value) for c in d.compile_specs], source=where)
+        out.append(DelegateDraft(xplan.name, i, d, blob, remap_device(device, device_map), baked, where))
+    return out
+
+
+def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any) -> None:
+    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``)."""
+    from pyrt.engine import Engine
+
+    try:
+        for i, d in enumerate(drafts):
+            d.global_index = i
+            d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
+                                   trt=trt, cuda=cuda, name=d.name)
+        apply_budgets(drafts, budget, source="load-time budget")
+    except BaseException:
+        for d in drafts:
+            if d.engine is not None:
+                d.engine.close()
+                d.engine = None
+        raise
+
+
+def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:
+    """Resolve budgets for all engines (validated first), then configure each one."""
+    from pyrt.streaming import EngineStreamingInfo, resolve_budgets
+
+    infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
+    resolved = resolve_budgets(infos, budget, source=source)
+    for d, r in zip(drafts, resolved):
+        d.engine.configure(r.budget, r.source)
+        d.resolved = r
+
+
+# -- run-time ----------------------------------------------------------------------------------------
+
+
+def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
+    """device -> pyrt Stream wrapping the caller's stream (never closed by pyrt)."""
+    if stream is None:
+        return {}
+    from pyrt import cuda as cuda_seam
+
+    if isinstance(stream, cuda_seam.Stream):
+        return {stream.device: stream}
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        index = getattr(getattr(stream, "device", None), "index", None)
+        device = primary if index is None else int(index)
+        return {device: cuda_seam.Stream(cuda, int(stream.cuda_stream), device)}
+    if hasattr(stream, "__cuda_stream__"):
+        _, handle = stream.__cuda_stream__()
+        return {primary: cuda_seam.Stream(cuda, int(handle), primary)}
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return {primary: cuda_seam.Stream(cuda, stream, primary)}
+    from pyrt.errors import InputError
+
+    raise InputError(f"stream must be a pyrt.cuda.Stream, a torch.cuda.Stream, an object with "
+                     f"__cuda_stream__ or an int handle; got {type(stream).__name__}")
+
+
+class DeviceContext:
+    """Streams, events and staging buffers of one method."""
+
+    def __init__(self, cuda: Any, devices: set[int]) -> None:
+        self.cuda = cuda
+        self.devices = sorted(devices)
+        self.primary = self.devices[0] if self.devices else 0
+        self._own: dict[int, Any] = {}
+        self._events: dict[int, Any] = {}
+        self._staging: list[Any] = []
+        self._active: dict[int, Any] = {}
+        self._torch_caller = False
+        self._keep: list[Any] = []
+
+    # streams
+    def begin(self, state: Any, inputs: Sequence[Any] = ()) -> None:
+        self._active = _caller_streams(state.stream, self.cuda, self.primary)
+        torch = sys.modules.get("torch")
+        self._torch_caller = state.stream is None and torch is not None and any(
+            isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        state.streams = self._active
+
+    def stream(self, device: int) -> Any:
+        s = self._active.get(device)
+        if s is None:
+            s = self._torch_stream(device) if self._torch_caller else None
+            if s is None:
+                s = self._own.get(device)
+                if s is None:
+                    s = self._own[device] = self.cuda.stream(device)
+            self._active[device] = s
+        return s
+
+    def _torch_stream(self, device: int) -> Any:
+        from pyrt import cuda as cuda_seam
+
+        torch = sys.modules["torch"]
+        handle = int(torch.cuda.current_stream(device).cuda_stream)
+        return cuda_seam.Stream(self.cuda, handle, device)
+
+    def order(self, src: int, dst: int) -> None:
+        """Make work queued next on ``dst``'s stream wait for what ``src``'s stream has queued."""
+        if src == dst:
+            return
+        event = self._events.get(src)
+        if event is None:
+            event = self._events[src] = self.cuda.event(src)
+        event.record(self.stream(src))
+        self.stream(dst).wait(event)
+
+    def keep(self, obj: Any) -> None:
+        """Hold a host buffer an asynchronous copy reads until the run ends."""
+        self._keep.append(obj)
+
+    def end(self, state: Any) -> None:
+        # Host -> device copies from pageable memory are staged before the call returns, so
+        # the buffers may go once the run is over even if device work is still queued.
+        self._active = {}
+        self._keep.clear()
+
+    def staging(self, device: int, info: Any) -> DeviceTensor:
+        alloc = self.cuda.alloc(max(info.nbytes, 1), device)
+        self._staging.append(alloc)
+        return DeviceTensor(alloc, 0, info.scalar_type, info.sizes, info.capacity, info.dim_order)
+
+    def close(self) -> None:
+        for s in self._own.values():
+            s.close()
+        for e in self._events.values():
+            e.close()
+        for a in self._staging:
+            a.free()
+        self._own.clear()
+        self._events.clear()
+        self._staging.clear()
+
+    # delegate steps
+    def step_factory(self, draft: Any, table: Any) -> Callable[[int, DelegateCall, int], Step]:
+        def make(pc: int, ins: DelegateCall, pos: int) -> Step:
+            return _delegate_step(self, draft.delegates[ins.delegate_index], ins, table)
+
+        return make
+
+
+@dataclass
+class _Port:
+    index: int  # value index
+    get: Callable[[], Any]
+    dtype: str
+    staging: DeviceTensor | None = None
+    host: bool = False
+    device: int | None = None
+    dynamic: bool = False
+    sizes: tuple[int, ...] = field(default_factory=tuple)
+
+
+def _flat_args(table: Any, args: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for a in args:
+        if table.kinds[a] == "TensorList":
+            out.extend(table.items[a])
+        else:
+            out.append(a)
+    return out
+
+
+def _ports(ctx: DeviceContext, d: DelegateDraft, table: Any, idxs: Sequence[int],
+           bindings: Sequence[Any]) -> list[_Port]:
+    ports = []
+    for j, b in zip(idxs, bindings):
+        info = table.infos.get(j)
+        if info is None:
+            raise PteFormatError(f"{d.source}: delegate argument value {j} ({table.kinds[j]}) is not a tensor")
+        if info.scalar_type.dtype_name != b.dtype:
+            raise PteFormatError(f"{d.source}: binding {b.name!r} is {b.dtype} but value {j} is "
+                                 f"{info.scalar_type.dtype_name}")
+        port = _Port(j, table.getter(j), b.dtype, dynamic=info.dynamic, sizes=info.sizes, device=info.device)
+        if info.device != d.device:
+            port.staging = ctx.staging(d.device, info)
+            port.host = info.device is None
+        ports.append(port)
+    return ports
+
+
+def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, table: Any) -> Step:
+    engine = d.engine
+    flat = _flat_args(table, ins.args)
+    n_in, n_out = len(engine.input_names), len(engine.output_names)
+    if len(flat) != n_in + n_out:
+        raise PteFormatError(f"{d.source}: the call passes {len(flat)} tensors, the engine has {n_in} inputs "
+                             f"and {n_out} outputs")
+    bindings = [b for b in d.blob.io_bindings if b.is_input]
+    out_bindings = {b.name: b for b in d.blob.io_bindings if not b.is_input}
+    ins_ = _ports(ctx, d, table, flat[:n_in], bindings)
+    outs = _ports(ctx, d, table, flat[n_in:], [out_bindings[n] for n in engine.output_names])
+    torch_host = isinstance(table.host, TorchHost)
+    dynamic = any(p.dynamic for p in ins_)
+    device = d.device
+    static_shapes: list[tuple[int, ...]] = []
+
+    def step() -> None:
+        stream = ctx.stream(device)
+        shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
+        engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_)])
+        if dynamic or not static_shapes:
+            out_shapes = engine.infer_output_shapes(shapes)
+            if not dynamic:
+                static_shapes[:] = out_shapes
+        else:
+            out_shapes = static_shapes
+        targets = [_out_target(p, s, table) for p, s in zip(outs, out_shapes)]
+        in_ptrs = [(p.staging if p.staging is not None else p.get()).ptr for p in ins_]
+        engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle)
+        for p, t in zip(outs, targets):
+            if p.staging is not None:
+                _stage_out(ctx, p, t, device, stream, table, torch_host)
+
+    return step
+
+
+def _stage_in(ctx: DeviceContext, p: _Port, device: int, stream: Any, torch_host: bool) -> tuple[int, ...]:
+    src = p.get()
+    if p.staging is None:
+        return tuple(src.shape)
+    shape = tuple(int(s) for s in src.shape)
+    p.staging.resize(shape, f"delegate input value {p.index}")
+    if p.host:
+        arr = np.ascontiguousarray(src.numpy() if torch_host else src)
+        if arr.nbytes:
+            ctx.keep(arr)
+            ctx.cuda.memcpy_htod(p.staging.allocation, arr, stream=stream)
+    elif src.nbytes:
+        ctx.order(src.device, device)
+        ctx.cuda.memcpy_peer(p.staging.allocation, src.allocation, src.nbytes, src_offset=src.offset, stream=stream)
+    return shape
+
+
+def _out_target(p: _Port, shape: tuple[int, ...], table: Any) -> DeviceTensor:
+    if not p.dynamic and shape != p.sizes:
+        raise EngineError(f"engine output for value {p.index} has shape {shape}, the program planned {p.sizes}")
+    if p.staging is not None:
+        p.staging.resize(shape, f"delegate output value {p.index}")
+        return p.staging
+    t = p.get()
+    if p.dynamic and tuple(t.shape) != shape:
+        t = table.resize(p.index, shape)
+    return t
+
+
+def _stage_out(ctx: DeviceContext, p: _Port, staged: DeviceTensor, device: int, stream: Any, table: Any,
+               torch_host: bool) -> None:
+    shape = staged.shape
+    dst = p.get()
+    if p.dynamic and tuple(dst.shape) != shape:
+        dst = table.resize(p.index, shape)
+    if p.host:
+        arr = dst.numpy() if torch_host else dst
+        if arr.dtype != numpy_dtype(staged.scalar_type) or not arr.flags.c_contiguous:
+            raise EngineError(f"delegate output value {p.index} needs a contiguous {staged.dtype} host tensor")
+        if staged.nbytes:
+            ctx.cuda.memcpy_dtoh(arr, staged.allocation, stream=stream)
+            stream.synchronize()  # host kernels read it next
+        return
+    if staged.nbytes:
+        ctx.order(device, dst.device)
+        ctx.cuda.memcpy_peer(dst.allocation, staged.allocation, staged.nbytes, dst_offset=dst.offset,
+                             stream=ctx.stream(dst.device))

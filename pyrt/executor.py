@@ -1,0 +1,483 @@
+"""Run a planned method: bind inputs, walk the instruction chain, hand outputs back.
+
+The hot loop is a ``for`` over precomputed step closures (straight-line
+chains) or a program counter over the same steps when the chain jumps
+(``JumpFalseCall``). Inputs are copied into their memory-planned tensors (or
+bound zero-copy when the file did not plan them); outputs are copied out in
+the kind the caller used (torch in -> torch out, numpy in -> numpy out) and
+arranged like the method's pytree output when that is a plain tuple/list.
+
+>>> runner = MethodRunner(plan, default_kind="numpy")          # doctest: +SKIP
+>>> runner((x, y), stream=None)                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pyrt.errors import ExecutionError, InputError, PyrtError
+from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
+from pyrt.tensors import (
+    CAI, NUMPY, TORCH, DeviceTensor, NumpyHost, OwnedDeviceTensor, TorchHost, caller_kind, device_input,
+    device_output, host_output, is_torch_tensor, numpy_dtype, scalar_type_of_torch,
+)
+
+Setter = Callable[[Any, "RunState"], None]
+
+
+class RunState:
+    """Per-run facts for device work: the caller's stream, streams in use, objects to keep alive.
+
+    ``device_caller``: some input lives in CUDA memory, so device outputs stay on the device.
+    """
+
+    __slots__ = ("stream", "keepalive", "streams", "device_caller", "ctx")
+
+    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None) -> None:
+        self.stream = stream
+        self.ctx = ctx  # pyrt.delegates.DeviceContext: stream(device) orders every copy of the run
+        self.keepalive: list[Any] = []
+        self.streams: dict[int, Any] = {}
+        self.device_caller = any(caller_kind(x) == CAI or (is_torch_tensor(x) and x.is_cuda) for x in inputs)
+
+
+class MethodRunner:
+    """Callable that runs one planned method; not re-entrant (a lock serialises callers)."""
+
+    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None) -> None:
+        self.plan = plan
+        self.name = plan.name
+        self.default_kind = default_kind
+        self.devices = devices  # pyrt.delegates.DeviceContext when the method touches CUDA
+        self._lock = threading.Lock()
+        table = plan.table
+        self._vals = table.vals
+        self._setters = [_input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
+        self._getters = [_output_getter(plan, pos, i) for pos, i in enumerate(plan.outputs)]
+        self._flatten = input_flattener(plan.container_meta_type[0], len(plan.inputs), plan.name)
+        self._build = output_builder(plan.container_meta_type[1], len(plan.outputs))
+        self._straight = not plan.has_jumps
+        self._steps = [[ins.step for ins in chain] for chain in plan.chains]
+
+    # -- running ---------------------------------------------------------------------------
+    def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:
+        flat = self._flatten(inputs)
+        kind = self._kind(flat)
+        if self.devices is None:  # no device work: a stream, if given, has nothing to order
+            with self._lock:
+                for setter, x in zip(self._setters, flat):
+                    setter(x, None)
+                self._execute(None)
+                outs = [get(kind, None) for get in self._getters]
+            return self._build(outs)
+        state = RunState(stream, flat, self.devices)
+        with self._lock:
+            self.devices.begin(state, flat)
+            try:
+                for setter, x in zip(self._setters, flat):
+                    setter(x, state)
+                self._execute(state)
+                outs = [get(kind, state) for get in self._getters]
+            finally:
+                self.devices.end(state)
+        return self._build(outs)
+
+    def _kind(self, flat: Sequence[Any]) -> str:
+        for x in flat:
+            k = caller_kind(x)
+            if k is not None:
+                return k
+        return self.default_kind
+
+    def _execute(self, state: RunState | None) -> None:
+        for ci, steps in enumerate(self._steps):
+            if self._straight:
+                pc = 0
+                try:
+                    for pc, step in enumerate(steps):
+                        step()
+                except PyrtError:
+                    raise
+                except Exception as exc:
+                    raise self._failure(ci, pc, exc) from exc
+            else:
+                self._run_jumping(ci, self.plan.chains[ci])
+
+    def _run_jumping(self, ci: int, chain: list[Instr]) -> None:
+        vals, pc, n = self._vals, 0, len(chain)
+        while pc < n:
+            ins = chain[pc]
+            try:
+                if ins.step is None:
+                    pc = pc + 1 if _truthy(vals[ins.cond]) else ins.target
+                    continue
+                ins.step()
+            except PyrtError:
+                raise
+            except Exception as exc:
+                raise self._failure(ci, pc, exc) from exc
+            pc += 1
+
+    def _failure(self, chain: int, pc: int, exc: Exception) -> PyrtError:
+        """A kernel raised something untyped (bad data for it, typically): name the instruction."""
+        what = self.plan.chains[chain][pc].what if pc < len(self.plan.chains[chain]) else "?"
+        return ExecutionError(f"method {self.name!r} instruction {pc} ({what}) failed: {type(exc).__name__}: {exc}")
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, (bool, int, float)):
+        return bool(v)
+    if isinstance(v, np.ndarray) or is_torch_tensor(v):
+        return bool(v.all())
+    raise InputError(f"JumpFalseCall condition is a {type(v).__name__}, not a bool or tensor")
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+
+def _input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
+    table = plan.table
+    kind = table.kinds[i]
+    what = f"method {plan.name!r} input {pos}"
+    if kind == "Tensor":
+        info = table.infos[i]
+        if info.device is not None:
+            return _device_input_setter(plan, info, what)
+        if info.storage == UNPLANNED:
+            return _bind_input(plan, info, what)
+        if info.storage == CONSTANT:
+            raise PyrtError(f"{what} is a constant tensor in the file")
+        return _copy_input(plan, info, what)
+    expected = table.vals[i]
+
+    def set_scalar(x: Any, state: RunState) -> None:
+        _check_scalar(x, kind, expected, what)
+
+    return set_scalar
+
+
+def _check_scalar(x: Any, kind: str, expected: Any, what: str) -> None:
+    ok = {
+        "Int": isinstance(x, (int, np.integer)) and not isinstance(x, bool),
+        "Double": isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool),
+        "Bool": isinstance(x, (bool, np.bool_)),
+        "String": isinstance(x, str),
+        "Null": x is None,
+    }.get(kind, False)
+    if not ok:
+        raise InputError(f"{what} must be a {kind} (the program was exported with {expected!r}), "
+                         f"got {type(x).__name__}")
+    if kind != "Null" and x != expected:
+        raise InputError(f"{what}: the program was exported with the constant {expected!r}; got {x!r} "
+                         f"(ExecuTorch specialises non-tensor inputs)")
+
+
+def _check_tensor(st_dtype: np.dtype, shape: tuple[int, ...], info: TensorInfo, what: str) -> None:
+    want = numpy_dtype(info.scalar_type)
+    if st_dtype != want:
+        raise InputError(f"{what} must be {info.scalar_type.dtype_name}, got {st_dtype}")
+    if len(shape) != len(info.sizes):
+        raise InputError(f"{what} must have rank {len(info.sizes)} (shape {info.sizes}), got shape {shape}")
+    if not info.dynamic:
+        if shape != info.sizes:
+            raise InputError(f"{what} must have shape {info.sizes}, got {shape}")
+    elif math.prod(shape) > info.capacity:
+        raise InputError(f"{what}: shape {shape} exceeds the method's upper bound {info.sizes}")
+
+
+def _np_dtype_of(x: Any) -> np.dtype:
+    if isinstance(x, np.ndarray):
+        return x.dtype
+    st = scalar_type_of_torch(x.dtype)
+    if st is None:
+        raise InputError(f"torch dtype {x.dtype} is not supported")
+    return numpy_dtype(st)
+
+
+def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
+    """Planned host input: check, then copy into its arena view (resizing dynamic ones)."""
+    table, i = plan.table, info.index
+    host = table.host
+    torch_host = isinstance(host, TorchHost)
+    static = not info.dynamic
+    dst = table.vals[i]
+    dst_np = host.to_numpy(dst) if static else None
+    want_np = numpy_dtype(info.scalar_type)
+    want_torch = host.dtype(info.scalar_type) if torch_host else None
+    sizes = info.sizes
+
+    tensor_type = host.torch.Tensor if torch_host else None
+
+    def set_input(x: Any, state: RunState) -> None:
+        if static and type(x) is tensor_type and not x.is_cuda:
+            if x.dtype is not want_torch or x.shape != sizes:
+                _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
+            dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
+            return
+        if isinstance(x, np.ndarray):
+            arr = x
+        else:
+            dev = device_input(x, what)
+            if dev is not None:
+                arr = _device_to_host(dev, plan, what, state)
+            else:
+                arr = NumpyHost().from_caller(x, what, want_np)
+        if static:
+            if arr.dtype != want_np or arr.shape != sizes:
+                _check_tensor(arr.dtype, arr.shape, info, what)
+            np.copyto(dst_np, arr)
+            return
+        _check_tensor(arr.dtype, arr.shape, info, what)
+        t = table.resize(i, arr.shape)
+        np.copyto(host.to_numpy(t), arr)
+
+    return set_input
+
+
+def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
+    """Unplanned host input: bind the caller's memory (zero-copy when dtype and layout allow)."""
+    table, i = plan.table, info.index
+    host = table.host
+    vals = table.vals
+
+    def bind(x: Any, state: RunState) -> None:
+        dev = device_input(x, what)
+        if dev is not None:
+            x = _device_to_host(dev, plan, what, state)
+        t = host.from_caller(x, what)
+        st = host.scalar_type(t)
+        _check_tensor(numpy_dtype(st) if st is not None else np.dtype("V1"), tuple(t.shape), info, what)
+        if isinstance(host, TorchHost):
+            if not t.is_contiguous():
+                t = t.contiguous()
+        elif not t.flags.c_contiguous:
+            t = np.ascontiguousarray(t)
+        vals[i] = t
+
+    return bind
+
+
+def _device_to_host(dev: Any, plan: MethodPlan, what: str, state: RunState | None) -> np.ndarray:
+    """A caller's device input for a host tensor: copied after the work that produced it."""
+    if is_torch_tensor(dev.owner):
+        return dev.owner.detach().cpu().numpy()  # torch orders it after its own streams
+    from pyrt import cuda as cuda_seam
+
+    seam = cuda_seam.current()
+    out = np.empty(dev.shape, dtype=numpy_dtype(dev.scalar_type))
+    src = seam.borrow(dev.ptr, dev.nbytes, dev.device)
+    if state is None or state.ctx is None:
+        seam.synchronize(dev.device)  # a host-only method: nothing of ours to order against
+        seam.memcpy_dtoh(out, src)
+        return out
+    stream = state.ctx.stream(dev.device)
+    seam.memcpy_dtoh(out, src, stream=stream)
+    stream.synchronize()
+    return out
+
+
+def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
+    """Input held in a CUDA arena: copy the caller's host or device data into it."""
+    table, i = plan.table, info.index
+
+    def set_device(x: Any, state: RunState) -> None:
+        from pyrt import cuda as cuda_seam
+
+        dst: DeviceTensor = table.vals[i]
+        seam = cuda_seam.current()
+        stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
+        dev = device_input(x, what)
+        if dev is not None:
+            _check_tensor(numpy_dtype(dev.scalar_type), dev.shape, info, what)
+            if info.dynamic:
+                dst.resize(dev.shape, what)
+            src = seam.borrow(dev.ptr, dev.nbytes, dev.device)
+            state.keepalive.append(dev.owner)
+            if dev.device == dst.device:
+                seam.memcpy_dtod(dst.allocation, src, dev.nbytes, dst_offset=dst.offset, stream=stream)
+            else:
+                seam.memcpy_peer(dst.allocation, src, dev.nbytes, dst_offset=dst.offset, stream=stream)
+            return
+        arr = np.ascontiguousarray(NumpyHost().from_caller(x, what, numpy_dtype(info.scalar_type)))
+        _check_tensor(arr.dtype, arr.shape, info, what)
+        if info.dynamic:
+            dst.resize(arr.shape, what)
+        if arr.nbytes:
+            state.ctx.keep(arr)
+            seam.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=stream)
+
+    return set_device
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+
+
+def _output_getter(plan: MethodPlan, pos: int, i: int) -> Callable[[str, RunState], Any]:
+    table = plan.table
+    vals = table.vals
+    info = table.infos.get(i)
+    if info is not None and info.device is None and table.is_const(i) and not info.dynamic:
+        return _static_host_getter(table.host, vals[i])
+
+    def get(kind: str, state: RunState) -> Any:
+        return _export(vals[i], kind, state)
+
+    return get
+
+
+def _static_host_getter(host: Any, t: Any) -> Callable[[str, Any], Any]:
+    """Copy-out of a host tensor whose object and shape never change."""
+    if isinstance(host, TorchHost):
+        view = t.numpy()
+
+        def get_torch_host(kind: str, state: Any) -> Any:
+            return t.clone() if kind == TORCH else view.copy()
+
+        return get_torch_host
+
+    def get_numpy_host(kind: str, state: Any) -> Any:
+        return host_output(t, kind) if kind == TORCH else t.copy()
+
+    return get_numpy_host
+
+
+def _export(v: Any, kind: str, state: RunState) -> Any:
+    if isinstance(v, DeviceTensor):
+        return _device_copy(v, kind, state)
+    if isinstance(v, list):
+        return [_export(x, kind, state) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    host_kind = TORCH if kind == TORCH else NUMPY
+    if kind == TORCH and isinstance(v, np.ndarray) and not _torch_loaded():
+        host_kind = NUMPY
+    return host_output(v, host_kind)
+
+
+def _torch_loaded() -> bool:
+    import sys
+
+    return "torch" in sys.modules
+
+
+def _device_copy(t: DeviceTensor, kind: str, state: RunState) -> Any:
+    """Device output: a fresh device buffer the caller owns (or a host copy for host callers)."""
+    from pyrt import cuda as cuda_seam
+
+    seam = cuda_seam.current()
+    stream = state.streams.get(t.device)
+    if not state.device_caller:  # host callers get host results: the one place a run synchronises
+        out = np.empty(t.shape, dtype=numpy_dtype(t.scalar_type))
+        seam.memcpy_dtoh(out, t.allocation, src_offset=t.offset, stream=stream)
+        if stream is not None:
+            stream.synchronize()
+        return host_output(out, kind) if kind == TORCH else out
+    alloc = seam.alloc(max(t.nbytes, 1), t.device)
+    out_t = OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, math.prod(t.shape), t.dim_order)
+    if t.nbytes:
+        seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)
+    out_t.stream = None if stream is None else stream.handle  # consumers order on it (CAI v3 "stream")
+    return device_output(out_t, kind)
+
+
+# -- pytree I/O ----------------------------------------------------------------------------------------
+
+
+def _spec(text: str) -> Any:
+    try:
+        obj = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    if isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], dict):
+        return obj[1]
+    return None
+
+
+_CONTAINERS = (list, tuple, dict)
+_SEQ_TYPES = {"builtins.tuple": tuple, "builtins.list": list, "torch.fx.immutable_collections.immutable_list": list}
+
+
+def _leaves(spec: Any) -> int:
+    kids = spec.get("children_spec") or []
+    return 1 if spec.get("type") is None and not kids else sum(_leaves(k) for k in kids)
+
+
+def output_builder(text: str, n: int) -> Callable[[list[Any]], Any]:
+    """Arrange flat outputs like the method's output pytree (tuple/list nesting), else a flat tuple."""
+    spec = _spec(text)
+    if spec is None or _leaves(spec) != n or not _simple(spec):
+        return tuple
+    if spec.get("type") is None:
+        return lambda outs: outs[0]
+
+    def build(outs: list[Any]) -> Any:
+        it = iter(outs)
+        return _unflatten(spec, it)
+
+    return build
+
+
+def _simple(spec: Any) -> bool:
+    t = spec.get("type")
+    if t is None:
+        return not spec.get("children_spec")
+    return t in _SEQ_TYPES and all(_simple(k) for k in spec.get("children_spec") or [])
+
+
+def _unflatten(spec: Any, it: Any) -> Any:
+    t = spec.get("type")
+    if t is None:
+        return next(it)
+    return _SEQ_TYPES[t](_unflatten(k, it) for k in spec.get("children_spec") or [])
+
+
+def input_flattener(text: str, n: int, method: str) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """Flatten caller arguments along the method's input pytree (args tuple of tuples/lists/dicts)."""
+    spec = _spec(text)
+    args_spec = None
+    if spec is not None and spec.get("type") == "builtins.tuple" and spec.get("children_spec"):
+        args_spec = spec["children_spec"][0]
+
+    def flatten(inputs: Sequence[Any]) -> Sequence[Any]:
+        if len(inputs) == n:
+            for x in inputs:
+                if type(x) in _CONTAINERS:
+                    break
+            else:
+                return inputs
+        if args_spec is not None:
+            out: list[Any] = []
+            if _flatten_into(args_spec, tuple(inputs), out) and len(out) == n:
+                return out
+        raise InputError(f"method {method!r} takes {n} inputs (flattened), got {len(inputs)} arguments")
+
+    return flatten
+
+
+def _flatten_into(spec: Any, x: Any, out: list[Any]) -> bool:
+    t = spec.get("type")
+    kids = spec.get("children_spec") or []
+    if t is None and not kids:
+        out.append(x)
+        return True
+    if t in _SEQ_TYPES:
+        if not isinstance(x, (list, tuple)) or len(x) != len(kids):
+            return False
+        return all(_flatten_into(k, v, out) for k, v in zip(kids, x))
+    if t == "builtins.dict":
+        try:
+            keys = json.loads(spec.get("context") or "[]")
+        except ValueError:
+            return False
+        if not isinstance(x, dict) or sorted(map(str, x)) != sorted(map(str, keys)):
+            return False
+        return all(_flatten_into(k, x[key], out) for k, key in zip(kids, keys))
+    return False
+
+
+__all__ = ["MethodRunner", "RunState", "output_builder", "input_flattener", "PLANNED"]

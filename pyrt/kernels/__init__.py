@@ -1,0 +1,175 @@
+"""Kernel registry: operators resolved by name and overload at load time.
+
+A *library* maps an operator (``aten::add`` overload ``out``) to a
+:class:`Kernel`. A kernel says which value slots it rebinds at run time (so
+the plan knows which arguments it may capture as constants) and builds one
+zero-argument *step* closure per instruction, with its arguments resolved
+through a :class:`KernelSite`. Libraries, in lookup order:
+
+* ``prim`` (:mod:`pyrt.kernels.prim_kernels`): ExecuTorch's scalar ``executorch_prim``
+  ops, ``et_view``, the dim-order ops, ``aten::copy_`` and the ``et_copy`` device copies;
+  it needs neither torch nor a numpy kernel;
+* ``torch`` (:mod:`pyrt.kernels.torch_kernels`): any ATen op through ``torch.ops``;
+* ``numpy`` (:mod:`pyrt.kernels.numpy_kernels`): a core set for machines without torch.
+
+An operator no library knows is reported at load time with
+:class:`~pyrt.errors.UnsupportedOperatorError` naming it and the method.
+
+>>> from pyrt.pte_reader import Operator
+>>> lib = library("numpy")
+>>> lib.lookup(Operator("aten::add", "out")) is not None
+True
+>>> resolve("forward", [Operator("aten::frobnicate", "out")], [lib])
+Traceback (most recent call last):
+...
+pyrt.errors.UnsupportedOperatorError: method 'forward' uses operators no kernel library (numpy) \
+supports: aten::frobnicate.out
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
+
+if TYPE_CHECKING:
+    from pyrt.plan import ValueTable
+    from pyrt.pte_reader import Operator
+
+Step = Callable[[], Any]
+ENV_VAR = "PYRT_KERNELS"
+CHOICES = ("auto", "torch", "numpy")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A resolved operator.
+
+    ``rebinds(args)`` lists the value indices the step stores new objects into
+    (scalar results, views); everything else it only reads or writes in place.
+    ``build(site)`` returns the step closure for one instruction.
+    """
+
+    name: str
+    build: Callable[["KernelSite"], Step]
+    rebinds: Callable[[tuple[int, ...]], Sequence[int]] = lambda args: ()
+    needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
+
+
+class KernelLibrary(Protocol):
+    name: str
+
+    def lookup(self, op: "Operator") -> Kernel | None: ...
+
+
+@dataclass
+class KernelSite:
+    """One instruction's view of the value table while its step is built."""
+
+    method: str
+    instruction: int
+    operator: str
+    args: tuple[int, ...]
+    table: "ValueTable"
+
+    @property
+    def where(self) -> str:
+        return f"method {self.method!r} instruction {self.instruction} ({self.operator})"
+
+    def require_args(self, n: int) -> None:
+        """PteFormatError unless the instruction has at least ``n`` arguments."""
+        if len(self.args) < n:
+            from pyrt.errors import PteFormatError
+
+            raise PteFormatError(f"{self.where}: expects at least {n} arguments, the file gives {len(self.args)}")
+
+    def is_const(self, k: int) -> bool:
+        return self.table.is_const(self.args[k])
+
+    def value(self, k: int) -> Any:
+        """The load-time value of argument ``k`` (only meaningful when :meth:`is_const`)."""
+        return self.table.vals[self.args[k]]
+
+    def getter(self, k: int) -> Callable[[], Any]:
+        return self.table.getter(self.args[k])
+
+    def kind(self, k: int) -> str:
+        return self.table.kinds[self.args[k]]
+
+    def info(self, k: int) -> Any:
+        return self.table.infos.get(self.args[k])
+
+    def setter(self, k: int) -> Callable[[Any], None]:
+        vals, i = self.table.vals, self.args[k]
+
+        def store(v: Any) -> None:
+            vals[i] = v
+
+        return store
+
+    def error(self, exc: BaseException) -> PyrtError:
+        if isinstance(exc, PyrtError):
+            return exc
+        return InputError(f"{self.where} failed: {type(exc).__name__}: {exc}")
+
+
+def library(name: str) -> KernelLibrary:
+    """Load kernel library ``name`` ("prim", "torch" or "numpy")."""
+    if name == "prim":
+        from pyrt.kernels.prim_kernels import PrimLibrary
+
+        return PrimLibrary()
+    if name == "torch":
+        from pyrt.kernels.torch_kernels import TorchLibrary
+
+        return TorchLibrary()
+    if name == "numpy":
+        from pyrt.kernels.numpy_kernels import NumpyLibrary
+
+        return NumpyLibrary()
+    raise UnsupportedOperatorError(f"unknown kernel library {name!r}; choose one of {CHOICES}")
+
+
+@functools.lru_cache(maxsize=1)
+def torch_available() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a blocked import (sys.modules["torch"] = None) or a broken install
+        return False
+
+
+def choose_library(choice: str | None) -> str:
+    """Resolve ``kernels=`` (or ``$PYRT_KERNELS``): torch when installed, else numpy."""
+    choice = choice or os.environ.get(ENV_VAR) or "auto"
+    if choice not in CHOICES:
+        raise UnsupportedOperatorError(f"kernels={choice!r} is not one of {CHOICES}")
+    if choice == "auto":
+        return "torch" if torch_available() else "numpy"
+    if choice == "torch" and not torch_available():
+        raise UnsupportedOperatorError("kernels='torch' was asked for but torch is not installed")
+    return choice
+
+
+def resolve(method: str, operators: Sequence["Operator"], libraries: Sequence[KernelLibrary]) -> list[Kernel]:
+    """One kernel per operator, from the first library that has it; all misses reported at once."""
+    kernels: list[Kernel] = []
+    missing: list[str] = []
+    for op in operators:
+        found = next((k for lib in libraries if (k := lib.lookup(op)) is not None), None)
+        if found is None:
+            missing.append(op.qualified_name)
+        else:
+            kernels.append(found)
+    if missing:
+        names = ", ".join(lib.name for lib in libraries if lib.name != "prim") or "prim"
+        raise UnsupportedOperatorError(
+            f"method {method!r} uses operators no kernel library ({names}) supports: {', '.join(missing)}"
+        )
+    return kernels
+
+
+__all__ = ["Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR"]

@@ -1,0 +1,308 @@
+"""Kernels every program may need, independent of torch: ExecuTorch's prim ops and copies.
+
+* ``executorch_prim::{add,sub,mul,floordiv,truediv,mod,eq,gt,...}.Scalar``: symbolic-int
+  arithmetic on Int/Double/Bool values (results rebind their return slot);
+* ``aten::sym_size.int`` / ``aten::sym_numel``: read a tensor's current shape;
+* ``executorch_prim::et_view.default``: a view of a tensor with new sizes;
+* ``executorch_prim::et_copy_index.tensor``: ``copy_to[index] = copy_from`` (loop outputs);
+* ``dim_order_ops::_to_dim_order_copy.out`` / ``_clone_dim_order.out`` / ``_empty_dim_order.out``
+  and ``aten::copy_``;
+* ``et_copy::_h2d_copy.out`` / ``et_copy::_d2h_copy.out`` through :mod:`pyrt.cuda`.
+
+Host tensors are numpy arrays or torch tensors (whichever host backend the
+plan chose); every kernel here handles both.
+
+>>> from pyrt.pte_reader import Operator
+>>> PrimLibrary().lookup(Operator("executorch_prim::add", "Scalar")).name
+'executorch_prim::add.Scalar'
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable
+
+import numpy as np
+
+from pyrt.errors import InputError
+from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.pte_reader import Operator
+from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
+
+
+def _floordiv(a: Any, b: Any) -> Any:
+    if b == 0:
+        raise InputError(f"executorch_prim::floordiv: division of {a} by zero")
+    return a // b
+
+
+def _truediv(a: Any, b: Any) -> float:
+    if b == 0:
+        raise InputError(f"executorch_prim::truediv: division of {a} by zero")
+    return a / b
+
+
+def _mod(a: Any, b: Any) -> Any:
+    if b == 0:
+        raise InputError(f"executorch_prim::mod: modulo of {a} by zero")
+    return a % b
+
+
+_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": _floordiv,
+    "truediv": _truediv, "mod": _mod, "eq": operator.eq, "gt": operator.gt, "lt": operator.lt,
+    "ge": operator.ge, "le": operator.le, "sym_max": max, "sym_min": min,
+}
+_UNARY: dict[str, Callable[[Any], Any]] = {
+    "neg": operator.neg, "sym_float": float, "sym_int": int, "ceil": math.ceil, "round": round,
+    "trunc": math.trunc, "sym_not": operator.not_,
+}
+
+
+def _last(args: tuple[int, ...]) -> tuple[int, ...]:
+    return args[-1:]
+
+
+def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
+    def build(site: KernelSite) -> Step:
+        site.require_args(arity + 1)
+        getters = [site.getter(k) for k in range(arity)]
+        store = site.setter(arity)
+        if arity == 1:
+            (a,) = getters
+            return lambda: store(fn(a()))
+        if arity == 2:
+            a, b = getters
+            return lambda: store(fn(a(), b()))
+        return lambda: store(fn(*(g() for g in getters)))
+
+    return Kernel(name, build, rebinds=lambda args: args[arity:arity + 1], needs_library=False)
+
+
+def _ite(b: Any, t: Any, f: Any) -> Any:
+    return t if b else f
+
+
+def _sym_size(site: KernelSite) -> Step:
+    site.require_args(3)
+    get_t, get_d, store = site.getter(0), site.getter(1), site.setter(2)
+    return lambda: store(int(get_t().shape[get_d()]))
+
+
+def _sym_numel(site: KernelSite) -> Step:
+    site.require_args(2)
+    get_t, store = site.getter(0), site.setter(1)
+    return lambda: store(int(math.prod(get_t().shape)))
+
+
+def _et_view(site: KernelSite) -> Step:
+    """``et_view(self, size) -> out``: out shares self's memory with the new sizes."""
+    site.require_args(3)
+    get_t, get_size, store = site.getter(0), site.getter(1), site.setter(2)
+    where = site.where
+
+    def view() -> None:
+        t = get_t()
+        size = [int(s) for s in get_size()]
+        if isinstance(t, DeviceTensor):
+            store(DeviceTensor(t.allocation, t.offset, t.scalar_type, _infer(size, math.prod(t.shape), where),
+                               t.capacity, (), t.keepalive))
+            return
+        store(t.reshape(size))
+
+    return view
+
+
+def _infer(size: list[int], numel: int, where: str) -> tuple[int, ...]:
+    if -1 in size:
+        known = math.prod(s for s in size if s != -1)
+        size = [numel // known if s == -1 and known else s for s in size]
+    if math.prod(size) != numel:
+        raise InputError(f"{where}: cannot view {numel} elements as {size}")
+    return tuple(size)
+
+
+def _copy_into(dst: Any, src: Any, torch_host: bool) -> None:
+    if torch_host:
+        dst.copy_(src)
+    else:
+        np.copyto(dst, src, casting="unsafe")
+
+
+def _resizing_out(site: KernelSite, k: int) -> Callable[[tuple[int, ...]], Any]:
+    """Return ``shape -> out tensor`` for argument ``k`` (resizing dynamic outputs)."""
+    info = site.info(k)
+    table, idx = site.table, site.args[k]
+    get = site.getter(k)
+    if info is None or not info.dynamic:
+        return lambda shape: get()
+
+    def out(shape: tuple[int, ...]) -> Any:
+        t = get()
+        return t if tuple(t.shape) == tuple(shape) else table.resize(idx, shape)
+
+    return out
+
+
+def _to_dim_order_copy(site: KernelSite) -> Step:
+    """``(self, *, non_blocking, dim_order, out)``: copy with dtype conversion; out carries the layout."""
+    site.require_args(4)
+    get_src, out_for = site.getter(0), _resizing_out(site, 3)
+    torch_host = isinstance(site.table.host, TorchHost)
+
+    def copy() -> None:
+        src = get_src()
+        _copy_into(out_for(tuple(src.shape)), src, torch_host)
+
+    return copy
+
+
+def _empty_dim_order(site: KernelSite) -> Step:
+    """``(size, *, dim_order, out)``: only resizes out (contents unspecified)."""
+    site.require_args(3)
+    get_size, out_for = site.getter(0), _resizing_out(site, 2)
+
+    def empty() -> None:
+        out_for(tuple(int(s) for s in get_size()))
+
+    return empty
+
+
+def _copy_(site: KernelSite) -> Step:
+    """``aten::copy_(self, src, non_blocking) -> self``: in place, broadcasting src."""
+    site.require_args(2)
+    get_dst, get_src = site.getter(0), site.getter(1)
+    torch_host = isinstance(site.table.host, TorchHost)
+
+    def copy() -> None:
+        _copy_into(get_dst(), get_src(), torch_host)
+
+    return copy
+
+
+def _copy_index(site: KernelSite) -> Step:
+    """``et_copy_index(copy_to, copy_from, index)``: ``copy_to[index] = copy_from``, growing dim 0."""
+    site.require_args(3)
+    get_from, get_index = site.getter(1), site.getter(2)
+    table, idx = site.table, site.args[0]
+    torch_host = isinstance(site.table.host, TorchHost)
+
+    def copy() -> None:
+        src, i = get_from(), int(get_index())
+        dst = table.vals[idx]
+        if dst.shape[0] <= i or tuple(dst.shape[1:]) != tuple(src.shape):
+            dst = table.resize(idx, (i + 1, *src.shape))
+        _copy_into(dst[i], src, torch_host)
+
+    return copy
+
+
+# -- device copies ---------------------------------------------------------------------------------
+
+
+def _h2d(site: KernelSite) -> Step:
+    """``et_copy::_h2d_copy.out(self, *, out)``: host tensor -> device tensor."""
+    site.require_args(2)
+    get_src, get_dst = site.getter(0), site.getter(1)
+    table = site.table
+    torch_host = isinstance(table.host, TorchHost)
+    where = site.where
+
+    def h2d() -> None:
+        from pyrt import cuda as cuda_seam
+
+        src, dst = get_src(), get_dst()
+        if not isinstance(dst, DeviceTensor):
+            raise InputError(f"{where}: out is not in device memory")
+        dst.resize(tuple(src.shape), where)
+        arr = np.ascontiguousarray(src.numpy() if torch_host else src)
+        if arr.dtype != numpy_dtype(dst.scalar_type):
+            raise InputError(f"{where}: {arr.dtype} -> {dst.dtype} copies are not supported")
+        if arr.nbytes:
+            if table.devices is not None:
+                table.devices.keep(arr)
+            seam = cuda_seam.current()
+            seam.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=_stream(table, dst.device))
+
+    return h2d
+
+
+def _d2h(site: KernelSite) -> Step:
+    """``et_copy::_d2h_copy.out(self, *, out)``: device tensor -> host tensor (synchronises)."""
+    site.require_args(2)
+    get_src = site.getter(0)
+    out_for = _resizing_out(site, 1)
+    table = site.table
+    torch_host = isinstance(table.host, TorchHost)
+    where = site.where
+
+    def d2h() -> None:
+        from pyrt import cuda as cuda_seam
+
+        src = get_src()
+        if not isinstance(src, DeviceTensor):
+            raise InputError(f"{where}: self is not in device memory")
+        dst = out_for(src.shape)
+        arr = dst.numpy() if torch_host else dst
+        if arr.dtype != numpy_dtype(src.scalar_type) or not arr.flags.c_contiguous:
+            raise InputError(f"{where}: out must be a contiguous {src.dtype} tensor")
+        if src.nbytes:
+            stream = _stream(table, src.device)
+            cuda_seam.current().memcpy_dtoh(arr, src.allocation, src_offset=src.offset, stream=stream)
+            if stream is not None:
+                stream.synchronize()  # host kernels read it next
+
+    return d2h
+
+
+def _stream(table: Any, device: int) -> Any:
+    return None if table.devices is None else table.devices.stream(device)
+
+
+def _tensor_alias(args: tuple[int, ...]) -> tuple[int, ...]:
+    return ()
+
+
+_SPECIAL: dict[str, Callable[[KernelSite], Step]] = {
+    "aten::sym_size.int": _sym_size,
+    "aten::sym_numel": _sym_numel,
+    "aten::sym_numel.default": _sym_numel,
+    "executorch_prim::et_view.default": _et_view,
+    "executorch_prim::et_copy_index.tensor": _copy_index,
+    "dim_order_ops::_to_dim_order_copy.out": _to_dim_order_copy,
+    "dim_order_ops::_clone_dim_order.out": _to_dim_order_copy,
+    "dim_order_ops::_empty_dim_order.out": _empty_dim_order,
+    "aten::copy_": _copy_,
+    "aten::copy_.default": _copy_,
+    "et_copy::_h2d_copy.out": _h2d,
+    "et_copy::_d2h_copy.out": _d2h,
+}
+_REBINDS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
+    "aten::sym_size.int": lambda a: a[2:3],
+    "aten::sym_numel": lambda a: a[1:2],
+    "aten::sym_numel.default": lambda a: a[1:2],
+    "executorch_prim::et_view.default": lambda a: a[2:3],
+    "executorch_prim::et_copy_index.tensor": lambda a: a[0:1],
+}
+
+
+class PrimLibrary:
+    """ExecuTorch's prim ops and copies; usable with either host backend and without torch."""
+
+    name = "prim"
+
+    def lookup(self, op: Operator) -> Kernel | None:
+        q = op.qualified_name
+        if q in _SPECIAL:
+            return Kernel(q, _SPECIAL[q], rebinds=_REBINDS.get(q, _tensor_alias), needs_library=False)
+        ns, _, base = op.name.partition("::")
+        if ns != "executorch_prim" or op.overload not in ("Scalar", "int", "float", "default"):
+            return None
+        if base in _BINARY:
+            return _scalar_kernel(q, _BINARY[base], 2)
+        if base in _UNARY:
+            return _scalar_kernel(q, _UNARY[base], 1)
+        if base == "sym_ite":
+            return _scalar_kernel(q, _ite, 3)
+        return None

@@ -1,0 +1,183 @@
+"""ATen kernels through ``torch.ops``: any operator torch knows, by name and overload.
+
+Arguments follow the operator's schema (positional, then keyword-only ones as
+keywords); out-variants write into the arena views the plan built, so no
+output is allocated on the hot path. Returns that alias an out argument are
+already in place; other returns (``aten::sym_size.int`` style scalars) rebind
+their value slot. Dynamic-shape outputs are emptied before the call so torch
+resizes them in place (their storage is the arena, which cannot grow) and are
+checked against their memory-planned bound afterwards.
+
+>>> from pyrt.pte_reader import Operator
+>>> TorchLibrary().lookup(Operator("aten::add", "out")).name           # doctest: +SKIP
+'aten::add.out'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pyrt.errors import InputError, UnsupportedOperatorError
+from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.pte_reader import Operator
+
+
+class TorchLibrary:
+    """Resolve ``ns::name.overload`` to ``torch.ops.ns.name.overload``."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+
+    def lookup(self, op: Operator) -> Kernel | None:
+        overload = self._overload(op)
+        if overload is None:
+            return None
+        schema = overload._schema
+        fast = self._binding(op, schema)
+        return Kernel(
+            op.qualified_name,
+            build=lambda site: _build(overload, schema, site, fast),
+            rebinds=lambda args: _rebinds(schema, args),
+        )
+
+    def _overload(self, op: Operator) -> Any:
+        ns, sep, name = op.name.partition("::")
+        if not sep or not ns or not name:
+            return None
+        try:
+            packet = getattr(getattr(self.torch.ops, ns), name)
+            return getattr(packet, op.overload or "default")
+        except (AttributeError, RuntimeError):
+            return None
+
+    def _binding(self, op: Operator, schema: Any) -> Callable[..., Any] | None:
+        """torch's Python binding of an ``aten`` out-variant (faster to call than ``torch.ops``)."""
+        ns, _, name = op.name.partition("::")
+        writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+                         for a in schema.arguments)
+        if ns != "aten" or not writes_out or any(r.alias_info is None for r in schema.returns):
+            return None
+        if op.qualified_name == "aten::relu.out":  # ATen's relu is clamp_min(self, 0); its binding has no out=
+            clamp_min = self.torch._C._VariableFunctions.clamp_min
+            return lambda x, *, out: clamp_min(x, 0, out=out)
+        return getattr(self.torch._C._VariableFunctions, name, None)
+
+
+def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
+    """Return slots that are not aliases of an argument (scalar results, fresh tensors)."""
+    n = len(schema.arguments)
+    return [args[n + j] for j, ret in enumerate(schema.returns)
+            if n + j < len(args) and ret.alias_info is None]
+
+
+def _is_tensor_type(type_str: str) -> bool:
+    return type_str in ("Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]")
+
+
+def _build(overload: Any, schema: Any, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
+    n = len(schema.arguments)
+    site.require_args(n)
+    fn = overload._op
+    for k, arg in enumerate(schema.arguments):
+        if _is_tensor_type(str(arg.type)):
+            _reject_device(site, k)
+    pos_idx = [k for k, a in enumerate(schema.arguments) if not a.kwarg_only]
+    kw = [(a.name, k) for k, a in enumerate(schema.arguments) if a.kwarg_only]
+    returns = [(j, site.setter(n + j)) for j, r in enumerate(schema.returns)
+               if n + j < len(site.args) and r.alias_info is None]
+    dyn_outs = _dynamic_outs(schema, site)
+    call = _bind_call(fn, site, pos_idx, kw, fast)
+    if not returns and not dyn_outs:
+        return call
+    where = site.where
+
+    def step() -> None:
+        for t, _cap in dyn_outs:
+            t().resize_(0)
+        result = call()
+        for j, store in returns:
+            store(result[j] if len(schema.returns) > 1 else result)
+        for t, cap in dyn_outs:
+            if t().numel() > cap:
+                raise InputError(f"{where}: output of shape {tuple(t().shape)} exceeds its memory-planned "
+                                 f"bound of {cap} elements")
+
+    return step
+
+
+def _reject_device(site: KernelSite, k: int) -> None:
+    table = site.table
+    idxs = [site.args[k]]
+    if site.kind(k) in ("TensorList", "OptionalTensorList"):
+        idxs = [j for j in table.items[site.args[k]] if j >= 0]
+    for j in idxs:
+        info = table.infos.get(j)
+        if info is not None and info.device is not None:
+            raise UnsupportedOperatorError(
+                f"{site.where}: argument {k} (value {j}) lives in CUDA memory; only delegates and "
+                f"et_copy ops may touch device tensors"
+            )
+
+
+def _dynamic_outs(schema: Any, site: KernelSite) -> list[tuple[Callable[[], Any], int]]:
+    """(getter, element bound) of each dynamic tensor written through a keyword-only out argument."""
+    out = []
+    table = site.table
+    for k, arg in enumerate(schema.arguments):
+        if not (arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write):
+            continue
+        idxs = [site.args[k]]
+        if site.kind(k) == "TensorList":
+            idxs = list(table.items[site.args[k]])
+        for j in idxs:
+            info = table.infos.get(j)
+            if info is not None and info.dynamic:
+                out.append((table.getter(j), info.capacity))
+    return out
+
+
+def _bind_call(fn: Callable[..., Any], site: KernelSite, pos_idx: list[int],
+               kw: list[tuple[str, int]], fast: Callable[..., Any] | None = None) -> Callable[[], Any]:
+    """A closure calling ``fn`` with the instruction's arguments, constants captured now.
+
+    With ``fast`` (torch's Python binding of the same out-variant) the closure
+    calls that instead; if its argument parser rejects the call (TypeError, raised
+    before any work is done) the closure falls back to ``fn`` for good.
+    """
+    ks = pos_idx + [k for _, k in kw]
+    impl = [fast or fn]
+    if all(site.is_const(k) for k in ks):
+        pos = tuple(site.value(k) for k in pos_idx)
+        kwargs = {name: site.value(k) for name, k in kw}
+        if fast is None:
+            return lambda: fn(*pos, **kwargs)
+
+        def call_const() -> Any:
+            try:
+                return impl[0](*pos, **kwargs)
+            except TypeError:
+                if impl[0] is fn:
+                    raise
+                impl[0] = fn
+                return fn(*pos, **kwargs)
+
+        return call_const
+    pos_get = [site.getter(k) for k in pos_idx]
+    kw_get = [(name, site.getter(k)) for name, k in kw]
+
+    def call() -> Any:
+        args = [g() for g in pos_get]
+        kwargs = {name: g() for name, g in kw_get}
+        try:
+            return impl[0](*args, **kwargs)
+        except TypeError:
+            if impl[0] is fn:
+                raise
+            impl[0] = fn
+            return fn(*args, **kwargs)
+
+    return call

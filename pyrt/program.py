@@ -1,0 +1,218 @@
+"""``pyrt.Program``: load an ExecuTorch ``.pte`` once, run its methods many times.
+
+>>> import numpy as np, pyrt
+>>> with pyrt.Program("model.pte") as prog:                       # doctest: +SKIP
+...     prog.method_names
+...     y = prog(np.ones((2, 3), np.float32))                     # numpy in -> numpy out
+...     y = prog.run(x_torch, method="forward")                   # torch in -> torch out
+...     prog.set_budget("50%")                                    # between runs
+...     [(w.method, w.streamable_bytes, w.budget, w.source) for w in prog.weight_streaming]
+
+Loading validates the whole file, resolves every operator to a kernel
+(``UnsupportedOperatorError`` names the operator and method), checks that
+every CUDA device the program needs exists (``DeviceError`` listing the
+devices present, before anything is allocated), deserializes TensorRT engines
+(TensorRT is imported only when the program has ``TensorRTBackend``
+delegates), applies weight-streaming budgets, then allocates each method's
+memory-planned arenas once. ``kernels="numpy"`` (or ``$PYRT_KERNELS=numpy``)
+runs non-delegated operators with the numpy core set even where torch is installed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from pyrt.errors import InputError, ProgramClosedError
+from pyrt.executor import MethodRunner
+from pyrt.kernels import ENV_VAR, choose_library, library
+from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
+from pyrt.pte_reader import PteFile
+from pyrt.tensors import host_backend
+
+
+@dataclass(frozen=True)
+class WeightStreamingInfo:
+    """Weight streaming of one engine: ``budget`` is what TensorRT reads back (None: not streamable).
+
+    ``source`` is "load-time", "baked", "automatic" or "none" (nothing streamable).
+    """
+
+    index: int
+    method: str
+    delegate_index: int
+    device: int
+    streamable_bytes: int
+    budget: int | None
+    source: str
+    scratch_bytes: int
+
+
+class Program:
+    """A loaded ``.pte`` program; a context manager (``close()`` releases engines, memory and the file).
+
+    ``budget``: weight-streaming budget for every TensorRT engine (see
+    :mod:`pyrt.streaming`: bytes as a total split across engines, "50%", 0.5,
+    "auto", or ``{engine_index: value}``); ``device_map``: ``{0: 1}`` or
+    ``{"cuda:0": "cuda:1"}`` remapping the devices the file names; ``trt``:
+    a TensorRT module or one of "tensorrt", "tensorrt_rtx", "tensorrt_lean"
+    (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
+                 device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None) -> None:
+        self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
+        self._runners: dict[str, MethodRunner] = {}
+        self._plans: list[MethodPlan] = []
+        self._contexts: list[Any] = []
+        self._delegates: list[Any] = []
+        self._pte = PteFile.open(path)
+        self.source = self._pte.source
+        try:
+            self._load(budget, device_map, trt, kernels)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None) -> None:
+        xplans = self._pte.program.execution_plan
+        prim = library("prim")
+        needs_lib = any(prim.lookup(op) is None for p in xplans for op in p.operators)
+        explicit = kernels or os.environ.get(ENV_VAR)
+        lib_name = choose_library(kernels) if needs_lib or explicit not in (None, "", "auto") else None
+        libraries = [prim] + ([library(lib_name)] if needs_lib and lib_name else [])
+        self.kernels = lib_name or "numpy"
+        host = host_backend(self.kernels)
+        drafts = [draft_method(p, libraries, device_map) for p in xplans]
+        cuda = self._check_devices(drafts)
+        self._delegates = [d for draft in drafts for d in draft.delegates]
+        if self._delegates:
+            from pyrt.delegates import load_engines
+
+            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget)
+        elif budget is not None:  # still a typed error when malformed; a warning that nothing streams
+            from pyrt.delegates import apply_budgets
+
+            apply_budgets([], budget, source="load-time budget")
+        for draft in drafts:
+            ctx = None
+            if draft.devices():
+                from pyrt.delegates import DeviceContext
+
+                ctx = DeviceContext(cuda, draft.devices())
+                self._contexts.append(ctx)
+            plan = finish_method(draft, host, cuda, ctx)
+            self._plans.append(plan)
+            self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx)
+
+    @staticmethod
+    def _check_devices(drafts: Sequence[MethodDraft]) -> Any:
+        needed = sorted({d for draft in drafts for d in draft.devices()})
+        if not needed:
+            return None
+        from pyrt import cuda as cuda_seam
+
+        cuda = cuda_seam.current()
+        for d in needed:
+            users = [draft.name for draft in drafts if d in draft.devices()]
+            cuda.require_device(d, purpose=f"method {', '.join(map(repr, users))}")
+        return cuda
+
+    # -- running -----------------------------------------------------------------------------
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        """Names of the program's methods, in file order."""
+        self._check_open()
+        return tuple(self._runners)
+
+    def run(self, *inputs: Any, method: str = "forward", stream: Any = None) -> Any:
+        """Run ``method`` on ``inputs``; outputs come back in the kind of the inputs.
+
+        ``stream``: a pyrt.cuda.Stream, torch.cuda.Stream, object with
+        ``__cuda_stream__`` or int handle for engine work (default: torch's current
+        stream for torch CUDA inputs, else a pyrt stream per device).
+        """
+        self._check_open()
+        runner = self._runners.get(method)
+        if runner is None:
+            raise InputError(f"{self.source}: no method {method!r}; methods are {list(self._runners)}")
+        return runner(inputs, stream)
+
+    def __call__(self, *inputs: Any, stream: Any = None) -> Any:
+        """``program(*inputs)`` runs ``forward``."""
+        return self.run(*inputs, method="forward", stream=stream)
+
+    # -- weight streaming ----------------------------------------------------------------------
+    @property
+    def weight_streaming(self) -> list[WeightStreamingInfo]:
+        """Per engine: streamable bytes, applied budget, where it came from, scratch memory."""
+        self._check_open()
+        return [
+            WeightStreamingInfo(d.global_index, d.method, d.index, d.device, d.engine.streamable_weights_size,
+                                d.engine.applied_budget, d.resolved.source if d.resolved else "automatic",
+                                d.engine.weight_streaming_scratch_memory_size)
+            for d in self._delegates
+        ]
+
+    def set_budget(self, budget: Any) -> None:
+        """Apply a new weight-streaming budget between runs (None: back to baked / automatic).
+
+        The budget is validated before any engine is touched; each engine's execution
+        context is destroyed and recreated with no run in flight.
+        """
+        self._check_open()
+        from pyrt.delegates import apply_budgets
+
+        locks = [r._lock for r in self._runners.values()]
+        for lock in locks:
+            lock.acquire()
+        try:
+            apply_budgets(self._delegates, budget, source="set_budget")
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProgramClosedError(f"{self.source}: the program was closed")
+
+    def close(self) -> None:
+        """Release engines, device memory, arenas and the file mapping (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        self._runners.clear()
+        for d in self._delegates:
+            if d.engine is not None:
+                d.engine.close()
+                d.engine = None
+        for plan in self._plans:
+            plan.close()
+        for ctx in self._contexts:
+            ctx.close()
+        self._plans.clear()
+        self._contexts.clear()
+        pte = getattr(self, "_pte", None)
+        if pte is not None:
+            pte.close()
+
+    def __del__(self) -> None:  # a safety net; call close() (or use ``with``) to release deterministically
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the CUDA seam may already be gone
+            pass
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"methods={list(self._runners)}"
+        return f"pyrt.Program({self.source!r}, {state})"

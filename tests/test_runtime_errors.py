@@ -1,0 +1,186 @@
+"""Load-time validation: every index from the file is checked with a typed error before any run.
+
+Programs are exported by ExecuTorch 1.5.1, turned back into ExecuTorch's
+Program dataclass, corrupted one field at a time and re-serialized by
+ExecuTorch; pyrt must answer each with PteFormatError (or
+UnsupportedOperatorError), never an IndexError or a crash half-way through a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("executorch")
+
+from pyrt.errors import PteFormatError, UnsupportedOperatorError  # noqa: E402
+from pyrt.program import Program  # noqa: E402
+from tests.ptefixtures import raw_program, serialize_program  # noqa: E402
+
+
+class AddCat(torch.nn.Module):
+    def forward(self, x: Any, y: Any) -> Any:
+        return torch.cat([torch.relu(x + y), x], dim=0)
+
+
+@pytest.fixture(scope="module")
+def base() -> Any:
+    """(ExecuTorch Program dataclass, original bytes) of a small delegate-free program."""
+    from executorch.exir import to_edge_transform_and_lower
+    from torch.export import export
+
+    et = to_edge_transform_and_lower(export(AddCat(), (torch.randn(2, 3), torch.randn(2, 3)))).to_executorch()
+    data = bytes(et.buffer)
+    return raw_program(data)[1], data
+
+
+def write(program: Any) -> bytes:
+    out = serialize_program(program)
+    buf = io.BytesIO()
+    out.write_to_file(buf)
+    return buf.getvalue()
+
+
+def corrupt(base: Any, edit: Callable[[Any], None]) -> bytes:
+    program = copy.deepcopy(base[0])
+    edit(program.execution_plan[0])
+    return write(program)
+
+
+def values_of(plan: Any, kind: str) -> list[int]:
+    return [i for i, v in enumerate(plan.values) if type(v.val).__name__ == kind]
+
+
+def test_roundtrip_runs(base: Any) -> None:
+    x = np.ones((2, 3), np.float32)
+    with Program(write(copy.deepcopy(base[0])), kernels="numpy") as prog:
+        np.testing.assert_array_equal(prog(x, x), np.concatenate([2 * x, x]))
+
+
+def _bad_op_index(plan: Any) -> None:
+    plan.chains[0].instructions[0].instr_args.op_index = 42
+
+
+def _bad_arg_count(plan: Any) -> None:
+    ins = plan.chains[0].instructions[0].instr_args
+    ins.args = ins.args[:1]
+
+
+def _bad_memory_id(plan: Any) -> None:
+    t = plan.values[values_of(plan, "Tensor")[0]].val
+    t.allocation_info.memory_id = 7
+
+
+def _overrun(plan: Any) -> None:
+    t = plan.values[values_of(plan, "Tensor")[0]].val
+    t.allocation_info.memory_offset_low = plan.non_const_buffer_sizes[1] - 4
+
+
+def _misaligned(plan: Any) -> None:
+    t = plan.values[values_of(plan, "Tensor")[0]].val
+    t.allocation_info.memory_offset_low = 2
+
+
+def _bad_move(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.chains[0].instructions.append(s.Instruction(s.MoveCall(move_from=0, move_to=10_000)))
+
+
+def _bad_jump(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.chains[0].instructions.insert(0, s.Instruction(s.JumpFalseCall(0, 99)))
+
+
+def _bad_free(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.chains[0].instructions.append(s.Instruction(s.FreeCall(value_index=-3)))
+
+
+def _bad_delegate(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.chains[0].instructions.append(s.Instruction(s.DelegateCall(delegate_index=3, args=[0])))
+
+
+def _bad_tensor_list(plan: Any) -> None:
+    plan.values[values_of(plan, "TensorList")[0]].val.items = [0, 9_999]
+
+
+def _wrong_kind_in_list(plan: Any) -> None:
+    plan.values[values_of(plan, "TensorList")[0]].val.items = [0, values_of(plan, "Int")[0]]
+
+
+def _bad_device_arena(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.non_const_buffer_device = [s.NonConstBufferDevice(buffer_idx=5, device_type=s.DeviceType.CUDA)]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_bad_op_index, "op_index 42"),
+    (_bad_arg_count, "expects at least"),
+    (_bad_memory_id, "memory_id 7"),
+    (_overrun, "overruns arena 1"),
+    (_misaligned, "not aligned"),
+    (_bad_move, "move_to index 10000"),
+    (_bad_jump, "jumps to 99"),
+    (_bad_free, "value_index index -3"),
+    (_bad_delegate, "delegate_index 3"),
+    (_bad_tensor_list, "9999 out of range"),
+    (_wrong_kind_in_list, "is a Int, not Tensor"),
+    (_bad_device_arena, "names arena 5"),
+])
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_corrupt_index_is_pte_format_error(base: Any, edit: Callable[[Any], None], match: str, kernels: str) -> None:
+    data = corrupt(base, edit)
+    with pytest.raises(PteFormatError, match=match):
+        Program(data, kernels=kernels)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_unknown_operator_named_with_method_at_load(base: Any, kernels: str) -> None:
+    from executorch.exir import schema as s
+
+    def edit(plan: Any) -> None:
+        plan.operators[0] = s.Operator(name="mylib::frobnicate", overload="out")
+
+    with pytest.raises(UnsupportedOperatorError, match=r"method 'forward'.*mylib::frobnicate\.out"):
+        Program(corrupt(base, edit), kernels=kernels)
+
+
+def test_numpy_set_reports_ops_it_lacks(base: Any) -> None:
+    from executorch.exir import schema as s
+
+    def edit(plan: Any) -> None:
+        plan.operators[0] = s.Operator(name="aten::erfinv", overload="out")
+
+    Program(corrupt(base, edit), kernels="torch").close()  # torch knows it: loads
+    with pytest.raises(UnsupportedOperatorError, match=r"aten::erfinv\.out"):
+        Program(corrupt(base, edit), kernels="numpy")
+
+
+def test_foreign_delegate_backend_rejected(base: Any) -> None:
+    from executorch.exir import schema as s
+
+    program = copy.deepcopy(base[0])
+    plan = program.execution_plan[0]
+    ref = s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=0)
+    plan.delegates = [s.BackendDelegate(id="XnnpackBackend", processed=ref, compile_specs=[])]
+    plan.chains[0].instructions.append(s.Instruction(s.DelegateCall(delegate_index=0, args=[0])))
+    program = replace(program, backend_delegate_data=[s.BackendDelegateInlineData(data=b"xx")])
+    with pytest.raises(UnsupportedOperatorError, match="XnnpackBackend"):
+        Program(write(program))
+
+
+def test_truncated_file_is_pte_format_error(base: Any) -> None:
+    with pytest.raises(PteFormatError):
+        Program(base[1][: len(base[1]) // 2])
