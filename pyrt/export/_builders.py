@@ -1,0 +1,152 @@
+"""Builders behind ``to_pte(builder=...)``: "reference", or TensorRT via pyrt.export.trt_builder.
+
+A builder answers two questions: can this FX node go into an engine
+(``supports``), and what engine does this partition make (``build``, which
+spills the engine to the :class:`EngineStore` and returns its bindings).
+
+>>> make_builder("reference").name
+'reference'
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from pyrt.errors import ExportError
+from pyrt.export import reference_builder
+from pyrt.export._engines import EngineRecord, EngineStore, timed
+from pyrt.export._partition import Extracted
+from pyrt.trt_blob import IOBinding
+
+log = logging.getLogger("pyrt.export")
+
+
+@dataclass
+class Built:
+    record: EngineRecord
+    inputs: list[IOBinding]
+    outputs: list[IOBinding]
+    streamable: bool
+    flavour: str
+
+
+class BuildFailed(ExportError):
+    """A partition could not be built; its ops fall back to ExecuTorch."""
+
+
+def make_builder(name: str) -> Any:
+    return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
+
+
+class ReferenceBuilder:
+    name = "reference"
+
+    def supports(self, node: fx.Node) -> bool:
+        return reference_builder.supports(node)
+
+    def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
+              progress: Any = None) -> Built:
+        limits = part.module.meta.get("range_constraints")
+        profiles = [reference_builder.Profile(shape_ranges(a.meta["val"], a.name, limits)) for a in part.inputs]
+        io: dict[str, Any] = {}
+
+        def write(sink: Any) -> None:
+            io["bindings"] = reference_builder.build(part.module, profiles, sink, weight_streaming=weight_streaming)
+
+        record, seconds = timed(lambda: store.add_stream(key, write))
+        record.build_seconds = seconds
+        inputs, outputs = io["bindings"]
+        has_weights = any(n.op == "get_attr" for n in part.module.graph.nodes)
+        return Built(record, inputs, outputs, weight_streaming and has_weights, "reference")
+
+
+class TensorRTBuilder:
+    """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX)."""
+
+    def __init__(self, flavour: str) -> None:
+        from pyrt.export import trt_builder
+
+        self.trt_builder = trt_builder
+        self.module = trt_builder.resolve_flavour(flavour)  # fail now, not after partitioning
+        self.name = self.module.__name__.split(".")[0]
+
+    def supports(self, node: fx.Node) -> bool:
+        registry = _onnx_registry()
+        return registry is None or registry.is_registered(node.target)
+
+    def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
+              progress: Any = None) -> Built:
+        vals = [a.meta["val"] for a in part.inputs]
+        limits = part.module.meta.get("range_constraints")
+        ranges = {i: _profile(v, a.name, limits)
+                  for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
+        n_out = len(part.outputs)
+        try:
+            built = self.trt_builder.build_engine(
+                part.module, [_example(v) for v in vals], flavour=self.module, weight_streaming=weight_streaming,
+                dynamic_shapes=ranges or None, input_names=[f"input_{i}" for i in range(len(vals))],
+                output_names=[f"output_{i}" for i in range(n_out)], progress=progress)
+        except ExportError as exc:
+            raise BuildFailed(str(exc)) from exc
+        record = store.add_bytes(key, built.engine)
+        record.build_seconds = built.build_seconds
+        return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
+
+
+@functools.lru_cache(maxsize=1)
+def _onnx_registry() -> Any:
+    """torch.onnx's op registry (what the ONNX route can express); None if unavailable."""
+    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        return _registration.ONNXRegistry.from_torchlib()
+    except Exception:  # private API: degrade to "let the builder decide"
+        return None
+    finally:
+        quiet.setLevel(level)
+
+
+def _is_dynamic(t: torch.Tensor) -> bool:
+    return any(not isinstance(d, int) for d in t.shape)
+
+
+def shape_ranges(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[tuple[int, int], ...]:
+    """(min, max) per dim; symbolic dims are bounded by the program's range constraints
+    (what the user declared; the shape environment's own ranges specialise away 0 and 1)."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    out = []
+    for d, size in enumerate(t.shape):
+        if isinstance(size, int):
+            out.append((size, size))
+            continue
+        node = size.node
+        ranges = dict(node.shape_env.var_to_range)
+        ranges.update({k: v for k, v in (constraints or {}).items() if getattr(k, "is_Symbol", False)})
+        rng = bound_sympy(node.expr, ranges)
+        if not rng.upper.is_finite:
+            raise ExportError(f"input {name!r} dim {d} ({node.expr}) has no upper bound; give Dim(max=...)")
+        out.append((int(rng.lower), int(rng.upper)))
+    return tuple(out)
+
+
+def _hint(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else int(d.node.hint) for d in t.shape)
+
+
+def _profile(t: torch.Tensor, name: str, limits: Any) -> dict[str, list[int]]:
+    ranges = shape_ranges(t, name, limits)
+    return {"min": [a for a, _ in ranges], "opt": list(_hint(t)), "max": [b for _, b in ranges]}
+
+
+def _example(t: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(_hint(t), dtype=t.dtype)

@@ -1,0 +1,132 @@
+"""Stage 2: re-export the engine graph, lower it with ExecuTorch, write the .pte.
+
+The graph from stage 1 holds ``pyrt::execute_engine`` nodes whose engines are
+uint8 tensor attributes; ``torch.export`` lifts them as constants (they never
+appear in FX source). ExecuTorch then delegates each engine node to
+``TensorRTBackend`` and serializes with ``extract_delegate_segments=True``.
+
+Device placement: every delegate carries ``target_device``, so ExecuTorch
+1.5's ``PropagateDevicePass`` (on by default through
+``ExecutorchBackendConfig.enable_non_cpu_memory_planning``) inserts
+``et_copy::_h2d_copy.out`` / ``_d2h_copy.out`` around delegates and plans
+their I/O in CUDA arenas; a runtime must implement both copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from pyrt.errors import ExportError
+from pyrt.export._graph import dynamic_shapes_of
+
+log = logging.getLogger("pyrt.export")
+
+
+@dataclass
+class Lowered:
+    file_size: int
+    fallback_ops: Counter[str]
+
+
+def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynamic_shapes: Any
+             ) -> torch.export.ExportedProgram:
+    """torch.export the engine graph, reproducing the original program's dynamic dims."""
+    args, kwargs = example
+    shapes = dynamic_shapes_of(original) if original is not None else dynamic_shapes
+    try:
+        return torch.export.export(gm, tuple(args), dict(kwargs or {}), dynamic_shapes=shapes, strict=False)
+    except Exception as exc:  # torch.export raises many error types
+        raise ExportError(f"re-exporting the engine graph failed: {type(exc).__name__}: {exc}") from exc
+
+
+def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any, target: Path,
+          options: Any) -> Lowered:
+    """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's."""
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    from pyrt.export._writer import atomic_write, streaming_program_cord, write_cord
+    from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
+
+    used = {e.key for e in engines}
+    session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
+    config = ExecutorchBackendConfig(extract_delegate_segments=True)
+    streaming = options.writer == "pyrt"
+    with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
+            (streaming_blobs(session) if streaming else contextlib.nullcontext()):
+        # IR validation stays off: with it, ExecuTorch 1.5.1's edge verifier specialises a dynamic
+        # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops
+        # are core ATen from run_decompositions, and ToOutVarPass still refuses any without kernels.
+        edge = to_edge_transform_and_lower(
+            program, partitioner=[TensorRTPartitioner(options.extra_specs)],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+        fallback = fallback_ops(edge.exported_program().graph_module)
+        _check_all_delegated(edge.exported_program().graph_module)
+        manager = edge.to_executorch(config)
+    del edge, program
+    if streaming:
+        cord = streaming_program_cord(manager, session, config)
+        with options.progress.task(f"writing {target.name}", total=len(cord), unit="B") as task:
+            size = atomic_write(target, lambda f: write_cord(cord, f, task.update))
+    else:
+        with options.progress.task(f"writing {target.name} (ExecuTorch serializer)"):
+            size = atomic_write(target, manager.write_to_file)
+    return Lowered(size, fallback)
+
+
+def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
+    """Operator calls left outside delegates (edge dialect names, ``aten::relu`` style)."""
+    from executorch.exir.delegate import executorch_call_delegate
+
+    out: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is executorch_call_delegate:
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            out[schema.name] += 1
+    return out
+
+
+def _check_all_delegated(gm: fx.GraphModule) -> None:
+    from pyrt.export._ops import is_engine_call
+
+    left = [n.name for n in gm.graph.nodes if n.op == "call_function" and is_engine_call(n.target)]
+    if left:
+        raise ExportError(f"engine nodes {left} were not delegated to TensorRTBackend")
+
+
+@contextlib.contextmanager
+def _prefer_pyrt_backend() -> Iterator[None]:
+    """ExecuTorch finds a backend by class name among BackendDetails subclasses; make it find pyrt's.
+
+    Another class named ``TensorRTBackend`` (Torch-TensorRT's, a test's) is hidden while lowering.
+    """
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    from pyrt.export.backend import TensorRTBackend
+
+    others = [c for c in type.__subclasses__(BackendDetails)
+              if c.__name__ == TensorRTBackend.__name__ and c is not TensorRTBackend]
+    if not others:
+        yield
+        return
+    log.debug("hiding other TensorRTBackend classes while lowering: %s", [c.__module__ for c in others])
+    previous = BackendDetails.__dict__.get("__subclasses__")
+    BackendDetails.__subclasses__ = staticmethod(  # type: ignore[method-assign]
+        lambda: [c for c in type.__subclasses__(BackendDetails) if c not in others])
+    try:
+        yield
+    finally:
+        if previous is None:
+            del BackendDetails.__subclasses__
+        else:
+            BackendDetails.__subclasses__ = previous  # type: ignore[method-assign]

@@ -1,0 +1,235 @@
+"""Validation of ``to_pte`` options, done before any work starts.
+
+Every check raises a typed pyrt error naming the value and the option it came
+from; nothing here imports torch at module import time.
+
+>>> check_budget(1 << 30, "weight_streaming_budget")
+1073741824
+>>> normalize_device(1, "device")
+'cuda:1'
+>>> canonical_op_name("aten.relu.default"), canonical_op_name("torch.ops.aten.add")
+('aten::relu.default', 'aten::add')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyrt.errors import BudgetError, ExportError
+
+BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference")
+WRITERS = ("pyrt", "executorch")
+BUDGET_MAX = 1 << 63  # formats.md §2: non-negative, at most 2**63
+SPEC_DEVICE = "target_device"
+SPEC_BUDGET = "weight_streaming_budget"
+_DEVICE_RE = re.compile(r"cuda(?::(\d+))?\Z")
+_DECIMAL_RE = re.compile(r"[0-9]+\Z")
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """What a per-partition ``device`` / ``weight_streaming_budget`` callable receives."""
+
+    index: int
+    name: str
+    ops: tuple[str, ...]
+
+
+def check_budget(value: Any, source: str) -> int:
+    """A weight-streaming budget in bytes: an int in [0, 2**63]; bool is refused."""
+    if isinstance(value, bool):
+        raise BudgetError(f"{source}={value!r} is a bool; pass a number of bytes (an int >= 0)")
+    if not isinstance(value, int):
+        raise BudgetError(f"{source}={value!r} is a {type(value).__name__}; pass a number of bytes (an int >= 0)")
+    if not 0 <= value <= BUDGET_MAX:
+        raise BudgetError(f"{source}={value} is outside [0, 2**63]")
+    return value
+
+
+def parse_budget_spec(raw: Any, source: str) -> int:
+    """A raw ``weight_streaming_budget`` compile spec: ASCII decimal digits, in range."""
+    text = raw.decode("ascii", errors="replace") if isinstance(raw, (bytes, bytearray)) else raw
+    if not isinstance(text, str) or not _DECIMAL_RE.match(text):
+        raise BudgetError(f"{source}={raw!r} is not an ASCII decimal byte count")
+    return check_budget(int(text), source)
+
+
+def normalize_device(value: Any, source: str) -> str:
+    """``"cuda"``, ``"cuda:N"``, an int N or a ``torch.device`` -> ``"cuda:N"``."""
+    if isinstance(value, bool):
+        raise ExportError(f"{source}={value!r} is not a CUDA device")
+    if isinstance(value, int):
+        if value < 0:
+            raise ExportError(f"{source}={value} is a negative device index")
+        return f"cuda:{value}"
+    if type(value).__name__ == "device" and hasattr(value, "type"):  # torch.device, without importing torch
+        if value.type != "cuda":
+            raise ExportError(f"{source}={value!r}: TensorRT engines run on CUDA devices only")
+        return f"cuda:{value.index or 0}"
+    if isinstance(value, str):
+        match = _DEVICE_RE.match(value.strip().lower())
+        if match:
+            return f"cuda:{int(match.group(1) or 0)}"
+    raise ExportError(f"{source}={value!r} is not a CUDA device such as 'cuda:0' or 1")
+
+
+def device_index(device: str) -> int:
+    """``"cuda:3"`` -> 3 (``device`` already normalized)."""
+    return int(device.partition(":")[2])
+
+
+_REQUIRED = object()
+
+
+class PerPartition:
+    """A constant, a mapping (partition index or name, or ``"*"`` -> value) or a callable.
+
+    Calling it with a :class:`PartitionInfo` gives that partition's value, checked
+    with ``check``; a partition a mapping does not name gets ``missing`` (an error
+    when ``missing`` is not given). :meth:`check_all_used` then refuses mapping
+    keys that named no partition (a typo would otherwise be silently ignored).
+    """
+
+    def __init__(self, value: Any, source: str, check: Callable[[Any, str], Any], missing: Any = _REQUIRED) -> None:
+        self.source, self.check, self.missing = source, check, missing
+        self.table: dict[Any, Any] | None = None
+        self.used: set[Any] = set()
+        if isinstance(value, Mapping):
+            self.table = dict(value)
+            for key, item in self.table.items():  # validate now, before any work
+                check(item, f"{source}[{key!r}]")
+        elif callable(value) and not isinstance(value, (str, bytes)) and type(value).__name__ != "device":
+            self.fn = value
+        else:
+            checked = check(value, source)
+            self.fn = lambda info: checked
+
+    def __call__(self, info: PartitionInfo) -> Any:
+        if self.table is None:
+            return self.check(self.fn(info), f"{self.source}({info.name})")
+        for key in (info.index, info.name, "*"):
+            if key in self.table:
+                self.used.add(key)
+                return self.check(self.table[key], f"{self.source}[{key!r}]")
+        if self.missing is not _REQUIRED:
+            return self.missing
+        raise ExportError(
+            f"{self.source} has no entry for partition {info.index} ({info.name!r}); keys are "
+            f"{sorted(map(repr, self.table))}; add it or a '*' default"
+        )
+
+    def check_all_used(self) -> None:
+        unused = set(self.table or ()) - self.used - {"*"}
+        if unused:
+            raise ExportError(f"{self.source} names partitions that do not exist: {sorted(map(repr, unused))}")
+
+
+def per_partition(value: Any, source: str, check: Callable[[Any, str], Any], missing: Any = _REQUIRED) -> PerPartition:
+    return PerPartition(value, source, check, missing)
+
+
+def check_optional_budget(value: Any, source: str) -> int | None:
+    return None if value is None else check_budget(value, source)
+
+
+def normalize_compile_specs(specs: Any, budget_given: bool) -> tuple[tuple[str, bytes], ...]:
+    """Extra raw compile specs baked into every delegate, checked for conflicts.
+
+    ``target_device`` is always resolved per partition (use ``device=``); a raw
+    ``weight_streaming_budget`` is allowed only when the argument is not also given.
+    """
+    if specs is None:
+        return ()
+    items = specs.items() if isinstance(specs, Mapping) else _spec_pairs(specs)
+    out: list[tuple[str, bytes]] = []
+    for key, value in items:
+        if not isinstance(key, str) or not key:
+            raise ExportError(f"compile_specs key {key!r} must be a non-empty string")
+        raw = value.encode("ascii") if isinstance(value, str) else value
+        if not isinstance(raw, (bytes, bytearray)):
+            raise ExportError(f"compile_specs[{key!r}]={value!r} must be bytes or an ASCII string")
+        if key == SPEC_DEVICE:
+            raise ExportError(
+                "compile_specs must not set 'target_device': it is resolved per partition from each "
+                "engine's own device; pass device= (a device, a mapping or a callable) instead"
+            )
+        if key == SPEC_BUDGET:
+            if budget_given:
+                raise ExportError(
+                    "weight_streaming_budget was given both as an argument and as a raw compile spec; "
+                    "pass it once"
+                )
+            parse_budget_spec(raw, f"compile_specs[{key!r}]")
+        if any(k == key for k, _ in out):
+            raise ExportError(f"compile_specs gives {key!r} twice")
+        out.append((key, bytes(raw)))
+    return tuple(out)
+
+
+def _spec_pairs(specs: Any) -> list[tuple[Any, Any]]:
+    """CompileSpec-like objects (``.key``/``.value``) or (key, value) pairs."""
+    try:
+        return [(s.key, s.value) if hasattr(s, "key") else tuple(s) for s in specs]
+    except (TypeError, ValueError):
+        raise ExportError(f"compile_specs must be a mapping or a list of (key, value), got {specs!r}") from None
+
+
+def check_choice(value: Any, choices: tuple[str, ...], source: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ExportError(f"{source}={value!r} is not one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def check_min_block_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExportError(f"min_block_size={value!r} must be an int >= 1")
+    return value
+
+
+def canonical_op_name(op: Any) -> str:
+    """``namespace::name[.overload]`` for an OpOverload, OpOverloadPacket or string.
+
+    Strings may be ``"aten.relu.default"``, ``"aten::relu.default"``, ``"torch.ops.aten.relu"``
+    or a bare ``"relu"`` (namespace aten); no overload means every overload.
+    """
+    schema = getattr(op, "_schema", None)
+    if schema is not None and hasattr(op, "_overloadname"):
+        return f"{schema.name}.{op._overloadname}"
+    qualified = getattr(op, "_qualified_op_name", None)
+    if isinstance(qualified, str):
+        return qualified
+    if not isinstance(op, str) or not op.strip():
+        raise ExportError(f"torch_executed_ops entry {op!r} is not an operator or an operator name")
+    text = op.strip().removeprefix("torch.ops.")
+    if "::" in text:
+        namespace, rest = text.split("::", 1)
+    elif "." in text:
+        namespace, rest = text.split(".", 1)
+    else:
+        namespace, rest = "aten", text
+    return f"{namespace}::{rest}"
+
+
+def check_op_exists(name: str) -> None:
+    """Refuse a misspelt ``torch_executed_ops`` entry instead of silently ignoring it."""
+    import torch
+
+    namespace, rest = name.split("::", 1)
+    op_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op_name)
+        if overload:
+            getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        raise ExportError(f"torch_executed_ops names {name!r}, which is not a registered operator") from None
+
+
+def node_op_names(target: Any) -> tuple[str, str] | None:
+    """(``ns::op.overload``, ``ns::op``) of an FX call_function target, None for non-operators."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not hasattr(target, "_overloadname"):
+        return None
+    return f"{schema.name}.{target._overloadname}", schema.name

@@ -1,0 +1,180 @@
+"""Split a flat ATen graph into engine partitions and fallback ops.
+
+A node may join an engine when it is a pure ATen operator on tensors, it is
+not forced to fall back (``torch_executed_ops``) and the builder says it can
+build it. torch's ``CapabilityBasedPartitioner`` groups such nodes into
+cycle-free partitions; partitions with fewer than ``min_block_size`` compute
+ops fall back too. Each partition becomes a standalone GraphModule (its
+weights are ``get_attr`` constants inside it, its inputs numbered
+placeholders in first-use order) and is then replaced in the parent graph by
+one ``pyrt::execute_engine`` call whose inputs are wired by position.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+>>> propose(gm, lambda n: False, min_block_size=1)
+[]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from pyrt.errors import ExportError
+from pyrt.export._options import node_op_names
+
+ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
+_NON_COMPUTE = (operator.getitem,)
+
+
+@dataclass
+class Extracted:
+    """One partition as a standalone module, and how it connects to its parent graph."""
+
+    module: fx.GraphModule
+    nodes: list[fx.Node]
+    inputs: list[fx.Node]  # parent values feeding the module's placeholders, by position
+    outputs: list[fx.Node]  # parent nodes whose values the module returns, by position
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        names = (node_op_names(n.target) for n in self.nodes)
+        return tuple(sorted({n[0] for n in names if n is not None}))
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def is_tensor_node(node: Any) -> bool:
+    return isinstance(node, fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def plain_aten_op(node: fx.Node, forced_fallback: Collection[str]) -> bool:
+    """The builder-independent part of "can this node join an engine"."""
+    if node.op != "call_function":
+        return False
+    names = node_op_names(node.target)
+    if names is None or not names[1].startswith("aten::") or any(n in forced_fallback for n in names):
+        return False
+    schema = node.target._schema
+    if schema.is_mutable or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return False
+    val = node.meta.get("val")
+    outs = list(val) if isinstance(val, (tuple, list)) else [val]
+    if not outs or not all(isinstance(v, torch.Tensor) and dtype_name(v) in ENGINE_DTYPES for v in outs):
+        return False
+    return all(is_tensor_node(a) and dtype_name(a.meta["val"]) in ENGINE_DTYPES for a in node.all_input_nodes)
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, supported: Callable[[fx.Node], bool]) -> None:
+        self.supported = supported
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        if node.op == "call_function" and node.target in _NON_COMPUTE:
+            producer = node.args[0]
+            return isinstance(producer, fx.Node) and self.supported(producer)
+        return self.supported(node)
+
+
+def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_size: int) -> list[list[fx.Node]]:
+    """Partitions (node lists in graph order), ordered by their last node.
+
+    An engine call takes the place of its partition's last node, so this is the
+    order the engines (and ExecuTorch's delegates) end up in.
+    """
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    partitioner = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True)
+    groups = [sorted(p.nodes, key=order.__getitem__) for p in partitioner.propose_partitions()]
+    groups = [g for g in groups if _compute_count(g) >= min_block_size and _has_runtime_input(g)]
+    return sorted(groups, key=lambda g: order[g[-1]])
+
+
+def _compute_count(nodes: list[fx.Node]) -> int:
+    return sum(1 for n in nodes if n.target not in _NON_COMPUTE)
+
+
+def _has_runtime_input(nodes: list[fx.Node]) -> bool:
+    """A partition fed only by constants would be an engine with no inputs: leave it to ExecuTorch."""
+    inside = set(nodes)
+    return any(a not in inside and a.op != "get_attr" for n in nodes for a in n.all_input_nodes)
+
+
+def extract(gm: fx.GraphModule, nodes: list[fx.Node]) -> Extracted:
+    """A GraphModule computing ``nodes``: external values become ``input_i`` placeholders in
+    first-use order, ``get_attr`` weights are carried inside, used-outside values are returned."""
+    inside = set(nodes)
+    inputs: list[fx.Node] = []
+    weights: list[fx.Node] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in inside:
+                bucket = weights if a.op == "get_attr" else inputs
+                if a not in bucket:
+                    bucket.append(a)
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    for out in outputs:
+        if not isinstance(out.meta.get("val"), torch.Tensor):
+            raise ExportError(f"partition output {out.name!r} is not a tensor; it cannot leave an engine")
+    root = torch.nn.Module()
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, a in enumerate(inputs):
+        env[a] = graph.placeholder(f"input_{i}")
+        env[a].meta = dict(a.meta)
+    for i, w in enumerate(weights):
+        root.register_buffer(f"weight_{i}", _attr_tensor(gm, w))
+        env[w] = graph.get_attr(f"weight_{i}")
+        env[w].meta = dict(w.meta)
+    for n in nodes:
+        env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(tuple(env[o] for o in outputs))
+    module = fx.GraphModule(root, graph)
+    module.eval()
+    module.meta["range_constraints"] = gm.meta.get("range_constraints")
+    return Extracted(module, nodes, inputs, outputs)
+
+
+def _attr_tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise ExportError(f"partition weight {node.target!r} is a {type(value).__name__}, not a tensor")
+    return value.detach()
+
+
+def replace_with_engine(gm: fx.GraphModule, part: Extracted, engine_attr: str, spec_json: str,
+                        call_target: Any, remap: dict[fx.Node, fx.Node]) -> fx.Node:
+    """Swap the partition for ``call_target([inputs...], get_attr(engine_attr), spec_json)``.
+
+    ``part.inputs`` are wired by position; ``remap`` learns which getitem now stands
+    for each replaced output (a later partition's inputs may name them). The graph
+    may be out of order afterwards: legalize it once all partitions are replaced.
+    """
+    inside = set(part.nodes)
+    graph = gm.graph
+    with graph.inserting_after(part.nodes[-1]):
+        engine = graph.get_attr(engine_attr)
+    with graph.inserting_after(engine):
+        call = graph.call_function(call_target, (list(part.inputs), engine, spec_json))
+    call.meta["val"] = [o.meta["val"] for o in part.outputs]
+    last = call
+    for i, out in enumerate(part.outputs):
+        with graph.inserting_after(last):
+            item = graph.call_function(operator.getitem, (call, i))
+        item.meta = {"val": out.meta["val"]}
+        out.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
+        remap[out] = item
+        last = item
+    for node in reversed(part.nodes):
+        graph.erase_node(node)
+    return call

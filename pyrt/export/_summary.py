@@ -1,0 +1,68 @@
+"""What ``to_pte`` returns: the engines it wrote and what runs outside them.
+
+>>> s = ExportSummary("m.pte", 4096, (), {"aten::relu": 1}, "reference", 0.5)
+>>> print(s)
+m.pte: 4.0 KiB, 0 engine(s), builder reference, 0.50 s
+fallback ops (run in ExecuTorch): aten::relu x1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyrt.trt_blob import IOBinding
+
+
+@dataclass(frozen=True)
+class EngineSummary:
+    """One engine: ``size`` is the serialized engine's bytes (the TR01 blob adds a small header)."""
+
+    name: str
+    key: str
+    size: int
+    device: str
+    flavour: str
+    weight_streaming_budget: int | None
+    streamable_weights: bool
+    build_seconds: float
+    ops: tuple[str, ...]
+    inputs: tuple[IOBinding, ...]
+    outputs: tuple[IOBinding, ...]
+    source: str  # "built" by pyrt or "converted" from a Torch-TensorRT engine
+
+    @classmethod
+    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str) -> EngineSummary:
+        return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
+                   record.build_seconds, ops, spec.inputs, spec.outputs, source)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """The written file, its engines and the operators left to ExecuTorch (name -> count)."""
+
+    path: str
+    file_size: int
+    engines: tuple[EngineSummary, ...]
+    fallback_ops: dict[str, int]
+    builder: str
+    seconds: float
+
+    def __str__(self) -> str:
+        lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
+                 f"{self.seconds:.2f} s"]
+        for e in self.engines:
+            budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
+            lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "
+                         f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
+        lines.append(f"fallback ops (run in ExecuTorch): {ops}")
+        return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

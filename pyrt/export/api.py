@@ -1,0 +1,149 @@
+"""``to_pte``: PyTorch model (or Torch-TensorRT program) -> .pte with TensorRT delegates.
+
+Flow: torch.export -> core ATen -> partitions (engines) and fallback ops ->
+one engine per partition, spilled to disk -> a graph whose engine nodes read
+their engine from a uint8 tensor attribute (``get_attr``) -> torch.export
+again -> ExecuTorch ``to_edge_transform_and_lower`` with
+:class:`~pyrt.export.backend.TensorRTPartitioner` -> ``to_executorch``
+(delegate blobs in segments) -> atomic write.
+
+>>> import torch
+>>> summary = to_pte(torch.nn.Linear(4, 2), "lin.pte", (torch.randn(3, 4),),
+...                  builder="reference")                       # doctest: +SKIP
+>>> [(e.name, e.device) for e in summary.engines]                # doctest: +SKIP
+[('engine_0', 'cuda:0')]
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyrt.errors import ExportError
+from pyrt.export import _options as opt
+from pyrt.export._engines import EngineStore
+from pyrt.export._lower import lower, reexport
+from pyrt.export._progress import Progress
+from pyrt.export._stage import stage_engines
+from pyrt.export._summary import EngineSummary, ExportSummary
+
+log = logging.getLogger("pyrt.export")
+
+
+@dataclass
+class Options:
+    """Validated ``to_pte`` options."""
+
+    builder: str
+    forced_fallback: frozenset[str]
+    min_block_size: int
+    device: Any  # PartitionInfo -> "cuda:N"
+    budget: Any  # PartitionInfo -> int | None
+    weight_streaming: bool
+    extra_specs: tuple[tuple[str, bytes], ...]
+    writer: str
+    dynamic_shapes: Any = None
+    progress: Progress = field(default_factory=Progress)
+
+
+def to_pte(
+    model_or_exported_program: Any,
+    path: str | Path,
+    example_inputs: tuple[Any, ...] | None = None,
+    *,
+    torch_executed_ops: Any = (),
+    min_block_size: int = 1,
+    device: Any = "cuda:0",
+    weight_streaming: bool = False,
+    weight_streaming_budget: Any = None,
+    builder: str = "auto",
+    dynamic_shapes: Any = None,
+    compile_specs: Any = None,
+    progress: bool | None = None,
+    writer: str = "pyrt",
+) -> ExportSummary:
+    """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
+
+    ``model_or_exported_program``: an ``nn.Module`` (exported with ``example_inputs`` and
+    ``dynamic_shapes``), a ``torch.export.ExportedProgram``, or a Torch-TensorRT compiled
+    program (``tensorrt::execute_engine`` nodes; its engines are kept as they are).
+    ``torch_executed_ops``: operators (``"aten.relu.default"``, ``torch.ops.aten.relu``, ...)
+    forced to run in ExecuTorch; ops no builder can build fall back too.
+    ``min_block_size``: fewest compute ops worth an engine.
+    ``device``: engines' CUDA device; a device, a mapping (partition index or name, or
+    ``"*"`` -> device) or a callable ``PartitionInfo -> device``. Torch-TensorRT engines
+    keep the device recorded in each engine.
+    ``weight_streaming``: build engines with streamable weights.
+    ``weight_streaming_budget``: bytes baked per engine (int, mapping or callable).
+    ``dynamic_shapes``: torch.export's, for an ``nn.Module`` (an ExportedProgram keeps its own).
+    ``builder``: "auto" (tensorrt, else tensorrt_rtx), "tensorrt", "tensorrt_rtx", "reference".
+    ``compile_specs``: extra raw compile specs for every delegate.
+    ``progress``: None = bar on a TTY, True/False = force on/off (always logged to "pyrt.export").
+    ``writer``: "pyrt" streams engines from disk; "executorch" uses ExecuTorch's in-memory writer.
+
+    Returns an :class:`ExportSummary`. Raises ExportError (or BudgetError) on bad options,
+    before any work; the file at ``path`` is replaced atomically or left untouched.
+    """
+    started = time.perf_counter()
+    options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
+                           weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
+                           builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
+                           progress=progress, writer=writer)
+    target = _target(path)
+    with EngineStore(target.parent) as store:
+        gm, args, engines, original = stage_engines(model_or_exported_program, example_inputs, options, store)
+        program = reexport(gm, args, original, options.dynamic_shapes)
+        del gm
+        lowered = lower(program, engines, store, target, options)
+    log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
+    return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
+                         options.builder, time.perf_counter() - started)
+
+
+def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
+                 weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
+                 dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
+                 writer: Any = "pyrt") -> Options:
+    """Check every ``to_pte`` option (same names and defaults) before any work starts."""
+    budget = weight_streaming_budget
+    if not isinstance(weight_streaming, bool):
+        raise ExportError(f"weight_streaming={weight_streaming!r} must be a bool")
+    names = frozenset(opt.canonical_op_name(o) for o in _as_list(torch_executed_ops))
+    for name in names:
+        opt.check_op_exists(name)
+    return Options(
+        builder=opt.check_choice(builder, opt.BUILDERS, "builder"),
+        forced_fallback=names,
+        min_block_size=opt.check_min_block_size(min_block_size),
+        device=opt.per_partition(device, "device", opt.normalize_device),
+        budget=opt.per_partition(budget, "weight_streaming_budget", opt.check_optional_budget, missing=None),
+        weight_streaming=weight_streaming,
+        extra_specs=opt.normalize_compile_specs(compile_specs, budget_given=budget is not None),
+        writer=opt.check_choice(writer, opt.WRITERS, "writer"),
+        dynamic_shapes=dynamic_shapes,
+        progress=Progress(progress),
+    )
+
+
+def _as_list(ops: Any) -> list[Any]:
+    if isinstance(ops, str) or not hasattr(ops, "__iter__"):
+        return [ops]
+    return list(ops)
+
+
+def _target(path: Any) -> Path:
+    try:
+        target = Path(path)
+    except TypeError:
+        raise ExportError(f"path={path!r} is not a file path") from None
+    if target.is_dir():
+        raise ExportError(f"path {str(target)!r} is a directory")
+    if not target.parent.is_dir():
+        raise ExportError(f"the directory of {str(target)!r} does not exist")
+    return target.resolve()
+
+
+__all__ = ["to_pte", "make_options", "Options", "ExportSummary", "EngineSummary"]

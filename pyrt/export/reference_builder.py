@@ -1,0 +1,220 @@
+"""The reference builder: a partition's FX graph -> a ``PYRTREF1`` reference engine.
+
+pyrt.testing's fake TensorRT executes these engines on the CPU, so export ->
+run is tested end to end without a GPU. The engine is validated by building a
+:class:`pyrt.testing.refengine.RefEngine` (weights as zero-copy views), then
+streamed to a file in exactly ``RefEngine.to_bytes()``'s layout, one weight at
+a time, so a multi-GiB engine never sits in memory whole.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+>>> supports(next(iter(gm.graph.nodes)))
+False
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import torch
+import torch.fx as fx
+
+from pyrt.errors import ExportError
+from pyrt.testing.refengine import ALIGN, HEADER, MAGIC, VERSION, DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.trt_blob import IOBinding
+
+_CHUNK = 64 << 20
+# kwargs that describe where/how a result is stored, not what it is: an engine ignores them
+_PLACEMENT_KWARGS = {"device", "layout", "pin_memory", "memory_format", "non_blocking"}
+
+
+class _Unencodable(Exception):
+    pass
+
+
+def supports(node: fx.Node) -> bool:
+    """True when every argument of ``node`` has a reference-format encoding."""
+    if node.op != "call_function" or not hasattr(node.target, "_schema"):
+        return False
+    try:
+        _encode(node.args, {}, probe=True)
+        _encode_kwargs(node.kwargs, {}, probe=True)
+    except _Unencodable:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per input dim: (min, max); equal for a static dim."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+
+def build(module: fx.GraphModule, profiles: list[Profile], sink: BinaryIO, *, weight_streaming: bool
+          ) -> tuple[list[IOBinding], list[IOBinding]]:
+    """Write the engine for ``module`` to ``sink``; returns its (inputs, outputs) bindings."""
+    names: dict[Any, str] = {}
+    outputs = list(next(n for n in module.graph.nodes if n.op == "output").args[0])
+    for k, out in enumerate(outputs):
+        names[_key(out)] = f"output_{k}"
+    inputs: list[RefTensor] = []
+    weights: dict[str, RefWeight] = {}
+    nodes: list[RefNode] = []
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            names[node] = node.name
+            inputs.append(_input_tensor(node, profiles[len(inputs)]))
+        elif node.op == "get_attr":
+            names[node] = node.target
+            weights[node.target] = _weight(getattr(module, node.target))
+        elif node.op == "call_function" and node.target is operator.getitem:
+            continue
+        elif node.op == "call_function":
+            nodes.append(_node(node, names))
+    out_tensors = [_output_tensor(names[_key(o)], o) for o in outputs]
+    engine = RefEngine(inputs, out_tensors, weights, nodes, weight_streaming)  # validates names and dtypes
+    _write(engine, sink)
+    return [_binding(t, True) for t in inputs], [_binding(t, False) for t in out_tensors]
+
+
+def _key(node: fx.Node) -> Any:
+    """getitem(producer, i) and element i of producer are one value."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return (node.args[0], node.args[1])
+    return node
+
+
+def _node(node: fx.Node, names: dict[Any, str]) -> RefNode:
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        outs = [names.setdefault((node, i), f"{node.name}#{i}") for i in range(len(val))]
+    else:
+        outs = [names.setdefault(node, node.name)]
+    for i, name in enumerate(outs):  # getitem nodes resolve to the element's name
+        for user in node.users:
+            if user.target is operator.getitem and user.args[1] == i:
+                names[user] = name
+    schema = node.target._schema
+    target = f"{schema.name}.{node.target._overloadname}"
+    try:
+        return RefNode(target, _encode(node.args, names), _encode_kwargs(node.kwargs, names), outs)
+    except _Unencodable as exc:
+        raise ExportError(f"reference builder cannot encode node {node.name!r} ({target}): {exc}") from None
+
+
+def _encode(arg: Any, names: dict[Any, str], probe: bool = False) -> Any:
+    if isinstance(arg, fx.Node):
+        return Ref("?") if probe else Ref(names[_key(arg)] if _key(arg) in names else names[arg])
+    if isinstance(arg, (list, tuple)):
+        return [_encode(a, names, probe) for a in arg]
+    if isinstance(arg, torch.dtype):
+        return DType(str(arg).removeprefix("torch."))
+    if arg is None or isinstance(arg, (bool, int, str)):
+        return arg
+    if isinstance(arg, float):
+        if not math.isfinite(arg):
+            raise _Unencodable(f"non-finite literal {arg!r}")
+        return arg
+    raise _Unencodable(f"argument {arg!r} of type {type(arg).__name__}")
+
+
+def _encode_kwargs(kwargs: dict[str, Any], names: dict[Any, str], probe: bool = False) -> dict[str, Any]:
+    return {k: _encode(v, names, probe) for k, v in kwargs.items() if k not in _PLACEMENT_KWARGS}
+
+
+def _dims(val: torch.Tensor) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else -1 for d in val.shape)
+
+
+def _input_tensor(node: fx.Node, profile: Profile) -> RefTensor:
+    val = node.meta["val"]
+    shape = _dims(val)
+    if -1 not in shape:
+        return RefTensor(node.name, _dtype(val), shape)
+    lo = tuple(a for a, _ in profile.ranges)
+    hi = tuple(b for _, b in profile.ranges)
+    return RefTensor(node.name, _dtype(val), shape, lo, hi)
+
+
+def _output_tensor(name: str, node: fx.Node) -> RefTensor:
+    return RefTensor(name, _dtype(node.meta["val"]), _dims(node.meta["val"]))
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _weight(t: torch.Tensor) -> RefWeight:
+    """A zero-copy view of ``t``'s bytes (one copy only if it is not contiguous)."""
+    t = t.detach().cpu().contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else memoryview(b"")
+    return RefWeight(_dtype(t), tuple(t.shape), memoryview(raw).cast("B"))
+
+
+def _binding(t: RefTensor, is_input: bool) -> IOBinding:
+    return IOBinding(t.name, t.dtype, tuple(t.shape), is_input)
+
+
+# -- streaming writer (RefEngine.to_bytes layout) --------------------------------------------------
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def layout(engine: RefEngine) -> tuple[bytes, dict[str, int], int]:
+    """(header + JSON + padding, weight offsets, weights region size), as ``to_bytes`` lays them out."""
+    offsets, cursor = {}, 0
+    for name, w in engine.weights.items():
+        offsets[name], cursor = cursor, _align(cursor + w.nbytes)
+    doc = {
+        "inputs": [_io_json(t, True) for t in engine.inputs],
+        "outputs": [_io_json(t, False) for t in engine.outputs],
+        "weights": [{"name": n, "dtype": w.dtype, "shape": list(w.shape), "offset": offsets[n], "nbytes": w.nbytes}
+                    for n, w in engine.weights.items()],
+        "nodes": [{"target": n.target, "args": [_arg_json(a) for a in n.args],
+                   "kwargs": {k: _arg_json(v) for k, v in n.kwargs.items()}, "outputs": list(n.outputs)}
+                  for n in engine.nodes],
+        "weight_streaming": engine.weight_streaming,
+    }
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    head = HEADER.pack(MAGIC, VERSION, 0, len(text)) + text
+    return head + b"\x00" * (_align(len(head)) - len(head)), offsets, cursor
+
+
+def _write(engine: RefEngine, sink: BinaryIO) -> None:
+    head, offsets, _ = layout(engine)
+    sink.write(head)
+    cursor = 0
+    for name, w in engine.weights.items():
+        sink.write(b"\x00" * (offsets[name] - cursor))
+        data = w.data.cast("B")
+        for start in range(0, w.nbytes, _CHUNK):
+            sink.write(data[start : start + _CHUNK])
+        cursor = offsets[name] + w.nbytes
+    sink.write(b"\x00" * (_align(cursor) - cursor))
+
+
+def _io_json(t: RefTensor, is_input: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+    if is_input:
+        lo, hi = t.profile()
+        doc.update(min_shape=list(lo), max_shape=list(hi))
+    return doc
+
+
+def _arg_json(arg: Any) -> dict[str, Any]:
+    if isinstance(arg, Ref):
+        return {"ref": arg.name}
+    if isinstance(arg, DType):
+        return {"dtype": arg.name}
+    if arg is None:
+        return {"none": True}
+    if isinstance(arg, (list, tuple)):
+        return {"list": [_arg_json(a) for a in arg]}
+    return {"lit": arg}
