@@ -1,37 +1,92 @@
-"""pyrt demo: write a small .pte with ExecuTorch and inspect it with pyrt.
+"""pyrt demo: export a small model to a .pte with TensorRT delegates, inspect it, run it.
 
-Run: bash scripts/demo.sh   (or .venv/bin/python examples/demo.py [out.pte])
+    bash scripts/demo.sh                      # sets up .venv, then runs this file
+    .venv/bin/python examples/demo.py [DIR]   # writes DIR/demo.pte (default: ./demo-out)
+
+1. Export with a real TensorRT engine (full TensorRT if installed, else
+   TensorRT-RTX, which builds on a CPU-only machine), part of the model
+   forced to stay in ExecuTorch (a graph break), weight streaming on.
+2. Inspect the file with pyrt.
+3. Run it with a load-time weight-streaming budget on a GPU when one is present,
+   and compare with eager PyTorch. Without a GPU, real engines cannot run: the
+   demo says so and runs a reference-engine export of the same model on
+   pyrt.testing's simulated GPU instead, exercising the same runtime code.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import warnings
 from pathlib import Path
 
 import torch
-from executorch.exir import to_edge
 
 import pyrt
+import pyrt.export
+from pyrt import cuda
 from pyrt.report import format_report
 
 
 class SmallNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.fc2 = torch.nn.Linear(16, 4)
+        self.fc1 = torch.nn.Linear(64, 256)
+        self.fc2 = torch.nn.Linear(256, 256)
+        self.head = torch.nn.Linear(256, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
+        h = torch.relu(self.fc1(x))
+        h = torch.sigmoid(h)  # forced to run in ExecuTorch below: a graph break
+        return self.head(torch.relu(self.fc2(h)))
+
+
+def compare(prog: pyrt.Program, model: torch.nn.Module, x: torch.Tensor, budget: str) -> None:
+    out = prog(x)
+    expected = model(x)
+    print(f"ran forward with budget {budget!r}: output {tuple(out.shape)}, "
+          f"max |pyrt - eager| = {(out.cpu() - expected).abs().max().item():.2e}")
+    for w in prog.weight_streaming:
+        print(f"  engine {w.index} on cuda:{w.device}: streamable {w.streamable_bytes} B, "
+              f"budget {w.budget} ({w.source})")
+
+
+def quiet_third_party_logs() -> None:
+    """torch.onnx and torch.export chatter (missing torchvision ops, deprecations) is not the demo."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="executorch")
+    for name in ("torch.onnx", "torch._export", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "demo.pte")
-    example = (torch.randn(2, 8),)
-    program = to_edge(torch.export.export(SmallNet().eval(), example)).to_executorch()
-    out.write_bytes(program.buffer)
-    print(f"wrote {out} ({out.stat().st_size} bytes)\n")
-    print(format_report(pyrt.inspect(out)))
+    quiet_third_party_logs()
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "demo-out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = SmallNet().eval()
+    x = torch.randn(4, 64)
+    options = dict(torch_executed_ops=("aten.sigmoid.default",), weight_streaming=True)
+
+    path = out_dir / "demo.pte"
+    summary = pyrt.export.to_pte(model, path, (x,), builder="auto", **options)
+    print(f"exported {path} ({summary.file_size} bytes) with {len(summary.engines)} TensorRT engine(s), "
+          f"fallback ops: {', '.join(summary.fallback_ops) or 'none'}\n")
+    print(format_report(pyrt.inspect(path)), "\n")
+
+    with torch.no_grad():
+        if cuda.device_count() > 0:
+            with pyrt.Program(path, budget="50%") as prog:
+                compare(prog, model, x.cuda(), "50%")
+            return
+        print("no CUDA device here: real TensorRT engines need a GPU to run.")
+        from pyrt.testing import simulated_gpus
+
+        ref_path = out_dir / "demo-reference.pte"
+        pyrt.export.to_pte(model, ref_path, (x,), builder="reference", **options)
+        print(f"running {ref_path} (reference engines) on pyrt.testing's simulated GPU instead:")
+        with simulated_gpus(1), pyrt.Program(ref_path, budget="50%") as prog:
+            compare(prog, model, x, "50%")
 
 
 if __name__ == "__main__":
