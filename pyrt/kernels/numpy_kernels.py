@@ -240,8 +240,8 @@ def _relu(a: Any) -> Any:
 @op("aten::sigmoid.out", n_in=1)
 def _sigmoid(a: Any) -> Any:
     x = _float(a)
-    with np.errstate(over="ignore"):
-        return np.where(x >= 0, 1 / (1 + np.exp(-x)), np.exp(x) / (1 + np.exp(x)))
+    e = np.exp(-np.abs(x))  # in (0, 1]: never overflows, for either sign of x
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 @op("aten::tanh.out", n_in=1)
