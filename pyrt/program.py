@@ -77,6 +77,9 @@ class Program:
         self._closed = False
 
     def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None) -> None:
+        from pyrt.streaming import validate_budget
+
+        validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
         xplans = self._pte.program.execution_plan
         prim = library("prim")
         needs_lib = any(prim.lookup(op) is None for p in xplans for op in p.operators)

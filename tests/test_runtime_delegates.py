@@ -179,6 +179,15 @@ def test_no_gpu_and_no_fake_is_device_error(exported: dict[str, Any]) -> None:
         Program(exported["trt_only"])
 
 
+@pytest.mark.parametrize("budget", [True, -1, float("nan"), "lots", "150%", {"a": 1}, {0: -5}])
+def test_bad_budget_is_named_before_any_device_work(exported: dict[str, Any], budget: Any) -> None:
+    # With no device at all, the user's bad value still comes first (not a DeviceError).
+    with simulated_gpus(0) as sim:
+        with pytest.raises(BudgetError, match="load-time budget"):
+            Program(exported["trt_only"], budget=budget)
+        assert sim.driver.live_allocations() == 0
+
+
 def _run_isolated(code: str) -> str:
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
