@@ -26,32 +26,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-MARK_BEGIN, MARK_END = "<!-- bench_export:begin -->", "<!-- bench_export:end -->"
+from _common import machine, markdown_table, peak_rss_mib, reset_peak, run_json, write_results
+
 TARGET = 1.2  # pyrt's peak RSS <= 1.2 x the largest single engine
-
-
-def rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def child(writer: str, out: str, weight_bytes: int, resident: bool) -> None:
@@ -75,14 +57,14 @@ def child(writer: str, out: str, weight_bytes: int, resident: bool) -> None:
             return y * self.b[-4:]
 
     model = TwoBig()
-    import_peak = rss_mib()
+    import_peak = peak_rss_mib()
     reset = reset_peak()
-    base = rss_mib()
+    base = peak_rss_mib()
     start = time.perf_counter()
     summary = to_pte(model, out, (torch.zeros(4),), builder="reference", writer=writer,
                      torch_executed_ops=["aten.sigmoid.default"], progress=False)
     wall = time.perf_counter() - start
-    peak = rss_mib()
+    peak = peak_rss_mib()
     print(json.dumps({"writer": writer, "wall_s": wall, "peak_mib": max(peak, import_peak),
                       "growth_mib": peak - base if reset else None, "base_mib": base,
                       "engines": [e.size for e in summary.engines], "file_size": summary.file_size}))
@@ -101,35 +83,19 @@ def measure(writer: str, out: Path, weight_bytes: int, resident: bool) -> dict:
     cmd = [sys.executable, __file__, "--child", writer, "--out", str(out), "--weight-bytes", str(weight_bytes)]
     if resident:
         cmd.append("--resident-weights")
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"{writer} run failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(cmd, f"{writer} run")
 
 
 def table(rows: list[dict], largest: int) -> str:
     gib = 1 << 30
-    lines = ["| writer | weights | wall time | peak RSS | peak / largest engine | RSS growth after imports |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        growth = "n/a" if r["growth_mib"] is None else f"{r['growth_mib']:,.0f} MiB"
-        lines.append(f"| {r['writer']} | {r['weights']} | {r['wall_s']:.1f} s | {r['peak_mib']:,.0f} MiB | "
-                     f"{r['peak_mib'] * (1 << 20) / largest:.2f}x | {growth} |")
-    lines.append(f"\nEngines: {', '.join(f'{e / gib:.3f} GiB' for e in rows[0]['engines'])} "
-                 f"(file {rows[0]['file_size'] / gib:.3f} GiB); for each kind of weights both writers wrote "
-                 "the same file (SHA-256 compared).")
-    return "\n".join(lines)
-
-
-def update_results(text: str) -> None:
-    body = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    section = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    if MARK_BEGIN in body and MARK_END in body:
-        head, rest = body.split(MARK_BEGIN, 1)
-        body = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        body = body.rstrip("\n") + "\n\n## Export\n\n" + section + "\n"
-    RESULTS.write_text(body)
+    head = ["writer", "weights", "wall time", "peak RSS", "peak / largest engine", "RSS growth after imports"]
+    body = [[r["writer"], r["weights"], f"{r['wall_s']:.1f} s", f"{r['peak_mib']:,.0f} MiB",
+             f"{r['peak_mib'] * (1 << 20) / largest:.2f}x",
+             "n/a" if r["growth_mib"] is None else f"{r['growth_mib']:,.0f} MiB"] for r in rows]
+    return (markdown_table(head, body)
+            + f"\n\nEngines: {', '.join(f'{e / gib:.3f} GiB' for e in rows[0]['engines'])} "
+            f"(file {rows[0]['file_size'] / gib:.3f} GiB); for each kind of weights both writers wrote "
+            "the same file (SHA-256 compared).")
 
 
 def main() -> None:
@@ -172,7 +138,7 @@ def main() -> None:
              "--resident-weights" if args.resident_weights else ""]
     cmd = "`" + " ".join(["benchmarks/bench_export.py", *filter(None, flags)]).join((".venv/bin/python ", "")) + "`"
     text = (f"### Export two {args.gib:g} GiB engines to one .pte\n\n"
-            f"Command: {cmd} ({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+            f"Command: {cmd} ({machine()}; "
             f"one fresh subprocess per measurement, best wall time of {args.runs}, worst peak). Peak RSS = the "
             "child's `ru_maxrss` (imports and model included); growth = peak after the imports minus RSS then "
             "(peak reset through `/proc/self/clear_refs`). Weights `untouched` are `torch.empty` pages never "
@@ -186,7 +152,7 @@ def main() -> None:
             "engine is resident.")
     print(text)
     if not args.no_write:
-        update_results(text)
+        write_results("bench_export", "Export", text)
 
 
 if __name__ == "__main__":

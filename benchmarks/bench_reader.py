@@ -22,42 +22,23 @@ already in the page cache. Work per implementation:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+from _common import RESULTS, ROOT, command_line, machine, markdown_table, run_json, write_results
+
 SIZES = {"1MB": 1_000_000, "100MB": 100_000_000, "1.1GB": 1_100_000_000}
 IMPLS = ("pyrt", "executorch-python", "executorch-cpp")
-MARK_BEGIN, MARK_END = "<!-- bench_reader:begin -->", "<!-- bench_reader:end -->"
 
 # -- the measured work (runs in a child process) ---------------------------------------------------------
 
 CHILD = r"""
-import gc, json, resource, sys, time
+import gc, json, sys, time
+from benchmarks._common import peak_rss_mib, reset_peak
 impl, path = sys.argv[1], sys.argv[2]
-
-def rss_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-def reset_peak():
-    # Linux: writing 5 to clear_refs resets the peak RSS (and so ru_maxrss) to the current RSS,
-    # so an import-time spike (torch) does not hide the work's own peak.
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 if impl == "pyrt":
     from pyrt.pte_reader import PteFile, iter_delegate_blobs
@@ -86,23 +67,20 @@ else:
     def work():
         return runtime.load_program(path), 0
 
+gc.collect()
 peak_reset = reset_peak()
-before = rss_kib()
+before = peak_rss_mib()
 t0 = time.perf_counter()
 keep, touched = work()
 elapsed = time.perf_counter() - t0
-after = rss_kib()
-print(json.dumps({"seconds": elapsed, "rss_growth_kib": after - before, "touched": touched,
+after = peak_rss_mib()
+print(json.dumps({"seconds": elapsed, "rss_growth_mib": after - before, "touched": touched,
                   "peak_reset": peak_reset}))
 """
 
 
 def measure(impl: str, path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, impl, str(path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{impl} on {path.name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json([sys.executable, "-c", CHILD, impl, str(path)], f"{impl} on {path.name}", timeout=900)
 
 
 # -- files ------------------------------------------------------------------------------------------------
@@ -155,9 +133,7 @@ def table(rows: list[dict]) -> str:
         body.append([r["label"], f"{r['file_size'] / 1e6:,.1f} MB", r["impl"],
                      f"{r['median'] * 1e3:,.2f} ms ({r['min'] * 1e3:,.2f}-{r['max'] * 1e3:,.2f})",
                      f"{r['rss_mib']:,.1f} MiB", f"{ratio:.2f}x"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
+    return markdown_table(head, body)
 
 
 def verdict(rows: list[dict]) -> str:
@@ -174,19 +150,6 @@ def verdict(rows: list[dict]) -> str:
         parts.insert(1, f"{min(ratios):.2f}-{max(ratios):.2f}x the C++ load "
                         f"({'met' if max(ratios) <= 2 else 'NOT met'} for every size)")
     return "Result: " + "; ".join(parts) + "."
-
-
-def write_results(text: str) -> None:
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if MARK_BEGIN in current and MARK_END in current:
-        current = re.sub(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END), lambda _: block, current,
-                         flags=re.S)
-    elif "## Reader" in current:
-        current = current.replace("## Reader\n", f"## Reader\n\n{block}\n", 1)
-    else:
-        current = current.rstrip("\n") + f"\n\n## Reader\n\n{block}\n"
-    RESULTS.write_text(current)
 
 
 def main() -> int:
@@ -210,17 +173,13 @@ def main() -> int:
             secs = [r["seconds"] for r in runs]
             rows.append({"label": label, "file_size": path.stat().st_size, "impl": impl,
                          "median": statistics.median(secs), "min": min(secs), "max": max(secs),
-                         "rss_mib": statistics.median(r["rss_growth_kib"] for r in runs) / 1024})
+                         "rss_mib": statistics.median(r["rss_growth_mib"] for r in runs)})
             print(f"  {impl:18s} {rows[-1]['median'] * 1e3:10.2f} ms  {rows[-1]['rss_mib']:8.1f} MiB", flush=True)
 
-    exe = Path(sys.executable)
-    exe_text = os.path.relpath(exe, ROOT) if exe.is_relative_to(ROOT) else "python"
-    command = " ".join([exe_text, os.path.relpath(Path(sys.argv[0]).resolve(), ROOT), *sys.argv[1:]])
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     text = "\n".join([
         "### Open a .pte and reach every delegate blob (first + last byte)",
         "",
-        f"Command: `{command}` ({args.runs} runs per cell, one fresh subprocess each; {machine}; "
+        f"Command: `{command_line()}` ({args.runs} runs per cell, one fresh subprocess each; {machine()}; "
         f"file in page cache). Peak RSS growth = `ru_maxrss` after - before the timed work; imports happen first "
         "and the peak is then reset (`/proc/self/clear_refs` = 5) so it starts at the current RSS. "
         "ExecuTorch C++ = `Runtime.get().load_program(path)` only (its Python API exposes no delegate blobs).",
@@ -232,7 +191,7 @@ def main() -> int:
     ])
     print("\n" + text)
     if not args.no_write:
-        write_results(text)
+        write_results("bench_reader", "Reader", text)
         print(f"\nwrote {RESULTS}")
     return 0
 

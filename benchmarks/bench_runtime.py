@@ -21,9 +21,6 @@ torch runs single-threaded by default (``--threads``), like ExecuTorch's portabl
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -31,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import RESULTS, ROOT, command_line, machine, markdown_table, write_results
+
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-MARK_BEGIN, MARK_END = "<!-- bench_runtime:begin -->", "<!-- bench_runtime:end -->"
 IMPLS = ("pyrt-torch", "pyrt-numpy", "executorch-cpp", "eager-torch")
 
 
@@ -124,13 +120,11 @@ def fmt_us(seconds: float) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| program | implementation | median per call | min-max of samples | vs ExecuTorch C++ | vs eager torch |\n"
-            "|---|---|---|---|---|---|")
-    lines = [head]
-    for r in rows:
-        lines.append(f"| {r['program']} | {r['impl']} | {fmt_us(r['median'])} | "
-                     f"{fmt_us(r['min'])}-{fmt_us(r['max'])} | {r['vs_et']:.2f}x | {r['vs_eager']:.2f}x |")
-    return "\n".join(lines)
+    head = ["program", "implementation", "median per call", "min-max of samples", "vs ExecuTorch C++",
+            "vs eager torch"]
+    body = [[r["program"], r["impl"], fmt_us(r["median"]), f"{fmt_us(r['min'])}-{fmt_us(r['max'])}",
+             f"{r['vs_et']:.2f}x", f"{r['vs_eager']:.2f}x"] for r in rows]
+    return markdown_table(head, body)
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
@@ -145,18 +139,6 @@ def verdict(rows: list[dict[str, Any]]) -> str:
         parts.append(f"5-op elementwise pyrt-torch = {ew['vs_et']:.2f}x ExecuTorch C++ ({fmt_us(ew['median'])}; "
                      f"{'met' if ew['vs_et'] <= 3 else 'NOT met'}: target <= 3x)")
     return "Result: " + "; ".join(parts) + "."
-
-
-def write_results(text: str) -> None:
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if MARK_BEGIN in current and MARK_END in current:
-        current = re.sub(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END), lambda _: block, current, flags=re.S)
-    elif "## Runtime\n" in current:
-        current = current.replace("## Runtime\n", f"## Runtime\n\n{block}\n", 1)
-    else:
-        current = current.rstrip("\n") + f"\n\n## Runtime\n\n{block}\n"
-    RESULTS.write_text(current)
 
 
 def main() -> int:
@@ -193,16 +175,13 @@ def main() -> int:
         fns["pyrt-torch"].close()
         fns["pyrt-numpy"].close()
 
-    exe = Path(sys.executable)
-    exe_text = os.path.relpath(exe, ROOT) if exe.is_relative_to(ROOT) else "python"
-    command = " ".join([exe_text, os.path.relpath(Path(sys.argv[0]).resolve(), ROOT), *sys.argv[1:]])
     et_version = importlib.metadata.version("executorch")
-    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-               f"torch {torch.__version__} ({torch.get_num_threads()} threads), executorch {et_version}")
+    versions = f"torch {torch.__version__} ({torch.get_num_threads()} threads), executorch {et_version}"
     text = "\n".join([
         "### Latency per call on the CPU, same .pte files (torch tensors in and out)",
         "",
-        f"Command: `{command}` ({args.samples} samples per cell, implementations interleaved; {machine}). "
+        f"Command: `{command_line()}` ({args.samples} samples per cell, implementations interleaved; "
+        f"{machine()}, {versions}). "
         "ExecuTorch C++ = `executorch.runtime` `method.execute` (portable kernels); pyrt-numpy = "
         "`Program(path, kernels=\"numpy\")`; eager torch under `torch.no_grad()`. The machine may be shared: "
         "absolute times drift between runs, ratios compare samples taken side by side.",
@@ -213,7 +192,7 @@ def main() -> int:
     ])
     print("\n" + text)
     if not args.no_write:
-        write_results(text)
+        write_results("bench_runtime", "Runtime", text)
         print(f"\nwrote {RESULTS}")
     return 0
 

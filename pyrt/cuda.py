@@ -210,11 +210,7 @@ class Cuda:
         """
         host, nbytes, _keep = _host_pointer(src, writable=False)
         dptr = dst.span(dst_offset, nbytes, "destination")
-        self._on(dst.device, stream)
-        if stream is None:
-            self.call("cuMemcpyHtoD", dptr, host, nbytes)
-        else:
-            self.call("cuMemcpyHtoDAsync", dptr, host, nbytes, stream.raw)
+        self._copy("cuMemcpyHtoD", dst.device, stream, dptr, host, nbytes)
 
     def memcpy_dtoh(
         self, dst: Any, src: DeviceAllocation, *, src_offset: int = 0, stream: Stream | None = None
@@ -222,11 +218,7 @@ class Cuda:
         """Fill writable host buffer ``dst`` (all of it) from ``src`` at ``src_offset``."""
         host, nbytes, _keep = _host_pointer(dst, writable=True)
         sptr = src.span(src_offset, nbytes, "source")
-        self._on(src.device, stream)
-        if stream is None:
-            self.call("cuMemcpyDtoH", host, sptr, nbytes)
-        else:
-            self.call("cuMemcpyDtoHAsync", host, sptr, nbytes, stream.raw)
+        self._copy("cuMemcpyDtoH", src.device, stream, host, sptr, nbytes)
 
     def memcpy_dtod(
         self,
@@ -245,11 +237,7 @@ class Cuda:
             )
         dptr = dst.span(dst_offset, nbytes, "destination")
         sptr = src.span(src_offset, nbytes, "source")
-        self._on(dst.device, stream)
-        if stream is None:
-            self.call("cuMemcpyDtoD", dptr, sptr, nbytes)
-        else:
-            self.call("cuMemcpyDtoDAsync", dptr, sptr, nbytes, stream.raw)
+        self._copy("cuMemcpyDtoD", dst.device, stream, dptr, sptr, nbytes)
 
     def memcpy_peer(
         self,
@@ -265,18 +253,19 @@ class Cuda:
         dptr = dst.span(dst_offset, nbytes, "destination")
         sptr = src.span(src_offset, nbytes, "source")
         dctx, sctx = self.context(dst.device), self.context(src.device)
-        self._on(dst.device, stream)
-        if stream is None:
-            self.call("cuMemcpyPeer", dptr, dctx, sptr, sctx, nbytes)
-        else:
-            self.call("cuMemcpyPeerAsync", dptr, dctx, sptr, sctx, nbytes, stream.raw)
+        self._copy("cuMemcpyPeer", dst.device, stream, dptr, dctx, sptr, sctx, nbytes)
 
-    def _on(self, device: int, stream: Stream | None) -> None:
+    def _copy(self, fn: str, device: int, stream: Stream | None, *args: Any) -> None:
+        """Call ``fn(*args)`` with ``device`` current, or ``fn + "Async"(*args, stream)`` on ``stream``."""
         if stream is not None and stream.device != device:
             raise DeviceError(f"stream of device {stream.device} used for memory on device {device}")
         if stream is not None:
             stream.check_open()
         self.set_device(device)
+        if stream is None:
+            self.call(fn, *args)
+        else:
+            self.call(fn + "Async", *args, stream.raw)
 
     # -- streams and events ----------------------------------------------
     def stream(self, device: int) -> Stream:

@@ -75,6 +75,19 @@ def test_header_layout_and_weight_alignment_with_bordered_bytes() -> None:
     assert len(data) == base + 256
 
 
+def test_write_to_streams_weights_as_views_and_returns_the_byte_count() -> None:
+    eng = _linear_engine()
+    pieces: list = []
+
+    class Sink:
+        def write(self, data: object) -> None:
+            pieces.append(data)
+
+    assert eng.write_to(Sink()) == len(eng.to_bytes()) == sum(memoryview(p).nbytes for p in pieces)
+    views = {id(p.obj) for p in pieces if isinstance(p, memoryview)}
+    assert views == {id(w.data.obj) for w in eng.weights.values()}  # weight bytes are never copied
+
+
 def test_round_trip_is_equal_and_weights_are_zero_copy_views() -> None:
     eng = _linear_engine()
     buf = bytearray(eng.to_bytes())
@@ -311,6 +324,18 @@ def test_dynamic_shapes_and_weights(backend: str) -> None:
     expected = np.maximum(x @ w.T + np.array([1.0, -1.0], np.float32), 0)
     np.testing.assert_allclose(np.asarray(eng.run({"x": x}, backend=backend)["y"]), expected, rtol=1e-6)
     assert eng.infer_output_shapes({"x": (4, 3)}) == {"y": (4, 2)}
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_weight_of_copies_unless_asked_for_a_view(kind: str) -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    if kind == "torch":
+        a = pytest.importorskip("torch").from_numpy(a)
+    copied, viewed = RefWeight.of(a), RefWeight.of(a, copy=False)
+    assert copied == viewed == RefWeight("float32", (2, 3), memoryview(np.arange(6, dtype=np.float32).tobytes()))
+    a[0, 0] = 9.0
+    assert np.frombuffer(copied.data, np.float32)[0] == 0.0
+    assert np.frombuffer(viewed.data, np.float32)[0] == 9.0  # the view shares the caller's memory
 
 
 def test_bfloat16_weights_need_torch() -> None:

@@ -3,8 +3,8 @@
 pyrt.testing's fake TensorRT executes these engines on the CPU, so export ->
 run is tested end to end without a GPU. The engine is validated by building a
 :class:`pyrt.testing.refengine.RefEngine` (weights as zero-copy views), then
-streamed to a file in exactly ``RefEngine.to_bytes()``'s layout, one weight at
-a time, so a multi-GiB engine never sits in memory whole.
+streamed to a file by ``RefEngine.write_to`` (the bytes of ``to_bytes()``, a
+weight at a time), so a multi-GiB engine never sits in memory whole.
 
 >>> import torch
 >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
@@ -14,7 +14,6 @@ False
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 from dataclasses import dataclass
@@ -24,10 +23,9 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.testing.refengine import ALIGN, HEADER, MAGIC, VERSION, DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
 from pyrt.trt_blob import IOBinding
 
-_CHUNK = 64 << 20
 # kwargs that describe where/how a result is stored, not what it is: an engine ignores them
 _PLACEMENT_KWARGS = {"device", "layout", "pin_memory", "memory_format", "non_blocking"}
 
@@ -71,14 +69,14 @@ def build(module: fx.GraphModule, profiles: list[Profile], sink: BinaryIO, *, we
             inputs.append(_input_tensor(node, profiles[len(inputs)]))
         elif node.op == "get_attr":
             names[node] = node.target
-            weights[node.target] = _weight(getattr(module, node.target))
+            weights[node.target] = RefWeight.of(getattr(module, node.target), copy=False)  # a view
         elif node.op == "call_function" and node.target is operator.getitem:
             continue
         elif node.op == "call_function":
             nodes.append(_node(node, names))
     out_tensors = [_output_tensor(names[_key(o)], o) for o in outputs]
     engine = RefEngine(inputs, out_tensors, weights, nodes, weight_streaming)  # validates names and dtypes
-    _write(engine, sink)
+    engine.write_to(sink)
     return [_binding(t, True) for t in inputs], [_binding(t, False) for t in out_tensors]
 
 
@@ -149,72 +147,5 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _weight(t: torch.Tensor) -> RefWeight:
-    """A zero-copy view of ``t``'s bytes (one copy only if it is not contiguous)."""
-    t = t.detach().cpu().contiguous()
-    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else memoryview(b"")
-    return RefWeight(_dtype(t), tuple(t.shape), memoryview(raw).cast("B"))
-
-
 def _binding(t: RefTensor, is_input: bool) -> IOBinding:
     return IOBinding(t.name, t.dtype, tuple(t.shape), is_input)
-
-
-# -- streaming writer (RefEngine.to_bytes layout) --------------------------------------------------
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def layout(engine: RefEngine) -> tuple[bytes, dict[str, int], int]:
-    """(header + JSON + padding, weight offsets, weights region size), as ``to_bytes`` lays them out."""
-    offsets, cursor = {}, 0
-    for name, w in engine.weights.items():
-        offsets[name], cursor = cursor, _align(cursor + w.nbytes)
-    doc = {
-        "inputs": [_io_json(t, True) for t in engine.inputs],
-        "outputs": [_io_json(t, False) for t in engine.outputs],
-        "weights": [{"name": n, "dtype": w.dtype, "shape": list(w.shape), "offset": offsets[n], "nbytes": w.nbytes}
-                    for n, w in engine.weights.items()],
-        "nodes": [{"target": n.target, "args": [_arg_json(a) for a in n.args],
-                   "kwargs": {k: _arg_json(v) for k, v in n.kwargs.items()}, "outputs": list(n.outputs)}
-                  for n in engine.nodes],
-        "weight_streaming": engine.weight_streaming,
-    }
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    head = HEADER.pack(MAGIC, VERSION, 0, len(text)) + text
-    return head + b"\x00" * (_align(len(head)) - len(head)), offsets, cursor
-
-
-def _write(engine: RefEngine, sink: BinaryIO) -> None:
-    head, offsets, _ = layout(engine)
-    sink.write(head)
-    cursor = 0
-    for name, w in engine.weights.items():
-        sink.write(b"\x00" * (offsets[name] - cursor))
-        data = w.data.cast("B")
-        for start in range(0, w.nbytes, _CHUNK):
-            sink.write(data[start : start + _CHUNK])
-        cursor = offsets[name] + w.nbytes
-    sink.write(b"\x00" * (_align(cursor) - cursor))
-
-
-def _io_json(t: RefTensor, is_input: bool) -> dict[str, Any]:
-    doc: dict[str, Any] = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
-    if is_input:
-        lo, hi = t.profile()
-        doc.update(min_shape=list(lo), max_shape=list(hi))
-    return doc
-
-
-def _arg_json(arg: Any) -> dict[str, Any]:
-    if isinstance(arg, Ref):
-        return {"ref": arg.name}
-    if isinstance(arg, DType):
-        return {"dtype": arg.name}
-    if arg is None:
-        return {"none": True}
-    if isinstance(arg, (list, tuple)):
-        return {"list": [_arg_json(a) for a in arg]}
-    return {"lit": arg}

@@ -34,6 +34,7 @@ outputs) and ``weight_streaming``. An argument is ``{"ref": name}``,
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -50,6 +51,7 @@ MAGIC = b"PYRTREF1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQ")  # magic, version, reserved, json_len
 ALIGN = 64
+_CHUNK = 64 << 20  # largest single write of weight bytes
 # dtype name -> bytes per element; numpy cannot hold bfloat16 (torch can).
 DTYPES: dict[str, int] = {
     name: itemsize_of(name)
@@ -112,16 +114,22 @@ class RefWeight:
         return self.data.nbytes
 
     @classmethod
-    def of(cls, value: Any) -> RefWeight:
-        """From a numpy array or a torch tensor (copied to contiguous CPU bytes)."""
+    def of(cls, value: Any, *, copy: bool = True) -> RefWeight:
+        """From a numpy array or a torch tensor (copied to contiguous CPU bytes).
+
+        ``copy=False`` views the bytes instead where they already are contiguous CPU
+        memory, so the weight changes with ``value``.
+        """
         if isinstance(value, RefWeight):
             return value
         if hasattr(value, "detach"):  # a torch tensor: bfloat16 survives as raw bytes
             t = value.detach().cpu().contiguous()
             raw = t.reshape(-1).view(__import__("torch").uint8).numpy()
-            return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), memoryview(raw.tobytes()))
-        array = np.asarray(value, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
-        return cls(array.dtype.name, tuple(array.shape), memoryview(array.tobytes()))
+            dtype, shape = str(t.dtype).removeprefix("torch."), tuple(t.shape)
+        else:
+            raw = np.asarray(value, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+            dtype, shape = raw.dtype.name, tuple(raw.shape)
+        return cls(dtype, shape, memoryview(raw.tobytes() if copy else raw.reshape(-1).view(np.uint8)))
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,31 @@ class RefEngine:
         return sum(w.nbytes for w in self.weights.values()) if self.weight_streaming else 0
 
     def to_bytes(self) -> bytes:
-        """Serialize (weights 64-aligned after the JSON)."""
+        """Serialize (weights 64-aligned after the JSON); :meth:`write_to` streams the same bytes."""
+        out = io.BytesIO()
+        self.write_to(out)
+        return out.getvalue()
+
+    def write_to(self, sink: Any) -> int:
+        """Write :meth:`to_bytes`'s bytes to ``sink`` (anything with ``write``); returns their count.
+
+        Weights go out as views of at most 64 MiB each, so a multi-GiB engine never sits in
+        memory whole.
+        """
+        head, offsets, size = self._layout()
+        sink.write(head)
+        cursor = 0
+        for name, w in self.weights.items():
+            sink.write(bytes(offsets[name] - cursor))
+            data = w.data.cast("B")
+            for start in range(0, w.nbytes, _CHUNK):
+                sink.write(data[start : start + _CHUNK])
+            cursor = offsets[name] + w.nbytes
+        sink.write(bytes(size - cursor))  # the last weight is padded too
+        return len(head) + size
+
+    def _layout(self) -> tuple[bytes, dict[str, int], int]:
+        """(header + JSON + zero padding, each weight's offset in the weights region, the region's size)."""
         offsets, cursor = {}, 0
         for name, w in self.weights.items():
             offsets[name], cursor = cursor, _align(cursor + w.nbytes)
@@ -184,13 +216,8 @@ class RefEngine:
             text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         except ValueError as exc:
             raise RefEngineFormatError(f"RefEngine: a literal argument is not valid JSON: {exc}") from exc
-        out = bytearray(_align(HEADER.size + len(text)) + cursor)  # the last weight is padded too
-        HEADER.pack_into(out, 0, MAGIC, VERSION, 0, len(text))
-        out[HEADER.size : HEADER.size + len(text)] = text
-        base = _align(HEADER.size + len(text))
-        for name, w in self.weights.items():
-            out[base + offsets[name] : base + offsets[name] + w.nbytes] = w.data.cast("B")
-        return bytes(out)
+        head = HEADER.pack(MAGIC, VERSION, 0, len(text)) + text
+        return head + bytes(_align(len(head)) - len(head)), offsets, cursor
 
     @classmethod
     def from_bytes(cls, data: Any, *, source: str = "<refengine>") -> RefEngine:
@@ -455,10 +482,10 @@ def _validate(eng: RefEngine, where: str) -> None:
     for i, node in enumerate(eng.nodes):
         if not isinstance(node.target, str) or "::" not in node.target:
             raise RefEngineFormatError(f"{where}: nodes[{i}] target {node.target!r} is not 'namespace::op[.overload]'")
-        for ref in _refs([node.args, list(node.kwargs.values())]):
+        for ref in _names([node.args, list(node.kwargs.values())], Ref):
             if ref not in defined:
                 raise RefEngineFormatError(f"{where}: nodes[{i}] ({node.target}) uses {ref!r} before it is defined")
-        for dt in _dtypes([node.args, list(node.kwargs.values())]):
+        for dt in _names([node.args, list(node.kwargs.values())], DType):
             check_dtype(dt, f"nodes[{i}] ({node.target}) dtype argument")
         if not node.outputs:
             raise RefEngineFormatError(f"{where}: nodes[{i}] ({node.target}) names no outputs")
@@ -498,19 +525,12 @@ def _check_profile(t: RefTensor, where: str) -> None:
             )
 
 
-def _refs(args: Any) -> list[str]:
-    if isinstance(args, Ref):
+def _names(args: Any, kind: type[Ref] | type[DType]) -> list[str]:
+    """The ``name`` of every ``kind`` argument in ``args``, lists searched through."""
+    if isinstance(args, kind):
         return [args.name]
     if isinstance(args, (list, tuple)):
-        return [r for a in args for r in _refs(a)]
-    return []
-
-
-def _dtypes(args: Any) -> list[str]:
-    if isinstance(args, DType):
-        return [args.name]
-    if isinstance(args, (list, tuple)):
-        return [r for a in args for r in _dtypes(a)]
+        return [r for a in args for r in _names(a, kind)]
     return []
 
 
