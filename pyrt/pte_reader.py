@@ -20,9 +20,9 @@ import enum
 import math
 import mmap
 import os
+import stat
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
 from pyrt._bounds import Span
@@ -299,15 +299,24 @@ class PteFile:
         """Open a path (mmapped read-only) or wrap a bytes-like object (no copy)."""
         if isinstance(source, (bytes, bytearray, memoryview)):
             return cls(memoryview(source).cast("B"), "<bytes>")
-        path = Path(source)
+        if not isinstance(source, (str, os.PathLike)):
+            raise PteFormatError(f"cannot open {source!r}: expected a path or a bytes-like object")
+        path = os.fspath(source)
         try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size == 0:
-                    raise PteFormatError(f"{path}: file is empty (0 bytes)")
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))  # no buffered file object
         except OSError as exc:
             raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise PteFormatError(f"{path}: cannot open: Is a directory")
+            if info.st_size == 0:
+                raise PteFormatError(f"{path}: file is empty (0 bytes)")
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot map: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
         return cls(memoryview(mm), str(path), _mmap=mm)
 
     # lifetime
@@ -668,10 +677,16 @@ class ExecutionPlan:
         return FreeCall(idx(0, "value_index"))
 
 
+_ENUM_MEMBERS: dict[type, dict[int, Any]] = {}
+
+
 def _enum(kind: type[enum.IntEnum], raw: int | float, field: str, t: Table) -> Any:
+    members = _ENUM_MEMBERS.get(kind)
+    if members is None:  # a plain dict lookup: calling kind(raw) is slow on the load path
+        members = _ENUM_MEMBERS[kind] = {m.value: m for m in kind}
     try:
-        return kind(int(raw))
-    except ValueError:
+        return members[int(raw)]
+    except KeyError:
         raise PteFormatError(f"{t.span.source}: {t.name}.{field} has unknown value {raw}") from None
 
 
