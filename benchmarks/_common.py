@@ -52,8 +52,8 @@ def run_json(cmd: list[str], what: str, *, timeout: float | None = None) -> dict
 
 def markdown_table(head: list[str], body: list[list[str]]) -> str:
     """A Markdown table with its columns padded to their widest cell."""
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
 
 

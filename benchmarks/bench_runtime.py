@@ -25,8 +25,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from _common import RESULTS, ROOT, command_line, machine, markdown_table, write_results
 

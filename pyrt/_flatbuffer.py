@@ -13,7 +13,8 @@ Field slots are the schema's declaration order; a union takes two slots
 from __future__ import annotations
 
 import struct
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from pyrt._bounds import SCALARS, Span
 
@@ -37,7 +38,7 @@ class Table:
         self._vt, self._vtsize, self._tsize = vt, vtsize, tsize
 
     @classmethod
-    def root(cls, span: Span, name: str) -> "Table":
+    def root(cls, span: Span, name: str) -> Table:
         return cls(span, span.u32(f"{name} root offset", 0), name)
 
     def _where(self, slot: int, field: str, size: int) -> int | None:
@@ -67,7 +68,7 @@ class Table:
             return None
         return where + self.span.u32(f"{self.name}.{field} offset", where)
 
-    def table(self, slot: int, field: str, name: str | None = None) -> "Table | None":
+    def table(self, slot: int, field: str, name: str | None = None) -> Table | None:
         target = self._target(slot, field)
         return None if target is None else Table(self.span, target, name or f"{self.name}.{field}")
 
@@ -75,11 +76,11 @@ class Table:
         target = self._target(slot, field)
         return None if target is None else read_string(self.span, target, f"{self.name}.{field}")
 
-    def vector(self, slot: int, field: str, elem: str) -> "Vector | None":
+    def vector(self, slot: int, field: str, elem: str) -> Vector | None:
         target = self._target(slot, field)
         return None if target is None else Vector(self.span, target, f"{self.name}.{field}", elem)
 
-    def union(self, slot: int, field: str) -> tuple[int, "Table | None"]:
+    def union(self, slot: int, field: str) -> tuple[int, Table | None]:
         """``(type tag, value table)`` of the union whose type byte is at ``slot``."""
         tag = int(self.scalar(slot, f"{field}_type", "u8"))
         return tag, self.table(slot + 1, field)

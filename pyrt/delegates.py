@@ -18,8 +18,9 @@ needs the result; cross-device copies are ordered by events, never by a host syn
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) 
 
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
     resolved = resolve_budgets(infos, budget, source=source)
-    for d, r in zip(drafts, resolved):
+    for d, r in zip(drafts, resolved, strict=True):
         d.engine.configure(r.budget, r.source)
         d.resolved = r
 
@@ -243,7 +244,7 @@ def _flat_args(table: Any, args: Sequence[int]) -> list[int]:
 def _ports(ctx: DeviceContext, d: DelegateDraft, table: Any, idxs: Sequence[int],
            bindings: Sequence[Any]) -> list[_Port]:
     ports = []
-    for j, b in zip(idxs, bindings):
+    for j, b in zip(idxs, bindings, strict=True):
         info = table.infos.get(j)
         if info is None:
             raise PteFormatError(f"{d.source}: delegate argument value {j} ({table.kinds[j]}) is not a tensor")
@@ -277,17 +278,17 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
     def step() -> None:
         stream = ctx.stream(device)
         shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
-        engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_)])
+        engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_, strict=True)])
         if dynamic or not static_shapes:
             out_shapes = engine.infer_output_shapes(shapes)
             if not dynamic:
                 static_shapes[:] = out_shapes
         else:
             out_shapes = static_shapes
-        targets = [_out_target(p, s, table) for p, s in zip(outs, out_shapes)]
+        targets = [_out_target(p, s, table) for p, s in zip(outs, out_shapes, strict=True)]
         in_ptrs = [(p.staging if p.staging is not None else p.get()).ptr for p in ins_]
         engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle)
-        for p, t in zip(outs, targets):
+        for p, t in zip(outs, targets, strict=True):
             if p.staging is not None:
                 _stage_out(ctx, p, t, device, stream, table, torch_host)
 

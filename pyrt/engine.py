@@ -117,9 +117,11 @@ class Engine:
                                   f"in io_bindings but not in the engine")
             actual = tensorrt_seam.dtype_from_trt(eng.get_tensor_dtype(b.name))
             if actual != b.dtype:
-                raise EngineError(f"{self.name}: binding {b.name!r} is {b.dtype} in io_bindings, {actual} in the engine")
+                raise EngineError(f"{self.name}: binding {b.name!r} is {b.dtype} in io_bindings, "
+                                  f"{actual} in the engine")
             shape = tuple(eng.get_tensor_shape(b.name))
-            if len(shape) != len(b.shape) or any(-1 not in (x, y) and x != y for x, y in zip(shape, b.shape)):
+            if len(shape) != len(b.shape) or any(
+                    -1 not in (x, y) and x != y for x, y in zip(shape, b.shape, strict=True)):
                 raise EngineError(f"{self.name}: binding {b.name!r} has shape {tuple(b.shape)} in io_bindings, "
                                   f"{shape} in the engine")
             if b.is_input:
@@ -225,14 +227,14 @@ class Engine:
         if len(shapes_dtypes) != len(self._inputs):
             raise InputError(f"{self.name}: expected {len(self._inputs)} inputs {self.input_names}, "
                              f"got {len(shapes_dtypes)}")
-        for spec, (shape, dtype) in zip(self._inputs, shapes_dtypes):
+        for spec, (shape, dtype) in zip(self._inputs, shapes_dtypes, strict=True):
             shape = tuple(shape)
             if dtype != spec.dtype:
                 raise InputError(f"{self.name}: input {spec.name!r} must be {spec.dtype}, got {dtype}")
             if len(shape) != len(spec.shape):
                 raise InputError(f"{self.name}: input {spec.name!r} must have rank {len(spec.shape)} "
                                  f"(shape {spec.shape}), got shape {shape}")
-            if not all(lo <= d <= hi for d, lo, hi in zip(shape, spec.min_shape, spec.max_shape)):
+            if not all(lo <= d <= hi for d, lo, hi in zip(shape, spec.min_shape, spec.max_shape, strict=True)):
                 raise InputError(f"{self.name}: input {spec.name!r} shape {shape} is outside the engine's "
                                  f"optimization profile [{spec.min_shape}, {spec.max_shape}]")
 
@@ -243,7 +245,7 @@ class Engine:
             raise InputError(f"{self.name}: expected {len(self._inputs)} input shapes, got {len(input_shapes)}")
         self._cuda.set_device(self.device)
         self._shapes_set = False
-        for spec, shape in zip(self._inputs, input_shapes):
+        for spec, shape in zip(self._inputs, input_shapes, strict=True):
             self._set_shape(spec.name, tuple(shape))
         try:
             missing = context.infer_shapes()
@@ -275,7 +277,7 @@ class Engine:
         if not self._shapes_set:
             raise EngineError(f"{self.name}: dynamic input shapes are not set; call infer_output_shapes first")
         self._cuda.set_device(self.device)
-        for name, ptr in zip([*self.input_names, *self.output_names], [*input_ptrs, *output_ptrs]):
+        for name, ptr in zip([*self.input_names, *self.output_names], [*input_ptrs, *output_ptrs], strict=True):
             if not context.set_tensor_address(name, int(ptr)):
                 raise EngineError(f"{self.name}: TensorRT refused address {int(ptr):#x} for {name!r}: "
                                   f"{self._logger.messages.take() or 'no log'}")

@@ -16,18 +16,32 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from pyrt.errors import ExecutionError, InputError, PyrtError
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
 from pyrt.tensors import (
-    CAI, NUMPY, TORCH, DeviceTensor, NumpyHost, OwnedDeviceTensor, TorchHost, caller_kind, device_input,
-    device_output, host_output, is_torch_tensor, numpy_dtype, scalar_type_of_torch,
+    CAI,
+    NUMPY,
+    TORCH,
+    DeviceTensor,
+    NumpyHost,
+    OwnedDeviceTensor,
+    TorchHost,
+    caller_kind,
+    device_input,
+    device_output,
+    host_output,
+    is_torch_tensor,
+    numpy_dtype,
+    scalar_type_of_torch,
 )
 
-Setter = Callable[[Any, "RunState"], None]
+Setter = Callable[[Any, "RunState | None"], None]
+Getter = Callable[[str, "RunState | None"], Any]
 
 
 class RunState:
@@ -62,7 +76,8 @@ class MethodRunner:
         self._flatten = input_flattener(plan.container_meta_type[0], len(plan.inputs), plan.name)
         self._build = output_builder(plan.container_meta_type[1], len(plan.outputs))
         self._straight = not plan.has_jumps
-        self._steps = [[ins.step for ins in chain] for chain in plan.chains]
+        # Straight chains hold no JumpFalseCall, so every step is set; jumping chains run from plan.chains.
+        self._steps = [[ins.step for ins in chain if ins.step is not None] for chain in plan.chains]
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:
@@ -70,7 +85,7 @@ class MethodRunner:
         kind = self._kind(flat)
         if self.devices is None:  # no device work: a stream, if given, has nothing to order
             with self._lock:
-                for setter, x in zip(self._setters, flat):
+                for setter, x in zip(self._setters, flat, strict=True):
                     setter(x, None)
                 self._execute(None)
                 outs = [get(kind, None) for get in self._getters]
@@ -79,7 +94,7 @@ class MethodRunner:
         with self._lock:
             self.devices.begin(state, flat)
             try:
-                for setter, x in zip(self._setters, flat):
+                for setter, x in zip(self._setters, flat, strict=True):
                     setter(x, state)
                 self._execute(state)
                 outs = [get(kind, state) for get in self._getters]
@@ -99,7 +114,7 @@ class MethodRunner:
             if self._straight:
                 pc = 0
                 try:
-                    for pc, step in enumerate(steps):
+                    for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
                         step()
                 except PyrtError:
                     raise
@@ -155,7 +170,7 @@ def _input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
         return _copy_input(plan, info, what)
     expected = table.vals[i]
 
-    def set_scalar(x: Any, state: RunState) -> None:
+    def set_scalar(x: Any, state: RunState | None) -> None:
         _check_scalar(x, kind, expected, what)
 
     return set_scalar
@@ -203,17 +218,16 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     """Planned host input: check, then copy into its arena view (resizing dynamic ones)."""
     table, i = plan.table, info.index
     host = table.host
-    torch_host = isinstance(host, TorchHost)
     static = not info.dynamic
     dst = table.vals[i]
-    dst_np = host.to_numpy(dst) if static else None
+    dst_np = host.to_numpy(dst) if static else None  # set exactly when static
     want_np = numpy_dtype(info.scalar_type)
-    want_torch = host.dtype(info.scalar_type) if torch_host else None
+    want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
     sizes = info.sizes
 
-    tensor_type = host.torch.Tensor if torch_host else None
+    tensor_type = host.torch.Tensor if isinstance(host, TorchHost) else None
 
-    def set_input(x: Any, state: RunState) -> None:
+    def set_input(x: Any, state: RunState | None) -> None:
         if static and type(x) is tensor_type and not x.is_cuda:
             if x.dtype is not want_torch or x.shape != sizes:
                 _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
@@ -227,7 +241,7 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
                 arr = _device_to_host(dev, plan, what, state)
             else:
                 arr = NumpyHost().from_caller(x, what, want_np)
-        if static:
+        if dst_np is not None:
             if arr.dtype != want_np or arr.shape != sizes:
                 _check_tensor(arr.dtype, arr.shape, info, what)
             np.copyto(dst_np, arr)
@@ -245,11 +259,11 @@ def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     host = table.host
     vals = table.vals
 
-    def bind(x: Any, state: RunState) -> None:
+    def bind(x: Any, state: RunState | None) -> None:
         dev = device_input(x, what)
         if dev is not None:
             x = _device_to_host(dev, plan, what, state)
-        t = host.from_caller(x, what)
+        t: Any = host.from_caller(x, what)  # np.ndarray or torch.Tensor, per the host
         st = host.scalar_type(t)
         _check_tensor(numpy_dtype(st) if st is not None else np.dtype("V1"), tuple(t.shape), info, what)
         if isinstance(host, TorchHost):
@@ -285,9 +299,10 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
     """Input held in a CUDA arena: copy the caller's host or device data into it."""
     table, i = plan.table, info.index
 
-    def set_device(x: Any, state: RunState) -> None:
+    def set_device(x: Any, run: RunState | None) -> None:
         from pyrt import cuda as cuda_seam
 
+        state = _device_state(run)
         dst: DeviceTensor = table.vals[i]
         seam = cuda_seam.current()
         stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
@@ -317,20 +332,20 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
 # -- outputs -----------------------------------------------------------------------------------------
 
 
-def _output_getter(plan: MethodPlan, pos: int, i: int) -> Callable[[str, RunState], Any]:
+def _output_getter(plan: MethodPlan, pos: int, i: int) -> Getter:
     table = plan.table
     vals = table.vals
     info = table.infos.get(i)
     if info is not None and info.device is None and table.is_const(i) and not info.dynamic:
         return _static_host_getter(table.host, vals[i])
 
-    def get(kind: str, state: RunState) -> Any:
+    def get(kind: str, state: RunState | None) -> Any:
         return _export(vals[i], kind, state)
 
     return get
 
 
-def _static_host_getter(host: Any, t: Any) -> Callable[[str, Any], Any]:
+def _static_host_getter(host: Any, t: Any) -> Getter:
     """Copy-out of a host tensor whose object and shape never change."""
     if isinstance(host, TorchHost):
         view = t.numpy()
@@ -346,7 +361,7 @@ def _static_host_getter(host: Any, t: Any) -> Callable[[str, Any], Any]:
     return get_numpy_host
 
 
-def _export(v: Any, kind: str, state: RunState) -> Any:
+def _export(v: Any, kind: str, state: RunState | None) -> Any:
     if isinstance(v, DeviceTensor):
         return _device_copy(v, kind, state)
     if isinstance(v, list):
@@ -365,10 +380,18 @@ def _torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
-def _device_copy(t: DeviceTensor, kind: str, state: RunState) -> Any:
+def _device_state(state: RunState | None) -> RunState:
+    """The run state of device work (MethodRunner makes one whenever the method touches CUDA)."""
+    if state is None:
+        raise ExecutionError("internal error: device work without a run state")
+    return state
+
+
+def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
     """Device output: a fresh device buffer the caller owns (or a host copy for host callers)."""
     from pyrt import cuda as cuda_seam
 
+    state = _device_state(run)
     seam = cuda_seam.current()
     stream = state.streams.get(t.device)
     if not state.device_caller:  # host callers get host results: the one place a run synchronises
@@ -468,7 +491,7 @@ def _flatten_into(spec: Any, x: Any, out: list[Any]) -> bool:
     if t in _SEQ_TYPES:
         if not isinstance(x, (list, tuple)) or len(x) != len(kids):
             return False
-        return all(_flatten_into(k, v, out) for k, v in zip(kids, x))
+        return all(_flatten_into(k, v, out) for k, v in zip(kids, x, strict=True))
     if t == "builtins.dict":
         try:
             keys = json.loads(spec.get("context") or "[]")
@@ -476,7 +499,9 @@ def _flatten_into(spec: Any, x: Any, out: list[Any]) -> bool:
             return False
         if not isinstance(x, dict) or sorted(map(str, x)) != sorted(map(str, keys)):
             return False
-        return all(_flatten_into(k, x[key], out) for k, key in zip(kids, keys))
+        # The file's keys and child specs are not checked against each other: a mismatch leaves
+        # leaves out, which the caller's leaf count then rejects.
+        return all(_flatten_into(k, x[key], out) for k, key in zip(kids, keys, strict=False))
     return False
 
 

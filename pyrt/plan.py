@@ -18,14 +18,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.kernels import Kernel, KernelSite, Step
 from pyrt.pte_reader import (
-    DelegateCall, DeviceType, ExecutionPlan, FreeCall, JumpFalseCall, KernelCall, MoveCall, ShapeDynamism,
+    DelegateCall,
+    DeviceType,
+    ExecutionPlan,
+    FreeCall,
+    JumpFalseCall,
+    KernelCall,
+    MoveCall,
+    ShapeDynamism,
 )
 from pyrt.pte_reader import Tensor as TensorDecl
 from pyrt.tensors import DeviceTensor, NumpyHost, TorchHost, dim_order_strides

@@ -21,8 +21,9 @@ runs non-delegated operators with the numpy core set even where torch is install
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.executor import MethodRunner

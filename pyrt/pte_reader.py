@@ -21,9 +21,10 @@ import math
 import mmap
 import os
 import stat
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, cast
 
 from pyrt._bounds import Span
 from pyrt._flatbuffer import Table, Vector
@@ -39,7 +40,7 @@ EXT_HEADER_MIN_LENGTH = 24
 EXT_HEADER_WITH_DATA_SIZE = 32
 FLATBUFFER_MAX = 2**31  # FlatBuffers cannot address more than 2 GiB
 
-Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
+Source = str | os.PathLike | bytes | bytearray | memoryview
 
 
 class ShapeDynamism(enum.IntEnum):
@@ -202,7 +203,7 @@ class FreeCall:
     kind = "FreeCall"
 
 
-Instruction = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]
+Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ class PteFile:
         self._fb = Span(data[:program_size], source)
 
     @classmethod
-    def open(cls, source: Source) -> "PteFile":
+    def open(cls, source: Source) -> PteFile:
         """Open a path (mmapped read-only) or wrap a bytes-like object (no copy)."""
         if isinstance(source, (bytes, bytearray, memoryview)):
             return cls(memoryview(source).cast("B"), "<bytes>")
@@ -334,7 +335,7 @@ class PteFile:
                 pass  # a caller still holds a view; the mapping closes when it is released
             self._mmap = None
 
-    def __enter__(self) -> "PteFile":
+    def __enter__(self) -> PteFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -346,7 +347,7 @@ class PteFile:
         return self.extended_header.segment_base_offset if self.extended_header else 0
 
     @cached_property
-    def program(self) -> "Program":
+    def program(self) -> Program:
         return Program(self, Table.root(self._fb, "Program"))
 
     def segment_view(self, index: int) -> memoryview:
@@ -415,15 +416,17 @@ class Program:
         return len(self._plans) if self._plans else 0
 
     @cached_property
-    def execution_plan(self) -> tuple["ExecutionPlan", ...]:
+    def execution_plan(self) -> tuple[ExecutionPlan, ...]:
         plans = self._plans
-        return tuple(ExecutionPlan(self, plans.table(i, f"execution_plan[{i}]"), i) for i in range(len(plans or ())))
+        if plans is None:
+            return ()
+        return tuple(ExecutionPlan(self, plans.table(i, f"execution_plan[{i}]"), i) for i in range(len(plans)))
 
     @cached_property
     def method_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.execution_plan)
 
-    def method(self, name: str) -> "ExecutionPlan":
+    def method(self, name: str) -> ExecutionPlan:
         for plan in self.execution_plan:
             if plan.name == name:
                 return plan
@@ -472,7 +475,7 @@ class Program:
             return self.pte.segment_view(delegate.index)
         inline = self._inline_data
         n = len(inline) if inline else 0
-        if not 0 <= delegate.index < n:
+        if inline is None or not 0 <= delegate.index < n:
             raise PteFormatError(
                 f"{self.pte.source}: delegate {delegate.id!r} inline index {delegate.index} out of range ({n} entries)"
             )
@@ -490,7 +493,7 @@ class Program:
             return self._subsegment_view(cs, idx, tensor, "constant_segment")
         buf = self._constant_buffer
         n = len(buf) if buf else 0
-        if not 0 < idx < n:
+        if buf is None or not 0 < idx < n:
             raise PteFormatError(f"{self.pte.source}: constant data_buffer_idx {idx} out of range ({n} buffers)")
         storage = buf.table(idx, f"constant_buffer[{idx}]").vector(0, "storage", "u8")
         return self._sized(storage.raw() if storage else memoryview(b""), tensor, f"constant_buffer[{idx}]")
@@ -574,11 +577,13 @@ class ExecutionPlan:
     def value(self, index: int) -> EValue:
         """Decode value ``index`` (bounds-checked)."""
         self.check_value_index(index, "value")
-        return _decode_evalue(self._values.table(index, f"values[{index}]"), self)
+        values = cast(Vector, self._values)  # not None: the check found index < num_values
+        return _decode_evalue(values.table(index, f"values[{index}]"), self)
 
     def check_value_index(self, index: int, what: str) -> int:
         if not 0 <= index < self.num_values:
-            raise PteFormatError(f"{self._src} ({self.name!r}): {what} index {index} out of range ({self.num_values} values)")
+            raise PteFormatError(f"{self._src} ({self.name!r}): {what} index {index} out of range "
+                                 f"({self.num_values} values)")
         return index
 
     def _indices(self, slot: int, field: str) -> tuple[int, ...]:
@@ -739,7 +744,8 @@ def _decode_tensor(t: Table) -> Tensor:
     dim_order_v = t.vector(3, "dim_order", "u8")
     dim_order = dim_order_v.scalars() if dim_order_v else ()
     if dim_order and sorted(dim_order) != list(range(len(sizes))):
-        raise PteFormatError(f"{t.span.source}: {t.name} dim_order {dim_order} is not a permutation of {len(sizes)} dims")
+        raise PteFormatError(f"{t.span.source}: {t.name} dim_order {dim_order} is not a permutation of "
+                             f"{len(sizes)} dims")
     alloc = t.table(6, "allocation_info")
     extra = t.table(9, "extra_tensor_info")
     return Tensor(

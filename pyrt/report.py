@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from pyrt.errors import BlobFormatError
-from pyrt.pte_reader import BackendDelegate, DataLocation, ExecutionPlan, KernelCall, DelegateCall, PteFile, Source
+from pyrt.pte_reader import BackendDelegate, DataLocation, DelegateCall, ExecutionPlan, KernelCall, PteFile, Source
 from pyrt.trt_blob import BACKEND_ID, parse_blob
 
 ENGINE_PREVIEW_BYTES = 16
@@ -121,11 +121,12 @@ def _delegate(pte: PteFile, plan: ExecutionPlan, index: int, d: BackendDelegate)
 
 
 def _size(n: int) -> str:
+    value: float = n
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
 
 
 def format_report(info: dict[str, Any]) -> str:
@@ -139,7 +140,7 @@ def format_report(info: dict[str, Any]) -> str:
         lines.append(f"\nmethod {m['name']!r}: {m['num_values']} values")
         for label, specs in (("inputs", m["input_specs"]), ("outputs", m["output_specs"])):
             lines.append(f"  {label}:")
-            for idx, spec in zip(m[label], specs):
+            for idx, spec in zip(m[label], specs, strict=True):
                 if spec["kind"] == "Tensor":
                     lines.append(f"    [{idx}] {spec['dtype']}{spec['shape']} {spec['dynamism'].lower()}")
                 else:
@@ -148,7 +149,8 @@ def format_report(info: dict[str, Any]) -> str:
         lines.append(f"  instructions: {len(m['instructions'])} ({counts})")
         if m["operators"]:
             lines.append("  operators:")
-            lines.extend(f"    {o['name']}.{o['overload']}" if o["overload"] else f"    {o['name']}" for o in m["operators"])
+            lines.extend(f"    {o['name']}.{o['overload']}" if o["overload"] else f"    {o['name']}"
+                         for o in m["operators"])
         for i, d in enumerate(m["delegates"]):
             lines.append(f"  delegate {i}: {d['id']} ({d['location']} {d['index']}, {_size(d['size'])})")
             for k, v in d["compile_specs"].items():

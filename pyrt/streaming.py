@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Integral
-from typing import Literal, Union, cast
+from typing import Any, Literal, Union, cast
 
 from pyrt.errors import BudgetError
 
@@ -82,7 +82,7 @@ _PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
 BudgetKind = Literal["auto", "bytes", "share"]
 BudgetSource = Literal["load-time", "baked", "automatic", "none"]
 BudgetValue = Union[None, str, int, float, "BudgetSpec"]
-LoadTimeBudget = Union[BudgetValue, Mapping[int, BudgetValue]]
+LoadTimeBudget = BudgetValue | Mapping[int, BudgetValue]
 
 
 class BudgetWarning(UserWarning):
@@ -402,7 +402,7 @@ def _split_total(engines: Sequence[EngineStreamingInfo], total: int,
         _warn(f"{source}: total of {total} bytes exceeds the program's {whole} streamable "
               f"bytes; using {whole}")
     parts = split_proportionally(total, [e.streamable_bytes for e in streaming])
-    chosen = {e.delegate_index: p for e, p in zip(streaming, parts)}
+    chosen = {e.delegate_index: p for e, p in zip(streaming, parts, strict=True)}
     return [ResolvedBudget(e.delegate_index, e.streamable_bytes, chosen[e.delegate_index],
                            "load-time") if e.streamable_bytes
             else ResolvedBudget(e.delegate_index, 0, None, "none") for e in engines]
@@ -459,7 +459,7 @@ def validate_budget(load_time: LoadTimeBudget, *, source: str = "load-time budge
         parse_budget(value, source=f"{source} for delegate {key}")
 
 
-def _parse_mapping(mapping: Mapping[object, object], valid: list[int],
+def _parse_mapping(mapping: Mapping[Any, object], valid: list[int],
                    source: str) -> dict[int, BudgetSpec | None]:
     specs: dict[int, BudgetSpec | None] = {}
     for key, value in mapping.items():

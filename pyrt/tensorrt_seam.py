@@ -132,7 +132,7 @@ class _Messages:
 def make_logger(trt: Any) -> Any:
     """A ``trt.ILogger`` that forwards to Python logging and remembers errors (``.messages``)."""
 
-    class _Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+    class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.messages = _Messages()

@@ -26,8 +26,9 @@ import ctypes
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -311,9 +312,9 @@ def _from_dlpack_capsule(capsule: Any, device: int, what: str) -> DeviceInput:
     t = _DLTensor.from_address(addr)  # DLManagedTensor starts with its DLTensor
     shape = tuple(t.shape[i] for i in range(t.ndim))
     name = _DL_CODES.get((t.dtype.code, t.dtype.bits))
-    if name is None or t.dtype.lanes != 1:
+    st = None if name is None else ScalarType.BFLOAT16 if name == "bfloat16" else scalar_type_of_numpy(np.dtype(name))
+    if st is None or t.dtype.lanes != 1:
         raise InputError(f"{what}: DLPack dtype code {t.dtype.code} bits {t.dtype.bits} is not supported")
-    st = ScalarType.BFLOAT16 if name == "bfloat16" else scalar_type_of_numpy(np.dtype(name))
     if t.strides and tuple(t.strides[i] for i in range(t.ndim)) != _c_strides(shape, 1):
         raise InputError(f"{what}: DLPack input must be C-contiguous")
     return DeviceInput(int(t.data or 0) + int(t.byte_offset), device, st, shape, capsule)

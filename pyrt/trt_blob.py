@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from pyrt._bounds import Span
 from pyrt.errors import BlobFormatError

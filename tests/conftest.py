@@ -13,8 +13,8 @@ temporary directory (see ``tests/ptefixtures.py`` for what each holds):
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -26,7 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running; deselected unless -m slow")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_device_count() -> int:
     """Devices the CUDA driver reports, via cuda-python; 0 when there is no driver or no device.
 

@@ -32,9 +32,10 @@ import contextlib
 import copy
 import functools
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from pyrt.trt_blob import AliasedIO, IOBinding, encode_blob, encode_header, encode_metadata, parse_blob
 
@@ -73,7 +74,7 @@ def _binding(node: Any, is_input: bool) -> IOBinding:
     return IOBinding(node.name, _dtype_name(val.dtype), shape, is_input)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backend_classes() -> tuple[type, type]:
     """(backend, partitioner) classes; defined lazily so importing this module needs no torch."""
     import torch
@@ -198,7 +199,7 @@ def _portable_programs() -> dict[str, Any]:
 def _delegated_programs() -> dict[str, Any]:
     import torch
     from torch import nn
-    from torch.export import Dim, export
+    from torch.export import export
 
     class Two(nn.Module):
         """add | sin | add*mul | cos*w: two TensorRT islands around portable ops."""
@@ -249,7 +250,7 @@ def _write(path: Path, data: Any) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _portable_edge() -> Any:
     from executorch.exir import to_edge
 
@@ -272,7 +273,7 @@ def _build_portable_external(path: Path) -> Path:
     return _write(path, et.buffer)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _delegated_edge() -> Any:
     from executorch.exir import to_edge
 
@@ -347,7 +348,8 @@ def synthetic_program() -> Any:
     blob = encode_blob(engine_bytes("syn"), [IOBinding("in", "bfloat16", (-1, 2), True),
                                              IOBinding("out", "float16", (4,), False)], target_platform="unknown")
     second = replace(plan, name="empty", values=[], inputs=[], outputs=[], chains=[], operators=[], delegates=[],
-                     non_const_buffer_sizes=[0], non_const_buffer_device=None, container_meta_type=s.ContainerMetadata("", ""))
+                     non_const_buffer_sizes=[0], non_const_buffer_device=None,
+                     container_meta_type=s.ContainerMetadata("", ""))
     consts = [s.Buffer(storage=b""), s.Buffer(storage=bytes(range(24))), s.Buffer(storage=b"\x01")]
     return s.Program(version=0, execution_plan=[plan, second], constant_buffer=consts,
                      backend_delegate_data=[s.BackendDelegateInlineData(data=blob)], segments=[],
@@ -403,13 +405,13 @@ def raw_program(data: bytes) -> tuple[Any, Any]:
     return eh, _flatbuffer_to_program(bytes(data[:size]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def et_raw(path: Path) -> tuple[Any, Any]:
     """(extended header, Program as stored) of the file at ``path``, by ExecuTorch (cached)."""
     return raw_program(Path(path).read_bytes())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def et_restored(path: Path) -> Any:
     """ExecuTorch's ``deserialize_pte_binary``: a PTEFile with segments restored into bytes (cached)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
@@ -504,28 +506,21 @@ def walk(pte: Any) -> int:
         touched += view.nbytes
 
     program = pte.program
-    program.version
-    program.constant_segment
-    program.mutable_data_segments
+    _ = (program.version, program.constant_segment, program.mutable_data_segments)  # decoded, values unused
     for i in range(len(program.segments)):
         touch(pte.segment_view(i))
     for nd in program.named_data:
         touch(program.named_data_view(nd.key))
     for plan in program.execution_plan:
-        plan.name
-        plan.container_meta_type
-        plan.inputs
-        plan.outputs
-        plan.chains
-        plan.operators
-        plan.non_const_buffer_sizes
+        _ = (plan.name, plan.container_meta_type, plan.inputs, plan.outputs, plan.chains, plan.operators,
+             plan.non_const_buffer_sizes)
         for d in plan.non_const_buffer_device:
             plan.buffer_device(d.buffer_idx)
         for v in plan.values:
             if v.kind != "Tensor":
                 continue
             t = v.value
-            t.nbytes
+            _ = t.nbytes
             if t.is_constant:
                 info = t.extra_tensor_info
                 if info is None or info.location != 1 or any(n.key == info.fully_qualified_name

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 import struct
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings

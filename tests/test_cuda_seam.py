@@ -259,6 +259,7 @@ def test_fake_matches_the_real_binding_surface() -> None:
     assert len(fake_calls) > 20
     for name in fake_calls:
         real_sig = getattr(driver, name).__doc__.splitlines()[0]
-        real_params = [p.split(":")[0].split()[-1] for p in re.findall(r"\((.*)\)", real_sig)[0].split(",") if p.strip()]
+        real_params = [p.split(":")[0].split()[-1]
+                       for p in re.findall(r"\((.*)\)", real_sig)[0].split(",") if p.strip()]
         fake_params = list(inspect.signature(getattr(FakeDriver, name)).parameters)[1:]
         assert fake_params == real_params, name

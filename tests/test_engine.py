@@ -189,11 +189,11 @@ def run(engine: Engine, cuda: Cuda, inputs: list[np.ndarray]) -> list[np.ndarray
         ins = [cuda.alloc(x.nbytes, engine.device) for x in inputs]
         outs = [cuda.alloc(int(np.prod(s)) * 4, engine.device) for s in shapes]
         try:
-            for buf, x in zip(ins, inputs):
+            for buf, x in zip(ins, inputs, strict=True):
                 cuda.memcpy_htod(buf, np.ascontiguousarray(x), stream=stream)
             engine.execute([b.ptr for b in ins], [b.ptr for b in outs], stream.handle)
             results = [np.empty(s, np.float32) for s in shapes]
-            for host, buf in zip(results, outs):
+            for host, buf in zip(results, outs, strict=True):
                 cuda.memcpy_dtoh(host, buf, stream=stream)
             stream.synchronize()
         finally:
@@ -372,7 +372,8 @@ def _load(case: Case, device: int = 0) -> Engine:
 def test_engine_bytes_reach_tensorrt_without_a_copy(sim, monkeypatch) -> None:
     seen = []
     original = FakeRuntime.deserialize_cuda_engine
-    monkeypatch.setattr(FakeRuntime, "deserialize_cuda_engine", lambda self, buf: seen.append(buf) or original(self, buf))
+    monkeypatch.setattr(FakeRuntime, "deserialize_cuda_engine",
+                        lambda self, buf: seen.append(buf) or original(self, buf))
     data = memoryview(_ref_engine(LINEAR))
     Engine.load(data, device=0, io_bindings=LINEAR.bindings).close()
     assert seen == [data] and seen[0] is data
@@ -429,7 +430,8 @@ def test_failed_automatic_budget_retries_with_zero(sim, caplog) -> None:
         assert engine.applied_budget == 0 and "retrying with 0" in caplog.text
         engine.configure(100, "load-time")
         sim.tensorrt.inject_failure("weight_streaming_budget_v2", times=2)
-        with pytest.raises(EngineError, match=f"did not accept weight-streaming automatic budget {W.nbytes + B.nbytes} nor the fallback 0 \\(reads back 100\\)"):
+        with pytest.raises(EngineError, match="did not accept weight-streaming automatic budget "
+                                              f"{W.nbytes + B.nbytes} nor the fallback 0 \\(reads back 100\\)"):
             engine.configure(None, "automatic")
         sim.tensorrt.inject_failure("weight_streaming_budget_v2")
         with pytest.raises(EngineError, match="did not accept weight-streaming budget 200 \\(reads back 100\\)"):

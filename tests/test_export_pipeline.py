@@ -52,7 +52,7 @@ def test_pyrt_inspect_agrees_with_executorch_deserializer(branchy_pte: tuple[Pat
     ours = pyrt.inspect(path)["methods"][0]["delegates"]
     theirs = delegates(path)
     assert len(ours) == len(theirs) == 2
-    for mine, other in zip(ours, theirs):
+    for mine, other in zip(ours, theirs, strict=True):
         assert mine["id"] == other["id"] == "TensorRTBackend"
         assert mine["compile_specs"] == {k: v.decode("ascii") for k, v in other["compile_specs"].items()}
         assert mine["size"] == len(other["blob"])
@@ -130,7 +130,7 @@ def test_dynamic_shapes(tmp_path: Path) -> None:
         for a, b in ((4, 3), (64, 32), (2, 1)):
             xs = (torch.randn(a, 8), torch.randn(b, 8))
             with torch.no_grad():
-                assert all(torch.equal(g, w) for g, w in zip(gm(*xs), model(*xs)))
+                assert all(torch.equal(g, w) for g, w in zip(gm(*xs), model(*xs), strict=True))
     to_pte(model, tmp_path / "d.pte", args, builder="reference", dynamic_shapes=shapes,
            torch_executed_ops=["aten.sigmoid.default"], progress=False)
     method = pyrt.inspect(tmp_path / "d.pte")["methods"][0]
@@ -185,7 +185,7 @@ def test_runs_end_to_end_on_simulated_gpus(branchy_pte: tuple[Path, object]) -> 
         got = prog(x)
     with torch.no_grad():
         want = model(x)
-    assert [np.abs(np.asarray(g) - w.numpy()).max() for g, w in zip(got, want)] == [0.0, 0.0]
+    assert [np.abs(np.asarray(g) - w.numpy()).max() for g, w in zip(got, want, strict=True)] == [0.0, 0.0]
 
 
 def test_model_argument_is_checked(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def test_rtx_engines_in_the_pte(rtx_pte: tuple) -> None:
     assert summary.fallback_ops == {"aten::sigmoid": 1}
     found = delegates(path)
     ours = pyrt.inspect(path)["methods"][0]["delegates"]
-    for d, mine, engine in zip(found, ours, summary.engines):
+    for d, mine, engine in zip(found, ours, summary.engines, strict=True):
         blob = parse_blob(d["blob"])
         assert blob.engine.nbytes == engine.size > 1000
         assert bytes(blob.engine[:8]) != b"PYRTREF1"

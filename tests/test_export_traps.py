@@ -288,14 +288,14 @@ def test_trap4_graph_breaks_match_eager_exactly(tmp_path: Path) -> None:
         with torch.no_grad():
             for xx in (x, torch.randn(5, 8) * 100):
                 got, want = gm(xx), model(xx)
-                assert [(g - w).abs().max().item() for g, w in zip(got, want)] == [0.0, 0.0]
+                assert [(g - w).abs().max().item() for g, w in zip(got, want, strict=True)] == [0.0, 0.0]
     to_pte(model, tmp_path / "m.pte", (x,), builder="reference", torch_executed_ops=options.forced_fallback,
            progress=False)
     xx = torch.randn(5, 8) * 100
     with torch.no_grad():
         want = model(xx)
     got = run_pte(tmp_path / "m.pte", xx)
-    assert [(g - w).abs().max().item() for g, w in zip(got, want)] == [0.0, 0.0]
+    assert [(g - w).abs().max().item() for g, w in zip(got, want, strict=True)] == [0.0, 0.0]
 
 
 # -- 5. weight_streaming_budget --------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_inspect_matches_executorch(any_pte: Path) -> None:
     assert f["segment_base_offset"] == (eh.segment_base_offset if eh is not None and eh.is_valid() else 0)
     assert f["segments"] == [{"offset": s.offset, "size": s.size} for s in program.segments]
     assert [m["name"] for m in info["methods"]] == [p.name for p in program.execution_plan]
-    for m, plan, rplan in zip(info["methods"], program.execution_plan, restored.execution_plan):
+    for m, plan, rplan in zip(info["methods"], program.execution_plan, restored.execution_plan, strict=True):
         assert m["inputs"] == list(plan.inputs) and m["outputs"] == list(plan.outputs)
         assert m["num_values"] == len(plan.values)
         assert m["operators"] == [{"name": o.name, "overload": o.overload} for o in plan.operators]
@@ -57,7 +57,7 @@ def test_inspect_matches_executorch(any_pte: Path) -> None:
             expected.append(item)
         assert [{k: i[k] for k in ("kind", "op", "delegate") if k in i} for i in m["instructions"]] == expected
         assert len(m["delegates"]) == len(plan.delegates)
-        for d, et_d, et_rd in zip(m["delegates"], plan.delegates, rplan.delegates):
+        for d, et_d, et_rd in zip(m["delegates"], plan.delegates, rplan.delegates, strict=True):
             blob = restored.backend_delegate_data[et_rd.processed.index].data
             assert d["id"] == et_d.id
             assert d["location"] == ("segment" if et_d.processed.location == 1 else "inline")

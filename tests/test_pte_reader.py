@@ -42,7 +42,7 @@ def _plans(pte: PteFile, path: Path) -> list[tuple[Any, Any]]:
     ours = pte.program.execution_plan
     theirs = et_raw(path)[1].execution_plan
     assert [p.name for p in ours] == [p.name for p in theirs]
-    return list(zip(ours, theirs))
+    return list(zip(ours, theirs, strict=True))
 
 
 # -- conversions of ExecuTorch dataclasses into pyrt's values ----------------------------------------
@@ -174,7 +174,7 @@ def test_values_match_executorch(pte: PteFile, any_pte: Path) -> None:
     for ours, theirs in _plans(pte, any_pte):
         assert ours.num_values == len(theirs.values)
         assert [v.kind for v in ours.values] == [type(v.val).__name__ for v in theirs.values]
-        for i, (a, b) in enumerate(zip(ours.values, theirs.values)):
+        for i, (a, b) in enumerate(zip(ours.values, theirs.values, strict=True)):
             assert pyrt_payload(a) == et_payload(b.val), f"{ours.name} value {i}"
             assert ours.value(i) == a
 
@@ -194,7 +194,7 @@ def test_plan_fields_match_executorch(pte: PteFile, any_pte: Path) -> None:
 def test_chains_match_executorch(pte: PteFile, any_pte: Path) -> None:
     for ours, theirs in _plans(pte, any_pte):
         assert len(ours.chains) == len(theirs.chains)
-        for a, b in zip(ours.chains, theirs.chains):
+        for a, b in zip(ours.chains, theirs.chains, strict=True):
             assert a.inputs == tuple(b.inputs)
             assert a.outputs == tuple(b.outputs)
             assert [pyrt_instruction(i) for i in a.instructions] == [et_instruction(i) for i in b.instructions]
@@ -203,7 +203,7 @@ def test_chains_match_executorch(pte: PteFile, any_pte: Path) -> None:
 def test_delegates_match_executorch(pte: PteFile, any_pte: Path) -> None:
     for ours, theirs in _plans(pte, any_pte):
         assert len(ours.delegates) == len(theirs.delegates)
-        for a, b in zip(ours.delegates, theirs.delegates):
+        for a, b in zip(ours.delegates, theirs.delegates, strict=True):
             assert a.id == b.id
             assert (int(a.location), a.index) == (int(b.processed.location), b.processed.index)
             assert [(c.key, c.value) for c in a.compile_specs] == [(c.key, bytes(c.value)) for c in b.compile_specs]
@@ -216,8 +216,8 @@ def test_delegate_blob_bytes_match_executorch(pte: PteFile, any_pte: Path) -> No
     """ExecuTorch restores segment blobs inline; the restored plan delegates index its inline data."""
     restored = et_restored(any_pte).program
     count = 0
-    for ours, theirs in zip(pte.program.execution_plan, restored.execution_plan):
-        for a, b in zip(ours.delegates, theirs.delegates):
+    for ours, theirs in zip(pte.program.execution_plan, restored.execution_plan, strict=True):
+        for a, b in zip(ours.delegates, theirs.delegates, strict=True):
             assert b.processed.location == DataLocation.INLINE
             expected = restored.backend_delegate_data[b.processed.index].data
             assert bytes(pte.program.delegate_data(a)) == expected
@@ -301,7 +301,7 @@ def test_tensorrt_delegates_as_built(pte_file, name: str) -> None:
         assert (other.delegates[0].location, other.delegates[0].index) == (fwd.delegates[0].location,
                                                                            fwd.delegates[0].index)
         assert fwd.delegates[0].index != fwd.delegates[1].index
-        for plan, _, d, blob in iter_delegate_blobs(pte):
+        for _plan, _, d, blob in iter_delegate_blobs(pte):
             tag = d.spec("engine_tag").decode()
             trt = parse_blob(blob)
             assert bytes(trt.engine) == ptefixtures.expected_engine(tag)
@@ -408,7 +408,7 @@ def test_views_survive_close_and_reader_refuses_after_close(delegated_pte: Path)
     fresh = PteFile.open(delegated_pte)
     fresh.close()
     with pytest.raises(PyrtError):
-        fresh.program.execution_plan[0].values
+        _ = fresh.program.execution_plan[0].values
 
 
 def test_reading_never_imports_torch_or_executorch(delegated_pte: Path, portable_pte: Path) -> None:

@@ -116,7 +116,8 @@ def test_arguments_of_every_kind_round_trip() -> None:
 @given(st.lists(st.tuples(st.sampled_from(["float32", "int64", "uint8", "float16"]),
                           st.lists(st.integers(0, 5), max_size=3)), min_size=0, max_size=5))
 def test_random_weights_round_trip(specs: list[tuple[str, list[int]]]) -> None:
-    weights = {f"w{i}": np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape) for i, (dtype, shape) in enumerate(specs)}
+    weights = {f"w{i}": np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+               for i, (dtype, shape) in enumerate(specs)}
     eng = RefEngine([RefTensor("x", "float32", (1,))], [RefTensor("x", "float32", (1,))], weights=weights)
     again = RefEngine.from_bytes(eng.to_bytes())
     for name, array in weights.items():
@@ -211,7 +212,7 @@ A = RNG.standard_normal((2, 3)).astype(np.float32)
 B = RNG.standard_normal((2, 3)).astype(np.float32)
 M = RNG.standard_normal((3, 4)).astype(np.float32)
 V = RNG.standard_normal((3,)).astype(np.float32)
-I = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int32)
+INTS = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int32)
 
 # target, args, kwargs, inputs, expected (written out in numpy, independently of the executor)
 OP_CASES = [
@@ -222,7 +223,7 @@ OP_CASES = [
     ("aten::mul.Tensor", [Ref("a"), Ref("b")], {}, {"a": A, "b": B}, A * B),
     ("aten::mul.Scalar", [Ref("a"), 3.0], {}, {"a": A}, A * np.float32(3)),
     ("aten::div.Tensor", [Ref("a"), Ref("b")], {}, {"a": A, "b": B}, A / B),
-    ("aten::div.Tensor", [Ref("i"), 2], {}, {"i": I}, (I / 2).astype(np.float32)),
+    ("aten::div.Tensor", [Ref("i"), 2], {}, {"i": INTS}, (INTS / 2).astype(np.float32)),
     ("aten::relu", [Ref("a")], {}, {"a": A}, np.maximum(A, 0)),
     ("aten::sigmoid", [Ref("a")], {}, {"a": A}, (1 / (1 + np.exp(-A.astype(np.float64)))).astype(np.float32)),
     ("aten::tanh", [Ref("a")], {}, {"a": A}, np.tanh(A)),
@@ -236,7 +237,7 @@ OP_CASES = [
     ("aten::reshape", [Ref("a"), [-1]], {}, {"a": A}, A.reshape(-1)),
     ("aten::cat", [[Ref("a"), Ref("b")], 1], {}, {"a": A, "b": B}, np.concatenate([A, B], axis=1)),
     ("aten::sum.dim_IntList", [Ref("a"), [1]], {"keepdim": True}, {"a": A}, A.sum(axis=1, keepdims=True)),
-    ("aten::sum", [Ref("i")], {}, {"i": I}, np.array(I.sum(), dtype=np.int64)),
+    ("aten::sum", [Ref("i")], {}, {"i": INTS}, np.array(INTS.sum(), dtype=np.int64)),
     ("aten::mean.dim", [Ref("a"), [0]], {}, {"a": A}, A.mean(axis=0)),
 ]
 

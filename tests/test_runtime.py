@@ -7,8 +7,9 @@ set), and the outputs compared run by run (state carries across runs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -184,7 +185,7 @@ def flat(x: Any) -> list[Any]:
 def assert_same(ours: Any, ref: list[Any], kind: type) -> None:
     got = flat(ours)
     assert len(got) == len(ref)
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert isinstance(a, kind), type(a)
         b = b.numpy()
         a = a.numpy() if isinstance(a, torch.Tensor) else a

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import io
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyrt.kernels import choose_library
 from pyrt.errors import UnsupportedOperatorError
+from pyrt.kernels import choose_library
 from pyrt.kernels.numpy_kernels import _OPS, supported
 
 torch = pytest.importorskip("torch")
@@ -28,7 +28,7 @@ def check(name: str, args: tuple, ref: Any, n_out: int = 1) -> None:
     ours = _OPS[name].fn(*args)
     refs = list(ref) if n_out > 1 else [ref]
     got = list(ours) if n_out > 1 else [ours]
-    for a, b in zip(got, refs):
+    for a, b in zip(got, refs, strict=True):
         b = b.numpy()
         a = np.asarray(a).astype(b.dtype)
         assert a.shape == b.shape, (name, a.shape, b.shape)

@@ -248,7 +248,7 @@ def test_split_properties(total: int, weights: list[int]) -> None:
     assert all(0 <= p <= w for p, w in zip(parts, weights, strict=True))
     if whole:
         exact = [Fraction(min(total, whole) * w, whole) for w in weights]
-        assert all(abs(p - q) < 1 for p, q in zip(parts, exact))
+        assert all(abs(p - q) < 1 for p, q in zip(parts, exact, strict=True))
     assert parts == reference_split(total, weights)
 
 
@@ -257,7 +257,7 @@ def test_split_is_monotone_within_one_byte(t1: int, t2: int, weights: list[int])
     lo, hi = sorted((t1, t2))
     small, large = split_proportionally(lo, weights), split_proportionally(hi, weights)
     assert sum(small) <= sum(large)
-    assert all(b >= a - 1 for a, b in zip(small, large))
+    assert all(b >= a - 1 for a, b in zip(small, large, strict=True))
 
 
 def test_split_alabama_paradox_costs_at_most_one_byte() -> None:
@@ -268,12 +268,12 @@ def test_split_alabama_paradox_costs_at_most_one_byte() -> None:
         weights = [rng.randint(1, 30) for _ in range(3)]
         total = rng.randint(0, sum(weights) - 1)
         a, b = split_proportionally(total, weights), split_proportionally(total + 1, weights)
-        if any(y < x for x, y in zip(a, b)):
+        if any(y < x for x, y in zip(a, b, strict=True)):
             found = (a, b)
             break
     assert found is not None, "expected the Alabama paradox to show up for 3 parts"
     a, b = found
-    assert min(y - x for x, y in zip(a, b)) == -1 and sum(b) == sum(a) + 1
+    assert min(y - x for x, y in zip(a, b, strict=True)) == -1 and sum(b) == sum(a) + 1
 
 
 @given(st.integers(1, 2**40), st.integers(1, 6), st.integers(0, 2**41))

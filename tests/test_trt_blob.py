@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyrt.errors import BlobFormatError
-from pyrt.trt_blob import AliasedIO, IOBinding, encode_blob, encode_header, encode_metadata, is_tensorrt_blob, parse_blob
+from pyrt.trt_blob import (
+    AliasedIO,
+    IOBinding,
+    encode_blob,
+    encode_header,
+    encode_metadata,
+    is_tensorrt_blob,
+    parse_blob,
+)
 
 # Engine bytes with distinct head, fill and tail, so every boundary shows up in the bytes.
 HEAD, FILL, TAIL = b"\xe1" * 7, b"\xe2" * 50, b"\xe3" * 9

@@ -290,7 +290,8 @@ GOOD = {"min": [1, 8], "opt": [3, 8], "max": [16, 8]}
 @pytest.mark.parametrize(("spec", "message"), [
     ([("x", GOOD)], "must be a dict"),
     ({"x": {"min": [1, 8], "max": [16, 8]}}, r"dynamic_shapes\['x'\] must be a dict with exactly"),
-    ({"x": {**GOOD, "min": [4, 8], "opt": [8, 8]}}, r"dynamic_shapes\['x'\] dim 0 spans 4..16, but the example input has size 3"),
+    ({"x": {**GOOD, "min": [4, 8], "opt": [8, 8]}},
+     r"dynamic_shapes\['x'\] dim 0 spans 4..16, but the example input has size 3"),
     ({"x": {**GOOD, "opt": [32, 8]}}, r"dim 0: need 0 <= min <= opt <= max, got 1, 32, 16"),
     ({"x": {**GOOD, "max": [16, 8, 1]}}, "differ in rank"),
     ({"x": {"min": [1], "opt": [3], "max": [16]}}, "has rank 1, its example input has shape"),

@@ -84,8 +84,9 @@ class TensorRTBuilder:
               progress: Any = None) -> Built:
         vals = [a.meta["val"] for a in part.inputs]
         limits = part.module.meta.get("range_constraints")
-        ranges = {i: _profile(v, a.name, limits)
-                  for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
+        ranges: dict[int | str, dict[str, list[int]]] = {
+            i: _profile(v, a.name, limits)
+            for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
         n_out = len(part.outputs)
         try:
             built = self.trt_builder.build_engine(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -212,7 +212,8 @@ def inline_submodules(gm: fx.GraphModule, keep: Any = None) -> int:
         if not calls:
             break
         for call in calls:
-            _inline_one(gm, call, gm.get_submodule(str(call.target)))
+            sub = cast(fx.GraphModule, gm.get_submodule(str(call.target)))  # _inlinable checked the type
+            _inline_one(gm, call, sub)
             count += 1
     if count:
         gm.graph.lint()
@@ -261,7 +262,7 @@ def _replace_call_uses(gm: fx.GraphModule, call: fx.Node, result: Any) -> None:
     """Uses of the call become the inlined result; ``getitem(call, i)`` becomes element i."""
     for user in list(call.users):
         if user.op == "call_function" and user.target is operator.getitem and isinstance(result, (tuple, list)):
-            user.replace_all_uses_with(result[user.args[1]])
+            user.replace_all_uses_with(result[user.args[1]])  # type: ignore[index]  # fx: getitem's index is an int
             gm.graph.erase_node(user)
     if call.users:
         if not isinstance(result, fx.Node):
@@ -301,7 +302,7 @@ def dynamic_shapes_of(ep: ExportedProgram) -> Any:
         if not isinstance(val, torch.Tensor):
             leaves.append(None)
             continue
-        spec = {}
+        spec: dict[int, Any] = {}
         for d, size in enumerate(val.shape):
             if isinstance(size, int):
                 continue

@@ -121,7 +121,7 @@ def _prefer_pyrt_backend() -> Iterator[None]:
         return
     log.debug("hiding other TensorRTBackend classes while lowering: %s", [c.__module__ for c in others])
     previous = BackendDetails.__dict__.get("__subclasses__")
-    BackendDetails.__subclasses__ = staticmethod(  # type: ignore[method-assign]
+    BackendDetails.__subclasses__ = staticmethod(
         lambda: [c for c in type.__subclasses__(BackendDetails) if c not in others])
     try:
         yield
@@ -129,4 +129,4 @@ def _prefer_pyrt_backend() -> Iterator[None]:
         if previous is None:
             del BackendDetails.__subclasses__
         else:
-            BackendDetails.__subclasses__ = previous  # type: ignore[method-assign]
+            BackendDetails.__subclasses__ = previous

@@ -64,8 +64,8 @@ def plain_aten_op(node: fx.Node, forced_fallback: Collection[str]) -> bool:
     names = node_op_names(node.target)
     if names is None or not names[1].startswith("aten::") or any(n in forced_fallback for n in names):
         return False
-    schema = node.target._schema
-    if schema.is_mutable or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+    op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
+    if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
         return False
     val = node.meta.get("val")
     outs = list(val) if isinstance(val, (tuple, list)) else [val]

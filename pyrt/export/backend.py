@@ -124,7 +124,7 @@ class TensorRTBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         node = _engine_node(edge_program)
-        spec = parse_spec(node.args[2])
+        spec = parse_spec(node.args[2])  # type: ignore[arg-type]  # fx Argument union; the spec is a str
         _check_compile_specs(spec, compile_specs)
         engine = _engine_tensor(edge_program, node.args[1], spec.key)
         bindings = _delegate_bindings(edge_program, node, spec)
@@ -138,7 +138,7 @@ class TensorRTBackend(BackendDetails):
             stub = STUB_MAGIC + spec.key.encode() + b"\x00" + uuid.uuid4().bytes
             session.stubs[stub] = BlobPlan(spec.key, header, path, size, sha)
             return PreprocessResult(processed_bytes=stub)
-        return PreprocessResult(processed_bytes=b"".join((header, memoryview(engine.numpy()))))  # one copy
+        return PreprocessResult(processed_bytes=b"".join((header, engine.numpy().data)))  # one copy
 
 
 def _engine_node(ep: ExportedProgram) -> torch.fx.Node:
@@ -174,7 +174,7 @@ def _engine_tensor(ep: ExportedProgram, arg: Any, key: str) -> torch.Tensor:
 
 def _delegate_bindings(ep: ExportedProgram, node: torch.fx.Node, spec: EngineSpec) -> list[IOBinding]:
     """Bindings in the delegate's argument order (inputs) and return order (outputs)."""
-    args = list(node.args[0])
+    args = list(node.args[0])  # type: ignore[arg-type]  # fx Argument union; the delegate's inputs are a list
     user_inputs = set(ep.graph_signature.user_inputs)
     placeholders = [p for p in ep.graph.nodes if p.op == "placeholder" and p.name in user_inputs]
     positions = []
@@ -190,10 +190,11 @@ def _delegate_bindings(ep: ExportedProgram, node: torch.fx.Node, spec: EngineSpe
     outs = list(next(n for n in ep.graph.nodes if n.op == "output").args[0])
     order = [o.args[1] if o.op == "call_function" and o.target is operator.getitem and o.args[0] is node else None
              for o in outs]
-    if sorted(i for i in order if i is not None) != list(range(len(spec.outputs))) or None in order:
+    picked = [i for i in order if i is not None]
+    if sorted(picked) != list(range(len(spec.outputs))) or None in order:
         missing = sorted(set(range(len(spec.outputs))) - set(order))
         raise ExportError(
             f"engine {spec.key!r}: outputs {[spec.outputs[i].name for i in missing]} are unused, and ExecuTorch "
             "drops unused delegate outputs, which a TensorRT engine must still bind"
         )
-    return [spec.inputs[i] for i in positions] + [spec.outputs[i] for i in order]
+    return [spec.inputs[i] for i in positions] + [spec.outputs[i] for i in picked]

@@ -81,7 +81,7 @@ def _engine_call(gm: fx.GraphModule, node: fx.Node) -> tuple[list[Any], Any, str
         obj = resolve_custom_obj(engine_node, root=gm)
         if obj is None:
             raise ExportError(f"{where}: engine {engine_node.name!r} ({engine_node.op}) cannot be resolved")
-        return list(node.args[0]), obj, where, engine_node
+        return list(node.args[0]), obj, where, engine_node  # type: ignore[arg-type]  # fx Argument union: a list
     if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
         if _is_runtime_module(module):

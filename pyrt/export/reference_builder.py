@@ -97,8 +97,8 @@ def _node(node: fx.Node, names: dict[Any, str]) -> RefNode:
         for user in node.users:
             if user.target is operator.getitem and user.args[1] == i:
                 names[user] = name
-    schema = node.target._schema
-    target = f"{schema.name}.{node.target._overloadname}"
+    op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
+    target = f"{op._schema.name}.{op._overloadname}"
     try:
         return RefNode(target, _encode(node.args, names), _encode_kwargs(node.kwargs, names), outs)
     except _Unencodable as exc:

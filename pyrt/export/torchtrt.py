@@ -23,7 +23,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from pyrt.errors import ExportError
 from pyrt.trt_blob import ALIAS_KINDS, PLATFORMS, AliasedIO
@@ -73,10 +73,10 @@ def engine_state(obj: Any, where: str) -> Sequence[Any]:
     if not _is_state(state):
         raise ExportError(
             f"{where}: {type(obj).__name__} is not a Torch-TensorRT engine (no {SLOTS}-slot serialized state)")
-    return state  # type: ignore[return-value]
+    return state
 
 
-def _is_state(state: Any) -> bool:
+def _is_state(state: Any) -> TypeGuard[Sequence[Any]]:
     return isinstance(state, (list, tuple)) and len(state) >= MIN_SLOTS and all(
         isinstance(s, (str, bytes)) for s in state)
 

@@ -24,10 +24,11 @@ import logging
 import re
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import ExportError
 from pyrt.trt_blob import IOBinding
@@ -180,7 +181,7 @@ def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
     Traceback (most recent call last):
     ...
     pyrt.errors.ExportError: flavour 'tensorrt_lean' is a runtime-only TensorRT package and has no builder; use 'tensorrt' or 'tensorrt_rtx' to build engines
-    """
+    """  # noqa: E501 (a doctest's expected message is one line)
     return _open_session(flavour, _options(False, None, None)).trt
 
 
@@ -239,10 +240,10 @@ def _runtime_only(name: str) -> str:
             "use 'tensorrt' or 'tensorrt_rtx' to build engines")
 
 
-def _make_logger(trt: ModuleType, name: str) -> Any:
-    """An ILogger of ``trt`` that forwards to logging and keeps error lines for messages."""
+def _make_logger(trt: Any, name: str) -> Any:
+    """An ILogger of ``trt`` (a TensorRT module) that forwards to logging and keeps error lines for messages."""
 
-    class _Logger(trt.ILogger):  # type: ignore[name-defined, misc]
+    class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.errors: collections.deque[str] = collections.deque(maxlen=_MAX_ERROR_LINES)
@@ -395,8 +396,8 @@ def _check_range_fits(i: int, name: str, shape: tuple[int, ...], rng: ShapeRange
     for d, size in enumerate(shape):
         if size != -1 and not lo[d] == hi[d] == size:
             raise ExportError(f"dynamic_shapes asks dim {d} of input {i} ({name!r}) to range {lo[d]}..{hi[d]}, "
-                              f"but the network fixed it to {size} (the ONNX model has a static dim there: torch.export "
-                              "specialised it, so check the model's code)")
+                              f"but the network fixed it to {size} (the ONNX model has a static dim there: "
+                              "torch.export specialised it, so check the model's code)")
 
 
 def _bindings(network: Any, inputs: bool) -> list[IOBinding]:
@@ -468,12 +469,14 @@ def parse_dynamic_shapes(
     if spec is None:
         return {}
     if not isinstance(spec, Mapping):
-        raise ExportError(f"dynamic_shapes must be a dict of {{input: {{'min','opt','max'}}}}, got {type(spec).__name__}")
+        raise ExportError(f"dynamic_shapes must be a dict of {{input: {{'min','opt','max'}}}}, "
+                          f"got {type(spec).__name__}")
     out: dict[int | str, ShapeRange] = {}
     for key, value in spec.items():
         slot = _input_slot(key, names)
         rng = _parse_range(key, value)
         if example_shapes is not None:
+            # The ignore below: callers that pass example shapes also pass names, which makes slot a position.
             _check_example_in_range(key, rng, example_shapes[slot])  # type: ignore[index]
         if slot in out:
             raise ExportError(f"dynamic_shapes gives input {key!r} twice (by name and by position)")
@@ -502,7 +505,7 @@ def _parse_range(key: Any, value: Any) -> ShapeRange:
     lo, opt, hi = (_shape(key, k, value[k]) for k in ("min", "opt", "max"))
     if not len(lo) == len(opt) == len(hi):
         raise ExportError(f"dynamic_shapes[{key!r}]: min {lo}, opt {opt}, max {hi} differ in rank")
-    for d, (a, b, c) in enumerate(zip(lo, opt, hi)):
+    for d, (a, b, c) in enumerate(zip(lo, opt, hi, strict=True)):
         if not 0 <= a <= b <= c:
             raise ExportError(f"dynamic_shapes[{key!r}] dim {d}: need 0 <= min <= opt <= max, got {a}, {b}, {c}")
     return lo, opt, hi
@@ -526,7 +529,7 @@ def _check_example_in_range(key: Any, rng: ShapeRange, example: tuple[int, ...])
 
 
 def _dynamic_dims(rng: ShapeRange | None) -> list[int]:
-    return [] if rng is None else [d for d, (a, c) in enumerate(zip(rng[0], rng[2])) if a != c]
+    return [] if rng is None else [d for d, (a, c) in enumerate(zip(rng[0], rng[2], strict=True)) if a != c]
 
 
 # -- torch side --------------------------------------------------------------------------------
@@ -616,14 +619,15 @@ def _check_io(built: BuiltEngine, examples: tuple[torch.Tensor, ...], input_name
     if len(built.inputs) != len(examples):
         raise ExportError(f"the engine has {len(built.inputs)} inputs {[b.name for b in built.inputs]} but the "
                           f"module takes {len(examples)}: ONNX export dropped or added an input")
-    for i, (binding, x) in enumerate(zip(built.inputs, examples)):
+    for i, (binding, x) in enumerate(zip(built.inputs, examples, strict=True)):
         want = str(x.dtype).removeprefix("torch.")
         if binding.dtype != want:
             raise ExportError(f"input {i} ({binding.name!r}) is {want} in the module but {binding.dtype} in the "
                               f"{built.flavour} engine (TensorRT has no {want} I/O; cast the model)")
     for what, want_names, got in (("input", input_names, built.inputs), ("output", output_names, built.outputs)):
         if want_names is not None and [b.name for b in got] != list(want_names):
-            raise ExportError(f"engine {what} names {[b.name for b in got]} differ from {what}_names {list(want_names)}")
+            raise ExportError(f"engine {what} names {[b.name for b in got]} differ from "
+                              f"{what}_names {list(want_names)}")
 
 
 def _stage(progress: Progress | None, stage: str) -> None:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
 
@@ -55,7 +56,7 @@ class Kernel:
     """
 
     name: str
-    build: Callable[["KernelSite"], Step]
+    build: Callable[[KernelSite], Step]
     rebinds: Callable[[tuple[int, ...]], Sequence[int]] = lambda args: ()
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
 
@@ -63,7 +64,7 @@ class Kernel:
 class KernelLibrary(Protocol):
     name: str
 
-    def lookup(self, op: "Operator") -> Kernel | None: ...
+    def lookup(self, op: Operator) -> Kernel | None: ...
 
 
 @dataclass
@@ -74,7 +75,7 @@ class KernelSite:
     instruction: int
     operator: str
     args: tuple[int, ...]
-    table: "ValueTable"
+    table: ValueTable
 
     @property
     def where(self) -> str:
@@ -154,7 +155,7 @@ def choose_library(choice: str | None) -> str:
     return choice
 
 
-def resolve(method: str, operators: Sequence["Operator"], libraries: Sequence[KernelLibrary]) -> list[Kernel]:
+def resolve(method: str, operators: Sequence[Operator], libraries: Sequence[KernelLibrary]) -> list[Kernel]:
     """One kernel per operator, from the first library that has it; all misses reported at once."""
     kernels: list[Kernel] = []
     missing: list[str] = []

@@ -20,8 +20,9 @@ at load with :class:`~pyrt.errors.UnsupportedOperatorError`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ def _build(spec: NpOp, site: KernelSite) -> Step:
         results = fn(*[g() for g in getters])
         if len(results) != len(writers):
             raise InputError(f"{where}: kernel produced {len(results)} results for {len(writers)} outputs")
-        for w, r in zip(writers, results):
+        for w, r in zip(writers, results, strict=True):
             w(r)
 
     return step
@@ -114,7 +115,7 @@ def _writer(site: KernelSite, k: int) -> Callable[[Any], None]:
         def write_list(results: Sequence[Any]) -> None:
             if len(results) != len(item_writers):
                 raise InputError(f"{where}: {len(results)} results for {len(item_writers)} outputs")
-            for w, r in zip(item_writers, results):
+            for w, r in zip(item_writers, results, strict=True):
                 w(r)
 
         return write_list
@@ -153,7 +154,7 @@ def _axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
     """torch reduction dims: None or [] reduce everything."""
     if dim is None:
         return None
-    dims = [dim] if isinstance(dim, (int, np.integer)) else list(dim)
+    dims = [int(dim)] if isinstance(dim, (int, np.integer)) else list(dim)
     if not dims:
         return None
     return tuple(d % max(ndim, 1) for d in dims)
@@ -675,17 +676,17 @@ def _convolution(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation:
     win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # N, C, OH, OW, kh, kw
     N, C, OH, OW = win.shape[:4]
     g = int(groups)
-    O = w.shape[0]
+    OC = w.shape[0]
     win = win.reshape(N, g, C // g, OH, OW, kh, kw)
-    wg = w.reshape(g, O // g, C // g, kh, kw)
-    y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(N, O, OH, OW)
+    wg = w.reshape(g, OC // g, C // g, kh, kw)
+    y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(N, OC, OH, OW)
     if bias is not None:
         y = y + bias.reshape(1, -1, 1, 1)
     return y[:, :, 0, :] if one_d else y
 
 
 def _pool_windows(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any,
-                  fill: float) -> tuple[Any, tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
+                  fill: float) -> tuple[Any, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     k = _spatial(kernel, 2)
     s = _spatial(stride, 2) if len(stride) else k
     p = _spatial(padding, 2)
@@ -693,7 +694,8 @@ def _pool_windows(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any,
     H, W = x.shape[-2:]
     out = []
     extra = []
-    for size, kk, ss, pp, dd in zip((H, W), k, s, p, d):
+    # The parameters come from the program unchecked; only their first two (spatial) entries count.
+    for size, kk, ss, pp, dd in zip((H, W), k, s, p, d, strict=False):
         span = size + 2 * pp - dd * (kk - 1) - 1
         o = (-(-span // ss) if ceil_mode else span // ss) + 1
         if ceil_mode and (o - 1) * ss >= size + pp:

@@ -15,7 +15,8 @@ checked against their memory-planned bound afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels import Kernel, KernelSite, Step

@@ -23,7 +23,7 @@ import ctypes
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -114,8 +114,9 @@ class FakeDriver:
     TensorRT); everything else mirrors the real binding.
     """
 
-    CUresult = CUresult
-    CUdevice_attribute = CUdevice_attribute
+    # Type aliases, so the annotations below can name them inside the class body too.
+    CUresult: TypeAlias = CUresult
+    CUdevice_attribute: TypeAlias = CUdevice_attribute
 
     def __init__(
         self,
@@ -244,6 +245,13 @@ class FakeDriver:
             return CUresult.CUDA_ERROR_INVALID_CONTEXT
         return None
 
+    def _context_device(self) -> int:
+        """The current context's device; callers have checked :meth:`_ready` first."""
+        device = self.current_device()
+        if device is None:
+            raise RuntimeError("fake cuda: no current context (call _ready() first)")
+        return device
+
     def _device_of(self, dev: Any) -> _Device | None:
         if not isinstance(dev, CUdevice):
             return None
@@ -335,8 +343,8 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error, 0, 0)
-        device = self.current_device()
-        return (CUresult.CUDA_SUCCESS, self.free_memory(device), self._devices[device].memory)  # type: ignore[arg-type]
+        device = self._context_device()
+        return (CUresult.CUDA_SUCCESS, self.free_memory(device), self._devices[device].memory)
 
     def cuMemAlloc(self, bytesize: int) -> tuple[CUresult, CUdeviceptr | None]:
         error = self._ready()
@@ -344,12 +352,12 @@ class FakeDriver:
             return (error, None)
         if int(bytesize) <= 0:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
-        device = self.current_device()
+        device = self._context_device()
         with self._lock:
-            base = self._alloc(int(bytesize), device)  # type: ignore[arg-type]
+            base = self._alloc(int(bytesize), device)
         if base is None:
             return (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
-        return (CUresult.CUDA_SUCCESS, CUdeviceptr(base, device))  # type: ignore[arg-type]
+        return (CUresult.CUDA_SUCCESS, CUdeviceptr(base, device))
 
     def cuMemFree(self, dptr: Any) -> tuple[CUresult]:
         error = self._ready()
@@ -439,7 +447,7 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error, None)
-        handle = CUstream(self._new_handle(), self.current_device())  # type: ignore[arg-type]
+        handle = CUstream(self._new_handle(), self._context_device())
         self._streams[int(handle)] = handle
         return (CUresult.CUDA_SUCCESS, handle)
 
@@ -459,7 +467,7 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error, None)
-        handle = CUevent(self._new_handle(), self.current_device())  # type: ignore[arg-type]
+        handle = CUevent(self._new_handle(), self._context_device())
         self._events[int(handle)] = handle
         return (CUresult.CUDA_SUCCESS, handle)
 

@@ -28,7 +28,7 @@ import math
 import sys
 import weakref
 from collections import Counter
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -112,7 +112,7 @@ class FakeTensorRT:
     __version__ = __version__
     DataType = DataType
     TensorIOMode = TensorIOMode
-    ILogger = ILogger
+    ILogger: TypeAlias = ILogger  # an alias, so Runtime's annotation can name it in the class body
     Logger = Logger
     Dims = Dims
 
@@ -337,7 +337,7 @@ class FakeExecutionContext:
             return self._error(f"setInputShape: {name!r} is not an input tensor")
         shape = tuple(int(d) for d in shape)
         lo, hi = entry[0].profile()
-        if len(shape) != len(lo) or not all(a <= d <= b for d, a, b in zip(shape, lo, hi)):
+        if len(shape) != len(lo) or not all(a <= d <= b for d, a, b in zip(shape, lo, hi, strict=True)):
             return self._error(
                 f"setInputShape: {name!r} shape {shape} is outside the optimization profile [{lo}, {hi}]"
             )
@@ -393,7 +393,8 @@ class FakeExecutionContext:
                 f"but the engine lives on device {engine.device}"
             )
         if driver.stream_device(stream_handle) != engine.device:
-            return self._error(f"enqueueV3: stream {int(stream_handle):#x} is not a live stream of device {engine.device}")
+            return self._error(f"enqueueV3: stream {int(stream_handle):#x} is not a live stream of "
+                               f"device {engine.device}")
         missing = [n for n in engine._order if n not in self._addresses]
         unset = [t.name for t in engine.ref.inputs if t.name not in self._shapes]
         if missing or unset:

@@ -35,6 +35,7 @@ outputs) and ``weight_streaming``. An argument is ``{"ref": name}``,
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import struct
@@ -245,7 +246,9 @@ class RefEngine:
             env[spec.name] = value
         return self._execute(be, env)
 
-    def run_bytes(self, inputs: Mapping[str, tuple[np.ndarray, tuple[int, ...]]]) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
+    def run_bytes(
+        self, inputs: Mapping[str, tuple[np.ndarray, tuple[int, ...]]]
+    ) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
         """Execute from raw bytes: ``{name: (uint8 array, shape)}`` in and out."""
         be = _backend("auto")
         env = self._env(be)
@@ -284,7 +287,7 @@ class RefEngine:
                 raise RefEngineExecutionError(
                     f"{node.target} returned {len(results)} values for outputs {node.outputs}"
                 )
-            env.update(zip(node.outputs, results))
+            env.update(zip(node.outputs, results, strict=True))
         out = {}
         for spec in self.outputs:
             value = env[spec.name]
@@ -294,7 +297,7 @@ class RefEngine:
                     f"output {spec.name!r} computed as {got_dtype}, declared {spec.dtype}"
                 )
             if len(got_shape) != len(spec.shape) or any(
-                d != -1 and d != g for d, g in zip(spec.shape, got_shape)
+                d != -1 and d != g for d, g in zip(spec.shape, got_shape, strict=True)
             ):
                 raise RefEngineExecutionError(
                     f"output {spec.name!r} computed with shape {got_shape}, declared {tuple(spec.shape)}"
@@ -389,7 +392,9 @@ def _parse(data: memoryview, source: str) -> RefEngine:
             f"overruns the data (length {size})"
         )
     if any(data[HEADER.size + json_len : base]):
-        raise RefEngineFormatError(f"{source}: padding after the JSON (offsets {HEADER.size + json_len}..{base}) is not zero")
+        raise RefEngineFormatError(
+            f"{source}: padding after the JSON (offsets {HEADER.size + json_len}..{base}) is not zero"
+        )
     try:
         doc = json.loads(bytes(data[HEADER.size : HEADER.size + json_len]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -428,7 +433,7 @@ def _parse(data: memoryview, source: str) -> RefEngine:
         spans.append((offset, offset + nbytes, name))
         weights[name] = RefWeight(dtype, shape, data[base + offset : base + offset + nbytes])
     spans.sort()
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         if start < end:
             raise RefEngineFormatError(f"{source}: weights {a!r} and {b!r} overlap (offset {start} < {end})")
     nodes = []
@@ -505,7 +510,7 @@ def _validate(eng: RefEngine, where: str) -> None:
 
 def _fits(shape: tuple[int, ...], spec: RefTensor) -> bool:
     lo, hi = spec.profile()
-    return len(shape) == len(lo) and all(a <= d <= b for d, a, b in zip(shape, lo, hi))
+    return len(shape) == len(lo) and all(a <= d <= b for d, a, b in zip(shape, lo, hi, strict=True))
 
 
 def _check_profile(t: RefTensor, where: str) -> None:
@@ -518,7 +523,7 @@ def _check_profile(t: RefTensor, where: str) -> None:
         raise RefEngineFormatError(
             f"{where}: input {t.name!r} min_shape {lo} / max_shape {hi} do not match the rank of {t.shape}"
         )
-    for d, a, b in zip(t.shape, lo, hi):
+    for d, a, b in zip(t.shape, lo, hi, strict=True):
         if a < 0 or a > b or (d != -1 and not a == b == d):
             raise RefEngineFormatError(
                 f"{where}: input {t.name!r} profile min {lo} .. max {hi} is inconsistent with shape {t.shape}"
@@ -546,12 +551,32 @@ def _resolve(arg: Any, env: dict[str, Any], be: _Backend) -> Any:
 
 # -- execution backends ---------------------------------------------------------
 class _Backend:
+    """What the executor needs from a tensor library (torch or numpy)."""
+
     name = ""
 
     def call(self, target: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError
 
     def dtype(self, value: Any) -> str:
+        raise NotImplementedError
+
+    def dtype_object(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def tensor(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def from_raw(self, raw: np.ndarray, dtype: str, shape: Sequence[int]) -> Any:
+        raise NotImplementedError
+
+    def to_raw(self, value: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+        raise NotImplementedError
+
+    def weight(self, w: RefWeight, *, meta: bool = False) -> Any:
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dtype: str, *, meta: bool) -> Any:
         raise NotImplementedError
 
 
