@@ -28,8 +28,8 @@ from pyrt.errors import EngineError, PteFormatError, UnsupportedOperatorError
 from pyrt.kernels import Step
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
 from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
+from pyrt.trt_blob import BACKEND_ID
 
-BACKEND_ID = "TensorRTBackend"
 TARGET_DEVICE = "target_device"
 
 

@@ -1,7 +1,10 @@
 """One TensorRT engine: deserialize, apply a weight-streaming budget, run.
 
 Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
-(zero-copy: the memoryview goes straight to TensorRT), :meth:`Engine.configure`
+(zero-copy: a small engine's memoryview goes straight to TensorRT; an engine of
+``STREAM_READER_MIN_BYTES`` or more is served through TensorRT's
+``IStreamReaderV2`` in ``STREAM_CHUNK_BYTES`` pieces read from the mmap, so
+TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
@@ -42,6 +45,39 @@ from pyrt import tensorrt_seam
 from pyrt.errors import BudgetError, EngineError, InputError
 
 _log = logging.getLogger("pyrt.engine")
+
+STREAM_READER_MIN_BYTES = 64 << 20  # below this, handing TensorRT the buffer is as cheap and simpler
+STREAM_CHUNK_BYTES = 16 << 20  # most host memory one read hands TensorRT at a time
+
+
+def _view_reader(module: Any, view: memoryview) -> Any:
+    """An ``IStreamReaderV2`` of ``module`` serving ``view`` (None if the flavour has none)."""
+    base = getattr(module, "IStreamReaderV2", None)
+    seek_position = getattr(module, "SeekPosition", None)
+    if base is None or seek_position is None:
+        return None
+    origins = {seek_position.SET: lambda r: 0, seek_position.CUR: lambda r: r.pos,
+               seek_position.END: lambda r: view.nbytes}
+
+    class ViewReader(base):  # type: ignore[misc, valid-type]  # base is the flavour's class
+        def __init__(self) -> None:
+            super().__init__()  # TensorRT's pybind base must be initialised explicitly
+            self.pos = 0
+
+        def read(self, num_bytes: int, stream: int) -> bytes:
+            n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
+            chunk = bytes(view[self.pos : self.pos + n])
+            self.pos += n
+            return chunk
+
+        def seek(self, offset: int, where: Any) -> bool:
+            origin = origins.get(where)
+            if origin is None or not 0 <= origin(self) + offset <= view.nbytes:
+                return False
+            self.pos = origin(self) + offset
+            return True
+
+    return ViewReader()
 
 
 @dataclass(frozen=True)
@@ -88,8 +124,11 @@ class Engine:
         module = tensorrt_seam.load_tensorrt(trt, cuda=seam)
         seam.set_device(device)
         runtime, logger = tensorrt_seam.create_runtime(module, cuda=seam)
+        source: Any = engine_bytes
+        if _nbytes(engine_bytes) >= STREAM_READER_MIN_BYTES:
+            source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
         try:
-            engine = runtime.deserialize_cuda_engine(engine_bytes)
+            engine = runtime.deserialize_cuda_engine(source)
         except Exception as exc:  # bindings raise TypeError for a non-buffer, RuntimeError inside
             raise EngineError(f"{label}: deserializing {_nbytes(engine_bytes)} engine bytes raised {exc}") from exc
         if engine is None:

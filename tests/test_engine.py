@@ -229,6 +229,30 @@ def test_dynamic_engine_shapes_and_outputs(backend: Backend) -> None:
             _check(ADD_MUL, run(engine, backend.cuda, [a, b]), [a, b], backend.tolerance)
 
 
+def test_large_engine_deserializes_through_a_stream_reader(backend: Backend, monkeypatch) -> None:
+    import pyrt.engine
+
+    # Every engine counts as large here, and TensorRT gets at most 4 KiB per read.
+    monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0)
+    monkeypatch.setattr(pyrt.engine, "STREAM_CHUNK_BYTES", 4096)
+    reads: list[int] = []
+    if backend.sim is not None:
+        original = FakeRuntime._read_stream
+
+        def spy(self: FakeRuntime, reader: Any) -> Any:
+            data = original(self, reader)
+            reads.extend(self.stream_reads)
+            return data
+
+        monkeypatch.setattr(FakeRuntime, "_read_stream", spy)
+    with backend.load(LINEAR) as engine:
+        engine.configure(None, "automatic")
+        x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
+        _check(LINEAR, run(engine, backend.cuda, [x]), [x], backend.tolerance)
+    if backend.sim is not None:
+        assert sum(reads) == len(_ref_engine(LINEAR)) and max(reads) == 4096
+
+
 def test_explicit_budget_is_applied_read_back_and_reconfigured(backend: Backend) -> None:
     with backend.load(LINEAR) as engine:
         streamable = engine.streamable_weights_size
@@ -377,6 +401,21 @@ def test_engine_bytes_reach_tensorrt_without_a_copy(sim, monkeypatch) -> None:
     data = memoryview(_ref_engine(LINEAR))
     Engine.load(data, device=0, io_bindings=LINEAR.bindings).close()
     assert seen == [data] and seen[0] is data
+
+
+def test_view_reader_seeks_within_the_engine_only(sim) -> None:
+    from pyrt.engine import _view_reader
+
+    trt = sim.tensorrt
+    reader = _view_reader(trt, memoryview(b"0123456789"))
+    assert isinstance(reader, trt.IStreamReaderV2)
+    assert reader.seek(-3, trt.SeekPosition.END) and reader.read(100, 0) == b"789"
+    assert reader.read(100, 0) == b""  # at the end
+    assert reader.seek(2, trt.SeekPosition.SET) and reader.seek(3, trt.SeekPosition.CUR)
+    assert reader.read(2, 0) == b"56"
+    assert not reader.seek(11, trt.SeekPosition.SET) and not reader.seek(-1, trt.SeekPosition.SET)
+    assert reader.read(1, 0) == b"7"  # a refused seek leaves the position alone
+    assert _view_reader(types.SimpleNamespace(), memoryview(b"x")) is None  # flavour without readers
 
 
 def test_engines_on_two_devices_run_where_they_live(sim) -> None:

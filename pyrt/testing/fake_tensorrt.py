@@ -97,6 +97,25 @@ class Logger(ILogger):
             print(f"[fake TRT] [{severity.name[0]}] {msg}", file=sys.stderr)
 
 
+class SeekPosition(enum.Enum):
+    SET = 0
+    CUR = 1
+    END = 2
+
+
+class IStreamReaderV2:
+    """Base class of stream readers, as in TensorRT: call ``__init__``, override ``read`` and ``seek``."""
+
+    def __init__(self) -> None:
+        pass
+
+    def read(self, num_bytes: int, stream: int) -> bytes:
+        raise NotImplementedError
+
+    def seek(self, offset: int, where: SeekPosition) -> bool:
+        raise NotImplementedError
+
+
 class Dims(tuple):
     """A shape, as TensorRT returns it (-1 for a dimension not yet known)."""
 
@@ -115,6 +134,9 @@ class FakeTensorRT:
     ILogger: TypeAlias = ILogger  # an alias, so Runtime's annotation can name it in the class body
     Logger = Logger
     Dims = Dims
+    IStreamReaderV2: TypeAlias = IStreamReaderV2
+    SeekPosition = SeekPosition
+    STREAM_READ_BYTES = 1 << 20  # how much the fake runtime asks a stream reader for at a time
 
     def __init__(self, driver: FakeDriver) -> None:
         self.driver = driver
@@ -152,12 +174,37 @@ class FakeRuntime:
     def __init__(self, trt: FakeTensorRT, logger: ILogger) -> None:
         self._trt = trt
         self.logger = logger
+        self.stream_reads: list[int] = []  # bytes returned by each IStreamReaderV2.read call
+
+    def _read_stream(self, reader: IStreamReaderV2) -> bytearray | None:
+        """Pull the whole engine through the reader's contract: rewind, then bounded reads until empty."""
+        if reader.seek(0, SeekPosition.SET) is not True:
+            self._error("IStreamReaderV2::seek(0, SET) failed")
+            return None
+        data = bytearray()
+        while True:
+            want = self._trt.STREAM_READ_BYTES
+            chunk = reader.read(want, 0)
+            if not isinstance(chunk, (bytes, bytearray)):
+                self._error(f"IStreamReaderV2::read returned {type(chunk).__name__}, not bytes")
+                return None
+            if len(chunk) > want:
+                self._error(f"IStreamReaderV2::read returned {len(chunk)} bytes, more than the {want} asked for")
+                return None
+            if not chunk:
+                return data
+            self.stream_reads.append(len(chunk))
+            data += chunk
 
     def _error(self, msg: str) -> None:
         self.logger.log(_Severity.ERROR, msg)
 
     def deserialize_cuda_engine(self, serialized_engine: Any) -> FakeCudaEngine | None:
-        """Engine from a buffer holding a reference engine, or None (with a logged error)."""
+        """Engine from a buffer or an ``IStreamReaderV2`` holding a reference engine, or None (logged)."""
+        if isinstance(serialized_engine, IStreamReaderV2):
+            serialized_engine = self._read_stream(serialized_engine)
+            if serialized_engine is None:
+                return None
         try:
             view = memoryview(serialized_engine).cast("B")
         except TypeError:
