@@ -107,6 +107,7 @@ class Engine:
         self._applied_budget: int | None = None
         self._budget_source: str | None = None
         self._shapes_set = False
+        self._bound: list[int] = []  # addresses bound on the current context, in name order
         self._check_bindings()
 
     # -- loading -----------------------------------------------------------------
@@ -316,10 +317,14 @@ class Engine:
         if not self._shapes_set:
             raise EngineError(f"{self.name}: dynamic input shapes are not set; call infer_output_shapes first")
         self._cuda.set_device(self.device)
-        for name, ptr in zip([*self.input_names, *self.output_names], [*input_ptrs, *output_ptrs], strict=True):
-            if not context.set_tensor_address(name, int(ptr)):
-                raise EngineError(f"{self.name}: TensorRT refused address {int(ptr):#x} for {name!r}: "
-                                  f"{self._logger.messages.take() or 'no log'}")
+        ptrs = [int(p) for p in (*input_ptrs, *output_ptrs)]
+        if ptrs != self._bound:  # planned arenas keep their addresses: bind only what changed
+            self._bound = []  # a refusal below leaves nothing half-remembered
+            for name, ptr in zip([*self.input_names, *self.output_names], ptrs, strict=True):
+                if not context.set_tensor_address(name, ptr):
+                    raise EngineError(f"{self.name}: TensorRT refused address {ptr:#x} for {name!r}: "
+                                      f"{self._logger.messages.take() or 'no log'}")
+            self._bound = ptrs
         if not context.execute_async_v3(int(stream)):
             raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
                               f"{self._logger.messages.take() or 'no log'}")
@@ -340,6 +345,7 @@ class Engine:
     def _drop_context(self) -> None:
         self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
         self._shapes_set = False
+        self._bound = []
 
     def close(self) -> None:
         """Release the execution context, then the engine (idempotent)."""

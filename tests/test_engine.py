@@ -418,6 +418,30 @@ def test_view_reader_seeks_within_the_engine_only(sim) -> None:
     assert _view_reader(types.SimpleNamespace(), memoryview(b"x")) is None  # flavour without readers
 
 
+def test_addresses_are_bound_once_per_context_until_they_change(sim) -> None:
+    x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
+    calls = sim.tensorrt.calls
+    with _load(LINEAR) as engine:
+        engine.configure(None, "automatic")
+        engine.infer_output_shapes([x.shape])
+        xin, y1, y2 = (sim.cuda.alloc(x.nbytes, 0) for _ in range(3))
+        sim.cuda.memcpy_htod(xin, x)
+        with sim.cuda.stream(0) as s:
+            for _ in range(3):
+                engine.execute([xin.ptr], [y1.ptr], s.handle)
+            assert calls["set_tensor_address"] == 2  # x and y, once
+            engine.execute([xin.ptr], [y2.ptr], s.handle)  # a new output buffer is bound
+            assert calls["set_tensor_address"] == 4
+            engine.configure(None, "automatic")  # a new context has nothing bound
+            engine.infer_output_shapes([x.shape])
+            engine.execute([xin.ptr], [y2.ptr], s.handle)
+            assert calls["set_tensor_address"] == 6
+            s.synchronize()
+        got = np.empty((4, HIDDEN), np.float32)
+        sim.cuda.memcpy_dtoh(got, y2)
+        _check(LINEAR, [got], [x], 1e-5)
+
+
 def test_engines_on_two_devices_run_where_they_live(sim) -> None:
     with _load(LINEAR, device=0) as e0, _load(LINEAR, device=1) as e1:
         x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
