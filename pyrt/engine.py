@@ -42,7 +42,7 @@ from typing import Any
 
 from pyrt import cuda as cuda_seam
 from pyrt import tensorrt_seam
-from pyrt.errors import BudgetError, EngineError, InputError
+from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 
 _log = logging.getLogger("pyrt.engine")
 
@@ -121,8 +121,11 @@ class Engine:
         """
         seam = cuda_seam.resolve(cuda)
         label = name or "engine"
-        seam.require_device(device, purpose=f"TensorRT {label}")
+        info = seam.require_device(device, purpose=f"TensorRT {label}")
         module = tensorrt_seam.load_tensorrt(trt, cuda=seam)
+        refusal = tensorrt_seam.unsupported_device(module, info.compute_capability)
+        if refusal is not None:
+            raise DeviceError(f"{label}: {refusal}; device {info}; use a TensorRT flavour that supports it")
         seam.set_device(device)
         runtime, logger = tensorrt_seam.create_runtime(module, cuda=seam)
         source: Any = engine_bytes

@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -108,10 +109,17 @@ def _require_any_device(cuda: Any, what: str) -> None:
 
 
 class _Messages:
-    """Recent TensorRT log lines; errors are kept to explain a failed call."""
+    """Recent TensorRT log lines, per thread; errors are kept to explain a failed call."""
 
     def __init__(self) -> None:
-        self.errors: collections.deque[str] = collections.deque(maxlen=16)
+        self._local = threading.local()
+
+    @property
+    def errors(self) -> collections.deque[str]:
+        errors = getattr(self._local, "errors", None)
+        if errors is None:
+            errors = self._local.errors = collections.deque(maxlen=16)
+        return errors
 
     def record(self, severity: str, msg: str) -> None:
         if severity in ("INTERNAL_ERROR", "ERROR"):
@@ -132,9 +140,11 @@ class _Messages:
 def make_logger(trt: Any) -> Any:
     """A ``trt.ILogger`` that forwards to Python logging and remembers errors (``.messages``)."""
 
-    class _Logger(trt.ILogger):
+    base = trt.ILogger  # the class only: a logger must not keep its module alive (shared_logger's weak keys)
+
+    class _Logger(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            trt.ILogger.__init__(self)
+            base.__init__(self)
             self.messages = _Messages()
 
         def log(self, severity: Any, msg: str) -> None:
@@ -143,10 +153,51 @@ def make_logger(trt: Any) -> Any:
     return _Logger()
 
 
+def unsupported_device(trt: Any, capability: tuple[int, int]) -> str | None:
+    """Why ``trt`` cannot run engines on a GPU of compute ``capability``, or None if it may.
+
+    TensorRT-RTX runs only on the GPUs its ``ComputeCapability`` enum names (and newer
+    ones); on an H100 (9.0, absent from that enum) it refuses every engine, even one it
+    built there for ``CURRENT`` (docs/hardware.md). Other flavours: None.
+
+    >>> import types, enum
+    >>> rtx = types.SimpleNamespace(__name__="tensorrt_rtx", __version__="1.7",
+    ...     ComputeCapability=enum.Enum("CC", "NONE CURRENT SM80 SM89 SM120"))
+    >>> unsupported_device(rtx, (9, 0))
+    'tensorrt_rtx 1.7 does not run engines on compute capability 9.0 (it targets 8.0, 8.9, 12.0 and newer)'
+    >>> unsupported_device(rtx, (8, 9)) is None and unsupported_device(rtx, (13, 0)) is None
+    True
+    """
+    members = getattr(getattr(trt, "ComputeCapability", None), "__members__", None)
+    if flavour_of(trt) != "tensorrt_rtx" or not members:
+        return None
+    listed = sorted((int(m[2:-1]), int(m[-1])) for m in members if m.startswith("SM") and m[2:].isdigit())
+    major, minor = capability
+    if not listed or (major, minor) in listed or (major, minor) > listed[-1]:
+        return None
+    return (f"{flavour_of(trt)} {getattr(trt, '__version__', '?')} does not run engines on compute capability "
+            f"{major}.{minor} (it targets {', '.join(f'{a}.{b}' for a, b in listed)} and newer)")
+
+
+_shared_loggers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # module -> its logger
+
+
+def shared_logger(trt: Any) -> Any:
+    """The one logger pyrt registers with ``trt``: TensorRT keeps a single logger per process
+    and warns about (then ignores) every different one passed after it (seen on an H100,
+    docs/hardware.md). Its errors are kept per thread."""
+    with _override_lock:
+        logger = _shared_loggers.get(trt)
+        if logger is None:
+            logger = _shared_loggers[trt] = make_logger(trt)
+        return logger
+
+
 def create_runtime(trt: Any, *, cuda: Any = None) -> tuple[Any, Any]:
     """(runtime, logger) for ``trt``; DeviceError first when no CUDA device exists."""
     _require_any_device(cuda, f"{flavour_of(trt)}.Runtime")
-    logger = make_logger(trt)
+    logger = shared_logger(trt)
+    logger.messages.take()  # errors left over from an earlier call on this thread are not this one's
     try:
         runtime = trt.Runtime(logger)
     except Exception as exc:

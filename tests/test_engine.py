@@ -171,6 +171,9 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         pytest.skip(str(exc))
     if not hasattr(trt, "Builder"):
         pytest.skip(f"{tensorrt_seam.flavour_of(trt)} cannot build engines")
+    refusal = tensorrt_seam.unsupported_device(trt, cuda.devices()[0].compute_capability)
+    if refusal is not None:
+        pytest.skip(refusal)  # e.g. TensorRT-RTX on an H100: measured, docs/hardware.md
     pytest.importorskip("onnx")
 
     def build(case: Case) -> bytes:
@@ -559,6 +562,17 @@ def test_closing_releases_device_memory(sim) -> None:
 def test_real_tensorrt_rtx_engine_bytes_are_refused_by_the_fake(sim, rtx_engine_bytes: bytes) -> None:
     with pytest.raises(EngineError, match="deserializes only pyrt reference engines.*a serialized TensorRT engine"):
         Engine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings)
+
+
+def test_tensorrt_rtx_on_an_unsupported_gpu_is_a_device_error(rtx_engine_bytes: bytes) -> None:
+    """TensorRT-RTX refuses Hopper (seen on an H100): pyrt says so before deserializing."""
+    import tensorrt_rtx
+
+    with simulated_gpus(1, capability=(9, 0), name="H100") as sim:
+        with pytest.raises(DeviceError, match=r"tensorrt_rtx .* does not run engines on compute capability 9\.0 "
+                                              r"\(it targets .*8\.9.*\); device 0: H100"):
+            Engine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings, trt=tensorrt_rtx,
+                        cuda=sim.cuda)
 
 
 @pytest.fixture(scope="module")

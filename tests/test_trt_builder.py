@@ -377,6 +377,7 @@ def test_parsers_normalise() -> None:
 
 @pytest.mark.gpu  # conftest skips it without a CUDA device: TensorRT-RTX deserializes only on a GPU
 def test_engine_deserializes_with_the_reported_io(conv) -> None:
+    _skip_unsupported_gpu()
     _, _, built = conv
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     engine = runtime.deserialize_cuda_engine(built.engine)
@@ -389,8 +390,29 @@ def test_engine_deserializes_with_the_reported_io(conv) -> None:
     assert engine.streamable_weights_size > 0
 
 
+def test_current_on_a_gpu_the_flavour_cannot_run_is_refused(mlp_onnx: Path) -> None:
+    """On an H100, TensorRT-RTX built a 'current' engine that ran nowhere ("Supported compute
+    capabilities: None"); pyrt refuses the build instead."""
+    from pyrt.testing import simulated_gpus
+
+    with simulated_gpus(1, capability=(9, 0), name="H100"):
+        with pytest.raises(ExportError, match=r"'current' is device 0: H100 .*does not run engines on compute "
+                                              r"capability 9\.0 .*the engine would run nowhere"):
+            build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", compute_capabilities=["current"])
+
+
+def _skip_unsupported_gpu() -> None:
+    from pyrt import cuda as cuda_seam
+    from pyrt.tensorrt_seam import unsupported_device
+
+    refusal = unsupported_device(trt, cuda_seam.current().devices()[0].compute_capability)
+    if refusal is not None:
+        pytest.skip(refusal)  # e.g. TensorRT-RTX on an H100: measured, docs/hardware.md
+
+
 @pytest.mark.gpu
 def test_current_compute_capability_builds_on_a_gpu(mlp_onnx: Path) -> None:
+    _skip_unsupported_gpu()
     built = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", compute_capabilities=["current"])
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(built.engine)
     assert engine is not None and engine.num_io_tensors == len(built.inputs) + len(built.outputs)

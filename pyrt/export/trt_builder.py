@@ -15,7 +15,6 @@ See docs/engine_building.md for why the ONNX parser and what it cannot do.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import importlib
 import inspect
@@ -43,7 +42,6 @@ ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (min, o
 
 BUILDER_FLAVOURS = ("tensorrt", "tensorrt_rtx")  # the order "auto" tries them in
 RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")
-_MAX_ERROR_LINES = 20  # TensorRT error lines kept for an ExportError message
 STAGES = ("export_onnx", "parse_onnx", "build_engine", "done")  # what progress() is called with
 
 # TensorRT DataType member name -> pyrt dtype string (IOBinding.dtype).
@@ -51,9 +49,6 @@ _DTYPES = {
     "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
     "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn",
 }
-# TensorRT ILogger.Severity member name -> logging level (VERBOSE sits below DEBUG).
-_SEVERITY = {"INTERNAL_ERROR": logging.CRITICAL, "ERROR": logging.ERROR, "WARNING": logging.WARNING,
-             "INFO": logging.DEBUG, "VERBOSE": 5}
 
 
 @dataclass(frozen=True)
@@ -225,7 +220,10 @@ def _session_for(trt: ModuleType, options: _Options) -> _Session:
     if options.compute_capabilities is not None and not hasattr(trt, "ComputeCapability"):
         raise ExportError(f"compute_capabilities was given but flavour {name!r} has no ComputeCapability "
                           "API (only TensorRT-RTX targets compute capabilities)")
-    logger = _make_logger(trt, name)
+    from pyrt.tensorrt_seam import shared_logger
+
+    logger = shared_logger(trt)  # TensorRT keeps one logger per process: share the runtime's
+    logger.messages.take()
     try:
         builder = trt.Builder(logger)
     except Exception as exc:  # TensorRT raises for a failed factory (e.g. no GPU for tensorrt)
@@ -240,27 +238,9 @@ def _runtime_only(name: str) -> str:
             "use 'tensorrt' or 'tensorrt_rtx' to build engines")
 
 
-def _make_logger(trt: Any, name: str) -> Any:
-    """An ILogger of ``trt`` (a TensorRT module) that forwards to logging and keeps error lines for messages."""
-
-    class _Logger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: collections.deque[str] = collections.deque(maxlen=_MAX_ERROR_LINES)
-
-        def log(self, severity: Any, msg: str) -> None:
-            level = _SEVERITY.get(getattr(severity, "name", ""), logging.INFO)
-            if level >= logging.ERROR:
-                self.errors.append(msg)
-            if log.isEnabledFor(level):
-                log.log(level, "[%s] %s", name, msg)
-
-    return _Logger()
-
-
 def _errors(logger: Any) -> str:
-    lines = getattr(logger, "errors", [])
-    return ("; TensorRT said: " + " | ".join(lines)) if lines else ""
+    text = logger.messages.take()
+    return f"; TensorRT said: {text}" if text else ""
 
 
 # -- build -------------------------------------------------------------------------------------
@@ -351,6 +331,8 @@ def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, 
     if unknown:
         raise ExportError(f"{session.name} has no compute capability {', '.join(unknown)} "
                           f"(it offers {', '.join(m for m in members if m != 'NONE')})")
+    if "CURRENT" in names:
+        _check_current_device(session)
     caps = [members[n] for n in names]
     config.num_compute_capabilities = len(caps)
     if config.num_compute_capabilities != len(caps):
@@ -359,6 +341,21 @@ def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, 
         if not config.set_compute_capability(cap, i) or config.get_compute_capability(i) != cap:
             raise ExportError(f"{session.name} refused compute capability {cap.name} at index {i}"
                               f"{_errors(session.logger)}")
+
+
+def _check_current_device(session: _Session) -> None:
+    """``CURRENT`` on a GPU the flavour cannot run on builds an engine that runs nowhere: refuse it."""
+    from pyrt import cuda as cuda_seam
+    from pyrt import tensorrt_seam
+
+    seam = cuda_seam.current()
+    if seam.device_count() == 0:
+        return  # TensorRT itself reports that 'current' needs a visible GPU
+    info = seam.devices()[0]
+    refusal = tensorrt_seam.unsupported_device(session.trt, info.compute_capability)
+    if refusal is not None:
+        raise ExportError(f"compute capability 'current' is device {info}, and {refusal}: the engine would run "
+                          f"nowhere; build with full TensorRT, or name a supported compute capability")
 
 
 def _add_profile(session: _Session, network: Any, config: Any, ranges: dict[int | str, ShapeRange]) -> None:
