@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import numpy as np  # noqa: E402
-
 from gpu_models import mlp_onnx, mlp_reference, mlp_weights  # noqa: E402
 
 SMALL = {"layers": 4, "width": 64, "batch": 8, "seed": 1}
@@ -165,7 +164,7 @@ def step_cuda_seam(assets: Path, out: Path) -> dict[str, Any]:
     with cuda.stream(0) as s:
         start = time.perf_counter()
         cuda.memcpy_htod(a, data, stream=s)
-        cuda.memcpy_dtod(b, a, stream=s)
+        cuda.memcpy_dtod(b, a, data.nbytes, stream=s)
         cuda.memcpy_dtoh(back, b, stream=s)
         s.synchronize()
         t["roundtrip_64MiB_s"] = time.perf_counter() - start
@@ -545,7 +544,8 @@ STEPS: dict[str, tuple[Callable[[Path, Path], dict[str, Any]], int]] = {
     "big_load_rss": (step_big_load_rss, 90),
     "big_streaming": (step_big_streaming, 120),
 }
-PYTEST_FILES = ["tests/test_cuda_seam.py", "tests/test_engine.py", "tests/test_trt_builder.py"]
+PYTEST_FILES = ["tests/test_cuda_seam.py", "tests/test_engine.py", "tests/test_trt_builder.py",
+                "tests/test_gpu_programs.py"]
 
 
 # -- orchestration --------------------------------------------------------------------------------
@@ -579,7 +579,8 @@ def run_all(assets: Path, out: Path, deadline_s: float, only: list[str] | None) 
         log.write(f"\n===== {name} =====\n")
         log.flush()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, left), cwd=ROOT)
+            env = {**os.environ, "PYRT_PREBUILT_PTE": str((assets / "assets" / "programs").resolve())}
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, left), cwd=ROOT, env=env)
             text, rc = proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
             text, rc = f"{exc.stdout or ''}{exc.stderr or ''}TIMEOUT after {exc.timeout:.0f} s", -9
@@ -628,6 +629,9 @@ def prepare(assets: Path) -> None:
         (folder / f"{name}.engine").write_bytes(built.engine)
         print(name, built.engine.nbytes, "bytes", [(b.name, b.dtype, b.shape) for b in built.inputs + built.outputs])
     _export_program(folder)
+    from tests import gpu_programs
+
+    print("programs", sorted(p.name for p in gpu_programs.build_all(folder / "programs").values()))
 
 
 def _export_program(folder: Path) -> None:

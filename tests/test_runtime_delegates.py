@@ -25,8 +25,9 @@ pytest.importorskip("executorch")
 from pyrt import cuda as cuda_seam  # noqa: E402
 from pyrt.errors import BudgetError, DeviceError, InputError  # noqa: E402
 from pyrt.program import Program  # noqa: E402
-from pyrt.testing import Ref, RefEngine, RefNode, RefTensor, simulated_gpus  # noqa: E402
+from pyrt.testing import simulated_gpus  # noqa: E402
 from tests.conftest import cuda_device_count  # noqa: E402
+from tests.ptefixtures import handmade_two_engines as _handmade  # noqa: E402
 
 
 class Model(torch.nn.Module):
@@ -226,53 +227,6 @@ def test_trt_only_program_runs_without_torch(exported: dict[str, Any]) -> None:
 
 
 # -- hand-built: host-arena engine I/O and engine -> engine across devices ----------------------------
-
-
-def _handmade(path: Path, w: np.ndarray, *, out_on_device: bool = False, in_on_device: bool = False) -> Path:
-    from executorch.exir import schema as s
-    from executorch.exir.scalar_type import ScalarType as ST
-
-    from pyrt.trt_blob import IOBinding, encode_blob
-    from tests.ptefixtures import serialize_program
-
-    def tensor(mem: int, off: int) -> Any:
-        return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[2, 3], dim_order=[0, 1],
-                                 requires_grad=False, layout=0, data_buffer_idx=0,
-                                 allocation_info=s.AllocationDetails(memory_id=mem, memory_offset_low=off,
-                                                                     memory_offset_high=0),
-                                 shape_dynamism=s.TensorShapeDynamism.STATIC))
-
-    relu = RefEngine([RefTensor("x", "float32", (2, 3))], [RefTensor("y", "float32", (2, 3))],
-                     nodes=[RefNode("aten::relu", [Ref("x")], {}, ["r"]),
-                            RefNode("aten::mul.Tensor", [Ref("r"), Ref("r")], {}, ["y"])])
-    add = RefEngine([RefTensor("a", "float32", (2, 3))], [RefTensor("b", "float32", (2, 3))], weights={"w": w},
-                    nodes=[RefNode("aten::add.Tensor", [Ref("a"), Ref("w")], {}, ["b"])])
-    blobs, delegates = [], []
-    for i, (eng, names) in enumerate([(relu, ("x", "y")), (add, ("a", "b"))]):
-        bindings = [IOBinding(names[0], "float32", (2, 3), True), IOBinding(names[1], "float32", (2, 3), False)]
-        blobs.append(s.BackendDelegateInlineData(data=encode_blob(eng.to_bytes(), bindings, device_id=i)))
-        ref = s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=i)
-        delegates.append(s.BackendDelegate(id="TensorRTBackend", processed=ref, compile_specs=[
-            s.CompileSpec("target_device", f"cuda:{i}".encode())]))
-    plan = s.ExecutionPlan(
-        name="forward", container_meta_type=s.ContainerMetadata("", ""),
-        values=[tensor(2, 32) if in_on_device else tensor(1, 0), tensor(2, 0),
-                tensor(3, 0) if out_on_device else tensor(1, 32)], inputs=[0], outputs=[2],
-        chains=[s.Chain(inputs=[0], outputs=[2], stacktrace=None, instructions=[
-            s.Instruction(s.DelegateCall(delegate_index=0, args=[0, 1])),   # host arena in -> cuda:0 arena out
-            s.Instruction(s.DelegateCall(delegate_index=1, args=[1, 2])),   # cuda:0 arena -> engine on cuda:1 -> host
-        ])],
-        operators=[], delegates=delegates, non_const_buffer_sizes=[0, 64, 64, 32],
-        non_const_buffer_device=[s.NonConstBufferDevice(buffer_idx=2, device_type=s.DeviceType.CUDA, device_index=0),
-                                 s.NonConstBufferDevice(buffer_idx=3, device_type=s.DeviceType.CUDA, device_index=1)])
-    program = s.Program(version=0, execution_plan=[plan], constant_buffer=[], backend_delegate_data=blobs,
-                        segments=[], constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
-    import io
-
-    buf = io.BytesIO()
-    serialize_program(program).write_to_file(buf)
-    path.write_bytes(buf.getvalue())
-    return path
 
 
 def test_engine_feeds_engine_on_another_device(tmp_path: Path) -> None:

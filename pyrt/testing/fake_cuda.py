@@ -187,6 +187,12 @@ class FakeDriver:
         handle = self._streams.get(int(stream))
         return None if handle is None else handle.device
 
+    def begin_launch(self, stream: int) -> None:
+        """An engine launch starts on ``stream`` (the fake's memory is the device's: nothing to do)."""
+
+    def end_launch(self) -> None:
+        """An engine launch has written its outputs (nothing to copy back on the fake)."""
+
     def allocate_internal(self, nbytes: int, device: int) -> int | None:
         """Allocate like cuMemAlloc on ``device`` without touching the current context."""
         with self._lock:

@@ -450,25 +450,29 @@ class FakeExecutionContext:
             out_shapes = self._output_shapes()
         except PyrtError as exc:
             return self._error(f"enqueueV3: shape inference failed: {exc}")
-        inputs = {}
-        for t in engine.ref.inputs:
-            view = self._view(t, self._shapes[t.name])
-            if view is None:
-                return False
-            inputs[t.name] = (view, self._shapes[t.name])
-        targets = {}
-        for t in engine.ref.outputs:
-            view = self._view(t, out_shapes[t.name])
-            if view is None:
-                return False
-            targets[t.name] = view
+        driver.begin_launch(int(stream_handle))
         try:
-            results = engine.ref.run_bytes(inputs)
-        except PyrtError as exc:
-            return self._error(f"enqueueV3: {exc}")
-        for name, (raw, _shape) in results.items():
-            targets[name][:] = raw
-        return True
+            inputs = {}
+            for t in engine.ref.inputs:
+                view = self._view(t, self._shapes[t.name])
+                if view is None:
+                    return False
+                inputs[t.name] = (view, self._shapes[t.name])
+            targets = {}
+            for t in engine.ref.outputs:
+                view = self._view(t, out_shapes[t.name])
+                if view is None:
+                    return False
+                targets[t.name] = view
+            try:
+                results = engine.ref.run_bytes(inputs)
+            except PyrtError as exc:
+                return self._error(f"enqueueV3: {exc}")
+            for name, (raw, _shape) in results.items():
+                targets[name][:] = raw
+            return True
+        finally:
+            driver.end_launch()
 
     def _view(self, t: RefTensor, shape: tuple[int, ...]) -> np.ndarray | None:
         nbytes = math.prod(shape) * DTYPES[t.dtype]

@@ -1,0 +1,84 @@
+"""Programs for tests/test_gpu_programs.py: exported once with ExecuTorch, or read prebuilt.
+
+Where ExecuTorch is installed they are written into a temporary directory; a
+GPU machine without it (the device machine: docs/hardware.md) reads the same
+files, made here by ``scripts/gpu_check.py prepare``, from ``$PYRT_PREBUILT_PTE``.
+Each ``NAME.pte`` has ``NAME.npz`` beside it holding inputs and eager outputs.
+
+>>> sorted(NAMES)
+['device_in', 'device_out', 'graph_break', 'trt_only']
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NAMES = ("graph_break", "trt_only", "device_in", "device_out")
+BATCHES = (3, 1, 8)  # graph_break has a dynamic batch dimension (1..8)
+HANDMADE_W = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+
+
+def prebuilt_dir() -> Path | None:
+    value = os.environ.get("PYRT_PREBUILT_PTE")
+    return Path(value) if value else None
+
+
+def build_all(directory: Path) -> dict[str, Path]:
+    """Export every program into ``directory`` (needs torch and ExecuTorch); returns name -> path."""
+    import torch
+
+    from pyrt.export import to_pte
+    from tests.ptefixtures import handmade_two_engines
+
+    class GraphBreak(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x: Any) -> Any:
+            return self.l2(torch.sin(torch.relu(self.l1(x)))) * 2  # sin stays in ExecuTorch
+
+    class EngineOnly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1 = torch.nn.Linear(4, 3)
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.l1(x))
+
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    graph_break, only = GraphBreak().eval(), EngineOnly().eval()
+    paths = {name: directory / f"{name}.pte" for name in NAMES}
+    to_pte(graph_break, paths["graph_break"], (torch.randn(3, 8),), builder="reference",
+           torch_executed_ops=["aten.sin.default"], dynamic_shapes={"x": {0: torch.export.Dim("b", min=1, max=8)}},
+           device={0: "cuda:0", 1: "cuda:1"}, weight_streaming=True, weight_streaming_budget={1: 256, "*": None},
+           progress=False)
+    to_pte(only, paths["trt_only"], (torch.randn(2, 4),), builder="reference", weight_streaming=True,
+           progress=False)
+    handmade_two_engines(paths["device_in"], HANDMADE_W, in_on_device=True)
+    handmade_two_engines(paths["device_out"], HANDMADE_W, out_on_device=True)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        xs = {f"x{b}": torch.randn(b, 8, generator=gen) for b in BATCHES}
+        np.savez(paths["graph_break"].with_suffix(".npz"), **{k: v.numpy() for k, v in xs.items()},
+                 **{f"y{k[1:]}": graph_break(v).numpy() for k, v in xs.items()})
+        x = torch.randn(2, 4, generator=gen)
+        np.savez(paths["trt_only"].with_suffix(".npz"), x=x.numpy(), y=only(x).numpy())
+    for name in ("device_in", "device_out"):
+        x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+        np.savez(paths[name].with_suffix(".npz"), x=x, y=np.maximum(x, 0) ** 2 + HANDMADE_W)
+    return paths
+
+
+def load(directory: Path) -> dict[str, Path]:
+    """name -> path of prebuilt programs in ``directory`` (each with its .npz)."""
+    paths = {name: directory / f"{name}.pte" for name in NAMES}
+    missing = [str(p) for p in paths.values() if not p.is_file() or not p.with_suffix(".npz").is_file()]
+    if missing:
+        raise FileNotFoundError(f"prebuilt programs missing: {missing}")
+    return paths
