@@ -8,7 +8,8 @@
    forced to stay in ExecuTorch (a graph break), weight streaming on.
 2. Inspect the file with pyrt.
 3. Run it with a load-time weight-streaming budget on a GPU when one is present,
-   and compare with eager PyTorch. Without a GPU, real engines cannot run: the
+   and compare with eager PyTorch. Without a GPU (or on one the TensorRT flavour
+   cannot run on, such as TensorRT-RTX on Hopper), real engines cannot run: the
    demo says so and runs a reference-engine export of the same model on
    pyrt.testing's simulated GPU instead, exercising the same runtime code.
 """
@@ -76,18 +77,27 @@ def main() -> None:
 
     with torch.no_grad():
         if cuda.device_count() > 0:
-            with pyrt.Program(path, budget="50%") as prog:
-                compare(prog, model, x.cuda(), "50%")
-            return
-        print("no CUDA device here: real TensorRT engines need a GPU to run.")
+            try:
+                with pyrt.Program(path, budget="50%") as prog:
+                    compare(prog, model, x.cuda(), "50%")
+                return
+            except pyrt.DeviceError as exc:  # e.g. TensorRT-RTX on a Hopper GPU (docs/hardware.md)
+                print(f"the TensorRT engines cannot run on this GPU: {exc}")
+        else:
+            print("no CUDA device here: real TensorRT engines need a GPU to run.")
         from pyrt.testing import simulated_gpus
+        from pyrt.testing.gpu_reference import reference_tensorrt
 
         ref_path = out_dir / "demo-reference.pte"
         pyrt.export.to_pte(model, ref_path, (x,), builder="reference", **options)
+        if cuda.device_count() > 0:
+            print(f"running {ref_path} (reference engines, host-computed) on the real GPU's memory instead:")
+            with pyrt.Program(ref_path, budget="50%", trt=reference_tensorrt()) as prog:
+                compare(prog, model, x.cuda(), "50%")
+            return
         print(f"running {ref_path} (reference engines) on pyrt.testing's simulated GPU instead:")
         with simulated_gpus(1), pyrt.Program(ref_path, budget="50%") as prog:
             compare(prog, model, x, "50%")
-
 
 if __name__ == "__main__":
     main()
