@@ -208,7 +208,7 @@ class Cuda:
 
         With ``stream`` the copy is asynchronous; keep ``src`` alive until the stream syncs.
         """
-        host, nbytes, _keep = _host_pointer(src, writable=False)
+        host, nbytes = _host_buffer(src, writable=False)
         dptr = dst.span(dst_offset, nbytes, "destination")
         self._copy("cuMemcpyHtoD", dst.device, stream, dptr, host, nbytes)
 
@@ -216,7 +216,7 @@ class Cuda:
         self, dst: Any, src: DeviceAllocation, *, src_offset: int = 0, stream: Stream | None = None
     ) -> None:
         """Fill writable host buffer ``dst`` (all of it) from ``src`` at ``src_offset``."""
-        host, nbytes, _keep = _host_pointer(dst, writable=True)
+        host, nbytes = _host_buffer(dst, writable=True)
         sptr = src.span(src_offset, nbytes, "source")
         self._copy("cuMemcpyDtoH", src.device, stream, host, sptr, nbytes)
 
@@ -273,6 +273,12 @@ class Cuda:
         self.set_device(device)
         raw = self.call("cuStreamCreate", _CU_STREAM_NON_BLOCKING)
         return Stream(self, raw, device)
+
+    def borrowed_stream(self, handle: int, device: int) -> Stream:
+        """Wrap a stream someone else owns (0: the legacy default stream of ``device``); never destroyed."""
+        stream = Stream(self, handle, device)
+        stream._destroy = ""
+        return stream
 
     def event(self, device: int) -> Event:
         """A new event on ``device`` with timing disabled."""
@@ -361,11 +367,12 @@ class _Handle:
             raise DeviceError(f"{type(self).__name__} {self.handle:#x} on device {self.device} is closed")
 
     def close(self) -> None:
-        """Destroy the handle (idempotent)."""
+        """Destroy the handle (idempotent; a borrowed handle is only marked closed)."""
         if not self.closed:
             self.closed = True
-            self._cuda.set_device(self.device)
-            self._cuda.call(self._destroy, self.raw)
+            if self._destroy:
+                self._cuda.set_device(self.device)
+                self._cuda.call(self._destroy, self.raw)
 
     def __enter__(self: _H) -> _H:
         return self
@@ -386,9 +393,10 @@ class Stream(_Handle):
         self._cuda.call("cuStreamSynchronize", self.raw)
 
     def wait(self, event: Event) -> None:
-        """Make later work on this stream wait for ``event``."""
+        """Make later work on this stream wait for ``event`` (no host synchronisation)."""
         self.check_open()
         event.check_open()
+        self._cuda.set_device(self.device)  # handle 0 means the current context's legacy stream
         self._cuda.call("cuStreamWaitEvent", self.raw, event.raw, 0)
 
 
@@ -410,8 +418,14 @@ class Event(_Handle):
         self._cuda.call("cuEventSynchronize", self.raw)
 
 
-def _host_pointer(buf: Any, *, writable: bool) -> tuple[int, int, Any]:
-    """(address, nbytes, keep-alive object) of a C-contiguous host buffer."""
+def _host_buffer(buf: Any, *, writable: bool) -> tuple[Any, int]:
+    """(buffer to hand the driver, nbytes) of a C-contiguous host buffer.
+
+    The driver gets a byte view of ``buf`` itself, not a bare address: the binding takes
+    its address through the buffer protocol, and the view leads back to the memory's
+    owner (the simulated driver checks that owner is still alive when an asynchronous
+    copy runs, as a GPU would read it then).
+    """
     try:
         view = memoryview(buf)
     except TypeError as exc:
@@ -421,11 +435,10 @@ def _host_pointer(buf: Any, *, writable: bool) -> tuple[int, int, Any]:
     if writable and view.readonly:
         raise InputError("destination host buffer is read-only")
     if view.nbytes == 0:
-        return 0, 0, view
+        return 0, 0
     import numpy as np
 
-    array = np.frombuffer(view.cast("B"), dtype=np.uint8)
-    return int(array.ctypes.data), view.nbytes, (view, array)
+    return np.frombuffer(view.cast("B"), dtype=np.uint8), view.nbytes
 
 
 # -- the process-wide seam -----------------------------------------------

@@ -123,12 +123,12 @@ def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
     if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
         index = getattr(getattr(stream, "device", None), "index", None)
         device = primary if index is None else int(index)
-        return {device: cuda_seam.Stream(cuda, int(stream.cuda_stream), device)}
+        return {device: cuda.borrowed_stream(int(stream.cuda_stream), device)}
     if hasattr(stream, "__cuda_stream__"):
         _, handle = stream.__cuda_stream__()
-        return {primary: cuda_seam.Stream(cuda, int(handle), primary)}
+        return {primary: cuda.borrowed_stream(int(handle), primary)}
     if isinstance(stream, int) and not isinstance(stream, bool):
-        return {primary: cuda_seam.Stream(cuda, stream, primary)}
+        return {primary: cuda.borrowed_stream(stream, primary)}
     from pyrt.errors import InputError
 
     raise InputError(f"stream must be a pyrt.cuda.Stream, a torch.cuda.Stream, an object with "
@@ -136,7 +136,15 @@ def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
 
 
 class DeviceContext:
-    """Streams, events and staging buffers of one method."""
+    """Streams, events and staging buffers of one method, and the CUDA seam its run uses.
+
+    Streams of a run, per device: the caller's (``run(stream=...)``), else torch's
+    current stream when torch CUDA tensors came in, else a pyrt stream. Work on a
+    pyrt stream is ordered after the legacy default stream's queued work when device
+    inputs came in (they may still be being produced there), and device outputs are
+    made ready on it at the end (event waits, no host synchronisation), so callers that
+    give no stream may use results on the legacy default stream at once.
+    """
 
     def __init__(self, cuda: Any, devices: set[int]) -> None:
         self.cuda = cuda
@@ -147,6 +155,8 @@ class DeviceContext:
         self._staging: list[Any] = []
         self._active: dict[int, Any] = {}
         self._torch_caller = False
+        self._device_caller = False
+        self._own_used: list[int] = []
         self._keep: list[Any] = []
 
     # streams
@@ -155,6 +165,8 @@ class DeviceContext:
         torch = sys.modules.get("torch")
         self._torch_caller = state.stream is None and torch is not None and any(
             isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        self._device_caller = bool(getattr(state, "device_caller", False))
+        self._own_used = []
         state.streams = self._active
 
     def stream(self, device: int) -> Any:
@@ -165,35 +177,55 @@ class DeviceContext:
                 s = self._own.get(device)
                 if s is None:
                     s = self._own[device] = self.cuda.stream(device)
+                if self._device_caller:  # caller data may still be produced on the legacy stream
+                    self._order_streams(self.cuda.borrowed_stream(0, device), s)
+                self._own_used.append(device)
             self._active[device] = s
         return s
 
-    def _torch_stream(self, device: int) -> Any:
-        from pyrt import cuda as cuda_seam
+    def consumer_handle(self, device: int) -> int:
+        """The handle of the stream this run reads caller data on (DLPack's ``stream=``)."""
+        return int(self.stream(device).handle)
 
+    def wait_for(self, producer: int, producer_device: int, consumer: Any) -> None:
+        """Make ``consumer`` (a stream) wait for the work queued on stream handle ``producer``."""
+        if producer == consumer.handle:
+            return
+        self._order_streams(self.cuda.borrowed_stream(producer, producer_device), consumer)
+
+    def _order_streams(self, before: Any, after: Any) -> None:
+        event = self._events.get(before.device)
+        if event is None:
+            event = self._events[before.device] = self.cuda.event(before.device)
+        event.record(before)
+        after.wait(event)
+
+    def _torch_stream(self, device: int) -> Any:
         torch = sys.modules["torch"]
-        handle = int(torch.cuda.current_stream(device).cuda_stream)
-        return cuda_seam.Stream(self.cuda, handle, device)
+        return self.cuda.borrowed_stream(int(torch.cuda.current_stream(device).cuda_stream), device)
 
     def order(self, src: int, dst: int) -> None:
         """Make work queued next on ``dst``'s stream wait for what ``src``'s stream has queued."""
         if src == dst:
             return
-        event = self._events.get(src)
-        if event is None:
-            event = self._events[src] = self.cuda.event(src)
-        event.record(self.stream(src))
-        self.stream(dst).wait(event)
+        self._order_streams(self.stream(src), self.stream(dst))
 
     def keep(self, obj: Any) -> None:
         """Hold a host buffer an asynchronous copy reads until the run ends."""
         self._keep.append(obj)
 
     def end(self, state: Any) -> None:
-        # Host -> device copies from pageable memory are staged before the call returns, so
-        # the buffers may go once the run is over even if device work is still queued.
-        self._active = {}
-        self._keep.clear()
+        """Finish a run: device results become ready on the legacy stream for callers without one."""
+        try:
+            if self._device_caller:
+                for device in self._own_used:
+                    self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))
+        finally:
+            self._active = {}
+            # Host buffers of queued copies: pageable ones are staged by the driver before the
+            # copy call returns; pinned ones are read when the copy runs, which every path that
+            # hands a host buffer to an asynchronous copy synchronises before the run returns.
+            self._keep.clear()
 
     def staging(self, device: int, info: Any) -> DeviceTensor:
         alloc = self.cuda.alloc(max(info.nbytes, 1), device)

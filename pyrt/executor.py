@@ -50,11 +50,12 @@ class RunState:
     ``device_caller``: some input lives in CUDA memory, so device outputs stay on the device.
     """
 
-    __slots__ = ("stream", "keepalive", "streams", "device_caller", "ctx")
+    __slots__ = ("stream", "keepalive", "streams", "device_caller", "ctx", "cuda")
 
-    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None) -> None:
+    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None, cuda: Any = None) -> None:
         self.stream = stream
         self.ctx = ctx  # pyrt.delegates.DeviceContext: stream(device) orders every copy of the run
+        self.cuda = ctx.cuda if ctx is not None else cuda  # the CUDA seam the program was loaded with
         self.keepalive: list[Any] = []
         self.streams: dict[int, Any] = {}
         self.device_caller = any(caller_kind(x) == CAI or (is_torch_tensor(x) and x.is_cuda) for x in inputs)
@@ -63,8 +64,9 @@ class RunState:
 class MethodRunner:
     """Callable that runs one planned method; not re-entrant (a lock serialises callers)."""
 
-    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None) -> None:
+    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None) -> None:
         self.plan = plan
+        self.cuda = devices.cuda if devices is not None else cuda  # for device inputs of host-only methods
         self.name = plan.name
         self.default_kind = default_kind
         self.devices = devices  # pyrt.delegates.DeviceContext when the method touches CUDA
@@ -84,11 +86,12 @@ class MethodRunner:
         flat = self._flatten(inputs)
         kind = self._kind(flat)
         if self.devices is None:  # no device work: a stream, if given, has nothing to order
+            host_state = RunState(None, (), None, self.cuda) if self.cuda is not None else None
             with self._lock:
                 for setter, x in zip(self._setters, flat, strict=True):
-                    setter(x, None)
-                self._execute(None)
-                outs = [get(kind, None) for get in self._getters]
+                    setter(x, host_state)
+                self._execute(host_state)
+                outs = [get(kind, host_state) for get in self._getters]
             return self._build(outs)
         state = RunState(stream, flat, self.devices)
         with self._lock:
@@ -236,7 +239,7 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
         if isinstance(x, np.ndarray):
             arr = x
         else:
-            dev = device_input(x, what)
+            dev = _caller_device_input(x, what, state)
             if dev is not None:
                 arr = _device_to_host(dev, plan, what, state)
             else:
@@ -260,7 +263,7 @@ def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     vals = table.vals
 
     def bind(x: Any, state: RunState | None) -> None:
-        dev = device_input(x, what)
+        dev = _caller_device_input(x, what, state)
         if dev is not None:
             x = _device_to_host(dev, plan, what, state)
         t: Any = host.from_caller(x, what)  # np.ndarray or torch.Tensor, per the host
@@ -276,22 +279,32 @@ def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     return bind
 
 
+def _caller_device_input(x: Any, what: str, state: RunState | None) -> Any:
+    """``tensors.device_input`` with this run's CUDA seam and, for DLPack, its consumer stream."""
+    if state is None:
+        return device_input(x, what)
+    consumer = state.ctx.consumer_handle if state.ctx is not None else None
+    return device_input(x, what, state.cuda, consumer)
+
+
 def _device_to_host(dev: Any, plan: MethodPlan, what: str, state: RunState | None) -> np.ndarray:
     """A caller's device input for a host tensor: copied after the work that produced it."""
     if is_torch_tensor(dev.owner):
         return dev.owner.detach().cpu().numpy()  # torch orders it after its own streams
-    from pyrt import cuda as cuda_seam
-
-    seam = cuda_seam.current()
+    if state is None or state.cuda is None:
+        raise ExecutionError(f"{what}: a device input, but the program was loaded without a CUDA seam")
+    seam = state.cuda
     out = np.empty(dev.shape, dtype=numpy_dtype(dev.scalar_type))
     src = seam.borrow(dev.ptr, dev.nbytes, dev.device)
-    if state is None or state.ctx is None:
+    if state.ctx is None:
         seam.synchronize(dev.device)  # a host-only method: nothing of ours to order against
         seam.memcpy_dtoh(out, src)
         return out
     stream = state.ctx.stream(dev.device)
+    if dev.stream is not None:
+        state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out
     seam.memcpy_dtoh(out, src, stream=stream)
-    stream.synchronize()
+    stream.synchronize()  # the host reads the copy next
     return out
 
 
@@ -300,14 +313,14 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
     table, i = plan.table, info.index
 
     def set_device(x: Any, run: RunState | None) -> None:
-        from pyrt import cuda as cuda_seam
-
         state = _device_state(run)
         dst: DeviceTensor = table.vals[i]
-        seam = cuda_seam.current()
+        seam = state.ctx.cuda
         stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
-        dev = device_input(x, what)
+        dev = _caller_device_input(x, what, state)
         if dev is not None:
+            if dev.stream is not None:
+                state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in
             _check_tensor(numpy_dtype(dev.scalar_type), dev.shape, info, what)
             if info.dynamic:
                 dst.resize(dev.shape, what)
@@ -382,23 +395,21 @@ def _torch_loaded() -> bool:
 
 def _device_state(state: RunState | None) -> RunState:
     """The run state of device work (MethodRunner makes one whenever the method touches CUDA)."""
-    if state is None:
+    if state is None or state.ctx is None:
         raise ExecutionError("internal error: device work without a run state")
     return state
 
 
 def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
     """Device output: a fresh device buffer the caller owns (or a host copy for host callers)."""
-    from pyrt import cuda as cuda_seam
-
     state = _device_state(run)
-    seam = cuda_seam.current()
+    seam = state.ctx.cuda
     stream = state.streams.get(t.device)
     if not state.device_caller:  # host callers get host results: the one place a run synchronises
         out = np.empty(t.shape, dtype=numpy_dtype(t.scalar_type))
         seam.memcpy_dtoh(out, t.allocation, src_offset=t.offset, stream=stream)
         if stream is not None:
-            stream.synchronize()
+            stream.synchronize()  # the caller gets the host copy next
         return host_output(out, kind) if kind == TORCH else out
     alloc = seam.alloc(max(t.nbytes, 1), t.device)
     out_t = OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, math.prod(t.shape), t.dim_order)

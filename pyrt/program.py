@@ -90,7 +90,10 @@ class Program:
         self.kernels = lib_name or "numpy"
         host = host_backend(self.kernels)
         drafts = [draft_method(p, libraries, device_map) for p in xplans]
-        cuda = self._check_devices(drafts)
+        from pyrt import cuda as cuda_seam
+
+        self._cuda = cuda_seam.current()  # captured once: runs never look the seam up again
+        cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
         if self._delegates:
             from pyrt.delegates import load_engines
@@ -109,16 +112,13 @@ class Program:
                 self._contexts.append(ctx)
             plan = finish_method(draft, host, cuda, ctx)
             self._plans.append(plan)
-            self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx)
+            self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx, cuda=self._cuda)
 
     @staticmethod
-    def _check_devices(drafts: Sequence[MethodDraft]) -> Any:
+    def _check_devices(drafts: Sequence[MethodDraft], cuda: Any) -> Any:
         needed = sorted({d for draft in drafts for d in draft.devices()})
         if not needed:
             return None
-        from pyrt import cuda as cuda_seam
-
-        cuda = cuda_seam.current()
         for d in needed:
             users = [draft.name for draft in drafts if d in draft.devices()]
             cuda.require_device(d, purpose=f"method {', '.join(map(repr, users))}")

@@ -26,7 +26,7 @@ import ctypes
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,23 +212,38 @@ def caller_kind(x: Any) -> str | None:
 
 @dataclass(frozen=True)
 class DeviceInput:
-    """A caller's device buffer: address, device, dtype and shape (C-contiguous)."""
+    """A caller's device buffer: address, device, dtype and shape (C-contiguous).
+
+    ``stream``: a stream whose queued work produces the buffer (the ``"stream"`` of a
+    ``__cuda_array_interface__``, a torch tensor's current stream when pyrt runs on
+    another one); pyrt's work on it waits for that stream first. None: nothing to wait for
+    (DLPack producers order their work before the consumer's stream themselves).
+    """
 
     ptr: int
     device: int
     scalar_type: ScalarType
     shape: tuple[int, ...]
     owner: Any  # keeps the caller's object (or DLPack capsule) alive during the run
+    stream: int | None = None
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.scalar_type.itemsize
 
 
-def device_input(x: Any, what: str) -> DeviceInput | None:
-    """Describe ``x`` if it lives in CUDA memory (torch CUDA tensor, CAI, DLPack on CUDA), else None."""
+ConsumerStream = Callable[[int], int]  # device -> the stream handle pyrt will read the input on
+
+
+def device_input(x: Any, what: str, cuda: Any = None, consumer: ConsumerStream | None = None) -> DeviceInput | None:
+    """Describe ``x`` if it lives in CUDA memory (torch CUDA tensor, CAI, DLPack on CUDA), else None.
+
+    ``cuda``: the CUDA seam that asks the driver which device owns a CAI pointer;
+    ``consumer``: the stream pyrt reads on, passed to ``__dlpack__(stream=...)`` so the
+    producer orders its pending work before it (DLPack: 1 is the legacy default stream).
+    """
     if isinstance(x, DeviceTensor):
-        return DeviceInput(x.ptr, x.device, x.scalar_type, x.shape, x)
+        return DeviceInput(x.ptr, x.device, x.scalar_type, x.shape, x, x.stream)
     if is_torch_tensor(x):
         if not x.is_cuda:
             return None
@@ -237,49 +252,66 @@ def device_input(x: Any, what: str) -> DeviceInput | None:
         st = scalar_type_of_torch(x.dtype)
         if st is None:
             raise InputError(f"{what}: torch dtype {x.dtype} is not supported")
-        return DeviceInput(int(x.data_ptr()), int(x.device.index or 0), st, tuple(x.shape), x)
+        device = int(x.device.index or 0)
+        producer = None
+        if consumer is not None:  # torch's pending work is on its current stream
+            import torch
+
+            producer = int(torch.cuda.current_stream(device).cuda_stream)
+            producer = None if producer == consumer(device) else producer
+        return DeviceInput(int(x.data_ptr()), device, st, tuple(x.shape), x, producer)
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
-        return _from_cai(cai, x, what)
+        return _from_cai(cai, x, what, cuda)
     dl = getattr(x, "__dlpack_device__", None)
     if dl is not None:
         dev_type, dev_id = x.__dlpack_device__()
         if int(dev_type) in (_KDL_CUDA,):
-            return _from_dlpack_capsule(x.__dlpack__(), int(dev_id), what)
+            device = int(dev_id)
+            try:
+                if consumer is None:
+                    capsule = x.__dlpack__()
+                else:
+                    handle = consumer(device)
+                    capsule = x.__dlpack__(stream=handle if handle else 1)
+            except Exception as exc:  # the producer's own failure (or a protocol mismatch)
+                raise InputError(f"{what}: __dlpack__ failed: {type(exc).__name__}: {exc}") from exc
+            return _from_dlpack_capsule(capsule, device, what)
     return None
 
 
-def _from_cai(cai: dict[str, Any], owner: Any, what: str) -> DeviceInput:
+def _from_cai(cai: dict[str, Any], owner: Any, what: str, cuda: Any) -> DeviceInput:
     try:
         shape = tuple(int(d) for d in cai["shape"])
         dtype = np.dtype(cai["typestr"])
         ptr = int(cai["data"][0])
+        stream = cai.get("stream")
+        stream = None if stream is None else int(stream)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{what}: malformed __cuda_array_interface__: {exc}") from None
+    if stream == 0:
+        raise InputError(f"{what}: __cuda_array_interface__ stream 0 is ambiguous (CAI v3: use 1 or 2)")
     strides = cai.get("strides")
     if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
         raise InputError(f"{what}: __cuda_array_interface__ input must be C-contiguous (strides {strides})")
     st = scalar_type_of_numpy(dtype)
     if st is None:
         raise InputError(f"{what}: dtype {dtype} is not supported")
-    device = _device_of_pointer(ptr)
-    return DeviceInput(ptr, device, st, shape, owner)
+    device = _device_of_pointer(cuda, ptr, what)
+    return DeviceInput(ptr, device, st, shape, owner, stream)
 
 
-def _device_of_pointer(ptr: int) -> int:
-    """The CUDA device owning ``ptr`` (asks the driver; 0 when it cannot tell)."""
+def _device_of_pointer(cuda: Any, ptr: int, what: str) -> int:
+    """The CUDA device owning ``ptr``, asked of the driver (InputError if it is not device memory)."""
     from pyrt import cuda as cuda_seam
+    from pyrt.errors import DeviceError
 
-    seam = cuda_seam.current()
-    owner = getattr(seam.driver, "owner", None) if seam._driver is not None else None
-    if owner is not None:  # the fake driver knows its address ranges
-        dev = owner(ptr)
-        return 0 if dev is None else int(dev)
+    seam = cuda if cuda is not None else cuda_seam.current()
     try:
         attr = seam.driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
         return int(seam.call("cuPointerGetAttribute", attr, ptr))
-    except Exception:  # an old driver binding: assume the current device
-        return 0
+    except DeviceError as exc:
+        raise InputError(f"{what}: {ptr:#x} is not CUDA device memory the driver knows ({exc})") from None
 
 
 class _DLDevice(ctypes.Structure):

@@ -6,7 +6,7 @@ files, made here by ``scripts/gpu_check.py prepare``, from ``$PYRT_PREBUILT_PTE`
 Each ``NAME.pte`` has ``NAME.npz`` beside it holding inputs and eager outputs.
 
 >>> sorted(NAMES)
-['device_in', 'device_out', 'graph_break', 'trt_only']
+['device_in', 'device_out', 'engines_swapped', 'graph_break', 'trt_only', 'two_engines']
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("graph_break", "trt_only", "device_in", "device_out")
+NAMES = ("graph_break", "trt_only", "two_engines", "device_in", "device_out", "engines_swapped")
 BATCHES = (3, 1, 8)  # graph_break has a dynamic batch dimension (1..8)
 HANDMADE_W = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
 
@@ -60,8 +60,10 @@ def build_all(directory: Path) -> dict[str, Path]:
            progress=False)
     to_pte(only, paths["trt_only"], (torch.randn(2, 4),), builder="reference", weight_streaming=True,
            progress=False)
+    handmade_two_engines(paths["two_engines"], HANDMADE_W)
     handmade_two_engines(paths["device_in"], HANDMADE_W, in_on_device=True)
     handmade_two_engines(paths["device_out"], HANDMADE_W, out_on_device=True)
+    handmade_two_engines(paths["engines_swapped"], HANDMADE_W, engine_devices=(1, 0))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         xs = {f"x{b}": torch.randn(b, 8, generator=gen) for b in BATCHES}
@@ -69,7 +71,7 @@ def build_all(directory: Path) -> dict[str, Path]:
                  **{f"y{k[1:]}": graph_break(v).numpy() for k, v in xs.items()})
         x = torch.randn(2, 4, generator=gen)
         np.savez(paths["trt_only"].with_suffix(".npz"), x=x.numpy(), y=only(x).numpy())
-    for name in ("device_in", "device_out"):
+    for name in ("two_engines", "device_in", "device_out", "engines_swapped"):
         x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
         np.savez(paths[name].with_suffix(".npz"), x=x, y=np.maximum(x, 0) ** 2 + HANDMADE_W)
     return paths

@@ -540,8 +540,13 @@ def walk(pte: Any) -> int:
     return touched
 
 
-def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_on_device: bool = False) -> Path:
-    """relu(x)**2 on a cuda:0 engine, then + w on a cuda:1 engine; arenas on the host or the devices."""
+def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_on_device: bool = False,
+                         engine_devices: tuple[int, int] = (0, 1)) -> Path:
+    """relu(x)**2 on a cuda:0 engine, then + w on a cuda:1 engine; arenas on the host or the devices.
+
+    The middle value always lives in a cuda:0 arena; ``engine_devices`` moves the engines
+    (``(1, 0)``: the first engine's output crosses to cuda:0 by a peer copy).
+    """
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
@@ -562,10 +567,11 @@ def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_
     blobs, delegates = [], []
     for i, (eng, names) in enumerate([(relu, ("x", "y")), (add, ("a", "b"))]):
         bindings = [IOBinding(names[0], "float32", (2, 3), True), IOBinding(names[1], "float32", (2, 3), False)]
-        blobs.append(s.BackendDelegateInlineData(data=encode_blob(eng.to_bytes(), bindings, device_id=i)))
+        device = engine_devices[i]
+        blobs.append(s.BackendDelegateInlineData(data=encode_blob(eng.to_bytes(), bindings, device_id=device)))
         ref = s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=i)
         delegates.append(s.BackendDelegate(id="TensorRTBackend", processed=ref, compile_specs=[
-            s.CompileSpec("target_device", f"cuda:{i}".encode())]))
+            s.CompileSpec("target_device", f"cuda:{device}".encode())]))
     plan = s.ExecutionPlan(
         name="forward", container_meta_type=s.ContainerMetadata("", ""),
         values=[tensor(2, 32) if in_on_device else tensor(1, 0), tensor(2, 0),

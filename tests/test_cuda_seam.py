@@ -161,8 +161,10 @@ def test_out_of_memory_names_the_call(cuda: Cuda) -> None:
 
 def test_device_to_device_and_async_copies(cuda: Cuda) -> None:
     with cuda.alloc(128, 0) as a, cuda.alloc(128, 0) as b, cuda.stream(0) as s:
-        cuda.memcpy_htod(a, _pattern(128, 3), stream=s)
+        src = _pattern(128, 3)  # an asynchronous copy reads it when it runs: keep it until the sync
+        cuda.memcpy_htod(a, src, stream=s)
         cuda.memcpy_dtod(b, a, 64, dst_offset=64, stream=s)
+        s.synchronize()  # a synchronous copy does not wait for a non-blocking stream
         cuda.memcpy_dtod(b, a, 64)
         out = np.empty(128, np.uint8)
         cuda.memcpy_dtoh(out, b, stream=s)

@@ -211,8 +211,6 @@ def _h2d(site: KernelSite) -> Step:
     where = site.where
 
     def h2d() -> None:
-        from pyrt import cuda as cuda_seam
-
         src, dst = get_src(), get_dst()
         if not isinstance(dst, DeviceTensor):
             raise InputError(f"{where}: out is not in device memory")
@@ -221,10 +219,9 @@ def _h2d(site: KernelSite) -> Step:
         if arr.dtype != numpy_dtype(dst.scalar_type):
             raise InputError(f"{where}: {arr.dtype} -> {dst.dtype} copies are not supported")
         if arr.nbytes:
-            if table.devices is not None:
-                table.devices.keep(arr)
-            seam = cuda_seam.current()
-            seam.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=_stream(table, dst.device))
+            devices = _devices(table, where)
+            devices.keep(arr)
+            devices.cuda.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=devices.stream(dst.device))
 
     return h2d
 
@@ -239,8 +236,6 @@ def _d2h(site: KernelSite) -> Step:
     where = site.where
 
     def d2h() -> None:
-        from pyrt import cuda as cuda_seam
-
         src = get_src()
         if not isinstance(src, DeviceTensor):
             raise InputError(f"{where}: self is not in device memory")
@@ -249,16 +244,19 @@ def _d2h(site: KernelSite) -> Step:
         if arr.dtype != numpy_dtype(src.scalar_type) or not arr.flags.c_contiguous:
             raise InputError(f"{where}: out must be a contiguous {src.dtype} tensor")
         if src.nbytes:
-            stream = _stream(table, src.device)
-            cuda_seam.current().memcpy_dtoh(arr, src.allocation, src_offset=src.offset, stream=stream)
-            if stream is not None:
-                stream.synchronize()  # host kernels read it next
+            devices = _devices(table, where)
+            stream = devices.stream(src.device)
+            devices.cuda.memcpy_dtoh(arr, src.allocation, src_offset=src.offset, stream=stream)
+            stream.synchronize()  # host kernels read it next
 
     return d2h
 
 
-def _stream(table: Any, device: int) -> Any:
-    return None if table.devices is None else table.devices.stream(device)
+def _devices(table: Any, where: str) -> Any:
+    """The method's device context (every method with a device tensor has one)."""
+    if table.devices is None:
+        raise InputError(f"{where}: a device copy in a method without CUDA memory")
+    return table.devices
 
 
 def _tensor_alias(args: tuple[int, ...]) -> tuple[int, ...]:

@@ -7,7 +7,21 @@ read. Like the real binding, every function returns a tuple whose first item
 is a :class:`CUresult`. It is deliberately strict where real CUDA would only
 misbehave: a memcpy whose device pointer does not belong to the current
 context's device fails with ``CUDA_ERROR_INVALID_VALUE`` (cross-device copies
-must use ``cuMemcpyPeer``). Streams run work immediately, in order.
+must use ``cuMemcpyPeer``).
+
+Streams are asynchronous, and adversarially so: work queued on a stream
+(``*Async`` copies, engine launches from the fake TensorRT) runs only when
+something waits for it -- ``cuStreamSynchronize``, ``cuEventSynchronize`` of
+an event recorded after it, ``cuCtxSynchronize``, ``cuMemFree``, or another
+stream's queued work that waits on such an event (``cuStreamWaitEvent``).
+Work that nothing waits for stays queued, so a missing event between
+streams, or a missing sync before the host reads a copy's result, gives a
+wrong answer on the fake as it can on a GPU. Synchronous copies do not wait
+for non-blocking streams (pyrt's streams are created non-blocking), as in
+CUDA. Host memory handed to an asynchronous copy is treated as pinned (the
+copy reads or writes it when it runs): if the buffer's owner has been freed
+by then, the copy writes poison instead and the hazard is recorded in
+:attr:`FakeDriver.hazards`.
 
 >>> drv = FakeDriver(gpus=1, memory=1 << 20)
 >>> drv.cuInit(0)[0] == CUresult.CUDA_SUCCESS
@@ -19,9 +33,12 @@ True
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import enum
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -29,6 +46,7 @@ import numpy as np
 
 _ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
 _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
+_LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
 
 
@@ -51,6 +69,12 @@ class CUdevice_attribute(enum.IntEnum):
 
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+class CUpointer_attribute(enum.IntEnum):
+    """The pointer attributes the fake answers (same values as cuda-python)."""
+
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
 class _Handle:
@@ -88,6 +112,42 @@ class CUdeviceptr(_Handle):
 
 
 @dataclass
+class _Op:
+    fn: Callable[[], CUresult]
+    what: str
+    after: tuple[_Queue, int] | None  # run that queue up to that many operations first
+
+
+@dataclass
+class _Queue:
+    device: int
+    ops: collections.deque[_Op] = field(default_factory=collections.deque)
+    enqueued: int = 0
+    done: int = 0
+    fault: CUresult = CUresult.CUDA_SUCCESS
+
+
+def _owner_ref(buf: Any) -> Callable[[], bool]:
+    """``alive()`` for the object that owns ``buf``'s memory (followed through views and memoryviews).
+
+    Owners that take no weak reference (bytes, bytearray) are held strongly: always alive.
+    """
+    owner = buf
+    for _ in range(64):  # views of views: follow to the object that owns the memory
+        if isinstance(owner, memoryview):
+            owner = owner.obj
+        elif isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        else:
+            break
+    try:
+        ref = weakref.ref(owner)
+    except TypeError:
+        return lambda: owner is not None
+    return lambda: ref() is not None
+
+
+@dataclass
 class _Allocation:
     base: int
     device: int
@@ -117,6 +177,7 @@ class FakeDriver:
     # Type aliases, so the annotations below can name them inside the class body too.
     CUresult: TypeAlias = CUresult
     CUdevice_attribute: TypeAlias = CUdevice_attribute
+    CUpointer_attribute: TypeAlias = CUpointer_attribute
 
     def __init__(
         self,
@@ -135,6 +196,9 @@ class FakeDriver:
         ]
         self._allocations: dict[int, _Allocation] = {}
         self._streams: dict[int, CUstream] = {}
+        self._queues: dict[int, _Queue] = {}  # stream handle -> its pending work
+        self._event_marks: dict[int, tuple[_Queue, int] | None] = {}  # event -> (queue, ops before it)
+        self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
         self._events: dict[int, CUevent] = {}
         self._next_handle = 0x1000
         self._initialized = False
@@ -182,16 +246,118 @@ class FakeDriver:
 
     def stream_device(self, stream: int) -> int | None:
         """The device of live stream ``stream`` (0 = legacy default stream: current device)."""
-        if int(stream) == 0:
+        if int(stream) in _LEGACY:
             return self.current_device()
         handle = self._streams.get(int(stream))
         return None if handle is None else handle.device
 
-    def begin_launch(self, stream: int) -> None:
-        """An engine launch starts on ``stream`` (the fake's memory is the device's: nothing to do)."""
+    def launch(self, stream: int, work: Callable[[], str | None], what: str) -> bool:
+        """Queue ``work`` (an engine launch of the fake TensorRT) on ``stream``; False for a dead stream.
 
-    def end_launch(self) -> None:
-        """An engine launch has written its outputs (nothing to copy back on the fake)."""
+        ``work`` returns None, or an error message, which becomes an asynchronous fault
+        reported by the next synchronisation (and recorded in :attr:`hazards`).
+        """
+        if not self._stream_ok(stream):
+            return False
+
+        def run() -> CUresult:
+            message = work()
+            if message is None:
+                return CUresult.CUDA_SUCCESS
+            self.hazards.append(f"{what}: {message}")
+            return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+
+        self._enqueue(stream, run, what)
+        return True
+
+    def pending(self, stream: int | None = None) -> int:
+        """Operations queued and not yet run (on ``stream``, or on all streams)."""
+        queues = self._queues.values() if stream is None else [self._queues.get(int(stream))]
+        return sum(len(q.ops) for q in queues if q is not None)
+
+    # -- the asynchronous engine -----------------------------------------------
+    def _enqueue(self, stream: Any, fn: Callable[[], CUresult], what: str,
+                 after: tuple[_Queue, int] | None = None) -> None:
+        handle = int(stream) if stream is not None else 0
+        if handle in _LEGACY:  # the legacy (or per-thread) default stream: pyrt's own streams never synchronise with it
+            if after is not None:
+                self._drain(*after)
+            self._note(fn(), what)
+            return
+        queue = self._queues[handle]
+        queue.ops.append(_Op(fn, what, after))
+        queue.enqueued += 1
+
+    def _drain(self, queue: _Queue, upto: int | None = None) -> CUresult:
+        """Run ``queue``'s work up to its ``upto``-th operation (all of it when None)."""
+        target = queue.enqueued if upto is None else upto
+        result = CUresult.CUDA_SUCCESS
+        while queue.done < target and queue.ops:
+            op = queue.ops.popleft()
+            queue.done += 1
+            if op.after is not None:
+                self._drain(*op.after)
+            code = op.fn()
+            if code != CUresult.CUDA_SUCCESS:
+                queue.fault = queue.fault or code
+        if queue.fault:
+            result, queue.fault = queue.fault, CUresult.CUDA_SUCCESS
+        return result
+
+    def _drain_device(self, device: int) -> CUresult:
+        result = CUresult.CUDA_SUCCESS
+        for handle in list(self._queues):
+            queue = self._queues.get(handle)
+            if queue is not None and queue.device == device:
+                code = self._drain(queue)
+                result = result if result != CUresult.CUDA_SUCCESS else code
+        return result
+
+    def _note(self, code: CUresult, what: str) -> None:
+        if code != CUresult.CUDA_SUCCESS:
+            self.hazards.append(f"{what}: {code.name}")
+
+    def _host_source(self, host: Any, nbytes: int, what: str) -> Callable[[], np.ndarray | None]:
+        """A reader of host buffer ``host`` for later: None if its owner is gone by then."""
+        if isinstance(host, int):
+            address = host  # a bare address: nothing to watch (pyrt passes buffers)
+            return lambda: np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address)).copy()
+        view = memoryview(host).cast("B")
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data if nbytes else 0
+        alive = _owner_ref(host)
+        del view
+
+        def read() -> np.ndarray | None:
+            if not alive():
+                self.hazards.append(f"{what}: host buffer freed before the copy ran")
+                return None
+            return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address)).copy()
+
+        return read
+
+    def _host_target(self, host: Any, nbytes: int, what: str) -> Callable[[np.ndarray], None]:
+        """A writer into host buffer ``host`` for later: skipped (a hazard) if its owner is gone."""
+        if isinstance(host, int):
+            address = host
+
+            def write_address(data: np.ndarray) -> None:
+                ctypes.memmove(address, data.ctypes.data, nbytes)
+
+            return write_address
+        view = memoryview(host).cast("B")
+        if view.readonly:
+            raise ValueError("fake cuda: destination host buffer is read-only")
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data if nbytes else 0
+        alive = _owner_ref(host)
+        del view
+
+        def write(data: np.ndarray) -> None:
+            if not alive():
+                self.hazards.append(f"{what}: host buffer freed before the copy ran")
+                return
+            ctypes.memmove(address, data.ctypes.data, nbytes)
+
+        return write
 
     def allocate_internal(self, nbytes: int, device: int) -> int | None:
         """Allocate like cuMemAlloc on ``device`` without touching the current context."""
@@ -271,7 +437,7 @@ class FakeDriver:
 
     def _stream_ok(self, stream: Any) -> bool:
         value = int(stream) if stream is not None else 0
-        return value == 0 or value in self._streams
+        return value in _LEGACY or value in self._streams
 
     # -- initialization and devices ------------------------------------------
     def cuInit(self, Flags: int) -> tuple[CUresult]:
@@ -342,7 +508,10 @@ class FakeDriver:
         return (CUresult.CUDA_SUCCESS, getattr(self._local, "ctx", None))
 
     def cuCtxSynchronize(self) -> tuple[CUresult]:
-        return (self._ready() or CUresult.CUDA_SUCCESS,)
+        error = self._ready()
+        if error:
+            return (error,)
+        return (self._drain_device(self._context_device()),)
 
     # -- memory ----------------------------------------------------------------
     def cuMemGetInfo(self) -> tuple[CUresult, int, int]:
@@ -369,44 +538,80 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error,)
+        self._note(self._drain_device(self._context_device()), "work before cuMemFree")  # it synchronises
         with self._lock:
             ok = self._release(int(dptr))
         return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_VALUE,)
 
-    def _copy_in(self, dst: Any, src_host: Any, nbytes: int) -> CUresult:
+    def cuPointerGetAttribute(self, attribute: Any, ptr: Any) -> tuple[CUresult, int | None]:
+        if int(attribute) != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        if not self._initialized:
+            return (CUresult.CUDA_ERROR_NOT_INITIALIZED, None)
+        device = self.owner(int(ptr))
+        return (CUresult.CUDA_ERROR_INVALID_VALUE, None) if device is None else (CUresult.CUDA_SUCCESS, device)
+
+    def _copy_in(self, dst: Any, src_host: Any, nbytes: int, stream: Any = None) -> CUresult:
         error = self._ready()
         if error:
             return error
-        target = self._span(dst, nbytes, self.current_device())
-        if target is None:
+        device = self.current_device()
+        if self._span(dst, nbytes, device) is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE
-        if isinstance(src_host, int):
-            ctypes.memmove(target.ctypes.data, src_host, nbytes)
-        else:
-            target[:] = np.frombuffer(memoryview(src_host).cast("B")[:nbytes], dtype=np.uint8)
+        try:
+            read = self._host_source(src_host, nbytes, "cuMemcpyHtoDAsync")
+        except (TypeError, ValueError):
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+
+        def run() -> CUresult:
+            target = self._span(dst, nbytes, device)
+            if target is None:
+                return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+            data = read()
+            target[:] = _POISON if data is None else data
+            return CUresult.CUDA_SUCCESS
+
+        self._enqueue(stream, run, "cuMemcpyHtoD")
         return CUresult.CUDA_SUCCESS
 
-    def _copy_out(self, dst_host: Any, src: Any, nbytes: int) -> CUresult:
+    def _copy_out(self, dst_host: Any, src: Any, nbytes: int, stream: Any = None) -> CUresult:
         error = self._ready()
         if error:
             return error
-        source = self._span(src, nbytes, self.current_device())
-        if source is None:
+        device = self.current_device()
+        if self._span(src, nbytes, device) is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE
-        if isinstance(dst_host, int):
-            ctypes.memmove(dst_host, source.ctypes.data, nbytes)
-        else:
-            memoryview(dst_host).cast("B")[:nbytes] = source.tobytes()
+        try:
+            write = self._host_target(dst_host, nbytes, "cuMemcpyDtoHAsync")
+        except (TypeError, ValueError):
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+
+        def run() -> CUresult:
+            source = self._span(src, nbytes, device)
+            if source is None:
+                return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+            write(source.copy())
+            return CUresult.CUDA_SUCCESS
+
+        self._enqueue(stream, run, "cuMemcpyDtoH")
         return CUresult.CUDA_SUCCESS
 
-    def _copy_dd(self, dst: Any, src: Any, nbytes: int, dst_dev: int | None, src_dev: int | None) -> CUresult:
+    def _copy_dd(self, dst: Any, src: Any, nbytes: int, dst_dev: int | None, src_dev: int | None,
+                 stream: Any = None) -> CUresult:
         error = self._ready()
         if error:
             return error
-        target, source = self._span(dst, nbytes, dst_dev), self._span(src, nbytes, src_dev)
-        if target is None or source is None:
+        if self._span(dst, nbytes, dst_dev) is None or self._span(src, nbytes, src_dev) is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE
-        target[:] = source.copy()  # copy first: ranges may overlap
+
+        def run() -> CUresult:
+            target, source = self._span(dst, nbytes, dst_dev), self._span(src, nbytes, src_dev)
+            if target is None or source is None:
+                return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+            target[:] = source.copy()  # copy first: ranges may overlap
+            return CUresult.CUDA_SUCCESS
+
+        self._enqueue(stream, run, "cuMemcpyDtoD")
         return CUresult.CUDA_SUCCESS
 
     def cuMemcpyHtoD(self, dstDevice: Any, srcHost: Any, ByteCount: int) -> tuple[CUresult]:
@@ -429,24 +634,28 @@ class FakeDriver:
     def cuMemcpyHtoDAsync(self, dstDevice: Any, srcHost: Any, ByteCount: int, hStream: Any) -> tuple[CUresult]:
         if not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return self.cuMemcpyHtoD(dstDevice, srcHost, ByteCount)
+        return (self._copy_in(dstDevice, srcHost, int(ByteCount), hStream),)
 
     def cuMemcpyDtoHAsync(self, dstHost: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> tuple[CUresult]:
         if not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return self.cuMemcpyDtoH(dstHost, srcDevice, ByteCount)
+        return (self._copy_out(dstHost, srcDevice, int(ByteCount), hStream),)
 
     def cuMemcpyDtoDAsync(self, dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> tuple[CUresult]:
         if not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return self.cuMemcpyDtoD(dstDevice, srcDevice, ByteCount)
+        dev = self.current_device()
+        return (self._copy_dd(dstDevice, srcDevice, int(ByteCount), dev, dev, hStream),)
 
     def cuMemcpyPeerAsync(
         self, dstDevice: Any, dstContext: Any, srcDevice: Any, srcContext: Any, ByteCount: int, hStream: Any
     ) -> tuple[CUresult]:
         if not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return self.cuMemcpyPeer(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+        if not isinstance(dstContext, CUcontext) or not isinstance(srcContext, CUcontext):
+            return (CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return (self._copy_dd(dstDevice, srcDevice, int(ByteCount), dstContext.device, srcContext.device,
+                              hStream),)
 
     # -- streams and events ------------------------------------------------------
     def cuStreamCreate(self, Flags: int) -> tuple[CUresult, CUstream | None]:
@@ -455,19 +664,30 @@ class FakeDriver:
             return (error, None)
         handle = CUstream(self._new_handle(), self._context_device())
         self._streams[int(handle)] = handle
+        self._queues[int(handle)] = _Queue(handle.device)
         return (CUresult.CUDA_SUCCESS, handle)
 
     def cuStreamDestroy(self, hStream: Any) -> tuple[CUresult]:
         found = self._streams.pop(int(hStream), None)
-        return (CUresult.CUDA_SUCCESS if found is not None else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if found is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        queue = self._queues.pop(int(hStream))
+        self._note(self._drain(queue), "work on a destroyed stream")  # queued work still completes
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuStreamSynchronize(self, hStream: Any) -> tuple[CUresult]:
-        ok = self._stream_ok(hStream)
-        return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if not self._stream_ok(hStream):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        queue = self._queues.get(int(hStream))
+        return (CUresult.CUDA_SUCCESS if queue is None else self._drain(queue),)
 
     def cuStreamWaitEvent(self, hStream: Any, hEvent: Any, Flags: int) -> tuple[CUresult]:
-        ok = self._stream_ok(hStream) and int(hEvent) in self._events
-        return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if not self._stream_ok(hStream) or int(hEvent) not in self._events:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        mark = self._event_marks.get(int(hEvent))
+        if mark is not None:
+            self._enqueue(hStream, lambda: CUresult.CUDA_SUCCESS, "cuStreamWaitEvent", after=mark)
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuEventCreate(self, Flags: int) -> tuple[CUresult, CUevent | None]:
         error = self._ready()
@@ -475,16 +695,23 @@ class FakeDriver:
             return (error, None)
         handle = CUevent(self._new_handle(), self._context_device())
         self._events[int(handle)] = handle
+        self._event_marks[int(handle)] = None
         return (CUresult.CUDA_SUCCESS, handle)
 
     def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[CUresult]:
-        ok = int(hEvent) in self._events and self._stream_ok(hStream)
-        return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if int(hEvent) not in self._events or not self._stream_ok(hStream):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        queue = self._queues.get(int(hStream)) if hStream is not None else None  # legacy work has run
+        self._event_marks[int(hEvent)] = None if queue is None else (queue, queue.enqueued)
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuEventSynchronize(self, hEvent: Any) -> tuple[CUresult]:
-        ok = int(hEvent) in self._events
-        return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if int(hEvent) not in self._events:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        mark = self._event_marks.get(int(hEvent))
+        return (CUresult.CUDA_SUCCESS if mark is None else self._drain(*mark),)
 
     def cuEventDestroy(self, hEvent: Any) -> tuple[CUresult]:
         found = self._events.pop(int(hEvent), None)
+        self._event_marks.pop(int(hEvent), None)
         return (CUresult.CUDA_SUCCESS if found is not None else CUresult.CUDA_ERROR_INVALID_HANDLE,)

@@ -450,33 +450,41 @@ class FakeExecutionContext:
             out_shapes = self._output_shapes()
         except PyrtError as exc:
             return self._error(f"enqueueV3: shape inference failed: {exc}")
-        driver.begin_launch(int(stream_handle))
-        try:
+        for t in engine.ref.inputs:  # addresses are checked at enqueue time, the data read when it runs
+            if self._view(t, self._shapes[t.name]) is None:
+                return False
+        for t in engine.ref.outputs:
+            if self._view(t, out_shapes[t.name]) is None:
+                return False
+        shapes, addresses = dict(self._shapes), dict(self._addresses)
+
+        def work() -> str | None:
             inputs = {}
             for t in engine.ref.inputs:
-                view = self._view(t, self._shapes[t.name])
+                view = self._view(t, shapes[t.name], addresses)
                 if view is None:
-                    return False
-                inputs[t.name] = (view, self._shapes[t.name])
-            targets = {}
-            for t in engine.ref.outputs:
-                view = self._view(t, out_shapes[t.name])
-                if view is None:
-                    return False
-                targets[t.name] = view
+                    return f"input {t.name!r} at {addresses[t.name]:#x} is no longer valid device memory"
+                inputs[t.name] = (view, shapes[t.name])
             try:
                 results = engine.ref.run_bytes(inputs)
             except PyrtError as exc:
-                return self._error(f"enqueueV3: {exc}")
-            for name, (raw, _shape) in results.items():
-                targets[name][:] = raw
-            return True
-        finally:
-            driver.end_launch()
+                return f"enqueueV3: {exc}"
+            for name, (raw, shape) in results.items():
+                t = next(o for o in engine.ref.outputs if o.name == name)
+                target = self._view(t, shape, addresses)
+                if target is None:
+                    return f"output {name!r} at {addresses[name]:#x} is no longer valid device memory"
+                target[:] = raw
+            return None
 
-    def _view(self, t: RefTensor, shape: tuple[int, ...]) -> np.ndarray | None:
+        if not driver.launch(int(stream_handle), work, f"enqueueV3 of an engine on device {engine.device}"):
+            return self._error(f"enqueueV3: stream {int(stream_handle):#x} is not a live stream")
+        return True
+
+    def _view(self, t: RefTensor, shape: tuple[int, ...], addresses: dict[str, int] | None = None
+              ) -> np.ndarray | None:
         nbytes = math.prod(shape) * DTYPES[t.dtype]
-        address = self._addresses[t.name]
+        address = (self._addresses if addresses is None else addresses)[t.name]
         view = self.engine._trt.driver.view(address, nbytes, self.engine.device)
         if view is None:
             owner = self.engine._trt.driver.owner(address)

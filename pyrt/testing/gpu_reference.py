@@ -79,27 +79,30 @@ class DeviceMemory:
             pass
 
     # -- a launch ----------------------------------------------------------------------------
-    def begin_launch(self, stream: int) -> None:
-        """Wait for work already queued on the launch stream (the engine reads its results)."""
+    def launch(self, stream: int, work: Any, what: str) -> bool:
+        """Run ``work`` now, after the stream's queued work, on host copies written back after it."""
         self.cuda.call("cuStreamSynchronize", int(stream))
         self._pending.clear()
+        try:
+            message = work()
+            if message is not None:
+                raise DeviceError(f"{what}: {message}")
+            for ptr, host in self._pending:
+                if host.nbytes:
+                    self.cuda.call("cuMemcpyHtoD", ptr, host, host.nbytes)
+        finally:
+            self._pending.clear()
+        return True
 
     def view(self, ptr: int, nbytes: int, device: int) -> np.ndarray | None:
-        """A host copy of ``[ptr, ptr + nbytes)``, written back by :meth:`end_launch`."""
+        """A host copy of ``[ptr, ptr + nbytes)``, written back when the launch ends."""
         if self.owner(ptr) != device or (nbytes and self.owner(ptr + nbytes - 1) != device):
             return None
         host = np.empty(nbytes, np.uint8)
         if nbytes:
-            self.cuda.call("cuMemcpyDtoH", host.ctypes.data, int(ptr), nbytes)
+            self.cuda.call("cuMemcpyDtoH", host, int(ptr), nbytes)
         self._pending.append((int(ptr), host))
         return host
-
-    def end_launch(self) -> None:
-        """Copy every host view back to its device address (outputs, and unchanged inputs)."""
-        for ptr, host in self._pending:
-            if host.nbytes:
-                self.cuda.call("cuMemcpyHtoD", ptr, host.ctypes.data, host.nbytes)
-        self._pending.clear()
 
 
 def reference_tensorrt(cuda: cuda_seam.Cuda | None = None) -> Any:

@@ -1,0 +1,173 @@
+"""Ordering on an asynchronous GPU, through the simulated driver that delays and reorders work.
+
+The fake driver runs queued work only when something waits for it, so each
+test here fails if pyrt leaves out one event between streams, one
+synchronisation before the host reads a device result, or one keep-alive of a
+host buffer that an asynchronous copy still reads (tests/test_ordering_mutants.py
+removes each such statement in turn and expects a failure from this module).
+Programs come from tests/gpu_programs.py; every test runs them several times
+with fresh inputs and requires the driver to have seen no hazard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pyrt.dtypes import ScalarType
+from pyrt.program import Program
+from pyrt.tensors import DeviceTensor
+from pyrt.testing import simulated_gpus
+from tests import gpu_programs
+
+W = gpu_programs.HANDMADE_W
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    prebuilt = gpu_programs.prebuilt_dir()
+    if prebuilt is not None:
+        return gpu_programs.load(prebuilt)
+    pytest.importorskip("torch")
+    pytest.importorskip("executorch")
+    return gpu_programs.build_all(tmp_path_factory.mktemp("ordering-programs"))
+
+
+@pytest.fixture
+def sim() -> Iterator[Any]:
+    with simulated_gpus(2) as s:
+        yield s
+        assert s.driver.hazards == [], "the simulated GPU saw a hazard"
+
+
+def _inputs(seed: int, runs: int = 3, shape: tuple[int, ...] = (2, 3)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(runs)]
+
+
+def _want(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0) ** 2 + W
+
+
+def _device_tensor(sim: Any, x: np.ndarray, device: int = 0, stream: Any = None) -> DeviceTensor:
+    buf = sim.cuda.alloc(x.nbytes, device)
+    sim.cuda.memcpy_htod(buf, x, stream=stream)
+    t = DeviceTensor(buf, 0, ScalarType.FLOAT, x.shape, x.size, keepalive=x)
+    t.stream = None if stream is None else stream.handle  # a producer still at work: consumers wait
+    return t
+
+
+def _host(sim: Any, t: DeviceTensor) -> np.ndarray:
+    out = np.empty(t.shape, np.float32)
+    sim.cuda.memcpy_dtoh(out, t.allocation, src_offset=t.offset)  # synchronous, on the legacy stream
+    return out
+
+
+# -- the fake itself ------------------------------------------------------------------------------
+def test_the_fake_delays_work_until_something_waits(sim: Any) -> None:
+    cuda = sim.cuda
+    x = np.arange(16, dtype=np.uint8)
+    with cuda.alloc(16, 0) as buf, cuda.stream(0) as s:
+        cuda.memcpy_htod(buf, x, stream=s)
+        out = np.zeros(16, np.uint8)
+        cuda.memcpy_dtoh(out, buf)  # synchronous copy: does not wait for a non-blocking stream
+        assert not np.array_equal(out, x) and sim.driver.pending() == 1
+        s.synchronize()
+        cuda.memcpy_dtoh(out, buf)
+        np.testing.assert_array_equal(out, x)
+
+
+def test_the_fake_poisons_a_host_buffer_freed_before_its_copy_ran(sim: Any) -> None:
+    cuda = sim.cuda
+    with cuda.alloc(16, 0) as buf, cuda.stream(0) as s:
+        cuda.memcpy_htod(buf, np.arange(16, dtype=np.uint8) + 1, stream=s)  # a temporary: gone at once
+        s.synchronize()
+        out = np.zeros(16, np.uint8)
+        cuda.memcpy_dtoh(out, buf)
+    assert set(out.tolist()) == {0xCD} and "freed before the copy ran" in sim.driver.hazards.pop()
+
+
+def test_events_order_work_across_streams(sim: Any) -> None:
+    cuda = sim.cuda
+    x = np.arange(32, dtype=np.uint8)
+    with cuda.alloc(32, 0) as a, cuda.alloc(32, 1) as b, cuda.stream(0) as s0, cuda.stream(1) as s1, \
+            cuda.event(0) as ev:
+        cuda.memcpy_htod(a, x, stream=s0)
+        ev.record(s0)
+        s1.wait(ev)
+        cuda.memcpy_peer(b, a, 32, stream=s1)
+        s1.synchronize()  # runs s0's copy first, through the event
+        out = np.zeros(32, np.uint8)
+        cuda.memcpy_dtoh(out, b)
+        np.testing.assert_array_equal(out, x)
+
+
+# -- pyrt's ordering -------------------------------------------------------------------------------
+def test_engine_feeds_an_engine_on_another_device(sim: Any, programs: dict[str, Path]) -> None:
+    """cuda:0 engine -> cuda:0 arena -> peer copy (after an event) -> cuda:1 engine -> host (after a sync)."""
+    with Program(programs["two_engines"]) as prog:
+        for x in _inputs(1):
+            (out,) = prog(x)
+            np.testing.assert_allclose(out, _want(x), rtol=1e-6)
+
+
+def test_engine_output_crosses_devices(sim: Any, programs: dict[str, Path]) -> None:
+    """cuda:1 engine -> peer copy out (after an event) -> cuda:0 arena -> cuda:0 engine."""
+    with Program(programs["engines_swapped"]) as prog:
+        for x in _inputs(2):
+            (out,) = prog(x)
+            np.testing.assert_allclose(out, _want(x), rtol=1e-6)
+
+
+def test_device_output_for_a_host_caller(sim: Any, programs: dict[str, Path]) -> None:
+    with Program(programs["device_out"]) as prog:
+        for x in _inputs(3):
+            (out,) = prog(x)
+            assert isinstance(out, np.ndarray)
+            np.testing.assert_allclose(out, _want(x), rtol=1e-6)
+
+
+def test_device_output_is_ready_on_the_legacy_stream(sim: Any, programs: dict[str, Path]) -> None:
+    """A device caller that gave no stream may read the result with a synchronous copy."""
+    with Program(programs["device_out"]) as prog:
+        for x in _inputs(4):
+            (out,) = prog(_device_tensor(sim, x))
+            assert isinstance(out, DeviceTensor)
+            np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
+
+
+def test_host_input_into_a_device_arena_is_kept_until_copied(sim: Any, programs: dict[str, Path]) -> None:
+    """A non-contiguous input is copied to a temporary that an asynchronous copy reads later."""
+    with Program(programs["device_in"]) as prog:
+        for x in _inputs(5, shape=(3, 2)):
+            (out,) = prog(x.T)
+            np.testing.assert_allclose(out, _want(x.T), rtol=1e-6)
+
+
+def test_device_input_waits_for_its_producer_stream(sim: Any, programs: dict[str, Path]) -> None:
+    """A CAI/DeviceTensor input whose producer stream is still at work, into a device arena."""
+    with Program(programs["device_in"]) as prog, sim.cuda.stream(0) as producer:
+        for x in _inputs(6):
+            (out,) = prog(_device_tensor(sim, x, stream=producer))
+            np.testing.assert_allclose(out, _want(x), rtol=1e-6)
+
+
+def test_device_input_to_a_host_arena(sim: Any, programs: dict[str, Path]) -> None:
+    """Device data for a host input: copied back after its producer, synchronised before use."""
+    data = np.load(programs["trt_only"].with_suffix(".npz"))
+    with Program(programs["trt_only"]) as prog, sim.cuda.stream(0) as producer:
+        for _ in range(3):
+            out = prog(_device_tensor(sim, data["x"], stream=producer))
+            np.testing.assert_allclose(out, data["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_et_copy_ops_across_two_devices(sim: Any, programs: dict[str, Path]) -> None:
+    """The exported graph break: h2d/d2h copies around a host kernel, engines on two devices."""
+    data = np.load(programs["graph_break"].with_suffix(".npz"))
+    with Program(programs["graph_break"]) as prog:
+        for b in (*gpu_programs.BATCHES, 3):
+            np.testing.assert_allclose(prog(data[f"x{b}"]), data[f"y{b}"], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,100 @@
+"""Mutation test: every ordering, synchronisation and keep-alive statement is needed.
+
+Each mutant removes one statement from a copy of the pyrt package and runs
+tests/test_async_ordering.py against that copy in a subprocess; the module must
+fail. A surviving mutant means the simulated GPU (or the ordering tests) can no
+longer see the bug that statement prevents on a real GPU. The statements are
+matched by their exact source text, so a refactor that moves one must update
+the list here (the test fails if a statement is not found exactly once).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import gpu_programs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (file, exact statement text (one line, stripped), what a GPU does without it)
+MUTANTS = [
+    ("pyrt/delegates.py", "ctx.order(src.device, device)",
+     "a peer copy into an engine reads its source before the other device has written it"),
+    ("pyrt/delegates.py", "ctx.order(device, dst.device)",
+     "a peer copy out of an engine runs before the engine on the other device has finished"),
+    ("pyrt/delegates.py", "stream.synchronize()  # host kernels read it next",
+     "host code reads an engine's host output before the copy has run"),
+    ("pyrt/delegates.py", "self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))",
+     "a caller without a stream reads a device output before pyrt's stream has written it"),
+    ("pyrt/executor.py", "state.ctx.keep(arr)",
+     "an asynchronous copy reads a temporary host buffer after it was freed"),
+    ("pyrt/executor.py", "stream.synchronize()  # the host reads the copy next",
+     "a device input meant for a host tensor is read before its copy has run"),
+    ("pyrt/executor.py", "stream.synchronize()  # the caller gets the host copy next",
+     "a host caller gets a device output before its copy has run"),
+    ("pyrt/executor.py", "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out",
+     "a device input meant for a host tensor is copied before the producer's stream has written it"),
+    ("pyrt/executor.py", "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in",
+     "a device input is copied into its arena before the producer's stream has written it"),
+    ("pyrt/kernels/prim_kernels.py", "stream.synchronize()  # host kernels read it next",
+     "a host kernel reads an et_copy device->host result before the copy has run"),
+]
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ordering tests' programs, built once and shared with every mutant's run."""
+    existing = gpu_programs.prebuilt_dir()
+    if existing is not None:
+        return existing
+    pytest.importorskip("torch")
+    pytest.importorskip("executorch")
+    directory = tmp_path_factory.mktemp("mutant-programs")
+    gpu_programs.build_all(directory)
+    return directory
+
+
+def _mutate(tree: Path, rel: str, statement: str) -> None:
+    path = tree / rel
+    lines = path.read_text().splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.strip() == statement]
+    assert len(hits) == 1, f"{rel}: statement {statement!r} found {len(hits)} times, not once: update MUTANTS"
+    indent = lines[hits[0]][: len(lines[hits[0]]) - len(lines[hits[0]].lstrip())]
+    lines[hits[0]] = f"{indent}pass  # mutant: removed {statement!r}\n"
+    path.write_text("".join(lines))
+
+
+def test_unmutated_tree_passes(prebuilt: Path, tmp_path: Path) -> None:
+    """The harness itself: the copied tree passes the ordering tests unchanged."""
+    assert _run(_copy_tree(tmp_path), prebuilt).returncode == 0
+
+
+@pytest.mark.parametrize(("rel", "statement", "hazard"), MUTANTS, ids=[f"{m[0]}:{m[1][:40]}" for m in MUTANTS])
+def test_removing_a_statement_is_caught(rel: str, statement: str, hazard: str, prebuilt: Path,
+                                        tmp_path: Path) -> None:
+    tree = _copy_tree(tmp_path)
+    _mutate(tree, rel, statement)
+    result = _run(tree, prebuilt)
+    assert result.returncode != 0, f"mutant survived ({hazard}): removing {statement!r} from {rel}\n" \
+                                   f"{result.stdout[-2000:]}"
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "pyrt", tree / "pyrt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def _run(tree: Path, prebuilt: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYRT_PREBUILT_PTE": str(prebuilt), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         "--rootdir", str(tree), str(tree / "tests" / "test_async_ordering.py")],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=600)
