@@ -222,3 +222,40 @@ def test_caller_stream(programs: dict[str, Path]) -> None:
         out = prog.run(x, stream=stream)
         stream.synchronize()
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_producer_stream_still_at_work(programs: dict[str, Path]) -> None:
+    """A torch input still being computed on a side stream, offered through CAI v3 with its "stream":
+    pyrt must wait for that stream (no host sync); a missing wait reads unfinished data."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    data = _data(programs["device_in"])
+    x, want = data["x"], data["y"]
+    with Program(programs["device_in"], trt=reference_tensorrt(pyrt.cuda.current()), device_map=ONE_GPU) as prog:
+        for _ in range(3):
+            base = torch.from_numpy(x).cuda()  # (a pageable copy: torch waits for it)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                slow = torch.randn(4096, 4096, device="cuda")
+                for _ in range(20):  # tens of milliseconds of queued work before the input exists
+                    slow = torch.tanh(slow @ slow)
+                t = base + slow[0, 0] * 0
+            # torch's own interface names no stream; say which one, as CuPy does (CAI v3)
+            producer = _CaiOnly(t)
+            producer.__cuda_array_interface__ = {**t.__cuda_array_interface__, "version": 3,
+                                                 "stream": int(side.cuda_stream)}
+            (out,) = prog(producer)
+            np.testing.assert_allclose(_to_numpy(out), want, rtol=1e-6)
+            side.synchronize()
+
+
+def _to_numpy(out: Any) -> np.ndarray:
+    if isinstance(out, np.ndarray):
+        return out
+    host = np.empty(out.shape, np.float32)
+    cuda = pyrt.cuda.current()
+    cuda.memcpy_dtoh(host, cuda.borrow(out.ptr, out.nbytes, out.device))  # legacy stream: pyrt made it ready
+    return host
