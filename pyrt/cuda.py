@@ -160,8 +160,7 @@ class Cuda:
 
     def context(self, index: int) -> Any:
         """The retained primary context of device ``index`` (retained once, kept for life)."""
-        with self._lock:
-            ctx = self._contexts.get(index)
+        ctx = self._contexts.get(index)  # a dict read is atomic: the lock guards creation only
         if ctx is None:
             self.require_device(index)
             ctx = self.call("cuDevicePrimaryCtxRetain", self._handle(index))

@@ -103,6 +103,7 @@ class Engine:
         self.input_names = [b.name for b in self.io_bindings if b.is_input]
         self.output_names = [b.name for b in self.io_bindings if not b.is_input]
         self.output_dtypes = [b.dtype for b in self.io_bindings if not b.is_input]
+        self._io_names = [*self.input_names, *self.output_names]
         self._inputs: list[_Input] = []
         self._applied_budget: int | None = None
         self._budget_source: str | None = None
@@ -329,6 +330,25 @@ class Engine:
                                       f"{self._logger.messages.take() or 'no log'}")
             self._bound = ptrs
         if not context.execute_async_v3(int(stream)):
+            raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
+                              f"{self._logger.messages.take() or 'no log'}")
+
+    def enqueue(self, ptrs: list[int], stream: int) -> None:
+        """The hot path of :meth:`execute` for a caller that validated once: ``ptrs`` (inputs
+        then outputs, ints) against the shapes already set; binds only when ``ptrs`` changed."""
+        context = self._context
+        if context is None or not self._shapes_set:
+            self.execute(ptrs[: len(self.input_names)], ptrs[len(self.input_names):], stream)
+            return
+        self._cuda.set_device(self.device)
+        if ptrs != self._bound:
+            self._bound = []
+            for name, ptr in zip(self._io_names, ptrs, strict=True):
+                if not context.set_tensor_address(name, ptr):
+                    raise EngineError(f"{self.name}: TensorRT refused address {ptr:#x} for {name!r}: "
+                                      f"{self._logger.messages.take() or 'no log'}")
+            self._bound = list(ptrs)
+        if not context.execute_async_v3(stream):
             raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
                               f"{self._logger.messages.take() or 'no log'}")
 

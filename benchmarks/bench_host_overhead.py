@@ -1,0 +1,167 @@
+"""pyrt's own host time per TensorRT delegate call, above the CUDA and TensorRT seams.
+
+A hand-built program chains N delegates on cuda:0 (``relu`` reference engines on
+a 4-element tensor, device arenas between them, host input and output); it
+runs on the simulated GPU with engine launches that do nothing, so what a
+forward costs is pyrt's Python (binding, staging, streams, events, copies
+enqueued) plus the simulated driver's. Every driver call goes through a timing
+proxy, and its time is subtracted: the table reports pyrt's own time per
+forward and per delegate call. N = 1 and N = 16 separate the per-run cost
+(input and output copies, stream setup) from the per-delegate cost (slope).
+
+    .venv/bin/python benchmarks/bench_host_overhead.py            # update RESULTS.md
+    .venv/bin/python benchmarks/bench_host_overhead.py --no-write --forwards 2000
+
+Goal (issue 10): <= 10 us per delegate call in eager mode on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, command_line, machine, markdown_table, write_results
+
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+
+def chain_program(path: Path, n: int) -> Path:
+    """N relu engines on cuda:0; value k lives in a cuda:0 arena, input and output on the host."""
+    from executorch.exir import schema as s
+    from executorch.exir.scalar_type import ScalarType as ST
+
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.trt_blob import IOBinding, encode_blob
+    from tests.ptefixtures import serialize_program
+
+    def tensor(mem: int, off: int) -> Any:
+        return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[4], dim_order=[0],
+                                 requires_grad=False, layout=0, data_buffer_idx=0,
+                                 allocation_info=s.AllocationDetails(memory_id=mem, memory_offset_low=off,
+                                                                     memory_offset_high=0),
+                                 shape_dynamism=s.TensorShapeDynamism.STATIC))
+
+    relu = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
+                     nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])]).to_bytes()
+    bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
+    blob = encode_blob(relu, bindings, device_id=0)
+    values = [tensor(1, 0)] + [tensor(2, 16 * (k % 2)) for k in range(n - 1)] + [tensor(1, 16)]
+    delegates = [s.BackendDelegate(id="TensorRTBackend",
+                                   processed=s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=0),
+                                   compile_specs=[s.CompileSpec("target_device", b"cuda:0")]) for _ in range(n)]
+    plan = s.ExecutionPlan(
+        name="forward", container_meta_type=s.ContainerMetadata("", ""), values=values, inputs=[0], outputs=[n],
+        chains=[s.Chain(inputs=[0], outputs=[n], stacktrace=None, instructions=[
+            s.Instruction(s.DelegateCall(delegate_index=k, args=[k, k + 1])) for k in range(n)])],
+        operators=[], delegates=delegates, non_const_buffer_sizes=[0, 32, 32],
+        non_const_buffer_device=[s.NonConstBufferDevice(buffer_idx=2, device_type=s.DeviceType.CUDA,
+                                                        device_index=0)])
+    program = s.Program(version=0, execution_plan=[plan], constant_buffer=[],
+                        backend_delegate_data=[s.BackendDelegateInlineData(data=blob)], segments=[],
+                        constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
+    buf = io.BytesIO()
+    serialize_program(program).write_to_file(buf)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+class TimedDriver:
+    """A proxy of the simulated driver that adds up the time spent inside its calls."""
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._driver, name)
+        if not callable(target) or not name.startswith("cu"):
+            return target
+        return self.wrap(target)
+
+    def wrap(self, target: Any) -> Any:
+        def timed(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return target(*args)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+
+        return timed
+
+
+def measure(n: int, forwards: int, samples: int, directory: Path) -> dict[str, float]:
+    from pyrt.testing import fake_tensorrt, simulated_gpus
+
+    path = chain_program(directory / f"chain{n}.pte", n)
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    context = fake_tensorrt.FakeExecutionContext
+    names = ("execute_async_v3", "set_tensor_address", "set_input_shape", "infer_shapes", "get_tensor_shape")
+    saved = {name: getattr(context, name) for name in names}
+    with simulated_gpus(1) as sim:
+        sim.driver.launch = lambda stream, work, what: True  # engines that do nothing: no compute cost
+        proxy = TimedDriver(sim.driver)
+        for name, fn in saved.items():  # the fake TensorRT's own Python is the seam's cost too
+            setattr(context, name, proxy.wrap(fn))
+        try:
+            return _run(path, proxy, sim, x, forwards, samples)
+        finally:
+            for name, fn in saved.items():
+                setattr(context, name, fn)
+
+
+def _run(path: Path, proxy: TimedDriver, sim: Any, x: np.ndarray, forwards: int, samples: int) -> dict[str, float]:
+    from pyrt import cuda as cuda_seam
+    from pyrt.program import Program
+
+    with cuda_seam.use_driver(proxy), Program(path, trt=sim.tensorrt) as prog:
+        for _ in range(50):
+            prog(x)
+        per_forward, seam = [], []
+        for _ in range(samples):
+            proxy.seconds, proxy.calls = 0.0, 0
+            t0 = time.perf_counter()
+            for _ in range(forwards):
+                prog(x)
+            total = time.perf_counter() - t0
+            per_forward.append((total - proxy.seconds) / forwards)
+            seam.append(proxy.seconds / forwards)
+        calls = proxy.calls / forwards
+    return {"pyrt_us": statistics.median(per_forward) * 1e6, "seam_us": statistics.median(seam) * 1e6,
+            "driver_calls": calls}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--forwards", type=int, default=2000, help="forwards per sample")
+    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {n: measure(n, args.forwards, args.samples, Path(tmp)) for n in (1, 16)}
+    slope = (rows[16]["pyrt_us"] - rows[1]["pyrt_us"]) / 15
+    body = [[str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['seam_us']:.1f}",
+             f"{r['driver_calls']:.0f}"] for n, r in rows.items()]
+    table = markdown_table(["delegates", "pyrt us / forward", "pyrt us / delegate", "seam us / forward (simulated)",
+                            "seam calls / forward"], body)
+    text = (f"`{command_line()}` ({machine()}; medians of {args.samples} samples of {args.forwards} forwards; "
+            f"eager mode)\n\n{table}\n\nPer additional delegate call (slope from 1 to 16): **{slope:.1f} us** of "
+            f"pyrt's own Python (goal <= 10 us). Time inside the seams (the simulated driver's calls and the fake "
+            f"TensorRT context's) is measured through timing wrappers and excluded: on a GPU those calls are "
+            f"the real driver's and TensorRT's.")
+    print(text)
+    if not args.no_write:
+        write_results("bench_host_overhead", "Runtime", text)
+
+
+if __name__ == "__main__":
+    main()
