@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrt.devices import parse_device, remap_device
 from pyrt.errors import EngineError, PteFormatError, UnsupportedOperatorError
 from pyrt.kernels import Step
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
@@ -55,7 +56,6 @@ class DelegateDraft:
 
 def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft]:
     """Parse every delegate blob of a method and decide its device (imports no TensorRT)."""
-    from pyrt.plan import parse_device, remap_device
     from pyrt.streaming import find_baked_budget
     from pyrt.trt_blob import parse_blob
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyrt.delegates import draft_delegates
+from pyrt.devices import DeviceMap, remap_device
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.kernels import Kernel, KernelSite, Step
@@ -41,7 +43,6 @@ from pyrt.tensors import DeviceTensor, NumpyHost, TorchHost, dim_order_strides
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
 LIST_KINDS = ("IntList", "TensorList", "OptionalTensorList")
 SCALAR_KINDS = ("Int", "Double", "Bool")
-DeviceMap = Mapping[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -228,30 +229,6 @@ def tensor_infos(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int,
 def _check_dtype(plan: ExecutionPlan, i: int, st: ScalarType) -> None:
     if st.name.startswith(("Q", "BITS")) or st in (ScalarType.FLOAT8E5M2FNUZ, ScalarType.FLOAT8E4M3FNUZ):
         raise UnsupportedOperatorError(f"{_where(plan)}: tensor value {i} has unsupported scalar type {st.name}")
-
-
-def remap_device(index: int, device_map: DeviceMap | None) -> int:
-    """Apply ``device_map`` ({0: 1} or {"cuda:0": "cuda:1"}) to a CUDA ordinal."""
-    if not device_map:
-        return index
-    for key in (index, f"cuda:{index}"):
-        if key in device_map:
-            return parse_device(device_map[key], "device_map value")
-    return index
-
-
-def parse_device(value: Any, what: str) -> int:
-    """``2``, ``"cuda:2"`` or a torch.device -> 2."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    text = str(value)
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
-    if text == "cuda":
-        return 0
-    from pyrt.errors import DeviceError
-
-    raise DeviceError(f"{what} {value!r} is not a CUDA device (expected an int >= 0 or 'cuda:N')")
 
 
 def arena_devices(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int, int]:
@@ -475,8 +452,6 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
     rebound = instruction_writes(xplan, kernels)
     delegates: list[Any] = []
     if any(isinstance(ins, DelegateCall) for chain in xplan.chains for ins in chain.instructions):
-        from pyrt.delegates import draft_delegates
-
         delegates = draft_delegates(xplan, device_map)
     return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, delegates)
 
