@@ -58,11 +58,20 @@ class Program:
     "auto", or ``{engine_index: value}``); ``device_map``: ``{0: 1}`` or
     ``{"cuda:0": "cuda:1"}`` remapping the devices the file names; ``trt``:
     a TensorRT module or one of "tensorrt", "tensorrt_rtx", "tensorrt_lean"
-    (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto).
+    (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto);
+    ``devices``: the GPUs to run on, passed explicitly: a :class:`pyrt.cuda.Cuda`, or
+    what :func:`pyrt.testing.simulated_gpus` yields (its fake TensorRT too, unless ``trt``
+    is given); None: the process's CUDA driver. The program keeps what it was loaded
+    with; later changes of the process default do not reach it.
+
+    >>> from pyrt.testing import simulated_gpus
+    >>> with simulated_gpus(1) as sim:                            # doctest: +SKIP
+    ...     prog = Program("model.pte", devices=sim)
     """
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
-                 device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None) -> None:
+                 device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
+                 devices: Any = None) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
@@ -71,13 +80,16 @@ class Program:
         self._pte = PteFile.open(path)
         self.source = self._pte.source
         try:
-            self._load(budget, device_map, trt, kernels)
+            if devices is not None and trt is None:
+                trt = getattr(devices, "tensorrt", None)
+            self._load(budget, device_map, trt, kernels, devices)
         except BaseException:
             self._release()
             raise
         self._closed = False
 
-    def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None) -> None:
+    def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
+              devices: Any = None) -> None:
         from pyrt.streaming import validate_budget
 
         validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
@@ -92,7 +104,7 @@ class Program:
         drafts = [draft_method(p, libraries, device_map) for p in xplans]
         from pyrt import cuda as cuda_seam
 
-        self._cuda = cuda_seam.current()  # captured once: runs never look the seam up again
+        self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
         cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
         if self._delegates:

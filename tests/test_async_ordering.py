@@ -171,3 +171,20 @@ def test_et_copy_ops_across_two_devices(sim: Any, programs: dict[str, Path]) -> 
     with Program(programs["graph_break"]) as prog:
         for b in (*gpu_programs.BATCHES, 3):
             np.testing.assert_allclose(prog(data[f"x{b}"]), data[f"y{b}"], rtol=1e-5, atol=1e-6)
+
+
+def test_devices_passed_explicitly_change_nothing_process_wide(programs: dict[str, Path]) -> None:
+    """Program(devices=...) runs on what it was given; the process default is never consulted."""
+    import pyrt.cuda
+    from pyrt.testing import simulated_devices
+
+    sim = simulated_devices(2)
+    default = pyrt.cuda.current()
+    with Program(programs["two_engines"], devices=sim) as prog:
+        with simulated_gpus(2) as other:  # a different default installed mid-life: not used by prog
+            for x in _inputs(7):
+                (out,) = prog(x)
+                np.testing.assert_allclose(out, _want(x), rtol=1e-6)
+            assert other.driver.live_allocations() == 0 and other.tensorrt.calls["deserialize_cuda_engine"] == 0
+        assert sim.driver.live_allocations() > 0
+    assert sim.driver.live_allocations() == 0 and sim.driver.hazards == [] and pyrt.cuda.current() is default

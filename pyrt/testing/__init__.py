@@ -27,7 +27,7 @@ from pyrt.testing.fake_tensorrt import FakeTensorRT
 from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
 
 __all__ = [
-    "SimulatedGPUs", "simulated_gpus", "FakeDriver", "FakeTensorRT",
+    "SimulatedGPUs", "simulated_gpus", "simulated_devices", "FakeDriver", "FakeTensorRT",
     "RefEngine", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
 ]
 
@@ -55,7 +55,26 @@ def simulated_gpus(
     ``pyrt.tensorrt_seam.load_tensorrt()`` returns the fake TensorRT; both
     are restored on exit. ``n=0`` simulates a machine with a driver but no GPU.
     """
+    sim = simulated_devices(n, memory, name=name, capability=capability)
+    with cuda_seam.use_driver(sim.cuda), tensorrt_seam.use_tensorrt(sim.tensorrt):
+        yield sim
+
+
+def simulated_devices(
+    n: int = 1,
+    memory: int | list[int] = 16 << 30,
+    *,
+    name: str = "Fake GPU",
+    capability: tuple[int, int] = (8, 9),
+) -> SimulatedGPUs:
+    """``n`` fake GPUs and a fake TensorRT to pass explicitly (``Program(path, devices=sim)``).
+
+    Unlike :func:`simulated_gpus`, nothing process-wide changes.
+
+    >>> import pyrt.cuda
+    >>> sim = simulated_devices(2)
+    >>> sim.cuda.device_count(), pyrt.cuda.current() is sim.cuda
+    (2, False)
+    """
     driver = FakeDriver(n, memory, name=name, capability=capability)
-    trt = FakeTensorRT(driver)
-    with cuda_seam.use_driver(driver) as cuda, tensorrt_seam.use_tensorrt(trt):
-        yield SimulatedGPUs(driver, trt, cuda)
+    return SimulatedGPUs(driver, FakeTensorRT(driver), cuda_seam.Cuda(driver))
