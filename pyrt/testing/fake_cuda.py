@@ -61,7 +61,11 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_DEVICE = 101
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_INVALID_HANDLE = 400
+    CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 904
 
 
 class CUdevice_attribute(enum.IntEnum):
@@ -111,6 +115,14 @@ class CUdeviceptr(_Handle):
     pass
 
 
+class CUgraph(_Handle):
+    pass
+
+
+class CUgraphExec(_Handle):
+    pass
+
+
 @dataclass
 class _Op:
     fn: Callable[[], CUresult]
@@ -125,6 +137,8 @@ class _Queue:
     enqueued: int = 0
     done: int = 0
     fault: CUresult = CUresult.CUDA_SUCCESS
+    capture: list[_Op] | None = None  # operations recorded by stream capture (None: not capturing)
+    capture_error: CUresult = CUresult.CUDA_SUCCESS  # what invalidated the capture
 
 
 def _owner_ref(buf: Any) -> Callable[[], bool]:
@@ -198,6 +212,9 @@ class FakeDriver:
         self._streams: dict[int, CUstream] = {}
         self._queues: dict[int, _Queue] = {}  # stream handle -> its pending work
         self._event_marks: dict[int, tuple[_Queue, int] | None] = {}  # event -> (queue, ops before it)
+        self._graphs: dict[int, list[_Op]] = {}
+        self._graph_execs: dict[int, tuple[_Op, ...]] = {}
+        self.graph_launches = 0  # cuGraphLaunch calls that succeeded
         self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
         self._events: dict[int, CUevent] = {}
         self._next_handle = 0x1000
@@ -267,8 +284,7 @@ class FakeDriver:
             self.hazards.append(f"{what}: {message}")
             return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
 
-        self._enqueue(stream, run, what)
-        return True
+        return self._enqueue(stream, run, what) == CUresult.CUDA_SUCCESS
 
     def pending(self, stream: int | None = None) -> int:
         """Operations queued and not yet run (on ``stream``, or on all streams)."""
@@ -277,16 +293,38 @@ class FakeDriver:
 
     # -- the asynchronous engine -----------------------------------------------
     def _enqueue(self, stream: Any, fn: Callable[[], CUresult], what: str,
-                 after: tuple[_Queue, int] | None = None) -> None:
+                 after: tuple[_Queue, int] | None = None) -> CUresult:
         handle = int(stream) if stream is not None else 0
         if handle in _LEGACY:  # the legacy (or per-thread) default stream: pyrt's own streams never synchronise with it
+            if self._capturing():
+                return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
             if after is not None:
                 self._drain(*after)
             self._note(fn(), what)
-            return
+            return CUresult.CUDA_SUCCESS
         queue = self._queues[handle]
+        if queue.capture is not None:
+            if after is not None and after[0] is not queue:  # an event from outside the capture
+                return self._invalidate(queue, CUresult.CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+            queue.capture.append(_Op(fn, what, None))
+            return CUresult.CUDA_SUCCESS
         queue.ops.append(_Op(fn, what, after))
         queue.enqueued += 1
+        return CUresult.CUDA_SUCCESS
+
+    def _capturing(self) -> bool:
+        return any(q.capture is not None for q in self._queues.values())
+
+    def _invalidate(self, queue: _Queue, code: CUresult) -> CUresult:
+        queue.capture_error = queue.capture_error or code
+        return code
+
+    def _invalidate_captures(self, code: CUresult) -> CUresult:
+        """An unsafe call while a capture is under way (thread-local mode): it fails the capture."""
+        for queue in self._queues.values():
+            if queue.capture is not None:
+                self._invalidate(queue, code)
+        return code
 
     def _drain(self, queue: _Queue, upto: int | None = None) -> CUresult:
         """Run ``queue``'s work up to its ``upto``-th operation (all of it when None)."""
@@ -571,8 +609,7 @@ class FakeDriver:
             target[:] = _POISON if data is None else data
             return CUresult.CUDA_SUCCESS
 
-        self._enqueue(stream, run, "cuMemcpyHtoD")
-        return CUresult.CUDA_SUCCESS
+        return self._enqueue(stream, run, "cuMemcpyHtoD")
 
     def _copy_out(self, dst_host: Any, src: Any, nbytes: int, stream: Any = None) -> CUresult:
         error = self._ready()
@@ -593,8 +630,7 @@ class FakeDriver:
             write(source.copy())
             return CUresult.CUDA_SUCCESS
 
-        self._enqueue(stream, run, "cuMemcpyDtoH")
-        return CUresult.CUDA_SUCCESS
+        return self._enqueue(stream, run, "cuMemcpyDtoH")
 
     def _copy_dd(self, dst: Any, src: Any, nbytes: int, dst_dev: int | None, src_dev: int | None,
                  stream: Any = None) -> CUresult:
@@ -611,8 +647,7 @@ class FakeDriver:
             target[:] = source.copy()  # copy first: ranges may overlap
             return CUresult.CUDA_SUCCESS
 
-        self._enqueue(stream, run, "cuMemcpyDtoD")
-        return CUresult.CUDA_SUCCESS
+        return self._enqueue(stream, run, "cuMemcpyDtoD")
 
     def cuMemcpyHtoD(self, dstDevice: Any, srcHost: Any, ByteCount: int) -> tuple[CUresult]:
         return (self._copy_in(dstDevice, srcHost, int(ByteCount)),)
@@ -678,6 +713,8 @@ class FakeDriver:
     def cuStreamSynchronize(self, hStream: Any) -> tuple[CUresult]:
         if not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if self._capturing():
+            return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
         queue = self._queues.get(int(hStream))
         return (CUresult.CUDA_SUCCESS if queue is None else self._drain(queue),)
 
@@ -686,8 +723,60 @@ class FakeDriver:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
         mark = self._event_marks.get(int(hEvent))
         if mark is not None:
-            self._enqueue(hStream, lambda: CUresult.CUDA_SUCCESS, "cuStreamWaitEvent", after=mark)
+            return (self._enqueue(hStream, lambda: CUresult.CUDA_SUCCESS, "cuStreamWaitEvent", after=mark),)
         return (CUresult.CUDA_SUCCESS,)
+
+    # -- stream capture and graphs -----------------------------------------------------
+    def cuStreamBeginCapture(self, hStream: Any, mode: Any) -> tuple[CUresult]:
+        handle = int(hStream) if hStream is not None else 0
+        if handle in _LEGACY:
+            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        queue = self._queues.get(handle)
+        if queue is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if queue.capture is not None:
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+        queue.capture, queue.capture_error = [], CUresult.CUDA_SUCCESS
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamEndCapture(self, hStream: Any) -> tuple[CUresult, CUgraph | None]:
+        queue = self._queues.get(int(hStream) if hStream is not None else 0)
+        if queue is None or queue.capture is None:
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE, None)
+        ops, error = queue.capture, queue.capture_error
+        queue.capture, queue.capture_error = None, CUresult.CUDA_SUCCESS
+        if error:
+            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, None)
+        graph = CUgraph(self._new_handle(), queue.device)
+        self._graphs[int(graph)] = list(ops)
+        return (CUresult.CUDA_SUCCESS, graph)
+
+    def cuGraphInstantiate(self, hGraph: Any, flags: int) -> tuple[CUresult, CUgraphExec | None]:
+        ops = self._graphs.get(int(hGraph))
+        if ops is None:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        graph_exec = CUgraphExec(self._new_handle(), hGraph.device if isinstance(hGraph, _Handle) else 0)
+        self._graph_execs[int(graph_exec)] = tuple(ops)
+        return (CUresult.CUDA_SUCCESS, graph_exec)
+
+    def cuGraphLaunch(self, hGraphExec: Any, hStream: Any) -> tuple[CUresult]:
+        ops = self._graph_execs.get(int(hGraphExec))
+        if ops is None or not self._stream_ok(hStream):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        for op in ops:  # the recorded work, queued again: it reads its inputs when it runs
+            code = self._enqueue(hStream, op.fn, f"graph: {op.what}")
+            if code:
+                return (code,)
+        self.graph_launches += 1
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuGraphExecDestroy(self, hGraphExec: Any) -> tuple[CUresult]:
+        found = self._graph_execs.pop(int(hGraphExec), None)
+        return (CUresult.CUDA_SUCCESS if found is not None else CUresult.CUDA_ERROR_INVALID_VALUE,)
+
+    def cuGraphDestroy(self, hGraph: Any) -> tuple[CUresult]:
+        found = self._graphs.pop(int(hGraph), None)
+        return (CUresult.CUDA_SUCCESS if found is not None else CUresult.CUDA_ERROR_INVALID_VALUE,)
 
     def cuEventCreate(self, Flags: int) -> tuple[CUresult, CUevent | None]:
         error = self._ready()
