@@ -238,14 +238,13 @@ def test_large_engine_deserializes_through_a_stream_reader(backend: Backend, mon
     # Every engine counts as large here, and TensorRT gets at most 4 KiB per read.
     monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0)
     monkeypatch.setattr(pyrt.engine, "STREAM_CHUNK_BYTES", 4096)
-    reads: list[int] = []
+    runtimes: list[FakeRuntime] = []
     if backend.sim is not None:
         original = FakeRuntime._read_stream
 
         def spy(self: FakeRuntime, reader: Any) -> Any:
-            data = original(self, reader)
-            reads.extend(self.stream_reads)
-            return data
+            runtimes.append(self)
+            return original(self, reader)
 
         monkeypatch.setattr(FakeRuntime, "_read_stream", spy)
     with backend.load(LINEAR) as engine:
@@ -253,7 +252,17 @@ def test_large_engine_deserializes_through_a_stream_reader(backend: Backend, mon
         x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
         _check(LINEAR, run(engine, backend.cuda, [x]), [x], backend.tolerance)
     if backend.sim is not None:
-        assert sum(reads) == len(_ref_engine(LINEAR)) and max(reads) == 4096
+        (rt,) = runtimes
+        # TensorRT asks for exact counts per request, and again for what a short read left out.
+        assert sum(rt.stream_requests) == len(_ref_engine(LINEAR)) and len(rt.stream_requests) == 3
+        asked = iter(rt.stream_reads)
+        for request in rt.stream_requests:
+            left = request
+            while left:
+                want, took = next(asked)
+                assert want == left and 0 < took <= 4096
+                left -= took
+        assert next(asked, None) is None and max(t for _, t in rt.stream_reads) == 4096
 
 
 def test_explicit_budget_is_applied_read_back_and_reconfigured(backend: Backend) -> None:
