@@ -173,11 +173,15 @@ class Engine:
     def _profile(self, name: str, dtype: str, shape: tuple[int, ...]) -> _Input:
         if -1 not in shape:
             return _Input(name, dtype, shape, shape, shape)
-        profile = self._engine.get_tensor_profile_shape(name, 0)
-        if len(profile) != 3:
-            raise EngineError(f"{self.name}: no optimization profile for dynamic input {name!r}: "
-                              f"{self._logger.messages.take()}")
-        return _Input(name, dtype, shape, tuple(profile[0]), tuple(profile[2]))
+        # Always three Dims (min, opt, max); a failed query returns invalid ones (nbDims -1).
+        profile = [_dims(d) for d in self._engine.get_tensor_profile_shape(name, 0)]
+        lo, hi = (profile[0], profile[2]) if len(profile) == 3 else (None, None)
+        if lo is None or hi is None or not len(lo) == len(hi) == len(shape) or not all(
+                0 <= a <= b and d in (-1, a) and d in (-1, b) for a, b, d in zip(lo, hi, shape, strict=True)):
+            raise EngineError(f"{self.name}: no usable optimization profile for dynamic input {name!r} of shape "
+                              f"{shape}: TensorRT gives min/opt/max {profile} "
+                              f"(None: invalid): {self._logger.messages.take() or 'no log'}")
+        return _Input(name, dtype, shape, lo, hi)
 
     # -- weight streaming ------------------------------------------------------------
     @property
@@ -370,6 +374,18 @@ class Engine:
     def __repr__(self) -> str:
         state = "closed" if self._engine is None else f"budget={self._applied_budget}"
         return f"Engine({self.name!r}, device={self.device}, {state})"
+
+
+def _dims(dims: Any) -> tuple[int, ...] | None:
+    """A TensorRT Dims as a tuple, or None for an invalid one (nbDims -1: ``len()`` raises).
+
+    Indexes rather than iterates: iterating an invalid Dims reads past its end in the binding.
+    """
+    try:
+        n = len(dims)
+    except (TypeError, ValueError):
+        return None
+    return tuple(int(dims[i]) for i in range(n))
 
 
 def _nbytes(data: Any) -> int:

@@ -547,6 +547,14 @@ def test_tensorrt_failures_become_typed_errors(sim, call, action, error, message
             action(engine)
 
 
+def test_failed_profile_query_is_an_engine_error(sim) -> None:
+    # TensorRT always returns three Dims; a failed query's are invalid (nbDims -1), never a short list.
+    sim.tensorrt.inject_failure("get_tensor_profile_shape")
+    with pytest.raises(EngineError, match=r"no usable optimization profile for dynamic input 'a' of shape \(-1, 4\)"
+                       r": TensorRT gives min/opt/max \[None, None, None\].*getProfileShape"):
+        _load(ADD_MUL)
+
+
 def test_failed_launch_and_refused_address_are_engine_errors(sim) -> None:
     with _load(ADD_MUL) as engine, sim.cuda.alloc(64, 0) as buf, sim.cuda.stream(0) as stream:
         engine.infer_output_shapes([(2, 4), (2, 4)])

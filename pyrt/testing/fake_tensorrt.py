@@ -182,6 +182,26 @@ class Dims(tuple):
     """A shape, as TensorRT returns it (-1 for a dimension not yet known)."""
 
 
+class _InvalidDims(Dims):
+    """What a failed shape query returns (TensorRT's ``nbDims == -1``).
+
+    The real binding's ``__len__`` returns -1, so ``len()`` raises ValueError; iterating it
+    reads past the dims (undefined behaviour), which the fake refuses loudly.
+    """
+
+    def __len__(self) -> int:
+        return -1
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("fake tensorrt: iterating a Dims with nbDims == -1 (undefined behaviour in TensorRT)")
+
+    def __getitem__(self, index: Any) -> Any:
+        raise IndexError("Dims with nbDims == -1")
+
+    def __repr__(self) -> str:
+        return "Dims(nbDims=-1)"
+
+
 class FakeTensorRT:
     """A fake TensorRT module bound to one fake CUDA driver.
 
@@ -419,10 +439,14 @@ class FakeCudaEngine:
         return Dims(self._tensors[name][0].shape)
 
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Dims]:
+        """[min, opt, max], always three Dims as in the binding; invalid ones (nbDims -1) on failure."""
         entry = self._tensors.get(name)
+        if self._trt._fails("get_tensor_profile_shape"):
+            entry = None
         if entry is None or entry[1] is not TensorIOMode.INPUT or profile_index != 0:
-            self._error(f"get_tensor_profile_shape: {name!r} is not an input of profile {profile_index}")
-            return []
+            self._error(f"getProfileShape: Error Code 3: API Usage Error ({name!r} is not an input of "
+                        f"optimization profile {profile_index})")
+            return [_InvalidDims(), _InvalidDims(), _InvalidDims()]
         lo, hi = entry[0].profile()
         return [Dims(lo), Dims(hi), Dims(hi)]
 
