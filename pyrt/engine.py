@@ -3,8 +3,8 @@
 Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
 (zero-copy: a small engine's memoryview goes straight to TensorRT; an engine of
 ``STREAM_READER_MIN_BYTES`` or more is served through TensorRT's
-``IStreamReaderV2`` in ``STREAM_CHUNK_BYTES`` pieces read from the mmap, so
-TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
+``IStreamReaderV2`` as memoryview slices of the mmap of at most ``STREAM_CHUNK_BYTES``,
+so TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
@@ -47,11 +47,16 @@ from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 _log = logging.getLogger("pyrt.engine")
 
 STREAM_READER_MIN_BYTES = 64 << 20  # below this, handing TensorRT the buffer is as cheap and simpler
-STREAM_CHUNK_BYTES = 16 << 20  # most host memory one read hands TensorRT at a time
+STREAM_CHUNK_BYTES = 16 << 20  # most bytes one read hands TensorRT (a zero-copy slice of the engine)
 
 
 def _view_reader(module: Any, view: memoryview) -> Any:
-    """An ``IStreamReaderV2`` of ``module`` serving ``view`` (None if the flavour has none)."""
+    """An ``IStreamReaderV2`` of ``module`` serving zero-copy slices of ``view`` (None if the flavour has none).
+
+    TensorRT asks for exact byte counts and asks again for what a short read left out;
+    the binding copies out of any buffer, so a memoryview slice needs no ``bytes()`` copy.
+    Constructing the real reader base dlopens libcuda, and raises RuntimeError where it cannot.
+    """
     base = getattr(module, "IStreamReaderV2", None)
     seek_position = getattr(module, "SeekPosition", None)
     if base is None or seek_position is None:
@@ -64,9 +69,9 @@ def _view_reader(module: Any, view: memoryview) -> Any:
             super().__init__()  # TensorRT's pybind base must be initialised explicitly
             self.pos = 0
 
-        def read(self, num_bytes: int, stream: int) -> bytes:
+        def read(self, num_bytes: int, stream: int) -> memoryview:
             n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
-            chunk = bytes(view[self.pos : self.pos + n])
+            chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
             self.pos += n
             return chunk
 
