@@ -135,7 +135,12 @@ class Engine:
         runtime, logger = tensorrt_seam.create_runtime(module, cuda=seam)
         source: Any = engine_bytes
         if _nbytes(engine_bytes) >= STREAM_READER_MIN_BYTES:
-            source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
+            try:
+                source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
+            except RuntimeError as exc:  # the reader base dlopens libcuda: "Failed to open cuda driver."
+                raise DeviceError(f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not create the "
+                                  f"stream reader for {_nbytes(engine_bytes)} engine bytes on device {device}: "
+                                  f"{exc}") from exc
         try:
             engine = runtime.deserialize_cuda_engine(source)
         except Exception as exc:  # bindings raise TypeError for a non-buffer, RuntimeError inside

@@ -558,6 +558,19 @@ def test_failed_profile_query_is_an_engine_error(sim) -> None:
         _load(ADD_MUL)
 
 
+def test_stream_reader_that_cannot_be_created_is_a_device_error(sim, monkeypatch) -> None:
+    import pyrt.engine
+
+    # The real reader base dlopens libcuda in its constructor, before TensorRT is asked anything.
+    monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0)
+    sim.tensorrt.inject_failure("IStreamReaderV2")
+    size = len(_ref_engine(LINEAR))
+    with pytest.raises(DeviceError, match=rf"linear_relu: TensorRT \(fake_tensorrt\) could not create the stream "
+                                          rf"reader for {size} engine bytes on device 0: .*Failed to open cuda driver"):
+        _load(LINEAR)
+    _load(LINEAR).close()  # the next load works
+
+
 def test_failed_launch_and_refused_address_are_engine_errors(sim) -> None:
     with _load(ADD_MUL) as engine, sim.cuda.alloc(64, 0) as buf, sim.cuda.stream(0) as stream:
         engine.infer_output_shapes([(2, 4), (2, 4)])
