@@ -205,14 +205,17 @@ class Engine:
         return self._streaming_property("weight_streaming_scratch_memory_size")
 
     def _streaming_property(self, name: str) -> int:
-        # Some TensorRT versions raise (and log) reading these on engines built without
-        # WEIGHT_STREAMING; such an engine streams nothing.
+        # Plain int properties over noexcept getters in the bindings: an engine built without
+        # WEIGHT_STREAMING reads 0, nothing raises. Anything else is a broken engine or binding.
         engine = self._live()
         try:
-            return int(getattr(engine, name))
-        except Exception:
-            self._logger.messages.take()
-            return 0
+            value = getattr(engine, name)
+        except Exception as exc:
+            raise EngineError(f"{self.name}: reading TensorRT's {name} raised {type(exc).__name__}: {exc} "
+                              f"({self._logger.messages.take() or 'no log'})") from exc
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise EngineError(f"{self.name}: TensorRT reports {name} = {value!r}, not a byte count")
+        return value
 
     @property
     def applied_budget(self) -> int | None:

@@ -571,6 +571,26 @@ def test_stream_reader_that_cannot_be_created_is_a_device_error(sim, monkeypatch
     _load(LINEAR).close()  # the next load works
 
 
+@pytest.mark.parametrize("name", ["streamable_weights_size", "weight_streaming_scratch_memory_size"])
+def test_streaming_sizes_are_read_not_guessed(sim, monkeypatch, name: str) -> None:
+    from pyrt.testing.fake_tensorrt import FakeCudaEngine
+
+    with _load(ADD_MUL) as engine:  # built without weight streaming: TensorRT reads 0, it does not raise
+        assert getattr(engine, name) == 0
+
+    def broken(self: Any) -> int:
+        raise RuntimeError("binding failure")
+
+    with _load(ADD_MUL) as engine:
+        monkeypatch.setattr(FakeCudaEngine, name, property(broken))
+        with pytest.raises(EngineError, match=f"add_mul_dynamic: reading TensorRT's {name} raised RuntimeError: "
+                                              "binding failure"):
+            getattr(engine, name)
+        monkeypatch.setattr(FakeCudaEngine, name, property(lambda self: -1))
+        with pytest.raises(EngineError, match=f"TensorRT reports {name} = -1, not a byte count"):
+            getattr(engine, name)
+
+
 def test_failed_launch_and_refused_address_are_engine_errors(sim) -> None:
     with _load(ADD_MUL) as engine, sim.cuda.alloc(64, 0) as buf, sim.cuda.stream(0) as stream:
         engine.infer_output_shapes([(2, 4), (2, 4)])
