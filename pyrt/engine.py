@@ -3,8 +3,8 @@
 Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
 (zero-copy: a small engine's memoryview goes straight to TensorRT; an engine of
 ``STREAM_READER_MIN_BYTES`` or more is served through TensorRT's
-``IStreamReaderV2`` in ``STREAM_CHUNK_BYTES`` pieces read from the mmap, so
-TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
+``IStreamReaderV2`` as memoryview slices of the mmap of at most ``STREAM_CHUNK_BYTES``,
+so TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
@@ -47,11 +47,16 @@ from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 _log = logging.getLogger("pyrt.engine")
 
 STREAM_READER_MIN_BYTES = 64 << 20  # below this, handing TensorRT the buffer is as cheap and simpler
-STREAM_CHUNK_BYTES = 16 << 20  # most host memory one read hands TensorRT at a time
+STREAM_CHUNK_BYTES = 16 << 20  # most bytes one read hands TensorRT (a zero-copy slice of the engine)
 
 
 def _view_reader(module: Any, view: memoryview) -> Any:
-    """An ``IStreamReaderV2`` of ``module`` serving ``view`` (None if the flavour has none)."""
+    """An ``IStreamReaderV2`` of ``module`` serving zero-copy slices of ``view`` (None if the flavour has none).
+
+    TensorRT asks for exact byte counts and asks again for what a short read left out;
+    the binding copies out of any buffer, so a memoryview slice needs no ``bytes()`` copy.
+    Constructing the real reader base dlopens libcuda, and raises RuntimeError where it cannot.
+    """
     base = getattr(module, "IStreamReaderV2", None)
     seek_position = getattr(module, "SeekPosition", None)
     if base is None or seek_position is None:
@@ -64,9 +69,9 @@ def _view_reader(module: Any, view: memoryview) -> Any:
             super().__init__()  # TensorRT's pybind base must be initialised explicitly
             self.pos = 0
 
-        def read(self, num_bytes: int, stream: int) -> bytes:
+        def read(self, num_bytes: int, stream: int) -> memoryview:
             n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
-            chunk = bytes(view[self.pos : self.pos + n])
+            chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
             self.pos += n
             return chunk
 
@@ -131,7 +136,12 @@ class Engine:
         runtime, logger = tensorrt_seam.create_runtime(module, cuda=seam)
         source: Any = engine_bytes
         if _nbytes(engine_bytes) >= STREAM_READER_MIN_BYTES:
-            source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
+            try:
+                source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
+            except RuntimeError as exc:  # the reader base dlopens libcuda: "Failed to open cuda driver."
+                raise DeviceError(f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not create the "
+                                  f"stream reader for {_nbytes(engine_bytes)} engine bytes on device {device}: "
+                                  f"{exc}") from exc
         try:
             engine = runtime.deserialize_cuda_engine(source)
         except Exception as exc:  # bindings raise TypeError for a non-buffer, RuntimeError inside
@@ -174,11 +184,15 @@ class Engine:
     def _profile(self, name: str, dtype: str, shape: tuple[int, ...]) -> _Input:
         if -1 not in shape:
             return _Input(name, dtype, shape, shape, shape)
-        profile = self._engine.get_tensor_profile_shape(name, 0)
-        if len(profile) != 3:
-            raise EngineError(f"{self.name}: no optimization profile for dynamic input {name!r}: "
-                              f"{self._logger.messages.take()}")
-        return _Input(name, dtype, shape, tuple(profile[0]), tuple(profile[2]))
+        # Always three Dims (min, opt, max); a failed query returns invalid ones (nbDims -1).
+        profile = [_dims(d) for d in self._engine.get_tensor_profile_shape(name, 0)]
+        lo, hi = (profile[0], profile[2]) if len(profile) == 3 else (None, None)
+        if lo is None or hi is None or not len(lo) == len(hi) == len(shape) or not all(
+                0 <= a <= b and d in (-1, a) and d in (-1, b) for a, b, d in zip(lo, hi, shape, strict=True)):
+            raise EngineError(f"{self.name}: no usable optimization profile for dynamic input {name!r} of shape "
+                              f"{shape}: TensorRT gives min/opt/max {profile} "
+                              f"(None: invalid): {self._logger.messages.take() or 'no log'}")
+        return _Input(name, dtype, shape, lo, hi)
 
     # -- weight streaming ------------------------------------------------------------
     @property
@@ -192,14 +206,17 @@ class Engine:
         return self._streaming_property("weight_streaming_scratch_memory_size")
 
     def _streaming_property(self, name: str) -> int:
-        # Some TensorRT versions raise (and log) reading these on engines built without
-        # WEIGHT_STREAMING; such an engine streams nothing.
+        # Plain int properties over noexcept getters in the bindings: an engine built without
+        # WEIGHT_STREAMING reads 0, nothing raises. Anything else is a broken engine or binding.
         engine = self._live()
         try:
-            return int(getattr(engine, name))
-        except Exception:
-            self._logger.messages.take()
-            return 0
+            value = getattr(engine, name)
+        except Exception as exc:
+            raise EngineError(f"{self.name}: reading TensorRT's {name} raised {type(exc).__name__}: {exc} "
+                              f"({self._logger.messages.take() or 'no log'})") from exc
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise EngineError(f"{self.name}: TensorRT reports {name} = {value!r}, not a byte count")
+        return value
 
     @property
     def applied_budget(self) -> int | None:
@@ -390,6 +407,18 @@ class Engine:
     def __repr__(self) -> str:
         state = "closed" if self._engine is None else f"budget={self._applied_budget}"
         return f"Engine({self.name!r}, device={self.device}, {state})"
+
+
+def _dims(dims: Any) -> tuple[int, ...] | None:
+    """A TensorRT Dims as a tuple, or None for an invalid one (nbDims -1: ``len()`` raises).
+
+    Indexes rather than iterates: iterating an invalid Dims reads past its end in the binding.
+    """
+    try:
+        n = len(dims)
+    except (TypeError, ValueError):
+        return None
+    return tuple(int(dims[i]) for i in range(n))
 
 
 def _nbytes(data: Any) -> int:

@@ -238,14 +238,13 @@ def test_large_engine_deserializes_through_a_stream_reader(backend: Backend, mon
     # Every engine counts as large here, and TensorRT gets at most 4 KiB per read.
     monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0)
     monkeypatch.setattr(pyrt.engine, "STREAM_CHUNK_BYTES", 4096)
-    reads: list[int] = []
+    runtimes: list[FakeRuntime] = []
     if backend.sim is not None:
         original = FakeRuntime._read_stream
 
         def spy(self: FakeRuntime, reader: Any) -> Any:
-            data = original(self, reader)
-            reads.extend(self.stream_reads)
-            return data
+            runtimes.append(self)
+            return original(self, reader)
 
         monkeypatch.setattr(FakeRuntime, "_read_stream", spy)
     with backend.load(LINEAR) as engine:
@@ -253,7 +252,17 @@ def test_large_engine_deserializes_through_a_stream_reader(backend: Backend, mon
         x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
         _check(LINEAR, run(engine, backend.cuda, [x]), [x], backend.tolerance)
     if backend.sim is not None:
-        assert sum(reads) == len(_ref_engine(LINEAR)) and max(reads) == 4096
+        (rt,) = runtimes
+        # TensorRT asks for exact counts per request, and again for what a short read left out.
+        assert sum(rt.stream_requests) == len(_ref_engine(LINEAR)) and len(rt.stream_requests) == 3
+        asked = iter(rt.stream_reads)
+        for request in rt.stream_requests:
+            left = request
+            while left:
+                want, took = next(asked)
+                assert want == left and 0 < took <= 4096
+                left -= took
+        assert next(asked, None) is None and max(t for _, t in rt.stream_reads) == 4096
 
 
 def test_explicit_budget_is_applied_read_back_and_reconfigured(backend: Backend) -> None:
@@ -410,9 +419,12 @@ def test_view_reader_seeks_within_the_engine_only(sim) -> None:
     from pyrt.engine import _view_reader
 
     trt = sim.tensorrt
-    reader = _view_reader(trt, memoryview(b"0123456789"))
+    data = memoryview(b"0123456789")
+    reader = _view_reader(trt, data)
     assert isinstance(reader, trt.IStreamReaderV2)
-    assert reader.seek(-3, trt.SeekPosition.END) and reader.read(100, 0) == b"789"
+    assert reader.seek(-3, trt.SeekPosition.END)
+    chunk = reader.read(100, 0)
+    assert chunk == b"789" and isinstance(chunk, memoryview) and chunk.obj is data.obj  # a slice, not a copy
     assert reader.read(100, 0) == b""  # at the end
     assert reader.seek(2, trt.SeekPosition.SET) and reader.seek(3, trt.SeekPosition.CUR)
     assert reader.read(2, 0) == b"56"
@@ -536,6 +548,47 @@ def test_tensorrt_failures_become_typed_errors(sim, call, action, error, message
     with pytest.raises(error, match=message):
         with _load(ADD_MUL) as engine:
             action(engine)
+
+
+def test_failed_profile_query_is_an_engine_error(sim) -> None:
+    # TensorRT always returns three Dims; a failed query's are invalid (nbDims -1), never a short list.
+    sim.tensorrt.inject_failure("get_tensor_profile_shape")
+    with pytest.raises(EngineError, match=r"no usable optimization profile for dynamic input 'a' of shape \(-1, 4\)"
+                       r": TensorRT gives min/opt/max \[None, None, None\].*getProfileShape"):
+        _load(ADD_MUL)
+
+
+def test_stream_reader_that_cannot_be_created_is_a_device_error(sim, monkeypatch) -> None:
+    import pyrt.engine
+
+    # The real reader base dlopens libcuda in its constructor, before TensorRT is asked anything.
+    monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0)
+    sim.tensorrt.inject_failure("IStreamReaderV2")
+    size = len(_ref_engine(LINEAR))
+    with pytest.raises(DeviceError, match=rf"linear_relu: TensorRT \(fake_tensorrt\) could not create the stream "
+                                          rf"reader for {size} engine bytes on device 0: .*Failed to open cuda driver"):
+        _load(LINEAR)
+    _load(LINEAR).close()  # the next load works
+
+
+@pytest.mark.parametrize("name", ["streamable_weights_size", "weight_streaming_scratch_memory_size"])
+def test_streaming_sizes_are_read_not_guessed(sim, monkeypatch, name: str) -> None:
+    from pyrt.testing.fake_tensorrt import FakeCudaEngine
+
+    with _load(ADD_MUL) as engine:  # built without weight streaming: TensorRT reads 0, it does not raise
+        assert getattr(engine, name) == 0
+
+    def broken(self: Any) -> int:
+        raise RuntimeError("binding failure")
+
+    with _load(ADD_MUL) as engine:
+        monkeypatch.setattr(FakeCudaEngine, name, property(broken))
+        with pytest.raises(EngineError, match=f"add_mul_dynamic: reading TensorRT's {name} raised RuntimeError: "
+                                              "binding failure"):
+            getattr(engine, name)
+        monkeypatch.setattr(FakeCudaEngine, name, property(lambda self: -1))
+        with pytest.raises(EngineError, match=f"TensorRT reports {name} = -1, not a byte count"):
+            getattr(engine, name)
 
 
 def test_failed_launch_and_refused_address_are_engine_errors(sim) -> None:

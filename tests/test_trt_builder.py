@@ -324,6 +324,20 @@ def test_range_on_a_static_onnx_dim_is_reported(mlp_onnx: Path) -> None:
         build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", dynamic_shapes={"z": GOOD})
 
 
+def test_a_profile_shape_tensorrt_refuses_is_an_export_error() -> None:
+    from pyrt.export import trt_builder
+
+    # parse_dynamic_shapes refuses negative dims before this point; here TensorRT's own check
+    # runs, and its binding raises RuntimeError ("Shape provided for min is inconsistent ...").
+    session = trt_builder._open_session("tensorrt_rtx", trt_builder._options(False, None, None))
+    network = trt_builder._strongly_typed_network(session)
+    network.add_input("x", trt.DataType.FLOAT, (-1, 4))
+    config = session.builder.create_builder_config()
+    with pytest.raises(ExportError, match=r"dynamic_shapes for input 'x': tensorrt_rtx refused "
+                                          r"\(\(-2, 4\), \(2, 4\), \(9, 4\)\): Shape provided for min"):
+        trt_builder._add_profile(session, network, config, {0: ((-2, 4), (2, 4), (9, 4))})
+
+
 def test_dynamic_onnx_input_needs_a_range(tmp_path: Path) -> None:
     from onnx import TensorProto, helper
 

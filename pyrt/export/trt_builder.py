@@ -376,9 +376,9 @@ def _add_profile(session: _Session, network: Any, config: Any, ranges: dict[int 
                                   "gives it no min/opt/max")
             continue
         _check_range_fits(i, tensor.name, shape, rng)
-        try:
+        try:  # the binding raises RuntimeError for a shape setDimensions refuses, TypeError for a non-Dims
             profile.set_shape(tensor.name, *rng)
-        except (ValueError, TypeError) as exc:
+        except (RuntimeError, TypeError) as exc:
             raise ExportError(f"dynamic_shapes for input {tensor.name!r}: {session.name} refused {rng}: {exc}") from exc
         used = True
     if used and config.add_optimization_profile(profile) < 0:

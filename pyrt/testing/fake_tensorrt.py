@@ -13,6 +13,13 @@ optimization profile; an address outside the engine's device fails the
 launch. :meth:`FakeTensorRT.inject_failure` makes any of these calls fail on
 purpose, for the paths real TensorRT takes rarely.
 
+The Python-binding layer behaves as ``tensorrt_rtx`` 1.7's pybind11 bindings do
+(``tests/test_fake_surface.py`` compares the two surfaces): a subclass of
+``ILogger`` or ``IStreamReaderV2`` whose ``__init__`` skips the base's raises
+TypeError; an exception raised inside a ``log``/``read``/``seek`` callback is
+printed to stderr, never propagated; a stream reader is asked for exact byte
+counts and an empty read aborts deserialization.
+
 >>> from pyrt.testing.fake_cuda import FakeDriver
 >>> trt = FakeTensorRT(FakeDriver(gpus=1))
 >>> class Quiet(trt.ILogger):
@@ -24,6 +31,7 @@ True
 from __future__ import annotations
 
 import enum
+import json
 import math
 import sys
 import weakref
@@ -34,7 +42,7 @@ import numpy as np
 
 from pyrt.errors import PyrtError
 from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.refengine import DTYPES, MAGIC, RefEngine, RefTensor
+from pyrt.testing.refengine import ALIGN, DTYPES, HEADER, MAGIC, RefEngine, RefTensor
 
 __version__ = "0.0-fake"
 
@@ -47,7 +55,14 @@ _IO_DTYPES = {
 _PLAN_MAGICS = (b"ptrt", b"ftrt", b"vtrt", b"ntrt")  # first bytes of serialized TensorRT plans
 
 
-class DataType(enum.Enum):
+class _Enum(enum.Enum):
+    """A pybind11 enum: ``.name``, ``.value`` and ``int(member)``; members never equal plain ints."""
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+
+class DataType(_Enum):
     FLOAT = 0
     HALF = 1
     INT8 = 2
@@ -59,13 +74,13 @@ class DataType(enum.Enum):
     INT64 = 8
 
 
-class TensorIOMode(enum.Enum):
+class TensorIOMode(_Enum):
     NONE = 0
     INPUT = 1
     OUTPUT = 2
 
 
-class _Severity(enum.Enum):
+class _Severity(_Enum):
     INTERNAL_ERROR = 0
     ERROR = 1
     WARNING = 2
@@ -73,16 +88,50 @@ class _Severity(enum.Enum):
     VERBOSE = 4
 
 
-class ILogger:
-    """Base class of loggers, as in TensorRT: subclass and override ``log``."""
+class _Bound(type):
+    """pybind11's rule for Python subclasses of a bound class: the base ``__init__`` must run.
+
+    >>> class Lazy(ILogger):
+    ...     def __init__(self): pass
+    >>> Lazy()
+    Traceback (most recent call last):
+    ...
+    TypeError: pyrt.testing.fake_tensorrt.ILogger.__init__() must be called when overriding __init__
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        obj = super().__call__(*args, **kwargs)
+        if not obj.__dict__.get("_bound_init"):
+            base = next(b for b in cls.__mro__ if b.__dict__.get("_bound_root"))
+            raise TypeError(f"{base.__module__}.{base.__qualname__}.__init__() must be called when overriding __init__")
+        return obj
+
+
+def _callback(obj: Any, name: str, *args: Any) -> Any:
+    """Call a Python override as the bindings' trampolines do: an exception is printed to
+    stderr (``[ERROR] Exception caught in read(): ...``) and the call yields None."""
+    try:
+        return getattr(obj, name)(*args)
+    except Exception as exc:
+        print(f"[ERROR] Exception caught in {name}(): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def _log(logger: ILogger, severity: _Severity, msg: str) -> None:
+    _callback(logger, "log", severity, msg)
+
+
+class ILogger(metaclass=_Bound):
+    """Base class of loggers, as in TensorRT: subclass, call ``ILogger.__init__``, override ``log``."""
 
     Severity = _Severity
+    _bound_root = True
 
     def __init__(self) -> None:
-        pass
+        self._bound_init = True
 
     def log(self, severity: _Severity, msg: str) -> None:
-        raise NotImplementedError
+        raise NotImplementedError('Tried to call pure virtual function "ILogger::log"')
 
 
 class Logger(ILogger):
@@ -97,27 +146,60 @@ class Logger(ILogger):
             print(f"[fake TRT] [{severity.name[0]}] {msg}", file=sys.stderr)
 
 
-class SeekPosition(enum.Enum):
+class SeekPosition(_Enum):
     SET = 0
     CUR = 1
     END = 2
 
 
-class IStreamReaderV2:
-    """Base class of stream readers, as in TensorRT: call ``__init__``, override ``read`` and ``seek``."""
+class IStreamReaderV2(metaclass=_Bound):
+    """Base class of stream readers, as in TensorRT: call ``__init__``, override ``read`` and ``seek``.
+
+    ``read(num_bytes, stream)`` returns any contiguous buffer (bytes, memoryview, numpy) of at most
+    ``num_bytes``; TensorRT asks again for whatever is still missing, and an empty buffer aborts.
+    The real base dlopens libcuda in its constructor and raises RuntimeError where that fails;
+    ``FakeTensorRT.inject_failure("IStreamReaderV2")`` reproduces that for the reader class of
+    that fake module.
+    """
+
+    _bound_root = True
+    _fake: FakeTensorRT | None = None  # the fake module this reader class belongs to
 
     def __init__(self) -> None:
-        pass
+        fake = type(self)._fake
+        if fake is not None and fake._fails("IStreamReaderV2"):
+            raise RuntimeError("[ERROR] Failed to open cuda driver.")
+        self._bound_init = True
 
-    def read(self, num_bytes: int, stream: int) -> bytes:
-        raise NotImplementedError
+    def read(self, num_bytes: int, stream: int) -> Any:
+        raise NotImplementedError("[ERROR] Failed to find override read function in python.")
 
     def seek(self, offset: int, where: SeekPosition) -> bool:
-        raise NotImplementedError
+        raise NotImplementedError("[ERROR] Failed to find override seek function in python.")
 
 
 class Dims(tuple):
     """A shape, as TensorRT returns it (-1 for a dimension not yet known)."""
+
+
+class _InvalidDims(Dims):
+    """What a failed shape query returns (TensorRT's ``nbDims == -1``).
+
+    The real binding's ``__len__`` returns -1, so ``len()`` raises ValueError; iterating it
+    reads past the dims (undefined behaviour), which the fake refuses loudly.
+    """
+
+    def __len__(self) -> int:
+        return -1
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("fake tensorrt: iterating a Dims with nbDims == -1 (undefined behaviour in TensorRT)")
+
+    def __getitem__(self, index: Any) -> Any:
+        raise IndexError("Dims with nbDims == -1")
+
+    def __repr__(self) -> str:
+        return "Dims(nbDims=-1)"
 
 
 class FakeTensorRT:
@@ -134,17 +216,21 @@ class FakeTensorRT:
     ILogger: TypeAlias = ILogger  # an alias, so Runtime's annotation can name it in the class body
     Logger = Logger
     Dims = Dims
-    IStreamReaderV2: TypeAlias = IStreamReaderV2
     SeekPosition = SeekPosition
-    STREAM_READ_BYTES = 1 << 20  # how much the fake runtime asks a stream reader for at a time
 
     def __init__(self, driver: FakeDriver) -> None:
         self.driver = driver
         self.calls: Counter[str] = Counter()
         self._failures: Counter[str] = Counter()
+        # This module's own reader base, so inject_failure("IStreamReaderV2") reaches its constructor.
+        self.IStreamReaderV2: type[IStreamReaderV2] = type(
+            "IStreamReaderV2", (IStreamReaderV2,), {"_fake": self, "__doc__": IStreamReaderV2.__doc__})
 
     def Runtime(self, logger: ILogger) -> FakeRuntime:  # noqa: N802 - TensorRT's name
         """``trt.Runtime(logger)``; without a CUDA device this "crashes" (raises loudly)."""
+        if not isinstance(logger, ILogger):
+            raise TypeError("__init__(): incompatible constructor arguments. The following argument types are "
+                            f"supported:\n    1. Runtime(logger: ILogger)\n\nInvoked with: {logger!r}")
         if self.driver.gpus == 0:
             raise RuntimeError(
                 "fake tensorrt: Runtime created with no CUDA device (tensorrt_lean would segfault here)"
@@ -156,7 +242,8 @@ class FakeTensorRT:
 
         ``call`` is one of deserialize_cuda_engine, create_execution_context,
         weight_streaming_budget_v2 (the setter), set_input_shape, infer_shapes,
-        set_tensor_address, execute_async_v3.
+        set_tensor_address, execute_async_v3, get_tensor_profile_shape, or
+        IStreamReaderV2 (its constructor fails as where libcuda cannot be opened).
         """
         self._failures[call] += times
 
@@ -174,33 +261,81 @@ class FakeRuntime:
     def __init__(self, trt: FakeTensorRT, logger: ILogger) -> None:
         self._trt = trt
         self.logger = logger
-        self.stream_reads: list[int] = []  # bytes returned by each IStreamReaderV2.read call
+        self.stream_requests: list[int] = []  # byte counts the runtime asked a stream reader for
+        self.stream_reads: list[tuple[int, int]] = []  # (num_bytes asked, bytes taken) per read() call
 
     def _read_stream(self, reader: IStreamReaderV2) -> bytearray | None:
-        """Pull the whole engine through the reader's contract: rewind, then bounded reads until empty."""
-        if reader.seek(0, SeekPosition.SET) is not True:
-            self._error("IStreamReaderV2::seek(0, SET) failed")
+        """Pull a reference engine through ``reader`` the way TensorRT-RTX 1.7 pulls a plan.
+
+        Seen on an H100 (docs/hardware.md): rewind with seek(0, SET), then exact-size requests
+        for the parts of the plan (its 64-byte header, then 48 bytes of metadata, ...). Here the
+        parts are the reference engine's header, its JSON (padded), then its weights region.
+        """
+        if not _callback(reader, "seek", 0, SeekPosition.SET):
+            self._error("IRuntime::deserializeCudaEngineV2: IStreamReaderV2 seek(0, SET) failed")
             return None
-        data = bytearray()
-        while True:
-            want = self._trt.STREAM_READ_BYTES
-            chunk = reader.read(want, 0)
-            if not isinstance(chunk, (bytes, bytearray)):
-                self._error(f"IStreamReaderV2::read returned {type(chunk).__name__}, not bytes")
-                return None
-            if len(chunk) > want:
-                self._error(f"IStreamReaderV2::read returned {len(chunk)} bytes, more than the {want} asked for")
-                return None
-            if not chunk:
-                return data
-            self.stream_reads.append(len(chunk))
-            data += chunk
+        data = self._request(reader, HEADER.size, "header")
+        if data is None:
+            return None
+        if bytes(data[:8]) != MAGIC:
+            return data  # refused below, with what the bytes look like
+        json_len = HEADER.unpack_from(data)[3]
+        meta = self._request(reader, _align(HEADER.size + json_len) - HEADER.size, "metadata")
+        if meta is None:
+            return None
+        data += meta
+        try:
+            weights = json.loads(bytes(meta[:json_len]))["weights"]
+            size = max((_align(int(w["offset"]) + int(w["nbytes"])) for w in weights), default=0)
+        except (ValueError, TypeError, KeyError) as exc:
+            self._error(f"IRuntime::deserializeCudaEngineV2: bad reference-engine metadata: {exc!r}")
+            return None
+        body = self._request(reader, size, "weights") if size else bytearray()
+        if body is None:
+            return None
+        return data + body
+
+    def _request(self, reader: IStreamReaderV2, nbytes: int, what: str) -> bytearray | None:
+        """One request of ``nbytes``, through the binding's trampoline (PyStreamReaderV2::read).
+
+        The trampoline calls ``read(remaining, stream)`` until ``nbytes`` arrive, takes at most
+        ``remaining`` bytes of any buffer, stops at an empty one ("User aborted the operation"),
+        and turns an exception or a non-buffer into 0 bytes for the whole request (printed to
+        stderr). The runtime then logs how much it got.
+        """
+        self.stream_requests.append(nbytes)
+        out = bytearray()
+        while len(out) < nbytes:
+            want = nbytes - len(out)
+            got = _callback(reader, "read", want, 0)
+            try:
+                view = memoryview(got).cast("B")  # any C-contiguous buffer (the fake refuses strided ones)
+            except TypeError as exc:
+                print(f"[ERROR] Exception caught in read(): Object of type '{type(got).__name__}' is not an "
+                      f"instance of 'buffer' ({exc})", file=sys.stderr)
+                out.clear()
+                break
+            take = min(view.nbytes, want)
+            self.stream_reads.append((want, take))
+            if take == 0:
+                print("[ERROR] User aborted the operation, the read function in streamReaderV2 returned 0 bytes.",
+                      file=sys.stderr)
+                break
+            out += view[:take]
+        if len(out) != nbytes:
+            self._error(f"IRuntime::deserializeCudaEngineV2: Error Code 4: API Usage Error (Failed to read {what} "
+                        f"from the stream: read {len(out)} out of {nbytes} bytes)")
+            return None
+        return out
 
     def _error(self, msg: str) -> None:
-        self.logger.log(_Severity.ERROR, msg)
+        _log(self.logger, _Severity.ERROR, msg)
 
     def deserialize_cuda_engine(self, serialized_engine: Any) -> FakeCudaEngine | None:
-        """Engine from a buffer or an ``IStreamReaderV2`` holding a reference engine, or None (logged)."""
+        """Engine from a buffer or an ``IStreamReaderV2`` holding a reference engine, or None (logged).
+
+        Anything else raises TypeError, as the binding's overload resolution does.
+        """
         if isinstance(serialized_engine, IStreamReaderV2):
             serialized_engine = self._read_stream(serialized_engine)
             if serialized_engine is None:
@@ -208,8 +343,8 @@ class FakeRuntime:
         try:
             view = memoryview(serialized_engine).cast("B")
         except TypeError:
-            self._error(f"deserialize_cuda_engine: {type(serialized_engine).__name__} is not a buffer")
-            return None
+            raise TypeError(f"deserialize_cuda_engine(): incompatible function arguments: "
+                            f"{type(serialized_engine).__name__} is neither a buffer nor an IStreamReaderV2") from None
         if self._trt._fails("deserialize_cuda_engine"):
             self._error("IRuntime::deserializeCudaEngine: injected failure")
             return None
@@ -245,12 +380,8 @@ class FakeRuntime:
 class FakeCudaEngine:
     """``trt.ICudaEngine`` over a reference engine on one fake device."""
 
-    num_optimization_profiles = 1
-    device_memory_size_v2 = 0  # activations live in host memory in the fake
-
     def __init__(self, trt: FakeTensorRT, ref: RefEngine, device: int, logger: ILogger) -> None:
         self._trt, self.ref, self.device, self.logger = trt, ref, device, logger
-        self.name = "fake_engine"
         self._tensors: dict[str, tuple[RefTensor, TensorIOMode]] = {
             **{t.name: (t, TensorIOMode.INPUT) for t in ref.inputs},
             **{t.name: (t, TensorIOMode.OUTPUT) for t in ref.outputs},
@@ -261,8 +392,21 @@ class FakeCudaEngine:
         self._held: list[int] = []
         weakref.finalize(self, _free_all, trt.driver, self._held)
 
+    # Read-only properties, as in the binding.
+    @property
+    def name(self) -> str:
+        return "fake_engine"
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return 1
+
+    @property
+    def device_memory_size_v2(self) -> int:
+        return 0  # activations live in host memory in the fake
+
     def _error(self, msg: str) -> None:
-        self.logger.log(_Severity.ERROR, msg)
+        _log(self.logger, _Severity.ERROR, msg)
 
     def _hold(self, what: str, nbytes: int, into: list[int] | None = None) -> bool:
         """Take ``nbytes`` of this engine's device memory; log and return False when out."""
@@ -295,10 +439,14 @@ class FakeCudaEngine:
         return Dims(self._tensors[name][0].shape)
 
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Dims]:
+        """[min, opt, max], always three Dims as in the binding; invalid ones (nbDims -1) on failure."""
         entry = self._tensors.get(name)
+        if self._trt._fails("get_tensor_profile_shape"):
+            entry = None
         if entry is None or entry[1] is not TensorIOMode.INPUT or profile_index != 0:
-            self._error(f"get_tensor_profile_shape: {name!r} is not an input of profile {profile_index}")
-            return []
+            self._error(f"getProfileShape: Error Code 3: API Usage Error ({name!r} is not an input of "
+                        f"optimization profile {profile_index})")
+            return [_InvalidDims(), _InvalidDims(), _InvalidDims()]
         lo, hi = entry[0].profile()
         return [Dims(lo), Dims(hi), Dims(hi)]
 
@@ -338,8 +486,11 @@ class FakeCudaEngine:
         room = free - self.weight_streaming_scratch_memory_size - self.device_memory_size_v2
         return max(0, min(self.streamable_weights_size, room))
 
-    def create_execution_context(self, *args: Any) -> FakeExecutionContext | None:
-        """A context holding the resident weights; None (logged) when device memory runs out."""
+    def create_execution_context(self, strategy: Any = None) -> FakeExecutionContext | None:
+        """A context holding the resident weights; None (logged) when device memory runs out.
+
+        ``strategy`` (an ExecutionContextAllocationStrategy in TensorRT) is accepted and ignored.
+        """
         if self._trt._fails("create_execution_context"):
             self._error("createExecutionContext: injected failure")
             return None
@@ -352,6 +503,10 @@ class FakeCudaEngine:
         context = FakeExecutionContext(self, held)
         self._contexts.add(context)
         return context
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 def _free_all(driver: FakeDriver, pointers: list[int]) -> None:
