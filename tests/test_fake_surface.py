@@ -96,8 +96,10 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "view": "the fake TensorRT's window into fake device memory",
         "owner": "which fake device owns an address (the fake's cuPointerGetAttribute stand-in)",
         "stream_device": "the device of a fake stream, for the fake enqueueV3's checks",
-        "begin_launch": "a fake engine launch starts (hooks for the device-memory backends)",
-        "end_launch": "a fake engine launch ends",
+        "launch": "the fake TensorRT queues an engine launch on a stream (its work runs when waited for)",
+        "pending": "operations queued and not yet run (tests of the asynchronous fake)",
+        "hazards": "use-after-free of host buffers and asynchronous faults the fake saw (empty in correct code)",
+        "graph_launches": "cuGraphLaunch calls that succeeded (tests of CUDA graph replay)",
         "allocate_internal": "memory a fake engine holds, without touching the current context",
         "free_internal": "frees allocate_internal's memory",
     },
@@ -111,16 +113,11 @@ KIND_DIFFERENCES: dict[tuple[str, str], str] = {
 # real binding is present, or probed with getattr(..., default).
 FAKE_LACKS: dict[tuple[str, str], str] = {
     ("module", "ComputeCapability"): "TensorRT-RTX only; pyrt probes it (unsupported_device) with a default",
-    ("driver", "cuPointerGetAttribute"): "tensors._device_of_pointer asks fake_cuda's owner() instead "
-                                         "(issue 10 item 1 removes that fake detection)",
-    ("driver", "CUpointer_attribute"): "as above",
     ("driver", "cuCtxGetDevice"): "gpu_reference.DeviceMemory runs over the real driver only",
     ("driver", "cuStreamGetDevice"): "as above",
 }
 # Fake-only names pyrt's runtime is known to probe (issue 10 item 1 removes them).
-FAKE_ONLY_PROBED: dict[tuple[str, str], str] = {
-    ("driver", "owner"): "tensors._device_of_pointer detects the fake through it",
-}
+FAKE_ONLY_PROBED: dict[tuple[str, str], str] = {}
 
 
 # -- the real packages ----------------------------------------------------------------------------
