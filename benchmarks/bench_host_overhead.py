@@ -18,7 +18,6 @@ Goal (issue 10): <= 10 us per delegate call in eager mode on this 2-core machine
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import sys
 import tempfile
@@ -32,45 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-
-def chain_program(path: Path, n: int) -> Path:
-    """N relu engines on cuda:0; value k lives in a cuda:0 arena, input and output on the host."""
-    from executorch.exir import schema as s
-    from executorch.exir.scalar_type import ScalarType as ST
-
-    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
-    from pyrt.trt_blob import IOBinding, encode_blob
-    from tests.ptefixtures import serialize_program
-
-    def tensor(mem: int, off: int) -> Any:
-        return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[4], dim_order=[0],
-                                 requires_grad=False, layout=0, data_buffer_idx=0,
-                                 allocation_info=s.AllocationDetails(memory_id=mem, memory_offset_low=off,
-                                                                     memory_offset_high=0),
-                                 shape_dynamism=s.TensorShapeDynamism.STATIC))
-
-    relu = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
-                     nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])]).to_bytes()
-    bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
-    blob = encode_blob(relu, bindings, device_id=0)
-    values = [tensor(1, 0)] + [tensor(2, 16 * (k % 2)) for k in range(n - 1)] + [tensor(1, 16)]
-    delegates = [s.BackendDelegate(id="TensorRTBackend",
-                                   processed=s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=0),
-                                   compile_specs=[s.CompileSpec("target_device", b"cuda:0")]) for _ in range(n)]
-    plan = s.ExecutionPlan(
-        name="forward", container_meta_type=s.ContainerMetadata("", ""), values=values, inputs=[0], outputs=[n],
-        chains=[s.Chain(inputs=[0], outputs=[n], stacktrace=None, instructions=[
-            s.Instruction(s.DelegateCall(delegate_index=k, args=[k, k + 1])) for k in range(n)])],
-        operators=[], delegates=delegates, non_const_buffer_sizes=[0, 32, 32],
-        non_const_buffer_device=[s.NonConstBufferDevice(buffer_idx=2, device_type=s.DeviceType.CUDA,
-                                                        device_index=0)])
-    program = s.Program(version=0, execution_plan=[plan], constant_buffer=[],
-                        backend_delegate_data=[s.BackendDelegateInlineData(data=blob)], segments=[],
-                        constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
-    buf = io.BytesIO()
-    serialize_program(program).write_to_file(buf)
-    path.write_bytes(buf.getvalue())
-    return path
+from tests.gpu_programs import chain_program  # noqa: E402
 
 
 class TimedDriver:
@@ -99,7 +60,7 @@ class TimedDriver:
         return timed
 
 
-def measure(n: int, forwards: int, samples: int, directory: Path) -> dict[str, float]:
+def measure(n: int, forwards: int, samples: int, directory: Path, graphs: bool) -> dict[str, float]:
     from pyrt.testing import fake_tensorrt, simulated_gpus
 
     path = chain_program(directory / f"chain{n}.pte", n)
@@ -113,17 +74,18 @@ def measure(n: int, forwards: int, samples: int, directory: Path) -> dict[str, f
         for name, fn in saved.items():  # the fake TensorRT's own Python is the seam's cost too
             setattr(context, name, proxy.wrap(fn))
         try:
-            return _run(path, proxy, sim, x, forwards, samples)
+            return _run(path, proxy, sim, x, forwards, samples, graphs)
         finally:
             for name, fn in saved.items():
                 setattr(context, name, fn)
 
 
-def _run(path: Path, proxy: TimedDriver, sim: Any, x: np.ndarray, forwards: int, samples: int) -> dict[str, float]:
+def _run(path: Path, proxy: TimedDriver, sim: Any, x: np.ndarray, forwards: int, samples: int,
+         graphs: bool) -> dict[str, float]:
     from pyrt import cuda as cuda_seam
     from pyrt.program import Program
 
-    with cuda_seam.use_driver(proxy), Program(path, trt=sim.tensorrt) as prog:
+    with cuda_seam.use_driver(proxy), Program(path, trt=sim.tensorrt, cuda_graphs=graphs) as prog:
         for _ in range(50):
             prog(x)
         per_forward, seam = [], []
@@ -147,14 +109,17 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {n: measure(n, args.forwards, args.samples, Path(tmp)) for n in (1, 16)}
-    slope = (rows[16]["pyrt_us"] - rows[1]["pyrt_us"]) / 15
-    body = [[str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['seam_us']:.1f}",
-             f"{r['driver_calls']:.0f}"] for n, r in rows.items()]
-    table = markdown_table(["delegates", "pyrt us / forward", "pyrt us / delegate", "seam us / forward (simulated)",
-                            "seam calls / forward"], body)
+        rows = {(mode, n): measure(n, args.forwards, args.samples, Path(tmp), mode == "cuda graphs")
+                for mode in ("eager", "cuda graphs") for n in (1, 16)}
+    slope = (rows["eager", 16]["pyrt_us"] - rows["eager", 1]["pyrt_us"]) / 15
+    body = [[mode, str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['seam_us']:.1f}",
+             f"{r['driver_calls']:.0f}"] for (mode, n), r in rows.items()]
+    table = markdown_table(["mode", "delegates", "pyrt us / forward", "pyrt us / delegate",
+                            "seam us / forward (simulated)", "seam calls / forward"], body)
     text = (f"`{command_line()}` ({machine()}; medians of {args.samples} samples of {args.forwards} forwards; "
-            f"eager mode)\n\n{table}\n\nPer additional delegate call (slope from 1 to 16): **{slope:.1f} us** of "
+            f"N engines in a chain; with CUDA graphs the N-2 middle engines (device memory only) replay as one "
+            f"graph, the first and last copy from and to the host eagerly)\n\n{table}\n\n"
+            f"Per additional delegate call (slope from 1 to 16): **{slope:.1f} us** of "
             f"pyrt's own Python (goal <= 10 us). Time inside the seams (the simulated driver's calls and the fake "
             f"TensorRT context's) is measured through timing wrappers and excluded: on a GPU those calls are "
             f"the real driver's and TensorRT's.")

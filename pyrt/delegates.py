@@ -26,6 +26,7 @@ import numpy as np
 
 from pyrt.devices import parse_device, remap_device
 from pyrt.errors import EngineError, PteFormatError, UnsupportedOperatorError
+from pyrt.graphs import mark_capturable
 from pyrt.kernels import Step
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
 from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
@@ -359,6 +360,8 @@ def _static_delegate_step(ctx: DeviceContext, engine: Any, ins_: list[_Port], ou
         for p in staged_out:
             _stage_out(ctx, p, p.staging, device, stream, table, torch_host)  # type: ignore[arg-type]
 
+    if not staged_in and not staged_out:  # device memory of its own device only: one launch, capturable
+        mark_capturable(step, device)
     return step
 
 

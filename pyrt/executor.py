@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import ExecutionError, InputError, PyrtError
+from pyrt.graphs import Segment, segment_steps
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
 from pyrt.tensors import (
     CAI,
@@ -64,7 +65,8 @@ class RunState:
 class MethodRunner:
     """Callable that runs one planned method; not re-entrant (a lock serialises callers)."""
 
-    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None) -> None:
+    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None,
+                 cuda_graphs: bool = False) -> None:
         self.plan = plan
         self.cuda = devices.cuda if devices is not None else cuda  # for device inputs of host-only methods
         self.name = plan.name
@@ -80,6 +82,16 @@ class MethodRunner:
         self._straight = not plan.has_jumps
         # Straight chains hold no JumpFalseCall, so every step is set; jumping chains run from plan.chains.
         self._steps = [[ins.step for ins in chain if ins.step is not None] for chain in plan.chains]
+        self._segments: list[Segment] = []
+        if cuda_graphs and devices is not None and self._straight:  # device-only runs replay as CUDA graphs
+            for ci, steps in enumerate(self._steps):
+                self._steps[ci], segments = segment_steps(steps, devices)
+                self._segments.extend(segments)
+
+    def reset_graphs(self) -> None:
+        """Drop captured CUDA graphs (after execution contexts were recreated); they are captured again."""
+        for segment in self._segments:
+            segment.reset()
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:

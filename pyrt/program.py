@@ -62,7 +62,10 @@ class Program:
     ``devices``: the GPUs to run on, passed explicitly: a :class:`pyrt.cuda.Cuda`, or
     what :func:`pyrt.testing.simulated_gpus` yields (its fake TensorRT too, unless ``trt``
     is given); None: the process's CUDA driver. The program keeps what it was loaded
-    with; later changes of the process default do not reach it.
+    with; later changes of the process default do not reach it. ``cuda_graphs``: replay
+    each run of device-only work (static engines reading and writing one device's
+    memory) as a CUDA graph after it was captured on the second run (see :mod:`pyrt.graphs`);
+    set_budget captures again.
 
     >>> from pyrt.testing import simulated_gpus
     >>> with simulated_gpus(1) as sim:                            # doctest: +SKIP
@@ -71,7 +74,7 @@ class Program:
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
-                 devices: Any = None) -> None:
+                 devices: Any = None, cuda_graphs: bool = False) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
@@ -82,14 +85,14 @@ class Program:
         try:
             if devices is not None and trt is None:
                 trt = getattr(devices, "tensorrt", None)
-            self._load(budget, device_map, trt, kernels, devices)
+            self._load(budget, device_map, trt, kernels, devices, cuda_graphs)
         except BaseException:
             self._release()
             raise
         self._closed = False
 
     def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
-              devices: Any = None) -> None:
+              devices: Any = None, cuda_graphs: bool = False) -> None:
         from pyrt.streaming import validate_budget
 
         validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
@@ -124,7 +127,8 @@ class Program:
                 self._contexts.append(ctx)
             plan = finish_method(draft, host, cuda, ctx)
             self._plans.append(plan)
-            self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx, cuda=self._cuda)
+            self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx, cuda=self._cuda,
+                                                   cuda_graphs=cuda_graphs)
 
     @staticmethod
     def _check_devices(drafts: Sequence[MethodDraft], cuda: Any) -> Any:
@@ -185,6 +189,8 @@ class Program:
         for lock in locks:
             lock.acquire()
         try:
+            for runner in self._runners.values():  # graphs hold the old contexts' work: capture again
+                runner.reset_graphs()
             apply_budgets(self._delegates, budget, source="set_budget")
         finally:
             for lock in reversed(locks):
@@ -202,6 +208,8 @@ class Program:
             self._release()
 
     def _release(self) -> None:
+        for runner in self._runners.values():
+            runner.reset_graphs()
         self._runners.clear()
         for d in self._delegates:
             if d.engine is not None:

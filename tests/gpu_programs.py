@@ -11,6 +11,7 @@ Each ``NAME.pte`` has ``NAME.npz`` beside it holding inputs and eager outputs.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,45 @@ def load(directory: Path) -> dict[str, Path]:
     if missing:
         raise FileNotFoundError(f"prebuilt programs missing: {missing}")
     return paths
+
+
+def chain_program(path: Path, n: int) -> Path:
+    """N engines on cuda:0, each ``y = relu(x) * 2``; the values between them live in a cuda:0 arena,
+    the input and output on the host. The middle engines touch device memory only (CUDA-graph material)."""
+    from executorch.exir import schema as s
+    from executorch.exir.scalar_type import ScalarType as ST
+
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.trt_blob import IOBinding, encode_blob
+    from tests.ptefixtures import serialize_program
+
+    def tensor(mem: int, off: int) -> Any:
+        return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[4], dim_order=[0],
+                                 requires_grad=False, layout=0, data_buffer_idx=0,
+                                 allocation_info=s.AllocationDetails(memory_id=mem, memory_offset_low=off,
+                                                                     memory_offset_high=0),
+                                 shape_dynamism=s.TensorShapeDynamism.STATIC))
+
+    relu = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
+                     nodes=[RefNode("aten::relu", [Ref("x")], {}, ["r"]),
+                            RefNode("aten::add.Tensor", [Ref("r"), Ref("r")], {}, ["y"])]).to_bytes()
+    bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
+    blob = encode_blob(relu, bindings, device_id=0)
+    values = [tensor(1, 0)] + [tensor(2, 16 * (k % 2)) for k in range(n - 1)] + [tensor(1, 16)]
+    delegates = [s.BackendDelegate(id="TensorRTBackend",
+                                   processed=s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=0),
+                                   compile_specs=[s.CompileSpec("target_device", b"cuda:0")]) for _ in range(n)]
+    plan = s.ExecutionPlan(
+        name="forward", container_meta_type=s.ContainerMetadata("", ""), values=values, inputs=[0], outputs=[n],
+        chains=[s.Chain(inputs=[0], outputs=[n], stacktrace=None, instructions=[
+            s.Instruction(s.DelegateCall(delegate_index=k, args=[k, k + 1])) for k in range(n)])],
+        operators=[], delegates=delegates, non_const_buffer_sizes=[0, 32, 32],
+        non_const_buffer_device=[s.NonConstBufferDevice(buffer_idx=2, device_type=s.DeviceType.CUDA,
+                                                        device_index=0)])
+    program = s.Program(version=0, execution_plan=[plan], constant_buffer=[],
+                        backend_delegate_data=[s.BackendDelegateInlineData(data=blob)], segments=[],
+                        constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
+    buf = io.BytesIO()
+    serialize_program(program).write_to_file(buf)
+    path.write_bytes(buf.getvalue())
+    return path

@@ -549,6 +549,8 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error,)
+        if self._capturing():
+            return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
         return (self._drain_device(self._context_device()),)
 
     # -- memory ----------------------------------------------------------------
@@ -576,6 +578,8 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error,)
+        if self._capturing():  # it synchronises the device: unsafe while a capture is under way
+            return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
         self._note(self._drain_device(self._context_device()), "work before cuMemFree")  # it synchronises
         with self._lock:
             ok = self._release(int(dptr))
@@ -797,6 +801,8 @@ class FakeDriver:
     def cuEventSynchronize(self, hEvent: Any) -> tuple[CUresult]:
         if int(hEvent) not in self._events:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if self._capturing():
+            return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
         mark = self._event_marks.get(int(hEvent))
         return (CUresult.CUDA_SUCCESS if mark is None else self._drain(*mark),)
 

@@ -1,0 +1,139 @@
+"""CUDA graphs: a method's device-only work captured once, then replayed with one launch.
+
+A *segment* is a run of consecutive instruction steps that enqueue device work
+only, on one device's stream, with shapes fixed at load: static TensorRT
+delegates whose inputs and outputs all live in that device's memory. A segment
+runs eagerly on its first run (TensorRT's first enqueue may allocate, and pyrt
+checks shapes then), is captured on its second (``cuStreamBeginCapture`` ...
+``cuGraphInstantiate``), and is replayed after that (``cuGraphLaunch``).
+Everything else -- host kernels, host<->device copies, dynamic-shape engines --
+runs eagerly between segments on the same stream, so stream order keeps it
+correct. A budget change recreates execution contexts, so :meth:`reset` drops
+every graph and the next runs capture again. A capture that the driver or
+TensorRT refuses leaves that segment eager for good (logged once).
+
+>>> seg = Segment([], device=0)
+>>> seg.state
+'eager'
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyrt.errors import DeviceError
+
+_log = logging.getLogger("pyrt.graphs")
+_CAPTURE_MODE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+
+
+def graph_device(step: Callable[[], None]) -> int | None:
+    """The device a step's work is confined to, when it may be captured (else None)."""
+    return getattr(step, "graph_device", None)
+
+
+def mark_capturable(step: Callable[[], None], device: int) -> None:
+    """Declare that ``step`` only enqueues work on ``device``'s stream, with fixed shapes and addresses."""
+    setattr(step, "graph_device", device)  # noqa: B010 - an attribute of a closure
+
+
+class Segment:
+    """Steps replayed as one CUDA graph; ``state`` is "eager", "warm", "graph" or "refused"."""
+
+    def __init__(self, steps: Sequence[Callable[[], None]], *, device: int, devices: Any = None) -> None:
+        self.steps = list(steps)
+        self.device = device
+        self.devices = devices  # pyrt.delegates.DeviceContext
+        self.state = "eager"
+        self._graph: Any = None
+        self._exec: Any = None
+
+    def __call__(self) -> None:
+        if self.state == "graph":
+            stream = self.devices.stream(self.device)
+            self.devices.cuda.call("cuGraphLaunch", self._exec, stream.raw)
+            return
+        if self.state == "warm":
+            self._capture()
+            if self.state == "graph":
+                stream = self.devices.stream(self.device)
+                self.devices.cuda.call("cuGraphLaunch", self._exec, stream.raw)
+                return
+        for step in self.steps:
+            step()
+        if self.state == "eager":
+            self.state = "warm"
+
+    def _capture(self) -> None:
+        cuda, stream = self.devices.cuda, self.devices.stream(self.device)
+        cuda.set_device(self.device)
+        try:
+            cuda.call("cuStreamBeginCapture", stream.raw, _CAPTURE_MODE_THREAD_LOCAL)
+        except DeviceError as exc:
+            self._refuse(f"cuStreamBeginCapture: {exc}")
+            return
+        failure = None
+        try:
+            for step in self.steps:
+                step()
+        except Exception as exc:  # a refused call inside the capture: the capture is void, nothing ran
+            failure = f"{type(exc).__name__}: {exc}"
+        try:
+            graph = cuda.call("cuStreamEndCapture", stream.raw)
+        except DeviceError as exc:
+            self._refuse(failure or str(exc))
+            return
+        if failure is not None:
+            cuda.call("cuGraphDestroy", graph)
+            self._refuse(failure)
+            return
+        self._graph = graph
+        self._exec = cuda.call("cuGraphInstantiate", graph, 0)
+        self.state = "graph"
+
+    def _refuse(self, why: str) -> None:
+        _log.warning("CUDA graph capture of %d step(s) on device %d refused, running them eagerly: %s",
+                     len(self.steps), self.device, why)
+        self.state = "refused"
+
+    def reset(self) -> None:
+        """Drop the graph (contexts were recreated): the next runs warm up and capture again."""
+        cuda = self.devices.cuda if self.devices is not None else None
+        if cuda is not None:
+            if self._exec is not None:
+                cuda.call("cuGraphExecDestroy", self._exec)
+            if self._graph is not None:
+                cuda.call("cuGraphDestroy", self._graph)
+        self._graph = self._exec = None
+        if self.state != "refused":
+            self.state = "eager"
+
+
+def segment_steps(steps: Sequence[Callable[[], None]], devices: Any) -> tuple[list[Callable[[], None]], list[Segment]]:
+    """Group consecutive capturable steps on one device into segments; other steps stay as they are."""
+    out: list[Callable[[], None]] = []
+    segments: list[Segment] = []
+    run: list[Callable[[], None]] = []
+    run_device: int | None = None
+
+    def flush() -> None:
+        nonlocal run, run_device
+        if run and run_device is not None:
+            seg = Segment(run, device=run_device, devices=devices)
+            segments.append(seg)
+            out.append(seg)
+        run, run_device = [], None
+
+    for step in steps:
+        device = graph_device(step)
+        if device is None or (run_device is not None and device != run_device):
+            flush()
+        if device is None:
+            out.append(step)
+        else:
+            run.append(step)
+            run_device = device
+    flush()
+    return out, segments
