@@ -22,6 +22,7 @@ import bisect
 import ctypes
 import enum
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -30,6 +31,7 @@ import numpy as np
 _ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
 _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
+_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 
 
 class CUresult(enum.IntEnum):
@@ -80,7 +82,12 @@ class CUstream(_Handle):
 
 
 class CUevent(_Handle):
-    pass
+    """An event; ``timing`` unless created with CU_EVENT_DISABLE_TIMING, ``recorded_at`` in host ns."""
+
+    def __init__(self, value: int, device: int, timing: bool = False) -> None:
+        super().__init__(value, device)
+        self.timing = timing
+        self.recorded_at: int | None = None
 
 
 class CUdeviceptr(_Handle):
@@ -473,13 +480,25 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error, None)
-        handle = CUevent(self._new_handle(), self._context_device())
+        handle = CUevent(self._new_handle(), self._context_device(), timing=not Flags & _EVENT_DISABLE_TIMING)
         self._events[int(handle)] = handle
         return (CUresult.CUDA_SUCCESS, handle)
 
     def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[CUresult]:
-        ok = int(hEvent) in self._events and self._stream_ok(hStream)
-        return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        event = self._events.get(int(hEvent))
+        if event is None or not self._stream_ok(hStream):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        event.recorded_at = time.perf_counter_ns()  # streams run work at once: all earlier work is done
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventElapsedTime(self, hStart: Any, hEnd: Any) -> tuple[CUresult, float | None]:
+        """Milliseconds between two recorded timing events (host time here: work runs as it is queued)."""
+        start, end = self._events.get(int(hStart)), self._events.get(int(hEnd))
+        if start is None or end is None or not (start.timing and end.timing):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
+        if start.recorded_at is None or end.recorded_at is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)  # as CUDA: an unrecorded event
+        return (CUresult.CUDA_SUCCESS, (end.recorded_at - start.recorded_at) / 1e6)
 
     def cuEventSynchronize(self, hEvent: Any) -> tuple[CUresult]:
         ok = int(hEvent) in self._events
