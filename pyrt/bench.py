@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -190,7 +190,7 @@ def sweep(prog: Any, inputs: Sequence[Any], *, method: str = "forward", budgets:
             engines = [{"index": w.index, "method": w.method, "delegate": w.delegate_index, "device": w.device,
                         "streamable_bytes": w.streamable_bytes, "budget": w.budget, "source": w.source}
                        for w in prog.weight_streaming]
-            bar: Any = progress(f"budget {b}" if b is not None else method, iters) if progress else None
+            bar: Any = progress(f"budget {_label(b)}" if b is not None else method, iters) if progress else None
             try:
                 m = measure(lambda: prog.run(*inputs, method=method, stream=stream), warmup=warmup, iters=iters,
                             seconds=seconds, stream=stream, progress=getattr(bar, "update", None))
@@ -199,12 +199,21 @@ def sweep(prog: Any, inputs: Sequence[Any], *, method: str = "forward", budgets:
                     bar.close()
             streamable = sum(e["streamable_bytes"] for e in engines)
             applied = sum(e["budget"] or 0 for e in engines)
-            rows.append({"budget": None if b is None else str(b), "engines": engines,
+            rows.append({"budget": _label(b), "engines": engines,
                          "streamable_bytes": streamable, "applied_bytes": applied, **m})
     finally:
         if stream is not None:
             stream.close()
     return rows
+
+
+def _label(budget: Any) -> str | None:
+    """A budget as the command line writes it: ``50%``, ``0=1GiB,1=50%``."""
+    if budget is None:
+        return None
+    if isinstance(budget, Mapping):
+        return ",".join(f"{k}={v}" for k, v in budget.items())
+    return str(budget)
 
 
 # -- output ---------------------------------------------------------------------------------------------

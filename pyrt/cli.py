@@ -86,6 +86,19 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _budget(text: str) -> Any:
+    """``50%`` stays text (pyrt.streaming parses it); ``0=1GiB,1=50%`` -> {0: "1GiB", 1: "50%"}."""
+    if "=" not in text:
+        return text
+    out: dict[int, str] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key.strip().isdigit() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
+        out[int(key)] = value.strip()
+    return out
+
+
 def _count(text: str) -> int:
     try:
         n = int(text)
@@ -145,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", parents=[common, load, inputs], formatter_class=fmt, epilog=_EXAMPLES["run"],
                        help="run a method once and summarise its outputs",
                        description="Run a method once; print each output's dtype, shape and statistics.")
-    p.add_argument("--budget", help="weight-streaming budget: bytes (total), 50%%, auto, or 0=1GiB,1=50%%")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget: bytes (a total), 50%%, auto, "
+                   "or per engine 0=1GiB,1=50%%")
     p.add_argument("--save", metavar="OUT.npz", help="save inputs (input0...) and outputs (output0...)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_run)
@@ -155,7 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Time a method: latency min/p50/p90/p99/max and throughput, one row per "
                                    "budget. Inputs are random unless given. CUDA events time programs that use "
                                    "a GPU; host-only programs use the host clock.")
-    p.add_argument("--budget", action="append", default=[], help="a budget to time (repeatable: a sweep)")
+    p.add_argument("--budget", action="append", type=_budget, default=[],
+                   help="a budget to time, as for run (repeatable: a sweep)")
     p.add_argument("--sweep", metavar="START..STOP[:STEP]", help="budgets from START to STOP, e.g. 10%%..100%%")
     p.add_argument("--warmup", type=_count, default=5, help="untimed runs before each row (default 5)")
     amount = p.add_mutually_exclusive_group()
@@ -170,7 +185,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="time per instruction, operator and delegate; a Chrome trace",
                        description="Profile a method's runs: host (and, on a GPU, device) time per instruction, "
                                    "by operator and by delegate. Inputs are random unless given.")
-    p.add_argument("--budget", help="weight-streaming budget")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")
     p.add_argument("--warmup", type=_count, default=1, help="unprofiled runs first (default 1)")
     p.add_argument("--iters", type=_count, default=10, help="profiled runs (default 10)")
     p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (ui.perfetto.dev, chrome://tracing)")

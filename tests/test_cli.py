@@ -277,6 +277,28 @@ def test_profiling_leaves_the_plain_steps(portable_pte: Path) -> None:
         assert prof.summary()["runs"] == 1  # the run after the block was not recorded
 
 
+def test_profiling_a_jumping_chain(tmp_path: Path) -> None:
+    """torch.cond lowers to JumpFalseCall: the profiled run takes the same branches as the plain one."""
+    pytest.importorskip("executorch")
+    from tests.test_runtime import _export
+
+    path = _export("cond", tmp_path)
+    xs = [np.array([1.0, 2, 3], np.float32), np.array([-1.0, 2, -3], np.float32)]
+    with Program(path, kernels="numpy") as prog:
+        assert prog._runners["forward"].plan.has_jumps
+        plain = [prog(x) for x in xs]
+        with prog.profile() as prof:
+            profiled = [prog(x) for x in xs]
+        summary = prof.summary()
+    for a, b in zip(plain, profiled, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(profiled[0], xs[0] * 2)
+    np.testing.assert_array_equal(profiled[1], xs[1] - 1)
+    calls = {r["name"]: r["calls"] for r in summary["by_operator"]}
+    assert calls.get("aten::mul.out") == 1 and calls.get("aten::sub.out") == 1  # one branch per run
+    assert "JumpFalseCall" not in {r["kind"] for r in summary["instructions"]}  # control flow is not a step
+
+
 # -- inspect --graph ------------------------------------------------------------------------------------
 
 
@@ -328,14 +350,14 @@ def test_run_simulated_gpus_matches_the_api(graph_break: Path, tmp_path: Path) -
 
 def test_bench_sweep_on_simulated_gpus_reads_budgets_back(graph_break: Path, tmp_path: Path) -> None:
     png = tmp_path / "curve.png"
-    info = json.loads(ok(cli("bench", graph_break, "--kernels", "numpy", "--budget", "256", "--sweep",
-                             "0%..100%:50%", "--iters", "3", "--warmup", "1", "--plot", png, "--json",
+    info = json.loads(ok(cli("bench", graph_break, "--kernels", "numpy", "--budget", "256", "--budget", "0=100,1=50%",
+                             "--sweep", "0%..100%:50%", "--iters", "3", "--warmup", "1", "--plot", png, "--json",
                              gpus=2)).stdout)
     assert info["clock"] == "cuda-events" and info["devices"] == ["cuda:0 (Fake GPU 0)", "cuda:1 (Fake GPU 1)"]
-    assert [r["budget"] for r in info["rows"]] == ["256", "0", "50%", "100%"]
+    assert [r["budget"] for r in info["rows"]] == ["256", "0=100,1=50%", "0", "50%", "100%"]
     with simulated_gpus(2), Program(graph_break, kernels="numpy") as prog:
         for row in info["rows"]:
-            prog.set_budget(row["budget"])
+            prog.set_budget({0: "100", 1: "50%"} if "=" in row["budget"] else row["budget"])
             assert [(e["index"], e["budget"], e["source"]) for e in row["engines"]] == \
                 [(w.index, w.budget, w.source) for w in prog.weight_streaming]
             assert row["applied_bytes"] == sum(w.budget for w in prog.weight_streaming)
