@@ -299,6 +299,24 @@ def test_profiling_a_jumping_chain(tmp_path: Path) -> None:
     assert "JumpFalseCall" not in {r["kind"] for r in summary["instructions"]}  # control flow is not a step
 
 
+def test_timing_events_on_the_simulated_driver() -> None:
+    """Event.elapsed_ms needs two recorded timing events, as cuEventElapsedTime does."""
+    from pyrt.errors import DeviceError
+
+    with simulated_gpus(1) as sim:
+        cuda = sim.cuda
+        with cuda.stream(0) as s, cuda.event(0, timing=True) as a, cuda.event(0, timing=True) as b, \
+                cuda.event(0) as untimed:
+            with pytest.raises(DeviceError, match="cuEventElapsedTime"):
+                a.elapsed_ms(b)  # neither is recorded yet
+            a.record(s)
+            b.record(s)
+            assert a.elapsed_ms(b) >= 0.0
+            untimed.record(s)
+            with pytest.raises(DeviceError, match="CUDA_ERROR_INVALID_HANDLE"):
+                a.elapsed_ms(untimed)  # created with CU_EVENT_DISABLE_TIMING
+
+
 # -- inspect --graph ------------------------------------------------------------------------------------
 
 
