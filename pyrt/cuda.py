@@ -279,14 +279,15 @@ class Cuda:
         stream._destroy = ""
         return stream
 
-    def event(self, device: int) -> Event:
-        """A new event on ``device`` with timing disabled."""
+    def event(self, device: int, *, timing: bool = False) -> Event:
+        """A new event on ``device``; ``timing=True`` makes it usable with :meth:`Event.elapsed_ms`."""
         self.set_device(device)
-        raw = self.call("cuEventCreate", _CU_EVENT_DISABLE_TIMING)
+        raw = self.call("cuEventCreate", _CU_EVENT_DEFAULT if timing else _CU_EVENT_DISABLE_TIMING)
         return Event(self, raw, device)
 
 
 _CU_STREAM_NON_BLOCKING = 1
+_CU_EVENT_DEFAULT = 0
 _CU_EVENT_DISABLE_TIMING = 2
 
 
@@ -416,6 +417,16 @@ class Event(_Handle):
         self.check_open()
         self._cuda.call("cuEventSynchronize", self.raw)
 
+    def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds of device time from this event to ``end`` (both recorded, created with ``timing=True``).
+
+        Waits for ``end`` first.
+        """
+        self.check_open()
+        end.check_open()
+        end.synchronize()
+        return float(self._cuda.call("cuEventElapsedTime", self.raw, end.raw))
+
 
 def _host_buffer(buf: Any, *, writable: bool) -> tuple[Any, int]:
     """(buffer to hand the driver, nbytes) of a C-contiguous host buffer.
@@ -530,6 +541,6 @@ def stream(device: int) -> Stream:
     return current().stream(device)
 
 
-def event(device: int) -> Event:
-    """A new event on ``device``."""
-    return current().event(device)
+def event(device: int, *, timing: bool = False) -> Event:
+    """A new event on ``device`` (``timing=True``: usable with ``Event.elapsed_ms``)."""
+    return current().event(device, timing=timing)

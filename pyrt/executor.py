@@ -80,21 +80,45 @@ class MethodRunner:
         self._flatten = input_flattener(plan.container_meta_type[0], len(plan.inputs), plan.name)
         self._build = output_builder(plan.container_meta_type[1], len(plan.outputs))
         self._straight = not plan.has_jumps
-        # Straight chains hold no JumpFalseCall, so every step is set; jumping chains run from plan.chains.
-        self._steps = [[ins.step for ins in chain if ins.step is not None] for chain in plan.chains]
+        # One step per instruction, None for JumpFalseCall (straight chains hold none).
+        self._plain: list[list[Any]] = [[ins.step for ins in chain] for chain in plan.chains]
         self._segments: list[Segment] = []
+        self._fast: list[list[Any]] = self._plain
         if cuda_graphs and devices is not None and self._straight:  # device-only runs replay as CUDA graphs
-            for ci, steps in enumerate(self._steps):
-                self._steps[ci], segments = segment_steps(steps, devices)
+            self._fast = []
+            for steps in self._plain:
+                grouped, segments = segment_steps(steps, devices)
+                self._fast.append(grouped)
                 self._segments.extend(segments)
+        self._steps = self._fast
+        self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
 
     def reset_graphs(self) -> None:
         """Drop captured CUDA graphs (after execution contexts were recreated); they are captured again."""
         for segment in self._segments:
             segment.reset()
 
+    def observe(self, observer: Any) -> None:
+        """Install a run/step observer (``None`` removes it); :mod:`pyrt.profile` is the one user.
+
+        ``observer.wrap(runner, chain, pc, step) -> step`` is asked once per instruction here,
+        so the instruction loop is the same with or without an observer; each run goes through
+        ``observer.run(runner, call, inputs, stream)``, which must call ``call(inputs, stream)``.
+        An observed method runs instruction by instruction (CUDA graphs are not replayed meanwhile).
+        """
+        with self._lock:
+            self.observer = observer
+            self._steps = self._fast if observer is None else [
+                [None if step is None else observer.wrap(self, ci, pc, step) for pc, step in enumerate(chain)]
+                for ci, chain in enumerate(self._plain)]
+
     # -- running ---------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:
+        if self.observer is not None:
+            return self.observer.run(self, self._call, inputs, stream)
+        return self._call(inputs, stream)
+
+    def _call(self, inputs: Sequence[Any], stream: Any) -> Any:
         flat = self._flatten(inputs)
         kind = self._kind(flat)
         if self.devices is None:  # no device work: a stream, if given, has nothing to order
@@ -136,17 +160,18 @@ class MethodRunner:
                 except Exception as exc:
                     raise self._failure(ci, pc, exc) from exc
             else:
-                self._run_jumping(ci, self.plan.chains[ci])
+                self._run_jumping(ci, self.plan.chains[ci], steps)
 
-    def _run_jumping(self, ci: int, chain: list[Instr]) -> None:
+    def _run_jumping(self, ci: int, chain: list[Instr], steps: list[Any]) -> None:
         vals, pc, n = self._vals, 0, len(chain)
         while pc < n:
-            ins = chain[pc]
+            step = steps[pc]
             try:
-                if ins.step is None:
+                if step is None:
+                    ins = chain[pc]
                     pc = pc + 1 if _truthy(vals[ins.cond]) else ins.target
                     continue
-                ins.step()
+                step()
             except PyrtError:
                 raise
             except Exception as exc:

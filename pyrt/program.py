@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.executor import MethodRunner
@@ -31,6 +31,9 @@ from pyrt.kernels import ENV_VAR, choose_library, library
 from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
 from pyrt.pte_reader import PteFile
 from pyrt.tensors import host_backend
+
+if TYPE_CHECKING:
+    from pyrt.profile import Profiler
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,12 @@ class Program:
 
     # -- running -----------------------------------------------------------------------------
     @property
+    def cuda(self) -> Any:
+        """The CUDA seam (:class:`pyrt.cuda.Cuda`) this program was loaded with."""
+        self._check_open()
+        return self._cuda
+
+    @property
     def method_names(self) -> tuple[str, ...]:
         """Names of the program's methods, in file order."""
         self._check_open()
@@ -163,6 +172,18 @@ class Program:
     def __call__(self, *inputs: Any, stream: Any = None) -> Any:
         """``program(*inputs)`` runs ``forward``."""
         return self.run(*inputs, method="forward", stream=stream)
+
+    def profile(self, *, device_time: bool = True) -> Profiler:
+        """A :class:`pyrt.profile.Profiler` recording the runs made inside ``with prog.profile() as prof:``.
+
+        ``device_time``: CUDA timing events around device work (when the program has any).
+        """
+        self._check_open()
+        from pyrt.profile import Profiler
+
+        xplans = {p.name: p for p in self._pte.program.execution_plan}
+        return Profiler(self._runners.values(), xplans, self.weight_streaming, device_time=device_time,
+                        source=self.source)
 
     # -- weight streaming ----------------------------------------------------------------------
     @property

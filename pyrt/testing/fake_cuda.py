@@ -37,6 +37,7 @@ import collections
 import ctypes
 import enum
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ _ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
 _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
 _LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
+_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 
 
 class CUresult(enum.IntEnum):
@@ -62,6 +64,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_ILLEGAL_STATE = 401
+    CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
@@ -108,7 +111,12 @@ class CUstream(_Handle):
 
 
 class CUevent(_Handle):
-    pass
+    """An event; ``timing`` unless created with CU_EVENT_DISABLE_TIMING, ``recorded_at`` in host ns."""
+
+    def __init__(self, value: int, device: int, timing: bool = False) -> None:
+        super().__init__(value, device)
+        self.timing = timing
+        self.recorded_at: int | None = None
 
 
 class CUdeviceptr(_Handle):
@@ -786,17 +794,37 @@ class FakeDriver:
         error = self._ready()
         if error:
             return (error, None)
-        handle = CUevent(self._new_handle(), self._context_device())
+        handle = CUevent(self._new_handle(), self._context_device(), timing=not Flags & _EVENT_DISABLE_TIMING)
         self._events[int(handle)] = handle
         self._event_marks[int(handle)] = None
         return (CUresult.CUDA_SUCCESS, handle)
 
     def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[CUresult]:
-        if int(hEvent) not in self._events or not self._stream_ok(hStream):
+        event = self._events.get(int(hEvent))
+        if event is None or not self._stream_ok(hStream):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        if event.timing:
+            event.recorded_at = None
+
+            def stamp() -> CUresult:  # the time at which the stream reaches the event
+                event.recorded_at = time.perf_counter_ns()
+                return CUresult.CUDA_SUCCESS
+
+            code = self._enqueue(hStream, stamp, "cuEventRecord")
+            if code:
+                return (code,)
         queue = self._queues.get(int(hStream)) if hStream is not None else None  # legacy work has run
         self._event_marks[int(hEvent)] = None if queue is None else (queue, queue.enqueued)
         return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventElapsedTime(self, hStart: Any, hEnd: Any) -> tuple[CUresult, float | None]:
+        """Milliseconds between two timing events, by the host clock when the simulated streams reached them."""
+        start, end = self._events.get(int(hStart)), self._events.get(int(hEnd))
+        if start is None or end is None or not (start.timing and end.timing):
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
+        if start.recorded_at is None or end.recorded_at is None:
+            return (CUresult.CUDA_ERROR_NOT_READY, None)  # as CUDA: recorded work not yet done (or never recorded)
+        return (CUresult.CUDA_SUCCESS, (end.recorded_at - start.recorded_at) / 1e6)
 
     def cuEventSynchronize(self, hEvent: Any) -> tuple[CUresult]:
         if int(hEvent) not in self._events:
