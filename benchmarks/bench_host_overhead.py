@@ -60,10 +60,51 @@ class TimedDriver:
         return timed
 
 
-def measure(n: int, forwards: int, samples: int, directory: Path, graphs: bool) -> dict[str, float]:
+def _program(n: int, directory: Path, prebuilt: Path | None) -> Path:
+    if prebuilt is not None:
+        return prebuilt / f"chain{n}.pte"
+    return chain_program(directory / f"chain{n}.pte", n)
+
+
+def measure_gpu(n: int, forwards: int, samples: int, path: Path, graphs: bool) -> dict[str, float]:
+    """The real CUDA driver (a GPU), engines that do nothing: pyrt's time and the driver's, apart."""
+    from cuda.bindings import driver
+
+    from pyrt.cuda import Cuda
+    from pyrt.program import Program
+    from pyrt.testing import fake_tensorrt
+    from pyrt.testing.gpu_reference import reference_tensorrt
+
+    proxy = TimedDriver(driver)
+    cuda = Cuda(proxy)
+    trt = reference_tensorrt(cuda)
+    context = fake_tensorrt.FakeExecutionContext
+    saved = context.execute_async_v3
+    context.execute_async_v3 = lambda self, stream: True  # type: ignore[method-assign]  # an empty engine
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    try:
+        with Program(path, trt=trt, devices=cuda, cuda_graphs=graphs) as prog:
+            for _ in range(50):
+                prog(x)
+            per_forward, seam = [], []
+            for _ in range(samples):
+                proxy.seconds, proxy.calls = 0.0, 0
+                t0 = time.perf_counter()
+                for _ in range(forwards):
+                    prog(x)
+                total = time.perf_counter() - t0
+                per_forward.append((total - proxy.seconds) / forwards)
+                seam.append(proxy.seconds / forwards)
+            calls = proxy.calls / forwards
+    finally:
+        context.execute_async_v3 = saved  # type: ignore[method-assign]
+    return {"pyrt_us": statistics.median(per_forward) * 1e6, "seam_us": statistics.median(seam) * 1e6,
+            "driver_calls": calls}
+
+
+def measure(n: int, forwards: int, samples: int, path: Path, graphs: bool) -> dict[str, float]:
     from pyrt.testing import fake_tensorrt, simulated_gpus
 
-    path = chain_program(directory / f"chain{n}.pte", n)
     x = np.linspace(-1, 1, 4, dtype=np.float32)
     context = fake_tensorrt.FakeExecutionContext
     names = ("execute_async_v3", "set_tensor_address", "set_input_shape", "infer_shapes", "get_tensor_shape")
@@ -107,25 +148,31 @@ def main() -> None:
     parser.add_argument("--forwards", type=int, default=2000, help="forwards per sample")
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the real CUDA driver and GPU (engines that do nothing) instead of the simulated one")
+    parser.add_argument("--programs", type=Path, help="chain1.pte and chain16.pte made beforehand (no ExecuTorch)")
     args = parser.parse_args()
+    fn = measure_gpu if args.gpu else measure
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {(mode, n): measure(n, args.forwards, args.samples, Path(tmp), mode == "cuda graphs")
+        rows = {(mode, n): fn(n, args.forwards, args.samples, _program(n, Path(tmp), args.programs),
+                              mode == "cuda graphs")
                 for mode in ("eager", "cuda graphs") for n in (1, 16)}
     slope = (rows["eager", 16]["pyrt_us"] - rows["eager", 1]["pyrt_us"]) / 15
     body = [[mode, str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['seam_us']:.1f}",
              f"{r['driver_calls']:.0f}"] for (mode, n), r in rows.items()]
+    seam = "real CUDA driver" if args.gpu else "simulated seams"
     table = markdown_table(["mode", "delegates", "pyrt us / forward", "pyrt us / delegate",
-                            "seam us / forward (simulated)", "seam calls / forward"], body)
+                            f"{seam} us / forward", f"{seam} calls / forward"], body)
     text = (f"`{command_line()}` ({machine()}; medians of {args.samples} samples of {args.forwards} forwards; "
             f"N engines in a chain; with CUDA graphs the N-2 middle engines (device memory only) replay as one "
             f"graph, the first and last copy from and to the host eagerly)\n\n{table}\n\n"
             f"Per additional delegate call (slope from 1 to 16): **{slope:.1f} us** of "
-            f"pyrt's own Python (goal <= 10 us). Time inside the seams (the simulated driver's calls and the fake "
-            f"TensorRT context's) is measured through timing wrappers and excluded: on a GPU those calls are "
-            f"the real driver's and TensorRT's.")
+            f"pyrt's own Python (goal <= 10 us). Time inside the seams (the {seam}'s calls"
+            f"{'' if args.gpu else ' and the fake TensorRT context'}) is measured through timing wrappers and "
+            f"excluded{'; engines are empty (execute_async_v3 returns at once)' if args.gpu else ''}.")
     print(text)
     if not args.no_write:
-        write_results("bench_host_overhead", "Runtime", text)
+        write_results("bench_host_overhead_gpu" if args.gpu else "bench_host_overhead", "Runtime", text)
 
 
 if __name__ == "__main__":
