@@ -259,3 +259,20 @@ def _to_numpy(out: Any) -> np.ndarray:
     cuda = pyrt.cuda.current()
     cuda.memcpy_dtoh(host, cuda.borrow(out.ptr, out.nbytes, out.device))  # legacy stream: pyrt made it ready
     return host
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_with_host_computed_engines_fall_back(programs: dict[str, Path], tmp_path: Path) -> None:
+    """Reference engines synchronise their stream at each launch, which no capture allows: the
+    real driver refuses the capture and the segment runs eagerly, with correct results."""
+    chain = programs["two_engines"].with_name("chain16.pte")
+    if not chain.exists():
+        pytest.importorskip("executorch")
+        chain = gpu_programs.chain_program(tmp_path / "chain16.pte", 16)
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    cuda = pyrt.cuda.current()
+    with Program(chain, trt=reference_tensorrt(cuda), devices=cuda, cuda_graphs=True) as prog:
+        for _ in range(3):
+            (out,) = prog(x)
+            np.testing.assert_allclose(out, np.maximum(x, 0) * 2 ** 16, rtol=1e-6)
+        assert [s.state for s in prog._runners["forward"]._segments] == ["refused"]
