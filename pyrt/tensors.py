@@ -258,7 +258,11 @@ def device_input(x: Any, what: str, cuda: Any = None, consumer: ConsumerStream |
             import torch
 
             producer = int(torch.cuda.current_stream(device).cuda_stream)
-            producer = None if producer == consumer(device) else producer
+            reader = consumer(device)
+            if producer == reader:
+                producer = None
+            else:  # torch's allocator must not hand the memory out again before pyrt's stream has read it
+                x.record_stream(torch.cuda.ExternalStream(reader, device=x.device))
         return DeviceInput(int(x.data_ptr()), device, st, tuple(x.shape), x, producer)
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
