@@ -200,11 +200,19 @@ def _tensorrt10_like() -> types.ModuleType:
         def create_network(self, flags: int) -> Network:
             return Network(self.real.create_network(0), bool(flags & (1 << int(strong))))
 
-        def build_serialized_network(self, network: Network, config: object) -> object:
+        def _refuses(self, network: Network, config: object) -> bool:
             if config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING) and not network.strongly_typed:
                 self.logger.log(trt.ILogger.Severity.ERROR, "WEIGHT_STREAMING needs a strongly typed network")
-                return None
-            return self.real.build_serialized_network(network.real, config)
+                return True
+            return False
+
+        def build_serialized_network(self, network: Network, config: object) -> object:
+            return None if self._refuses(network, config) else self.real.build_serialized_network(network.real, config)
+
+        def build_serialized_network_to_stream(self, network: Network, config: object, writer: object) -> bool:
+            if self._refuses(network, config):
+                return False
+            return self.real.build_serialized_network_to_stream(network.real, config, writer)
 
         def __getattr__(self, name: str) -> object:
             return getattr(self.real, name)
@@ -218,6 +226,84 @@ def test_tensorrt10_gets_a_strongly_typed_network_for_weight_streaming(mlp_onnx:
     built = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True)
     assert (built.flavour, built.streamable_weights) == ("tensorrt", True)
     assert built.engine.nbytes > 0
+    out = Recorder()
+    streamed = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True, out=out)
+    assert (streamed.route, bytes(out.data)) == ("stream", bytes(built.engine))
+
+
+# -- streamed builds: the engine goes to `out` as TensorRT serializes it -------------------------
+
+
+class Recorder:
+    """An ``out`` that keeps what it is given and how (sizes of each write call)."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.data, self.sizes, self.fail_after = bytearray(), [], fail_after
+
+    def write(self, chunk: object) -> int:
+        if self.fail_after is not None and len(self.sizes) >= self.fail_after:
+            raise OSError(28, "No space left on device")
+        view = memoryview(chunk).cast("B")
+        self.sizes.append(view.nbytes)
+        self.data += view
+        return view.nbytes
+
+
+def _without_stream_writer() -> types.ModuleType:
+    """tensorrt_rtx whose builder lacks build_serialized_network_to_stream (an older TensorRT)."""
+    fake = types.ModuleType("tensorrt_rtx")
+    for name in dir(trt):
+        if not name.startswith("__"):
+            setattr(fake, name, getattr(trt, name))
+
+    class Builder:
+        def __init__(self, logger: object) -> None:
+            self.real = trt.Builder(logger)
+
+        def __getattr__(self, name: str) -> object:
+            if name == "build_serialized_network_to_stream":
+                raise AttributeError(name)
+            return getattr(self.real, name)
+
+    fake.Builder = Builder
+    return fake
+
+
+def test_streamed_build_writes_the_in_memory_engine_in_bounded_chunks(mlp_onnx: Path, monkeypatch) -> None:
+    from pyrt.export import trt_builder
+
+    in_memory = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
+    monkeypatch.setattr(trt_builder, "OUT_CHUNK", 4096)
+    out = Recorder()
+    streamed = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=out)
+    assert (streamed.route, streamed.engine, streamed.size) == ("stream", None, len(out.data))
+    assert bytes(out.data) == bytes(in_memory.engine), "builds are deterministic: the stream is the engine"
+    assert max(out.sizes) <= 4096 and len(out.sizes) >= len(out.data) // 4096
+    assert (streamed.inputs, streamed.outputs) == (in_memory.inputs, in_memory.outputs)
+    assert in_memory.route == "memory" and in_memory.size == in_memory.engine.nbytes
+
+
+def test_flavour_without_a_stream_writer_falls_back_to_memory(mlp_onnx: Path) -> None:
+    out = Recorder()
+    built = build_engine_from_onnx(mlp_onnx, flavour=_without_stream_writer(), out=out)
+    assert (built.route, built.engine, built.size) == ("memory", None, len(out.data))
+    assert bytes(out.data) == bytes(build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx").engine)
+
+
+def test_a_failing_out_is_an_export_error_not_a_crash(mlp_onnx: Path) -> None:
+    with pytest.raises(ExportError, match=r"writing the tensorrt_rtx engine .* failed after \d+ bytes: "
+                                          r"OSError: .*No space left on device") as info:
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=Recorder(fail_after=0))
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
+    from pyrt.export.trt_builder import _stream_writer
+
+    writer = _stream_writer(trt, Recorder())
+    assert isinstance(writer, trt.IStreamWriter)
+    assert writer.write(b"abc") == 3 and writer.size == 3  # a Python call works once the base is initialised
+    assert _stream_writer(types.ModuleType("no_writer"), Recorder()) is None
 
 
 def test_compute_capabilities_need_tensorrt_rtx(mlp_onnx: Path) -> None:

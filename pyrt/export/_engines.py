@@ -73,9 +73,13 @@ class EngineStore:
         if key in self.records:
             raise ExportError(f"engine key {key!r} is used twice")
         path = self.dir / f"{len(self.records)}.engine"
-        with open(path, "wb") as f:
-            sink = _HashingWriter(f)
-            write(sink)
+        try:
+            with open(path, "wb") as f:
+                sink = _HashingWriter(f)
+                write(sink)
+        except BaseException:
+            path.unlink(missing_ok=True)  # a failed build leaves no partial engine behind
+            raise
         if sink.size == 0:
             raise ExportError(f"engine {key!r} is empty")
         record = EngineRecord(key, path, sink.size, sink.hash.hexdigest())

@@ -16,7 +16,12 @@ from pyrt.trt_blob import IOBinding
 
 @dataclass(frozen=True)
 class EngineSummary:
-    """One engine: ``size`` is the serialized engine's bytes (the TR01 blob adds a small header)."""
+    """One engine: ``size`` is the serialized engine's bytes (the TR01 blob adds a small header).
+
+    ``route``: how the engine reached disk: "stream" (written as it was serialized),
+    "memory" (a TensorRT without a stream writer returned it whole, then it was spilled),
+    or "" (a converted Torch-TensorRT engine).
+    """
 
     name: str
     key: str
@@ -30,11 +35,12 @@ class EngineSummary:
     inputs: tuple[IOBinding, ...]
     outputs: tuple[IOBinding, ...]
     source: str  # "built" by pyrt or "converted" from a Torch-TensorRT engine
+    route: str = ""
 
     @classmethod
     def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
-                   record.build_seconds, ops, spec.inputs, spec.outputs, source)
+                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""))
 
 
 @dataclass(frozen=True)
