@@ -297,6 +297,38 @@ def test_a_failing_out_is_an_export_error_not_a_crash(mlp_onnx: Path) -> None:
     assert isinstance(info.value.__cause__, OSError)
 
 
+class TransposedWeight(torch.nn.Module):
+    """``x @ w.T`` with a 2 MiB weight: onnxscript would fold the Transpose into a copy of ``w``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(1024, 512), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w.t()
+
+
+def test_parser_reads_the_module_weights_in_place(monkeypatch) -> None:
+    from pyrt.export import trt_builder
+
+    torch.manual_seed(0)
+    model, examples = TransposedWeight().eval(), (torch.randn(2, 512),)
+    seen: dict[str, object] = {}
+    real = trt_builder._parse_over_module_weights
+
+    def spy(session, parser, network, path, weights) -> None:
+        seen.update(weights)
+        real(session, parser, network, path, weights)
+
+    monkeypatch.setattr(trt_builder, "_parse_over_module_weights", spy)
+    in_place = build_engine(model, examples, flavour="tensorrt_rtx")
+    big = [w for w in seen.values() if w.nbytes == model.w.nbytes]
+    assert [w.data_ptr() for w in big] == [model.w.data_ptr()], "the parser got the module's tensor, not a copy"
+    monkeypatch.setattr(trt_builder, "_module_initializers", lambda program: {})
+    from_file = build_engine(model, examples, flavour="tensorrt_rtx")  # parse_from_file: the parser's own copy
+    assert bytes(in_place.engine) == bytes(from_file.engine)
+
+
 def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
     from pyrt.export.trt_builder import _stream_writer
 

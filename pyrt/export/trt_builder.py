@@ -147,8 +147,9 @@ def build_engine(
     with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
         _stage(progress, "export_onnx")
         dims = [_dynamic_dims(ranges.get(i)) for i in range(len(examples))]
-        path = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
-        built = _build(session, path, ranges, options, progress, out)
+        path, weights = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
+        built = _build(session, path, ranges, options, progress, out, weights)
+        del weights
     _check_io(built, examples, input_names, output_names)
     built = replace(built, build_seconds=time.perf_counter() - start)
     log.info("built a %s engine: %d bytes (%s) in %.2f s", built.flavour, built.size, built.route,
@@ -268,14 +269,18 @@ def _errors(logger: Any) -> str:
 
 
 def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
-           options: _Options, progress: Progress | None, out: Writable | None = None) -> BuiltEngine:
+           options: _Options, progress: Progress | None, out: Writable | None = None,
+           weights: Mapping[str, Any] | None = None) -> BuiltEngine:
     trt, builder = session.trt, session.builder
     network = _strongly_typed_network(session)
     parser = trt.OnnxParser(network, session.logger)  # must outlive the build: it owns weights
     if parser is None:
         raise ExportError(f"{session.name}.OnnxParser() returned None{_errors(session.logger)}")
     _stage(progress, "parse_onnx")
-    _parse(session, parser, network, path)
+    if weights and callable(getattr(parser, "load_initializer", None)):
+        _parse_over_module_weights(session, parser, network, path, weights)
+    else:
+        _parse(session, parser, network, path)
     config = _configure(session, network, ranges, options)
     _stage(progress, "build_engine")
     started = time.perf_counter()
@@ -381,7 +386,29 @@ def _strongly_typed_network(session: _Session) -> Any:
 
 
 def _parse(session: _Session, parser: Any, network: Any, path: Path) -> None:
-    ok = parser.parse_from_file(str(path))
+    _check_parsed(session, parser, network, path, parser.parse_from_file(str(path)))
+
+
+def _parse_over_module_weights(session: _Session, parser: Any, network: Any, path: Path,
+                               weights: Mapping[str, Any]) -> None:
+    """Parse with the module's own tensors as the network's weights (no parser copy of them).
+
+    ``parse_from_file`` reads every external initializer into memory the parser owns: a
+    second copy of the model's weights. Instead the model (weights external, so small) is
+    loaded with ``load_model_proto`` and each initializer that is a torch tensor of the
+    exported module is handed over by address with ``load_initializer``; the tensors
+    outlive the parser (the caller holds them until the build returns).
+    """
+    if not parser.load_model_proto(path.read_bytes(), str(path)):
+        _check_parsed(session, parser, network, path, False)
+    for name, tensor in weights.items():
+        if not parser.load_initializer(name, tensor.data_ptr(), tensor.nbytes):
+            raise ExportError(f"{session.name} OnnxParser refused initializer {name!r} ({tensor.nbytes} bytes of "
+                              f"{tensor.dtype}){_errors(session.logger)}")
+    _check_parsed(session, parser, network, path, parser.parse_model_proto())
+
+
+def _check_parsed(session: _Session, parser: Any, network: Any, path: Path, ok: bool) -> None:
     if ok and parser.num_errors == 0:
         if network.num_outputs == 0:  # protobuf decoding is lenient: junk bytes parse as an empty graph
             raise ExportError(f"{session.name} OnnxParser found no outputs in {str(path)!r}: not an ONNX "
@@ -679,8 +706,12 @@ def _to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tup
 
 def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], directory: Path,
                  input_names: Sequence[str] | None, output_names: Sequence[str] | None,
-                 dims: list[list[int]]) -> Path:
-    """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export."""
+                 dims: list[list[int]]) -> tuple[Path, dict[str, Any]]:
+    """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export.
+
+    Returns the model's path and the initializers whose bytes are already in memory (the
+    module's own tensors, small folded constants), which the parser can use in place.
+    """
     import torch
 
     path = directory / "model.onnx"
@@ -688,8 +719,12 @@ def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], di
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter):
-            torch.onnx.export(module, examples, str(path), dynamo=True, external_data=True,
-                              input_names=input_names, output_names=output_names, dynamic_shapes=dynamic)
+            program = torch.onnx.export(module, examples, dynamo=True, optimize=False, input_names=input_names,
+                                        output_names=output_names, dynamic_shapes=dynamic)
+            if program is None:
+                raise ExportError(f"torch.onnx.export returned no program for {type(module).__name__}")
+            _optimize(program)
+            program.save(str(path), external_data=True)
     except Exception as exc:  # torch.export / onnx conversion errors come in many types
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch colours its export errors
         raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
@@ -699,7 +734,62 @@ def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], di
             log.debug("torch.onnx.export: %s", chatter.getvalue().strip())
     if not path.is_file():
         raise ExportError(f"torch.onnx.export wrote no model at {path}")
-    return path
+    return path, _module_initializers(program)
+
+
+FOLD_LIMIT = 1 << 20  # bytes: constants above this are left for TensorRT to fold
+
+
+def _optimize(program: Any) -> None:
+    """torch.onnx's optimization, except that large weights are never transposed in memory.
+
+    onnxscript always folds a Transpose of a constant, whatever its size: for a
+    decomposed ``linear`` that is a transposed copy of every weight, held until the build
+    ends. TensorRT folds such a transpose itself while building, so it is left in the graph.
+    """
+    from onnxscript import optimizer
+
+    def keep_large_transposes(node: Any) -> bool | None:
+        if node.op_type == "Transpose" and any(
+                v is not None and v.const_value is not None and v.const_value.nbytes > FOLD_LIMIT for v in node.inputs):
+            return False
+        return None  # onnxscript's own rules
+
+    try:
+        optimizer.optimize_ir(program.model, should_fold=keep_large_transposes)
+    except TypeError:  # an onnxscript without should_fold: its default folding
+        program.optimize()
+
+
+class _Weight:
+    """An initializer's bytes in memory the exporter already holds: address, size, dtype."""
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int, dtype: Any) -> None:
+        self.owner, self.ptr, self.nbytes, self.dtype = owner, ptr, nbytes, dtype  # owner keeps the bytes alive
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _module_initializers(program: Any) -> dict[str, _Weight]:
+    """ONNX initializers whose bytes are in memory already: the module's own tensors
+    (``TorchTensor.raw``) and arrays the exporter folded, which the parser can read in place."""
+    import numpy as np
+    import torch
+
+    out: dict[str, _Weight] = {}
+    try:
+        initializers = program.model.graph.initializers.items()
+    except AttributeError:  # another ONNXProgram layout: the parser reads the external data file
+        return out
+    for name, value in initializers:
+        raw = getattr(value.const_value, "raw", None)
+        size = getattr(value.const_value, "nbytes", -1)
+        if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.is_contiguous() and raw.nbytes == size:
+            out[name] = _Weight(raw, raw.data_ptr(), size, raw.dtype)
+        elif isinstance(raw, np.ndarray) and raw.flags.c_contiguous and raw.nbytes == size:
+            out[name] = _Weight(raw, raw.ctypes.data, size, raw.dtype)
+    return {k: w for k, w in out.items() if w.nbytes > 0}
 
 
 def _check_io(built: BuiltEngine, examples: tuple[torch.Tensor, ...], input_names: Sequence[str] | None,
