@@ -1,7 +1,9 @@
 """The ``pyrt`` command line.
 
-    pyrt inspect model.pte          # readable report
-    pyrt inspect --json model.pte   # the same data as pyrt.inspect()
+    pyrt inspect model.pte                    # readable report
+    pyrt inspect --json model.pte             # the same data as pyrt.inspect()
+    pyrt inspect model.pte --data model.ptd   # and which tensors live in which file
+    pyrt inspect model.ptd                    # a data file's entries
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pyrt.errors import PyrtError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyrt", description="TensorRT-accelerated ExecuTorch programs from Python")
     sub = parser.add_subparsers(dest="command", required=True)
-    insp = sub.add_parser("inspect", help="describe a .pte file")
-    insp.add_argument("path", help="the .pte file")
+    insp = sub.add_parser("inspect", help="describe a .pte (or .ptd) file")
+    insp.add_argument("path", help="the .pte file, or a .ptd data file")
+    insp.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of the program (repeatable)")
     insp.add_argument("--json", action="store_true", help="print JSON (the pyrt.inspect() dict)")
     return parser
 
@@ -28,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pyrt.report import format_report, inspect
 
     try:
-        info = inspect(args.path)
+        info = inspect(args.path, data=args.data)
     except PyrtError as exc:
         print(f"pyrt: error: {exc}", file=sys.stderr)
         return 1

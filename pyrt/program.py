@@ -53,6 +53,9 @@ class WeightStreamingInfo:
 class Program:
     """A loaded ``.pte`` program; a context manager (``close()`` releases engines, memory and the file).
 
+    ``data``: the ``.ptd`` file(s) holding the program's external weights (a path, bytes, or a
+    list of them); external tensors resolve by key, zero-copy over each file's read-only
+    mapping, checked against the entry's dtype, sizes and byte count.
     ``budget``: weight-streaming budget for every TensorRT engine (see
     :mod:`pyrt.streaming`: bytes as a total split across engines, "50%", 0.5,
     "auto", or ``{engine_index: value}``); ``device_map``: ``{0: 1}`` or
@@ -61,16 +64,22 @@ class Program:
     (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
+    def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
+        self._data: Any = None
         self._pte = PteFile.open(path)
         self.source = self._pte.source
         try:
+            if data is not None:
+                from pyrt.ptd_reader import ExternalData
+
+                self._data = ExternalData.open(data)
+                self._pte.attach_data(self._data)
             self._load(budget, device_map, trt, kernels)
         except BaseException:
             self._release()
@@ -204,6 +213,10 @@ class Program:
         pte = getattr(self, "_pte", None)
         if pte is not None:
             pte.close()
+        data = getattr(self, "_data", None)
+        if data is not None:
+            data.close()
+            self._data = None
 
     def __del__(self) -> None:  # a safety net; call close() (or use ``with``) to release deterministically
         try:
