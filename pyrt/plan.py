@@ -200,6 +200,8 @@ def tensor_infos(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int,
         if len(dim_order) != len(t.sizes):
             raise PteFormatError(f"{_where(plan)}: tensor value {i} has dim_order {t.dim_order} for sizes {t.sizes}")
         dynamic = t.shape_dynamism != ShapeDynamism.STATIC
+        if t.is_external:  # a missing key or a mismatched .ptd entry is reported before any device work
+            plan.program.external_data(t)
         if t.is_constant:
             infos[i] = TensorInfo(i, t.scalar_type, t.sizes, dim_order, dynamic, CONSTANT)
             continue

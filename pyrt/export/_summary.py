@@ -45,7 +45,7 @@ class EngineSummary:
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """The written file, its engines and the operators left to ExecuTorch (name -> count)."""
+    """The written file(s), its engines and the operators left to ExecuTorch (name -> count)."""
 
     path: str
     file_size: int
@@ -53,10 +53,14 @@ class ExportSummary:
     fallback_ops: dict[str, int]
     builder: str
     seconds: float
+    data_path: str | None = None  # the .ptd written beside the .pte (external_weights=True)
+    data_size: int = 0
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
                  f"{self.seconds:.2f} s"]
+        if self.data_path is not None:
+            lines.append(f"external weights: {self.data_path}: {_size(self.data_size)}")
         for e in self.engines:
             budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
             lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "
