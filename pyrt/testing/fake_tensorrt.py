@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import enum
 import math
+import mmap
+import os
 import sys
+import tempfile
 import weakref
 from collections import Counter
 from typing import Any, TypeAlias
@@ -176,32 +179,48 @@ class FakeRuntime:
         self.logger = logger
         self.stream_reads: list[int] = []  # bytes returned by each IStreamReaderV2.read call
 
-    def _read_stream(self, reader: IStreamReaderV2) -> bytearray | None:
-        """Pull the whole engine through the reader's contract: rewind, then bounded reads until empty."""
+    def _read_stream(self, reader: IStreamReaderV2) -> mmap.mmap | bytes | None:
+        """Pull the whole engine through the reader's contract: rewind, then bounded reads until empty.
+
+        TensorRT's copy goes to a spool file (its "device"), mapped read-only: the fake holds no
+        host copy of a streamed engine, as TensorRT holds none of non-streamable weights.
+        """
         if reader.seek(0, SeekPosition.SET) is not True:
             self._error("IStreamReaderV2::seek(0, SET) failed")
             return None
-        data = bytearray()
+        with tempfile.TemporaryFile(prefix="pyrt-fake-engine-") as spool:
+            if not self._spool(reader, spool):
+                return None
+            if spool.tell() == 0:
+                return b""  # an empty stream: deserialization reports it
+            return mmap.mmap(spool.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _spool(self, reader: IStreamReaderV2, spool: Any) -> bool:
         while True:
             want = self._trt.STREAM_READ_BYTES
             chunk = reader.read(want, 0)
             if not isinstance(chunk, (bytes, bytearray)):
                 self._error(f"IStreamReaderV2::read returned {type(chunk).__name__}, not bytes")
-                return None
+                return False
             if len(chunk) > want:
                 self._error(f"IStreamReaderV2::read returned {len(chunk)} bytes, more than the {want} asked for")
-                return None
+                return False
             if not chunk:
-                return data
+                spool.truncate(spool.tell())  # a trailing hole still counts
+                return True
             self.stream_reads.append(len(chunk))
-            data += chunk
+            if chunk.count(0) == len(chunk):  # zeros: a hole, as the device memory is zeroed
+                spool.seek(len(chunk), os.SEEK_CUR)
+            else:
+                spool.write(chunk)
 
     def _error(self, msg: str) -> None:
         self.logger.log(_Severity.ERROR, msg)
 
     def deserialize_cuda_engine(self, serialized_engine: Any) -> FakeCudaEngine | None:
         """Engine from a buffer or an ``IStreamReaderV2`` holding a reference engine, or None (logged)."""
-        if isinstance(serialized_engine, IStreamReaderV2):
+        streamed = isinstance(serialized_engine, IStreamReaderV2)
+        if streamed:
             serialized_engine = self._read_stream(serialized_engine)
             if serialized_engine is None:
                 return None
@@ -227,7 +246,8 @@ class FakeRuntime:
             self._error("IRuntime::deserializeCudaEngine: no current CUDA context")
             return None
         try:
-            ref = RefEngine.from_bytes(bytes(view), source="serialized engine")  # TensorRT keeps its own copy
+            # TensorRT keeps its own copy: a streamed engine's is the spool already, a buffer's is copied
+            ref = RefEngine.from_bytes(view if streamed else bytes(view), source="serialized engine")
         except PyrtError as exc:
             self._error(f"IRuntime::deserializeCudaEngine: {exc}")
             return None
