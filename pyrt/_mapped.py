@@ -9,10 +9,12 @@ a writable buffer) are left alone.
 
 >>> import tempfile
 >>> with tempfile.NamedTemporaryFile() as f:
-...     _ = f.write(b"0123456789"); f.flush()
+...     _ = f.write(b"x" * 3 * _PAGE); f.flush()
 ...     mm, view = map_file(f.name, "demo")
-...     data = bytes(view[2:5]); release_pages(view[2:5]), data
-(True, b'234')
+...     chunk = view[_PAGE : 2 * _PAGE]
+...     data = bytes(chunk[:3]); release_pages(chunk), data, bytes(chunk[:3])   # the bytes come back on access
+(True, b'xxx', b'xxx')
+>>> chunk.release(); view.release(); unmap(mm)
 """
 
 from __future__ import annotations
