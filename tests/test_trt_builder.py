@@ -338,6 +338,23 @@ def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
     assert _stream_writer(types.ModuleType("no_writer"), Recorder()) is None
 
 
+def test_stream_writer_also_takes_the_documented_capsule_and_size() -> None:
+    """The binding documents ``write(data: capsule, size)``; TensorRT-RTX 1.7.1 passes bytes instead.
+    Both forms write the same bytes."""
+    import ctypes
+
+    from pyrt.export.trt_builder import _stream_writer
+
+    raw = ctypes.create_string_buffer(b"engine-bytes", 12)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    out = Recorder()
+    writer = _stream_writer(trt, out)
+    assert writer.write(new(ctypes.addressof(raw), None, None), 12) == 12
+    assert writer.write(b"+tail") == 5
+    assert bytes(out.data) == b"engine-bytes+tail" and writer.error is None
+
+
 def test_compute_capabilities_need_tensorrt_rtx(mlp_onnx: Path) -> None:
     with pytest.raises(ExportError, match="only TensorRT-RTX"):
         build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), compute_capabilities=["sm86"])

@@ -347,7 +347,7 @@ def _stream_writer(trt: ModuleType, out: Writable) -> Any:
             if self.error is not None:
                 return 0
             try:
-                view = memoryview(data).cast("B")
+                view = _written_bytes(data, rest)
                 _write_chunks(out, view)
             except BaseException as exc:  # kept and re-raised by _build_to_stream, never into TensorRT
                 self.error = exc
@@ -358,6 +358,25 @@ def _stream_writer(trt: ModuleType, out: Writable) -> Any:
             return view.nbytes
 
     return SpillWriter()
+
+
+def _written_bytes(data: Any, rest: tuple[Any, ...]) -> memoryview:
+    """The piece TensorRT hands ``IStreamWriter.write``: ``bytes`` (TensorRT-RTX 1.7.1's Python
+    override gets those), or the binding's documented ``(capsule, size)`` pair, read in place."""
+    try:
+        return memoryview(data).cast("B")
+    except TypeError:
+        if not rest or type(data).__name__ != "PyCapsule":
+            raise
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = api.PyCapsule_GetPointer(data, api.PyCapsule_GetName(data))
+    size = int(rest[0])
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B") if size else memoryview(b"")
 
 
 def _write_chunks(out: Writable, view: memoryview) -> None:
