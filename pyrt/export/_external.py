@@ -11,6 +11,9 @@ serializer over :class:`~pyrt.export._writer.TensorBytes` views of those
 storages, written in pieces when the file is.
 
 Engines keep their weights: a TensorRT engine is one opaque blob in the .pte.
+Keys that share a storage (tied weights) share one .ptd segment; ExecuTorch also
+shares equal bytes held in different storages (it hashes every weight), pyrt
+stores those twice rather than read every weight once more.
 """
 
 from __future__ import annotations
