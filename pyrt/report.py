@@ -32,6 +32,7 @@ from pyrt.trt_blob import BACKEND_ID, parse_blob
 
 ENGINE_PREVIEW_BYTES = 16
 IN_PTE = ".pte"  # a stored tensor's "file" when its bytes are in the program file itself
+TENSORS_LISTED = 32  # external tensors named one by one in the text report
 
 
 def inspect(source: Source | PteFile, *, data: Any = None) -> dict[str, Any]:
@@ -283,10 +284,12 @@ def _format_tensors(tensors: list[dict[str, Any]]) -> list[str]:
     for (where, file), n in sorted(by_where.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         place = {None: "MISSING (no data file holds them)", IN_PTE: "the .pte"}.get(file, file)
         lines.append(f"    {where}: {n} tensor(s), {_size(sizes[(where, file)])} in {place}")
-    for t in tensors:
-        if t["location"] == "external":
-            place = {None: "missing", IN_PTE: "the .pte"}.get(t["file"], os.path.basename(str(t["file"])))
-            lines.append(f"      {t['key']}: {t['dtype']}{t['shape']} -> {place}")
+    external = [t for t in tensors if t["location"] == "external"]
+    for t in external[:TENSORS_LISTED]:
+        place = {None: "missing", IN_PTE: "the .pte"}.get(t["file"], os.path.basename(str(t["file"])))
+        lines.append(f"      {t['key']}: {t['dtype']}{t['shape']} -> {place}")
+    if len(external) > TENSORS_LISTED:
+        lines.append(f"      ... and {len(external) - TENSORS_LISTED} more (--json lists them all)")
     return lines
 
 
