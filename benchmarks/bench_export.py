@@ -147,9 +147,9 @@ def main() -> None:
             + f"\n\nTarget for pyrt: peak RSS <= {TARGET}x the largest engine ({TARGET * largest / (1 << 20):,.0f} MiB)"
             f" with untouched weights: {verdict}.\n\n"
             "With `resident` weights the model's own weights are in memory before export starts, for both "
-            "writers alike. The reference builder streams each engine to disk; a TensorRT builder returns one "
-            "engine in memory (`IHostMemory`), which pyrt spills and drops before the next build, so at most one "
-            "engine is resident.")
+            "writers alike. The reference builder streams each engine to disk; a TensorRT builder does too "
+            "(`build_serialized_network_to_stream`: benchmarks/bench_build_memory.py), and one without a stream "
+            "writer returns one engine in memory (`IHostMemory`), which pyrt spills and drops before the next build.")
     print(text)
     if not args.no_write:
         write_results("bench_export", "Export", text)

@@ -1,6 +1,7 @@
 """The ``pyrt`` command line: inspect, run, bench and profile .pte programs.
 
-    pyrt inspect model.pte [--json] [--graph model.svg]
+    pyrt inspect model.pte [--json] [--graph model.svg] [--data model.ptd]
+    pyrt inspect model.ptd                    # a data file's entries
     pyrt run model.pte --random --seed 0 [--save out.npz] [--json]
     pyrt bench model.pte --sweep 10%..100% --plot curve.png
     pyrt profile model.pte --trace trace.json
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="show the traceback of an error")
     load = argparse.ArgumentParser(add_help=False)
     load.add_argument("path", help="the .pte file")
+    load.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of external weights (repeatable)")
     load.add_argument("--method", default="forward", help="method to run (default: forward)")
     load.add_argument("--device-map", action="append", type=_kv, default=[], metavar="FROM=TO",
                       help="move engines off the device the file names, e.g. cuda:0=cuda:1 (repeatable)")
@@ -150,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", parents=[common], formatter_class=fmt, epilog=_EXAMPLES["inspect"],
                        help="describe a .pte file", description="Describe a .pte file without loading it.")
-    p.add_argument("path", help="the .pte file")
+    p.add_argument("path", help="the .pte file, or a .ptd data file")
+    p.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of the program (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON (the pyrt.inspect() dict)")
     p.add_argument("--graph", metavar="OUT.svg|OUT.dot", help="draw the instruction chains (Graphviz)")
     p.set_defaults(func=_cmd_inspect)
@@ -268,8 +271,8 @@ def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any
 def _program(args: argparse.Namespace, budget: Any = None) -> Any:
     from pyrt.program import Program
 
-    return Program(args.path, budget=budget, device_map=dict(args.device_map) or None, trt=args.trt,
-                   kernels=args.kernels)
+    return Program(args.path, data=args.data, budget=budget, device_map=dict(args.device_map) or None,
+                   trt=args.trt, kernels=args.kernels)
 
 
 def _engines(prog: Any) -> list[dict[str, Any]]:
@@ -295,7 +298,7 @@ def _print_json(data: Any) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from pyrt.report import format_report, inspect
 
-    info = inspect(args.path)
+    info = inspect(args.path, data=args.data)
     if args.graph:
         from pyrt.graph import to_dot, write_graph
         from pyrt.pte_reader import PteFile

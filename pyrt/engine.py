@@ -4,7 +4,8 @@ Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
 (zero-copy: a small engine's memoryview goes straight to TensorRT; an engine of
 ``STREAM_READER_MIN_BYTES`` or more is served through TensorRT's
 ``IStreamReaderV2`` as memoryview slices of the mmap of at most ``STREAM_CHUNK_BYTES``,
-so TensorRT never holds a second full host copy of streamable weights), :meth:`Engine.configure`
+so TensorRT never holds a second full host copy of streamable weights, and each piece's
+file pages are dropped from the process once served), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
@@ -42,6 +43,7 @@ from typing import Any
 
 from pyrt import cuda as cuda_seam
 from pyrt import tensorrt_seam
+from pyrt._mapped import release_pages
 from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 
 _log = logging.getLogger("pyrt.engine")
@@ -72,6 +74,7 @@ def _view_reader(module: Any, view: memoryview) -> Any:
         def read(self, num_bytes: int, stream: int) -> memoryview:
             n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
             chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
+            release_pages(view[self.pos : self.pos + n])  # served: its file pages leave this process's RSS
             self.pos += n
             return chunk
 

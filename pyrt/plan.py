@@ -201,6 +201,8 @@ def tensor_infos(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int,
         if len(dim_order) != len(t.sizes):
             raise PteFormatError(f"{_where(plan)}: tensor value {i} has dim_order {t.dim_order} for sizes {t.sizes}")
         dynamic = t.shape_dynamism != ShapeDynamism.STATIC
+        if t.is_external:  # a missing key or a mismatched .ptd entry is reported before any device work
+            plan.program.external_data(t)
         if t.is_constant:
             infos[i] = TensorInfo(i, t.scalar_type, t.sizes, dim_order, dynamic, CONSTANT)
             continue
@@ -282,7 +284,9 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[st
                                    info.capacity, info.dim_order)
         else:
             vals[i] = host.view(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes, info.dim_order)
-            if decl.data_buffer_idx > 0:  # mutable buffer with an initial value in the file
+            if decl.is_external:  # mutable buffer whose initial value is named data (a .ptd)
+                _initialize(vals[i], program.external_data(decl), host)
+            elif decl.data_buffer_idx > 0:  # mutable buffer with an initial value in the file
                 _initialize(vals[i], program.mutable_data(decl), host)
     for i, it in items.items():
         vals[i] = [None if j < 0 else vals[j] for j in it]

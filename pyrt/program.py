@@ -56,6 +56,9 @@ class WeightStreamingInfo:
 class Program:
     """A loaded ``.pte`` program; a context manager (``close()`` releases engines, memory and the file).
 
+    ``data``: the ``.ptd`` file(s) holding the program's external weights (a path, bytes, or a
+    list of them); external tensors resolve by key, zero-copy over each file's read-only
+    mapping, checked against the entry's dtype, sizes and byte count.
     ``budget``: weight-streaming budget for every TensorRT engine (see
     :mod:`pyrt.streaming`: bytes as a total split across engines, "50%", 0.5,
     "auto", or ``{engine_index: value}``); ``device_map``: ``{0: 1}`` or
@@ -75,7 +78,7 @@ class Program:
     ...     prog = Program("model.pte", devices=sim)
     """
 
-    def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
+    def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
                  devices: Any = None, cuda_graphs: bool = False) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
@@ -83,9 +86,15 @@ class Program:
         self._plans: list[MethodPlan] = []
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
+        self._data: Any = None
         self._pte = PteFile.open(path)
         self.source = self._pte.source
         try:
+            if data is not None:
+                from pyrt.ptd_reader import ExternalData
+
+                self._data = ExternalData.open(data)
+                self._pte.attach_data(self._data)
             if devices is not None and trt is None:
                 trt = getattr(devices, "tensorrt", None)
             self._load(budget, device_map, trt, kernels, devices, cuda_graphs)
@@ -245,6 +254,10 @@ class Program:
         pte = getattr(self, "_pte", None)
         if pte is not None:
             pte.close()
+        data = getattr(self, "_data", None)
+        if data is not None:
+            data.close()
+            self._data = None
 
     def __del__(self) -> None:  # a safety net; call close() (or use ``with``) to release deterministically
         try:

@@ -20,16 +20,19 @@ import enum
 import math
 import mmap
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pyrt._bounds import Span
 from pyrt._flatbuffer import Table, Vector
+from pyrt._mapped import map_file, unmap
 from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
+
+if TYPE_CHECKING:
+    from pyrt.ptd_reader import ExternalData
 
 FILE_IDENTIFIER = b"ET12"  # bytes 4..8
 EXT_HEADER_OFFSET = 8  # the extended header follows root offset (4) + identifier (4)
@@ -139,10 +142,18 @@ class Tensor:
         return self.numel * self.scalar_type.itemsize
 
     @property
+    def is_external(self) -> bool:
+        """Data is a named-data entry keyed by ``fully_qualified_name`` (usually in a .ptd)."""
+        return self.extra_tensor_info is not None and self.extra_tensor_info.location == TensorDataLocation.EXTERNAL
+
+    @property
     def is_constant(self) -> bool:
-        """Data stored in the file's constant segment (or a named-data entry)."""
-        external = self.extra_tensor_info is not None and self.extra_tensor_info.location == TensorDataLocation.EXTERNAL
-        return external or (self.data_buffer_idx > 0 and self.allocation_info is None)
+        """Read-only data in the file: the constant segment, or external data without planned memory.
+
+        An external tensor with ``allocation_info`` is a mutable (planned) tensor whose initial
+        value comes from the named data, as in ExecuTorch.
+        """
+        return self.allocation_info is None and (self.is_external or self.data_buffer_idx > 0)
 
 
 @dataclass(frozen=True)
@@ -289,6 +300,7 @@ class PteFile:
         self._mmap = _mmap
         self._data = data
         self.source = source
+        self.external: ExternalData | None = None  # .ptd files searched for external tensors (attach_data)
         self.file = Span(data, source)
         self.size = data.nbytes
         self.identifier, self.extended_header = _parse_headers(self.file)
@@ -303,22 +315,13 @@ class PteFile:
         if not isinstance(source, (str, os.PathLike)):
             raise PteFormatError(f"cannot open {source!r}: expected a path or a bytes-like object")
         path = os.fspath(source)
+        mm, view = map_file(str(path), "program")
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))  # no buffered file object
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        try:
-            info = os.fstat(fd)
-            if stat.S_ISDIR(info.st_mode):
-                raise PteFormatError(f"{path}: cannot open: Is a directory")
-            if info.st_size == 0:
-                raise PteFormatError(f"{path}: file is empty (0 bytes)")
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot map: {exc.strerror or exc}") from exc
-        finally:
-            os.close(fd)
-        return cls(memoryview(mm), str(path), _mmap=mm)
+            return cls(view, str(path), _mmap=mm)
+        except BaseException:
+            view.release()
+            unmap(mm)
+            raise
 
     # lifetime
     def close(self) -> None:
@@ -329,10 +332,7 @@ class PteFile:
             span.length = 0
         self._data.release()
         if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # a caller still holds a view; the mapping closes when it is released
+            unmap(self._mmap)
             self._mmap = None
 
     def __enter__(self) -> PteFile:
@@ -340,6 +340,13 @@ class PteFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def attach_data(self, data: ExternalData | None) -> None:
+        """Resolve external tensors and named data in ``data`` (.ptd files) first, then in this file.
+
+        The caller keeps ``data`` open while views from it are in use and closes it afterwards.
+        """
+        self.external = data
 
     # layout
     @property
@@ -484,9 +491,8 @@ class Program:
 
     def constant_data(self, tensor: Tensor) -> memoryview:
         """Bytes of a constant tensor (constant segment, legacy constant buffer, or named data)."""
-        info = tensor.extra_tensor_info
-        if info is not None and info.location == TensorDataLocation.EXTERNAL:
-            return self._sized(self.named_data_view(info.fully_qualified_name or ""), tensor, "named data")
+        if tensor.is_external:
+            return self.external_data(tensor)
         idx = tensor.data_buffer_idx
         cs = self.constant_segment
         if cs is not None and len(cs.offsets) > 1:
@@ -510,10 +516,51 @@ class Program:
         return self._subsegment_view(segs[which], tensor.data_buffer_idx, tensor, f"mutable_data_segments[{which}]")
 
     def named_data_view(self, key: str) -> memoryview:
+        """Bytes of named data ``key``: the attached .ptd files first, then this file's own segments."""
+        found = self.pte.external.find(key) if self.pte.external is not None else None
+        if found is not None:
+            return found[0].view(key)
         for nd in self.named_data:
             if nd.key == key:
                 return self.pte.segment_view(nd.segment_index)
-        raise PteFormatError(f"{self.pte.source}: named data key {key!r} not found (external data lives in a .ptd)")
+        raise PteFormatError(f"{self.pte.source}: named data key {key!r} not found{self._searched()}")
+
+    def external_data(self, tensor: Tensor) -> memoryview:
+        """Bytes of an external tensor, checked against the .ptd entry's layout and size (zero-copy)."""
+        info = tensor.extra_tensor_info
+        key = info.fully_qualified_name if info is not None else None
+        what = f"{tensor.scalar_type.name}{list(tensor.sizes)}"
+        if not key:
+            raise PteFormatError(f"{self.pte.source}: an external tensor ({what}) has no fully_qualified_name")
+        found = self.pte.external.find(key) if self.pte.external is not None else None
+        if found is None:
+            try:
+                view = self.named_data_view(key)
+            except PteFormatError:
+                raise PteFormatError(f"{self.pte.source}: external tensor {key!r} ({what}) not found"
+                                     f"{self._searched()}") from None
+            return self._sized(view, tensor, f"named data {key!r}")
+        ptd, entry = found
+        layout = entry.layout
+        if layout is not None and (layout.scalar_type, layout.sizes) != (tensor.scalar_type, tensor.sizes):
+            raise PteFormatError(f"{ptd.source}: named data {key!r} is {layout.scalar_type.name}"
+                                 f"{list(layout.sizes)}, but {self.pte.source} expects {what}")
+        if layout is not None and tensor.dim_order and layout.dim_order != tensor.dim_order:
+            raise PteFormatError(f"{ptd.source}: named data {key!r} has dim_order {layout.dim_order}, but "
+                                 f"{self.pte.source} expects {tensor.dim_order}")
+        if entry.size < tensor.nbytes:
+            raise PteFormatError(f"{ptd.source}: named data {key!r} holds {entry.size} bytes, but {self.pte.source} "
+                                 f"expects {what} ({tensor.nbytes} bytes)")
+        return ptd.file.view(f"named data {key!r}", entry.offset, tensor.nbytes)
+
+    def _searched(self) -> str:
+        data = self.pte.external
+        if data is not None and data.files:
+            return f" in {', '.join(data.sources)} or in the program's own named data"
+        hint = ""
+        if self.pte.source.endswith(".pte") and os.path.exists(self.pte.source[:-4] + ".ptd"):
+            hint = f" ({self.pte.source[:-4] + '.ptd'} exists beside it)"
+        return f": no data file was given; pass the .ptd file with data=...{hint}"
 
     def _subsegment_view(self, sub: SubsegmentOffsets, idx: int, tensor: Tensor, what: str) -> memoryview:
         if not 0 <= idx < len(sub.offsets):

@@ -11,27 +11,90 @@ added, none removed.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
-from pyrt.errors import BlobFormatError
-from pyrt.pte_reader import BackendDelegate, DataLocation, DelegateCall, ExecutionPlan, KernelCall, PteFile, Source
+from pyrt.errors import BlobFormatError, PteFormatError
+from pyrt.ptd_reader import FILE_IDENTIFIER as PTD_IDENTIFIER
+from pyrt.ptd_reader import DataSource, ExternalData, PtdFile
+from pyrt.pte_reader import (
+    BackendDelegate,
+    DataLocation,
+    DelegateCall,
+    ExecutionPlan,
+    KernelCall,
+    PteFile,
+    Source,
+    Tensor,
+)
 from pyrt.trt_blob import BACKEND_ID, parse_blob
 
 ENGINE_PREVIEW_BYTES = 16
+IN_PTE = ".pte"  # a stored tensor's "file" when its bytes are in the program file itself
+TENSORS_LISTED = 32  # external tensors named one by one in the text report
 
 
-def inspect(source: Source | PteFile) -> dict[str, Any]:
-    """Everything pyrt can tell about a .pte, as JSON-ready data."""
+def inspect(source: Source | PteFile, *, data: Any = None) -> dict[str, Any]:
+    """Everything pyrt can tell about a .pte (or a .ptd data file), as JSON-ready data.
+
+    ``data``: the program's .ptd file(s); each tensor stored in a file then says which one.
+    """
     if isinstance(source, PteFile):
-        return _describe(source)
+        return _with_data(source, data)
+    if _is_ptd(source):
+        if data is not None:
+            raise PteFormatError(f"{source!r} is a .ptd data file: inspect it alone, or inspect its .pte with data=")
+        with PtdFile.open(source) as ptd:
+            return describe_ptd(ptd)
     with PteFile.open(source) as pte:
+        return _with_data(pte, data)
+
+
+def _is_ptd(source: Any) -> bool:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(memoryview(source)[4:8]) == PTD_IDENTIFIER
+    try:
+        with open(os.fspath(source), "rb") as f:
+            return f.read(8)[4:8] == PTD_IDENTIFIER
+    except (OSError, TypeError):
+        return False  # PteFile.open reports it
+
+
+def _with_data(pte: PteFile, data: DataSource | list[DataSource] | None) -> dict[str, Any]:
+    if data is None:
         return _describe(pte)
+    previous = pte.external
+    with ExternalData.open(data) as external:
+        pte.attach_data(external)
+        try:
+            return _describe(pte)
+        finally:
+            pte.attach_data(previous)
+
+
+def describe_ptd(ptd: PtdFile) -> dict[str, Any]:
+    """A .ptd's header, segments and entries (``pyrt inspect model.ptd``)."""
+    h = ptd.header
+    return {
+        "file": {"source": ptd.source, "size": ptd.size, "identifier": PTD_IDENTIFIER.decode(),
+                 "flatbuffer_size": h.flatbuffer_offset + h.flatbuffer_size,
+                 "segment_base_offset": h.segment_base_offset, "segment_data_size": h.segment_data_size,
+                 "segments": [{"offset": off - h.segment_base_offset, "size": size} for off, size in ptd.segments]},
+        "version": ptd.version,
+        "entries": [
+            {"key": e.key, "segment_index": e.segment_index, "offset": e.offset, "size": e.size,
+             "dtype": e.layout.scalar_type.dtype_name if e.layout else None,
+             "shape": list(e.layout.sizes) if e.layout else None,
+             "dim_order": list(e.layout.dim_order) if e.layout else None}
+            for e in ptd.entries.values()
+        ],
+    }
 
 
 def _describe(pte: PteFile) -> dict[str, Any]:
     program = pte.program
-    return {
+    info: dict[str, Any] = {
         "file": {
             "source": pte.source,
             "size": pte.size,
@@ -43,6 +106,9 @@ def _describe(pte: PteFile) -> dict[str, Any]:
         "version": program.version,
         "methods": [_method(pte, plan) for plan in program.execution_plan],
     }
+    if pte.external is not None:
+        info["data_files"] = list(pte.external.sources)
+    return info
 
 
 def _method(pte: PteFile, plan: ExecutionPlan) -> dict[str, Any]:
@@ -64,7 +130,41 @@ def _method(pte: PteFile, plan: ExecutionPlan) -> dict[str, Any]:
             for d in plan.non_const_buffer_device
         ],
         "delegates": [_delegate(pte, plan, i, d) for i, d in enumerate(plan.delegates)],
+        "tensors": _stored_tensors(pte, plan),
     }
+
+
+def _stored_tensors(pte: PteFile, plan: ExecutionPlan) -> list[dict[str, Any]]:
+    """Every tensor whose bytes come from a file: where they live (a .pte segment or a .ptd entry)."""
+    out = []
+    for i, v in enumerate(plan.values):
+        if v.kind != "Tensor":
+            continue
+        t: Tensor = v.value
+        mutable = t.allocation_info is not None
+        if not (t.is_external or t.data_buffer_idx > 0):
+            continue
+        entry: dict[str, Any] = {"value": i, "dtype": t.scalar_type.dtype_name, "shape": list(t.sizes),
+                                 "nbytes": t.nbytes, "mutable": mutable}
+        if t.is_external:
+            key = t.extra_tensor_info.fully_qualified_name if t.extra_tensor_info else None
+            entry.update(location="external", key=key, file=_external_file(pte, key))
+        else:
+            entry.update(location="mutable_segment" if mutable else "constant_segment"
+                         if pte.program.constant_segment and len(pte.program.constant_segment.offsets) > 1
+                         else "constant_buffer", key=None, file=IN_PTE)
+        out.append(entry)
+    return out
+
+
+def _external_file(pte: PteFile, key: str | None) -> str | None:
+    """The file holding external tensor ``key``: a .ptd, this .pte (its own named data), or None (missing)."""
+    if not key:
+        return None
+    found = pte.external.find(key) if pte.external is not None else None
+    if found is not None:
+        return found[0].source
+    return IN_PTE if any(nd.key == key for nd in pte.program.named_data) else None
 
 
 def _value_spec(value: Any) -> dict[str, Any]:
@@ -132,10 +232,14 @@ def _size(n: int) -> str:
 def format_report(info: dict[str, Any]) -> str:
     """A readable text report of :func:`inspect`'s data."""
     f = info["file"]
+    if "entries" in info:
+        return _format_ptd(info)
     lines = [
         f"{f['source']}: {_size(f['size'])}, identifier {f['identifier']}, "
         f"{len(f['segments'])} segment(s) at base {f['segment_base_offset']}",
     ]
+    if info.get("data_files"):
+        lines.append(f"data files: {', '.join(info['data_files'])}")
     for m in info["methods"]:
         lines.append(f"\nmethod {m['name']!r}: {m['num_values']} values")
         for label, specs in (("inputs", m["input_specs"]), ("outputs", m["output_specs"])):
@@ -165,4 +269,36 @@ def format_report(info: dict[str, Any]) -> str:
                 lines.append(f"    outputs {', '.join(trt['outputs']) or '-'}")
             elif "tensorrt_error" in d:
                 lines.append(f"    invalid TensorRT blob: {d['tensorrt_error']}")
+        lines.extend(_format_tensors(m.get("tensors", [])))
+    return "\n".join(lines)
+
+
+def _format_tensors(tensors: list[dict[str, Any]]) -> list[str]:
+    if not tensors:
+        return []
+    by_where = Counter((t["location"], t["file"]) for t in tensors)
+    sizes: Counter[tuple[str, str | None]] = Counter()
+    for t in tensors:
+        sizes[(t["location"], t["file"])] += t["nbytes"]
+    lines = ["  stored tensors:"]
+    for (where, file), n in sorted(by_where.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        place = {None: "MISSING (no data file holds them)", IN_PTE: "the .pte"}.get(file, file)
+        lines.append(f"    {where}: {n} tensor(s), {_size(sizes[(where, file)])} in {place}")
+    external = [t for t in tensors if t["location"] == "external"]
+    for t in external[:TENSORS_LISTED]:
+        place = {None: "missing", IN_PTE: "the .pte"}.get(t["file"], os.path.basename(str(t["file"])))
+        lines.append(f"      {t['key']}: {t['dtype']}{t['shape']} -> {place}")
+    if len(external) > TENSORS_LISTED:
+        lines.append(f"      ... and {len(external) - TENSORS_LISTED} more (--json lists them all)")
+    return lines
+
+
+def _format_ptd(info: dict[str, Any]) -> str:
+    f = info["file"]
+    lines = [f"{f['source']}: {_size(f['size'])}, identifier {f['identifier']} (.ptd, version {info['version']}), "
+             f"{len(info['entries'])} entries in {len(f['segments'])} segment(s) at base {f['segment_base_offset']}"]
+    for e in info["entries"]:
+        layout = f"{e['dtype']}{e['shape']}" if e["dtype"] is not None else "untyped"
+        lines.append(f"  {e['key']}: {layout}, {_size(e['size'])} at offset {e['offset']} (segment "
+                     f"{e['segment_index']})")
     return "\n".join(lines)

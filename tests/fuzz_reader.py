@@ -1,4 +1,4 @@
-"""Long fuzz run of pyrt's .pte reader and TR01 parser (not part of pytest).
+"""Long fuzz run of pyrt's .pte and .ptd readers and TR01 parser (not part of pytest).
 
 Coverage-guided with atheris (libFuzzer) when it is installed, otherwise a
 hypothesis-based mutation loop. Seeds are real files written by ExecuTorch
@@ -8,6 +8,7 @@ flags hangs (-timeout) and memory blow-ups (-rss_limit_mb).
 
     .venv/bin/python tests/fuzz_reader.py --seconds 180               # .pte reader
     .venv/bin/python tests/fuzz_reader.py --seconds 60 --target blob  # TR01/TR02 parser
+    .venv/bin/python tests/fuzz_reader.py --seconds 60 --target ptd   # .ptd (FlatTensor) reader
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ for name in ptefixtures.ALL:
         for plan, i, d, blob in iter_delegate_blobs(pte):
             if d.id == "TensorRTBackend":
                 (out / "blob" / f"{name}-{plan.name}-{i}.bin").write_bytes(bytes(blob))
+    if path.with_suffix(".ptd").exists():
+        (out / "ptd" / f"{name}.ptd").write_bytes(path.with_suffix(".ptd").read_bytes())
 """
 
 
 def make_seeds(directory: Path) -> None:
-    for sub in ("files", "pte", "blob"):
+    for sub in ("files", "pte", "blob", "ptd"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
-    if any((directory / "pte").iterdir()):
+    if any((directory / "pte").iterdir()) and any((directory / "ptd").iterdir()):
         return
     subprocess.run([sys.executable, "-c", SEED_SCRIPT, str(directory)], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -49,7 +52,9 @@ def make_seeds(directory: Path) -> None:
 
 def _targets():
     from pyrt.errors import PyrtError
+    from pyrt.ptd_reader import PtdFile
     from pyrt.pte_reader import PteFile
+    from pyrt.report import describe_ptd
     from pyrt.trt_blob import parse_blob
     from tests.ptefixtures import walk
 
@@ -67,13 +72,23 @@ def _targets():
         except PyrtError:
             pass
 
-    return {"pte": pte_target, "blob": blob_target}
+    def ptd_target(data: bytes) -> None:
+        try:
+            with PtdFile.open(data) as ptd:
+                for key in ptd.keys():
+                    bytes(ptd.view(key)[:1])
+                describe_ptd(ptd)
+        except PyrtError:
+            pass
+
+    return {"pte": pte_target, "blob": blob_target, "ptd": ptd_target}
 
 
 def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> int:
     import atheris
 
     with atheris.instrument_imports(include=["pyrt"]):
+        import pyrt.ptd_reader  # noqa: F401
         import pyrt.pte_reader  # noqa: F401
         import pyrt.report  # noqa: F401
         import pyrt.trt_blob  # noqa: F401
@@ -115,7 +130,7 @@ def run_hypothesis(target: str, corpus: Path, seconds: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=180)
-    parser.add_argument("--target", choices=("pte", "blob"), default="pte")
+    parser.add_argument("--target", choices=("pte", "blob", "ptd"), default="pte")
     parser.add_argument("--seeds", type=Path, default=Path(tempfile.gettempdir()) / "pyrt-fuzz-seeds")
     parser.add_argument("--engine", choices=("auto", "atheris", "random"), default="auto")
     args, extra = parser.parse_known_args()

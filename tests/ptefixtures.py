@@ -10,7 +10,8 @@ Fixtures (``build(name, directory) -> Path``; see :data:`BUILDERS`):
   buffer, a second mutable buffer, tensor lists, optional tensor lists, strings,
   doubles, int lists; ``dyn``: dynamic batch dimension). No delegates.
 - ``portable_external``: ``forward`` of ``portable`` with
-  ``external_constants=True``: constants are EXTERNAL (named data in a .ptd).
+  ``external_constants=True``: constants are EXTERNAL (named data in the .ptd
+  ExecuTorch writes, kept beside the .pte as ``portable_external.ptd``).
 - ``delegated_segments`` / ``delegated_inline``: ``TensorRTBackend`` delegates
   (this module's test-only backend) in segments / inline, with
   ``target_device`` (so ExecuTorch inserts ``et_copy`` ops and CUDA arenas),
@@ -266,11 +267,24 @@ def _build_portable(path: Path) -> Path:
 
 
 def _build_portable_external(path: Path) -> Path:
+    """The .pte, and beside it the .ptd ExecuTorch writes (``write_tensor_data_to_file``) as ``<name>.ptd``."""
     from executorch.exir import ExecutorchBackendConfig, to_edge
 
     et = to_edge({"forward": _portable_programs()["forward"]}).to_executorch(
         ExecutorchBackendConfig(external_constants=True, emit_mutable_buffer_names=True))
+    write_ptd(et, path.with_suffix(".ptd"))
     return _write(path, et.buffer)
+
+
+def write_ptd(manager: Any, target: Path) -> Path:
+    """Write the single .ptd of an ExecutorchProgramManager to ``target`` with ExecuTorch's own writer."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        manager.write_tensor_data_to_file(tmp)
+        (written,) = Path(tmp).glob("*.ptd")
+        os.replace(written, target)
+    return target
 
 
 @functools.cache

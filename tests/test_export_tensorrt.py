@@ -30,8 +30,8 @@ def rtx_pte(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 
 def test_rtx_engines_in_the_pte(rtx_pte: tuple) -> None:
     path, summary, _ = rtx_pte
-    assert [(e.flavour, e.device, e.streamable_weights) for e in summary.engines] == [
-        ("tensorrt_rtx", "cuda:0", True)] * 2
+    assert [(e.flavour, e.device, e.streamable_weights, e.route) for e in summary.engines] == [
+        ("tensorrt_rtx", "cuda:0", True, "stream")] * 2  # each engine went to disk as TensorRT wrote it
     assert summary.fallback_ops == {"aten::sigmoid": 1}
     found = delegates(path)
     ours = pyrt.inspect(path)["methods"][0]["delegates"]

@@ -93,3 +93,30 @@ def test_killed_mid_write_never_leaves_a_partial_target(tmp_path: Path) -> None:
     assert target.read_bytes() == OLD
     partial = [p for p in tmp_path.iterdir() if p.name.endswith(".pte.tmp")]
     assert len(partial) == 1 and partial[0].stat().st_size >= 4096  # the partial data went elsewhere
+
+
+class ZeroWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4 << 20), requires_grad=False)  # 16 MiB of zeros
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w[:4]
+
+
+def test_zero_runs_are_written_as_holes(tmp_path: Path) -> None:
+    """The engine's 16 MiB of zeros costs no disk: the spill file and the .pte leave it as a hole."""
+    from pyrt.pte_reader import PteFile
+    from pyrt.testing.refengine import RefEngine
+    from pyrt.trt_blob import parse_blob
+
+    target = tmp_path / "zeros.pte"
+    to_pte(ZeroWeight(), target, (torch.randn(4),), builder="reference", progress=False)
+    st = target.stat()
+    assert st.st_size > 16 << 20 and st.st_blocks * 512 < 4 << 20
+    with PteFile.open(target) as pte:
+        plan = pte.program.execution_plan[0]
+        blob = parse_blob(pte.program.delegate_data(plan.delegates[0]))
+        (weight,) = RefEngine.from_bytes(blob.engine).weights.values()
+        assert weight.nbytes == 16 << 20 and not any(weight.data[::4096]) and bytes(weight.data[-8:]) == bytes(8)
+        del weight, blob, plan

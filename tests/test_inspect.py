@@ -147,3 +147,45 @@ def test_non_tensorrt_and_broken_tensorrt_delegates(mixed_delegates: Path) -> No
     assert delegates[2]["tensorrt"] is None
     proc = cli("inspect", str(mixed_delegates))
     assert proc.returncode == 0 and "OtherBackend" in proc.stdout
+
+
+# -- where stored tensors live (.pte segments, .ptd files) ----------------------------------------------------
+
+
+def test_inspect_says_which_file_holds_each_tensor(pte_file) -> None:
+    pte = pte_file("portable_external")
+    ptd = pte.with_suffix(".ptd")
+    alone = pyrt.inspect(pte)["methods"][0]["tensors"]
+    with_data = pyrt.inspect(pte, data=ptd)
+    tensors = with_data["methods"][0]["tensors"]
+    external = {t["key"]: t for t in tensors if t["location"] == "external"}
+    assert set(external) == {"lin.weight", "lin.bias"}
+    assert {t["file"] for t in external.values()} == {str(ptd)}
+    assert external["lin.weight"]["dtype"] == "float32" and external["lin.weight"]["shape"] == [3, 4]
+    assert {t["file"] for t in alone if t["location"] == "external"} == {None}, "no data file: reported missing"
+    assert with_data["data_files"] == [str(ptd)]
+    kept = [t for t in tensors if t["location"] != "external"]
+    assert kept and all(t["file"] == ".pte" for t in kept)  # the initialised mutable buffer stays in the .pte
+    json.dumps(with_data)
+
+
+def test_inspect_a_ptd_and_the_cli(pte_file) -> None:
+    pte = pte_file("portable_external")
+    ptd = pte.with_suffix(".ptd")
+    info = pyrt.inspect(ptd)
+    assert info["file"]["identifier"] == "FT01"
+    assert [(e["key"], e["dtype"], e["shape"]) for e in info["entries"]] == [
+        ("lin.weight", "float32", [3, 4]), ("lin.bias", "float32", [3])]
+    text = cli("inspect", str(pte), "--data", str(ptd))
+    assert text.returncode == 0, text.stderr
+    assert "lin.weight: float32[3, 4] -> portable_external.ptd" in text.stdout
+    assert "external: 2 tensor(s), 60 B in" in text.stdout
+    missing = cli("inspect", str(pte))
+    assert "MISSING (no data file holds them)" in missing.stdout
+    assert "lin.bias: float32[3] -> missing" in missing.stdout
+    data_file = cli("inspect", str(ptd))
+    assert "lin.bias: float32[3], 12 B at offset" in data_file.stdout
+    as_json = json.loads(cli("inspect", "--json", str(pte), "--data", str(ptd)).stdout)
+    assert as_json["data_files"] == [str(ptd)]
+    bad = cli("inspect", str(pte), "--data", str(pte))
+    assert bad.returncode == 1 and "file identifier b'ET12' is not b'FT01'" in bad.stderr

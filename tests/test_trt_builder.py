@@ -200,11 +200,19 @@ def _tensorrt10_like() -> types.ModuleType:
         def create_network(self, flags: int) -> Network:
             return Network(self.real.create_network(0), bool(flags & (1 << int(strong))))
 
-        def build_serialized_network(self, network: Network, config: object) -> object:
+        def _refuses(self, network: Network, config: object) -> bool:
             if config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING) and not network.strongly_typed:
                 self.logger.log(trt.ILogger.Severity.ERROR, "WEIGHT_STREAMING needs a strongly typed network")
-                return None
-            return self.real.build_serialized_network(network.real, config)
+                return True
+            return False
+
+        def build_serialized_network(self, network: Network, config: object) -> object:
+            return None if self._refuses(network, config) else self.real.build_serialized_network(network.real, config)
+
+        def build_serialized_network_to_stream(self, network: Network, config: object, writer: object) -> bool:
+            if self._refuses(network, config):
+                return False
+            return self.real.build_serialized_network_to_stream(network.real, config, writer)
 
         def __getattr__(self, name: str) -> object:
             return getattr(self.real, name)
@@ -218,6 +226,133 @@ def test_tensorrt10_gets_a_strongly_typed_network_for_weight_streaming(mlp_onnx:
     built = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True)
     assert (built.flavour, built.streamable_weights) == ("tensorrt", True)
     assert built.engine.nbytes > 0
+    out = Recorder()
+    streamed = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True, out=out)
+    assert (streamed.route, bytes(out.data)) == ("stream", bytes(built.engine))
+
+
+# -- streamed builds: the engine goes to `out` as TensorRT serializes it -------------------------
+
+
+class Recorder:
+    """An ``out`` that keeps what it is given and how (sizes of each write call)."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.data, self.sizes, self.fail_after = bytearray(), [], fail_after
+
+    def write(self, chunk: object) -> int:
+        if self.fail_after is not None and len(self.sizes) >= self.fail_after:
+            raise OSError(28, "No space left on device")
+        view = memoryview(chunk).cast("B")
+        self.sizes.append(view.nbytes)
+        self.data += view
+        return view.nbytes
+
+
+def _without_stream_writer() -> types.ModuleType:
+    """tensorrt_rtx whose builder lacks build_serialized_network_to_stream (an older TensorRT)."""
+    fake = types.ModuleType("tensorrt_rtx")
+    for name in dir(trt):
+        if not name.startswith("__"):
+            setattr(fake, name, getattr(trt, name))
+
+    class Builder:
+        def __init__(self, logger: object) -> None:
+            self.real = trt.Builder(logger)
+
+        def __getattr__(self, name: str) -> object:
+            if name == "build_serialized_network_to_stream":
+                raise AttributeError(name)
+            return getattr(self.real, name)
+
+    fake.Builder = Builder
+    return fake
+
+
+def test_streamed_build_writes_the_in_memory_engine_in_bounded_chunks(mlp_onnx: Path, monkeypatch) -> None:
+    from pyrt.export import trt_builder
+
+    in_memory = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
+    monkeypatch.setattr(trt_builder, "OUT_CHUNK", 4096)
+    out = Recorder()
+    streamed = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=out)
+    assert (streamed.route, streamed.engine, streamed.size) == ("stream", None, len(out.data))
+    assert bytes(out.data) == bytes(in_memory.engine), "builds are deterministic: the stream is the engine"
+    assert max(out.sizes) <= 4096 and len(out.sizes) >= len(out.data) // 4096
+    assert (streamed.inputs, streamed.outputs) == (in_memory.inputs, in_memory.outputs)
+    assert in_memory.route == "memory" and in_memory.size == in_memory.engine.nbytes
+
+
+def test_flavour_without_a_stream_writer_falls_back_to_memory(mlp_onnx: Path) -> None:
+    out = Recorder()
+    built = build_engine_from_onnx(mlp_onnx, flavour=_without_stream_writer(), out=out)
+    assert (built.route, built.engine, built.size) == ("memory", None, len(out.data))
+    assert bytes(out.data) == bytes(build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx").engine)
+
+
+def test_a_failing_out_is_an_export_error_not_a_crash(mlp_onnx: Path) -> None:
+    with pytest.raises(ExportError, match=r"writing the tensorrt_rtx engine .* failed after \d+ bytes: "
+                                          r"OSError: .*No space left on device") as info:
+        build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=Recorder(fail_after=0))
+    assert isinstance(info.value.__cause__, OSError)
+
+
+class TransposedWeight(torch.nn.Module):
+    """``x @ w.T`` with a 2 MiB weight: onnxscript would fold the Transpose into a copy of ``w``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(1024, 512), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w.t()
+
+
+def test_parser_reads_the_module_weights_in_place(monkeypatch) -> None:
+    from pyrt.export import trt_builder
+
+    torch.manual_seed(0)
+    model, examples = TransposedWeight().eval(), (torch.randn(2, 512),)
+    seen: dict[str, object] = {}
+    real = trt_builder._parse_over_module_weights
+
+    def spy(session, parser, network, path, weights) -> None:
+        seen.update(weights)
+        real(session, parser, network, path, weights)
+
+    monkeypatch.setattr(trt_builder, "_parse_over_module_weights", spy)
+    in_place = build_engine(model, examples, flavour="tensorrt_rtx")
+    big = [w for w in seen.values() if w.nbytes == model.w.nbytes]
+    assert [w.data_ptr() for w in big] == [model.w.data_ptr()], "the parser got the module's tensor, not a copy"
+    monkeypatch.setattr(trt_builder, "_module_initializers", lambda program: {})
+    from_file = build_engine(model, examples, flavour="tensorrt_rtx")  # parse_from_file: the parser's own copy
+    assert bytes(in_place.engine) == bytes(from_file.engine)
+
+
+def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
+    from pyrt.export.trt_builder import _stream_writer
+
+    writer = _stream_writer(trt, Recorder())
+    assert isinstance(writer, trt.IStreamWriter)
+    assert writer.write(b"abc") == 3 and writer.size == 3  # a Python call works once the base is initialised
+    assert _stream_writer(types.ModuleType("no_writer"), Recorder()) is None
+
+
+def test_stream_writer_also_takes_the_documented_capsule_and_size() -> None:
+    """The binding documents ``write(data: capsule, size)``; TensorRT-RTX 1.7.1 passes bytes instead.
+    Both forms write the same bytes."""
+    import ctypes
+
+    from pyrt.export.trt_builder import _stream_writer
+
+    raw = ctypes.create_string_buffer(b"engine-bytes", 12)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    out = Recorder()
+    writer = _stream_writer(trt, out)
+    assert writer.write(new(ctypes.addressof(raw), None, None), 12) == 12
+    assert writer.write(b"+tail") == 5
+    assert bytes(out.data) == b"engine-bytes+tail" and writer.error is None
 
 
 def test_compute_capabilities_need_tensorrt_rtx(mlp_onnx: Path) -> None:

@@ -61,6 +61,7 @@ class ReferenceBuilder:
 
         record, seconds = timed(lambda: store.add_stream(key, write))
         record.build_seconds = seconds
+        record.extra["route"] = "stream"  # the reference builder writes straight into the spill file
         inputs, outputs = io["bindings"]
         has_weights = any(n.op == "get_attr" for n in part.module.graph.nodes)
         return Built(record, inputs, outputs, weight_streaming and has_weights, "reference")
@@ -88,15 +89,21 @@ class TensorRTBuilder:
             i: _profile(v, a.name, limits)
             for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
         n_out = len(part.outputs)
-        try:
-            built = self.trt_builder.build_engine(
+        result: dict[str, Any] = {}
+
+        def write(sink: Any) -> None:  # the engine goes to its spill file as TensorRT serializes it
+            result["built"] = self.trt_builder.build_engine(
                 part.module, [_example(v) for v in vals], flavour=self.module, weight_streaming=weight_streaming,
                 dynamic_shapes=ranges or None, input_names=[f"input_{i}" for i in range(len(vals))],
-                output_names=[f"output_{i}" for i in range(n_out)], progress=progress)
+                output_names=[f"output_{i}" for i in range(n_out)], progress=progress, out=sink)
+
+        try:
+            record = store.add_stream(key, write)
         except ExportError as exc:
             raise BuildFailed(str(exc)) from exc
-        record = store.add_bytes(key, built.engine)
+        built = result["built"]
         record.build_seconds = built.build_seconds
+        record.extra["route"] = built.route
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
 
 

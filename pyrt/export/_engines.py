@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 import torch
 
 from pyrt.errors import ExportError
+from pyrt.export._holes import HoleWriter
 from pyrt.export._spec import EngineSpec
 
 _CHUNK = 64 << 20
@@ -48,10 +49,10 @@ class EngineRecord:
 
 
 class _HashingWriter:
-    """A write-only file wrapper that counts and hashes what passes through."""
+    """A write-only file wrapper that counts and hashes what passes through (zero runs become holes)."""
 
     def __init__(self, f: BinaryIO) -> None:
-        self.f, self.size, self.hash = f, 0, hashlib.sha256()
+        self.f, self.size, self.hash = HoleWriter(f), 0, hashlib.sha256()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -73,9 +74,14 @@ class EngineStore:
         if key in self.records:
             raise ExportError(f"engine key {key!r} is used twice")
         path = self.dir / f"{len(self.records)}.engine"
-        with open(path, "wb") as f:
-            sink = _HashingWriter(f)
-            write(sink)
+        try:
+            with open(path, "wb") as f:
+                sink = _HashingWriter(f)
+                write(sink)
+                sink.f.finish()
+        except BaseException:
+            path.unlink(missing_ok=True)  # a failed build leaves no partial engine behind
+            raise
         if sink.size == 0:
             raise ExportError(f"engine {key!r} is empty")
         record = EngineRecord(key, path, sink.size, sink.hash.hexdigest())

@@ -35,6 +35,8 @@ log = logging.getLogger("pyrt.export")
 class Lowered:
     file_size: int
     fallback_ops: Counter[str]
+    data_path: str | None = None
+    data_size: int = 0
 
 
 def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynamic_shapes: Any
@@ -50,16 +52,21 @@ def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynami
 
 def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any, target: Path,
           options: Any) -> Lowered:
-    """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's."""
+    """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's.
+
+    With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
+    """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
-    from pyrt.export._writer import atomic_write, streaming_program_cord, write_cord
+    from pyrt.export._external import ExternalWeights, weights_by_reference
     from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
-    config = ExecutorchBackendConfig(extract_delegate_segments=True)
+    external = bool(getattr(options, "external_weights", False))
+    config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external)
     streaming = options.writer == "pyrt"
+    weights = ExternalWeights()
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
             (streaming_blobs(session) if streaming else contextlib.nullcontext()):
         # IR validation stays off: with it, ExecuTorch 1.5.1's edge verifier specialises a dynamic
@@ -70,16 +77,46 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
             compile_config=EdgeCompileConfig(_check_ir_validity=False))
         fallback = fallback_ops(edge.exported_program().graph_module)
         _check_all_delegated(edge.exported_program().graph_module)
-        manager = edge.to_executorch(config)
+        with (weights_by_reference(weights) if external and streaming else contextlib.nullcontext()):
+            manager = edge.to_executorch(config)
     del edge, program
-    if streaming:
+    return _write(manager, session, config, target, options, weights if external else None, fallback)
+
+
+def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, weights: Any,
+           fallback: Counter[str]) -> Lowered:
+    from pyrt.export._writer import atomic_write_all, streaming_program_cord, write_cord
+
+    ptd = _ptd_cord(manager, weights) if weights is not None else None
+    data_path = target.with_suffix(".ptd") if ptd is not None else None
+    if options.writer == "pyrt":
         cord = streaming_program_cord(manager, session, config)
-        with options.progress.task(f"writing {target.name}", total=len(cord), unit="B") as task:
-            size = atomic_write(target, lambda f: write_cord(cord, f, task.update))
+        total = len(cord) + (len(ptd) if ptd is not None else 0)
+        with options.progress.task(f"writing {target.name}", total=total, unit="B") as task:
+            outputs: list[tuple[Any, Any]] = [(target, lambda f: write_cord(cord, f, task.update))]
+            if ptd is not None:
+                outputs.insert(0, (data_path, lambda f: write_cord(ptd, f, task.update)))
+            sizes = atomic_write_all(outputs)
     else:
         with options.progress.task(f"writing {target.name} (ExecuTorch serializer)"):
-            size = atomic_write(target, manager.write_to_file)
-    return Lowered(size, fallback)
+            outputs = [(target, manager.write_to_file)]
+            if ptd is not None:
+                outputs.insert(0, (data_path, ptd.write_to_file))
+            sizes = atomic_write_all(outputs)
+    if weights is not None and ptd is None:
+        log.info("external_weights: no weights run outside the engines, so no .ptd was written")
+    return Lowered(sizes[-1], fallback, str(data_path) if data_path else None, sizes[0] if ptd is not None else 0)
+
+
+def _ptd_cord(manager: Any, weights: Any) -> Any:
+    """The .ptd: from the weights the emitter recorded, else the one ExecuTorch built (None: no weights)."""
+    if weights.entries:
+        return weights.cord()
+    files = getattr(manager, "_tensor_data", None) or {}
+    if len(files) > 1:
+        raise ExportError(f"ExecuTorch split the external weights into {len(files)} data files "
+                          f"({', '.join(files)}); pyrt writes one .ptd")
+    return next(iter(files.values()), None)
 
 
 def fallback_ops(gm: fx.GraphModule) -> Counter[str]:

@@ -16,7 +16,12 @@ from pyrt.trt_blob import IOBinding
 
 @dataclass(frozen=True)
 class EngineSummary:
-    """One engine: ``size`` is the serialized engine's bytes (the TR01 blob adds a small header)."""
+    """One engine: ``size`` is the serialized engine's bytes (the TR01 blob adds a small header).
+
+    ``route``: how the engine reached disk: "stream" (written as it was serialized),
+    "memory" (a TensorRT without a stream writer returned it whole, then it was spilled),
+    or "" (a converted Torch-TensorRT engine).
+    """
 
     name: str
     key: str
@@ -30,16 +35,17 @@ class EngineSummary:
     inputs: tuple[IOBinding, ...]
     outputs: tuple[IOBinding, ...]
     source: str  # "built" by pyrt or "converted" from a Torch-TensorRT engine
+    route: str = ""
 
     @classmethod
     def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
-                   record.build_seconds, ops, spec.inputs, spec.outputs, source)
+                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""))
 
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """The written file, its engines and the operators left to ExecuTorch (name -> count)."""
+    """The written file(s), its engines and the operators left to ExecuTorch (name -> count)."""
 
     path: str
     file_size: int
@@ -47,10 +53,14 @@ class ExportSummary:
     fallback_ops: dict[str, int]
     builder: str
     seconds: float
+    data_path: str | None = None  # the .ptd written beside the .pte (external_weights=True)
+    data_size: int = 0
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
                  f"{self.seconds:.2f} s"]
+        if self.data_path is not None:
+            lines.append(f"external weights: {self.data_path}: {_size(self.data_size)}")
         for e in self.engines:
             budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
             lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "

@@ -7,9 +7,16 @@ small stubs; pyrt swaps each stub for a :class:`BlobFile`, an ExecuTorch
 file, so segment sizes and offsets are computed from the real blobs while
 the bytes stay on disk until they are copied into the output.
 
-The output is written to a temporary file in the target's directory, flushed,
-fsynced and renamed over the target: an interrupted export never leaves a
-partial file at ``path``, and an existing file there survives a failure.
+With ``external_weights``, the weights ExecuTorch would keep in the .pte go to
+a ``.ptd`` beside it instead; its layout is ExecuTorch's own
+(``FlatTensorSerializer``), its bytes are :class:`TensorBytes`: each weight
+streamed from the tensor's own memory in pieces when the file is written.
+
+Each output is written to a temporary file in the target's directory (runs of
+zeros become holes: :mod:`pyrt.export._holes`), flushed, fsynced and renamed
+over the target: an interrupted export never leaves a partial file at
+``path``, and an existing file there survives a failure. With a .ptd, both
+temporary files are complete before either is renamed; the .ptd is renamed first.
 
 >>> import os, tempfile
 >>> target = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -30,6 +37,7 @@ from typing import Any, BinaryIO
 from executorch.exir._serialize._cord import Cord, FileBackedData
 
 from pyrt.errors import ExportError
+from pyrt.export._holes import HoleWriter
 from pyrt.export.backend import STUB_MAGIC, BlobPlan, BlobSession
 
 _CHUNK = 8 << 20
@@ -78,6 +86,56 @@ class BlobFile(FileBackedData):
                               f"({written} bytes, expected {self._size})")
 
 
+class TensorBytes(FileBackedData):
+    """A tensor's bytes as a Cord buffer, written from its own memory in pieces (never copied whole)."""
+
+    def __init__(self, view: memoryview, owner: Any = None) -> None:  # no file: FileBackedData's init is skipped
+        self.view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self.owner = owner  # keeps the memory alive
+        self._path = ""
+        self._size = self.view.nbytes
+        self._sha256 = None
+        self._finalizer = None
+
+    def prefix(self, size: int) -> bytes:
+        return bytes(self.view[:size])
+
+    def sha256(self) -> bytes:
+        digest = hashlib.sha256()
+        for start in range(0, self._size, _CHUNK):
+            digest.update(self.view[start : start + _CHUNK])
+        return digest.digest()
+
+    def to_bytes(self) -> bytes:
+        return bytes(self.view)
+
+    def write_to_file(self, outfile: Any, progress: Callable[[int], Any] | None = None) -> None:
+        for start in range(0, self._size, _CHUNK):
+            chunk = self.view[start : start + _CHUNK]
+            outfile.write(chunk)
+            if progress is not None:
+                progress(chunk.nbytes)
+
+
+def external_data_cord(entries: dict[str, tuple[TensorBytes, Any]], alignment: int = 16) -> Cord:
+    """The .ptd of ``{key: (bytes, executorch TensorLayout)}``, laid out by ExecuTorch's FlatTensorSerializer.
+
+    Entries sharing one ``TensorBytes`` (tied weights) share one segment, as in ExecuTorch.
+    """
+    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    buffers: list[Any] = []
+    index: dict[int, int] = {}
+    named = {}
+    for key, (data, layout) in entries.items():
+        if id(data) not in index:
+            index[id(data)] = len(buffers)
+            buffers.append(data)
+        named[key] = DataEntry(index[id(data)], alignment, layout)
+    return FlatTensorSerializer().serialize(DataPayload(buffers=buffers, named_data=named))
+
+
 def streaming_program_cord(manager: Any, session: BlobSession, config: Any) -> Cord:
     """The .pte of ``manager`` (an ExecutorchProgramManager built with stubs) with real blobs."""
     from executorch.exir._serialize._program import PTEFile, serialize_pte_binary
@@ -104,11 +162,11 @@ def streaming_program_cord(manager: Any, session: BlobSession, config: Any) -> C
 
 
 def _pte_named_data(store: Any) -> Any:
-    """The named data ExecuTorch would put in the .pte (external .ptd data is not supported)."""
+    """The named data ExecuTorch would put in the .pte (a backend's own external named data is not supported)."""
     if store is None or not getattr(store, "buffers", None) or not getattr(store, "pte_data", None):
         return None
     if getattr(store, "external_data", None):
-        raise ExportError("the program has external (.ptd) named data, which pyrt's writer does not produce")
+        raise ExportError("a backend stored external (.ptd) named data, which pyrt's writer does not produce")
     return store
 
 
@@ -120,7 +178,7 @@ def write_cord(cord: Cord, f: BinaryIO, progress: Callable[[int], Any]) -> None:
         progress(len(cord))
         return
     for item in buffers:
-        if isinstance(item, BlobFile):
+        if isinstance(item, (BlobFile, TensorBytes)):
             item.write_to_file(f, progress)
         elif isinstance(item, bytes):
             f.write(item)
@@ -132,21 +190,37 @@ def write_cord(cord: Cord, f: BinaryIO, progress: Callable[[int], Any]) -> None:
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> int:
     """Write ``path`` through a temp file + fsync + rename; returns the final size."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".pte.tmp", dir=target.parent)
+    return atomic_write_all([(path, write)])[0]
+
+
+def atomic_write_all(outputs: list[tuple[str | Path, Callable[[BinaryIO], Any]]]) -> list[int]:
+    """Write every file to a temp file (zero runs as holes) and fsync it; only then rename each, in order.
+
+    ``write(f)`` gets a write-only file. Returns the final sizes. On any failure no target changes.
+    """
+    temps: list[tuple[Path, str]] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(target))
-        os.replace(tmp, target)
+        for path, write in outputs:
+            target = Path(path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f"{target.suffix}.tmp", dir=target.parent)
+            temps.append((target, tmp))
+            with os.fdopen(fd, "wb") as f:
+                sink = HoleWriter(f)
+                write(sink)  # type: ignore[arg-type]  # HoleWriter is write-only, which is all writers use
+                sink.finish()
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, _file_mode(target))
+        for target, tmp in temps:
+            os.replace(tmp, target)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        for _, tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
-    _fsync_dir(target.parent)
-    return target.stat().st_size
+    for directory in {target.parent for target, _ in temps}:
+        _fsync_dir(directory)
+    return [target.stat().st_size for target, _ in temps]
 
 
 def _file_mode(target: Path) -> int:

@@ -47,6 +47,7 @@ class Options:
     writer: str
     dynamic_shapes: Any = None
     progress: Progress = field(default_factory=Progress)
+    external_weights: bool = False
 
 
 def to_pte(
@@ -64,6 +65,7 @@ def to_pte(
     compile_specs: Any = None,
     progress: bool | None = None,
     writer: str = "pyrt",
+    external_weights: bool = False,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
@@ -83,6 +85,9 @@ def to_pte(
     ``compile_specs``: extra raw compile specs for every delegate.
     ``progress``: None = bar on a TTY, True/False = force on/off (always logged to "pyrt.export").
     ``writer``: "pyrt" streams engines from disk; "executorch" uses ExecuTorch's in-memory writer.
+    ``external_weights``: the weights of operators that run in ExecuTorch go to a ``.ptd`` beside
+    the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
+    ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
 
     Returns an :class:`ExportSummary`. Raises ExportError (or BudgetError) on bad options,
     before any work; the file at ``path`` is replaced atomically or left untouched.
@@ -91,7 +96,7 @@ def to_pte(
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
                            weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
-                           progress=progress, writer=writer)
+                           progress=progress, writer=writer, external_weights=external_weights)
     target = _target(path)
     with EngineStore(target.parent) as store:
         gm, args, engines, original = stage_engines(model_or_exported_program, example_inputs, options, store)
@@ -100,17 +105,18 @@ def to_pte(
         lowered = lower(program, engines, store, target, options)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
-                         options.builder, time.perf_counter() - started)
+                         options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size)
 
 
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
                  weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
                  dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
-                 writer: Any = "pyrt") -> Options:
+                 writer: Any = "pyrt", external_weights: Any = False) -> Options:
     """Check every ``to_pte`` option (same names and defaults) before any work starts."""
     budget = weight_streaming_budget
-    if not isinstance(weight_streaming, bool):
-        raise ExportError(f"weight_streaming={weight_streaming!r} must be a bool")
+    for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
+        if not isinstance(flag, bool):
+            raise ExportError(f"{name}={flag!r} must be a bool")
     names = frozenset(opt.canonical_op_name(o) for o in _as_list(torch_executed_ops))
     for name in names:
         opt.check_op_exists(name)
@@ -125,6 +131,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, devic
         writer=opt.check_choice(writer, opt.WRITERS, "writer"),
         dynamic_shapes=dynamic_shapes,
         progress=Progress(progress),
+        external_weights=external_weights,
     )
 
 

@@ -1,9 +1,13 @@
 """Build serialized TensorRT engines from PyTorch modules.
 
 The route is torch -> ONNX (``torch.onnx.export(dynamo=True)``) -> the flavour's
-``OnnxParser`` -> ``build_serialized_network`` on a strongly typed network.
-torch, onnx and tensorrt are imported only inside the functions that need them.
-See docs/engine_building.md for why the ONNX parser and what it cannot do.
+``OnnxParser`` -> a strongly typed network -> a serialized engine. Given ``out``
+(anything with ``write``), the engine goes there while TensorRT serializes it
+(``build_serialized_network_to_stream`` with an ``IStreamWriter``), so no whole
+engine is ever held in host memory; a flavour without it falls back to
+``build_serialized_network``. torch, onnx and tensorrt are imported only inside
+the functions that need them. See docs/engine_building.md for why the ONNX
+parser and what it cannot do.
 
 >>> import torch
 >>> from pyrt.export.trt_builder import build_engine
@@ -27,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyrt.errors import ExportError
 from pyrt.trt_blob import IOBinding
@@ -41,6 +45,8 @@ Progress = Callable[[str], None]
 ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (min, opt, max)
 
 BUILDER_FLAVOURS = ("tensorrt", "tensorrt_rtx")  # the order "auto" tries them in
+STREAM, MEMORY = "stream", "memory"  # BuiltEngine.route: to_stream + IStreamWriter, or IHostMemory
+OUT_CHUNK = 64 << 20  # most bytes one out.write() call gets
 RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")
 STAGES = ("export_onnx", "parse_onnx", "build_engine", "done")  # what progress() is called with
 
@@ -51,22 +57,33 @@ _DTYPES = {
 }
 
 
+class Writable(Protocol):
+    """Where a streamed engine goes: a file opened for writing, or any object with ``write``."""
+
+    def write(self, data: Any, /) -> Any: ...
+
+
 @dataclass(frozen=True)
 class BuiltEngine:
     """A serialized engine and its I/O, as the TR01 blob needs them.
 
     ``engine`` is a zero-copy memoryview of TensorRT's ``IHostMemory`` (the view keeps it
-    alive). ``inputs`` follow the module's argument order, ``outputs`` the engine's order;
-    names are the engine's own tensor names, -1 marks a dynamic dimension.
-    ``build_seconds`` covers the whole build: ONNX export, parsing and engine build.
+    alive), or None when the build wrote the engine to ``out``. ``size``: engine bytes.
+    ``route``: ``"stream"`` (``build_serialized_network_to_stream``) or ``"memory"``
+    (``build_serialized_network``). ``inputs`` follow the module's argument order,
+    ``outputs`` the engine's order; names are the engine's own tensor names, -1 marks a
+    dynamic dimension. ``build_seconds`` covers the whole build: ONNX export, parsing and
+    engine build.
     """
 
-    engine: memoryview
+    engine: memoryview | None
     inputs: list[IOBinding]
     outputs: list[IOBinding]
     streamable_weights: bool
     flavour: str
     build_seconds: float
+    size: int = 0
+    route: str = MEMORY
 
 
 @dataclass
@@ -99,6 +116,7 @@ def build_engine(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     progress: Progress | None = None,
+    out: Writable | None = None,
 ) -> BuiltEngine:
     """Export ``gm`` to ONNX and build a strongly typed TensorRT engine from it.
 
@@ -109,7 +127,8 @@ def build_engine(
     floating inputs and outputs become float16 (strongly typed networks take no FP16 flag).
     ``compute_capabilities`` (TensorRT-RTX only), e.g. ``["sm86", "sm120"]`` or ``["current"]``;
     None keeps TensorRT-RTX's portable default, which builds on a machine without a GPU.
-    Every failure raises ExportError.
+    ``out``: write the engine there as TensorRT serializes it (``BuiltEngine.engine`` is
+    then None); without it the engine comes back in memory. Every failure raises ExportError.
 
     >>> built = build_engine(torch.nn.Linear(4, 2), (torch.randn(3, 4),))  # doctest: +SKIP
     >>> built.outputs[0].shape                                           # doctest: +SKIP
@@ -128,11 +147,13 @@ def build_engine(
     with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
         _stage(progress, "export_onnx")
         dims = [_dynamic_dims(ranges.get(i)) for i in range(len(examples))]
-        path = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
-        built = _build(session, path, ranges, options, progress)
+        path, weights = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
+        built = _build(session, path, ranges, options, progress, out, weights)
+        del weights
     _check_io(built, examples, input_names, output_names)
     built = replace(built, build_seconds=time.perf_counter() - start)
-    log.info("built a %s engine: %d bytes in %.2f s", built.flavour, built.engine.nbytes, built.build_seconds)
+    log.info("built a %s engine: %d bytes (%s) in %.2f s", built.flavour, built.size, built.route,
+             built.build_seconds)
     _stage(progress, "done")
     return built
 
@@ -146,11 +167,12 @@ def build_engine_from_onnx(
     workspace: int | None = None,
     compute_capabilities: Sequence[str] | None = None,
     progress: Progress | None = None,
+    out: Writable | None = None,
 ) -> BuiltEngine:
     """Build an engine from an ONNX file (its external data beside it).
 
     ``dynamic_shapes`` keys are ONNX input names or positions. I/O bindings come from
-    the parsed network, inputs in the ONNX graph's order.
+    the parsed network, inputs in the ONNX graph's order. ``out`` as for :func:`build_engine`.
 
     >>> build_engine_from_onnx("model.onnx", flavour="tensorrt_rtx").flavour  # doctest: +SKIP
     'tensorrt_rtx'
@@ -161,7 +183,7 @@ def build_engine_from_onnx(
         raise ExportError(f"ONNX model {str(path)!r} does not exist or is not a file")
     ranges = parse_dynamic_shapes(dynamic_shapes, None, None)
     options = _options(weight_streaming, workspace, compute_capabilities)
-    built = _build(_open_session(flavour, options), path, ranges, options, progress)
+    built = _build(_open_session(flavour, options), path, ranges, options, progress, out)
     _stage(progress, "done")
     return replace(built, build_seconds=time.perf_counter() - start)
 
@@ -247,25 +269,119 @@ def _errors(logger: Any) -> str:
 
 
 def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
-           options: _Options, progress: Progress | None) -> BuiltEngine:
+           options: _Options, progress: Progress | None, out: Writable | None = None,
+           weights: Mapping[str, Any] | None = None) -> BuiltEngine:
     trt, builder = session.trt, session.builder
     network = _strongly_typed_network(session)
     parser = trt.OnnxParser(network, session.logger)  # must outlive the build: it owns weights
     if parser is None:
         raise ExportError(f"{session.name}.OnnxParser() returned None{_errors(session.logger)}")
     _stage(progress, "parse_onnx")
-    _parse(session, parser, network, path)
+    if weights and callable(getattr(parser, "load_initializer", None)):
+        _parse_over_module_weights(session, parser, network, path, weights)
+    else:
+        _parse(session, parser, network, path)
     config = _configure(session, network, ranges, options)
     _stage(progress, "build_engine")
     started = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
+    inputs, outputs = _bindings(network, True), _bindings(network, False)
+    writer = _stream_writer(trt, out) if out is not None and _can_stream(builder) else None
+    if writer is not None:
+        size = _build_to_stream(session, network, config, writer, path, options)
+        engine, route = None, STREAM
+    else:
+        engine = _build_in_memory(session, network, config, path, options)
+        size, route = engine.nbytes, MEMORY
+        if out is not None:
+            _write_chunks(out, engine)
+            engine = None  # the last reference to IHostMemory: TensorRT frees the engine now
+    log.info("%s engine build took %.2f s (%s)", session.name, time.perf_counter() - started, route)
+    return BuiltEngine(engine, inputs, outputs, options.weight_streaming, session.name, 0.0, size, route)
+
+
+def _build_in_memory(session: _Session, network: Any, config: Any, path: Path, options: _Options) -> memoryview:
+    serialized = session.builder.build_serialized_network(network, config)
     if serialized is None or serialized.nbytes == 0:
         raise ExportError(f"{session.name} build_serialized_network returned no engine for {path.name}"
                           f"{_errors(session.logger)}{_hint(options)}")
-    log.info("%s engine build took %.2f s", session.name, time.perf_counter() - started)
-    inputs, outputs = _bindings(network, True), _bindings(network, False)
-    return BuiltEngine(memoryview(serialized).cast("B"), inputs, outputs,
-                       options.weight_streaming, session.name, 0.0)
+    return memoryview(serialized).cast("B")
+
+
+def _can_stream(builder: Any) -> bool:
+    return callable(getattr(builder, "build_serialized_network_to_stream", None))
+
+
+def _build_to_stream(session: _Session, network: Any, config: Any, writer: Any, path: Path,
+                     options: _Options) -> int:
+    ok = session.builder.build_serialized_network_to_stream(network, config, writer)
+    if writer.error is not None:
+        raise ExportError(f"writing the {session.name} engine for {path.name} failed after {writer.size} bytes: "
+                          f"{type(writer.error).__name__}: {writer.error}") from writer.error
+    if not ok or writer.size == 0:
+        raise ExportError(f"{session.name} build_serialized_network_to_stream returned no engine for {path.name}"
+                          f"{_errors(session.logger)}{_hint(options)}")
+    return writer.size
+
+
+def _stream_writer(trt: ModuleType, out: Writable) -> Any:
+    """An ``IStreamWriter`` of flavour ``trt`` passing each chunk on to ``out`` (None without one).
+
+    TensorRT calls ``write(data)`` with one piece of the engine (TensorRT-RTX 1.7: at most
+    64 MiB); the piece goes to ``out`` before the call returns, so nothing accumulates.
+    An exception never crosses back into TensorRT: it is kept, the call reports 0 bytes
+    written (which fails the build), and the build raises it as an ExportError.
+    """
+    base = getattr(trt, "IStreamWriter", None)
+    if base is None:
+        return None
+
+    class SpillWriter(base):  # type: ignore[misc, valid-type]  # base is the flavour's class
+        def __init__(self) -> None:
+            super().__init__()  # a pybind11 base class must be initialised explicitly
+            self.size = 0
+            self.calls = 0
+            self.largest = 0
+            self.error: BaseException | None = None
+
+        def write(self, data: Any, *rest: Any) -> int:
+            if self.error is not None:
+                return 0
+            try:
+                view = _written_bytes(data, rest)
+                _write_chunks(out, view)
+            except BaseException as exc:  # kept and re-raised by _build_to_stream, never into TensorRT
+                self.error = exc
+                return 0
+            self.size += view.nbytes
+            self.calls += 1
+            self.largest = max(self.largest, view.nbytes)
+            return view.nbytes
+
+    return SpillWriter()
+
+
+def _written_bytes(data: Any, rest: tuple[Any, ...]) -> memoryview:
+    """The piece TensorRT hands ``IStreamWriter.write``: ``bytes`` (TensorRT-RTX 1.7.1's Python
+    override gets those), or the binding's documented ``(capsule, size)`` pair, read in place."""
+    try:
+        return memoryview(data).cast("B")
+    except TypeError:
+        if not rest or type(data).__name__ != "PyCapsule":
+            raise
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = api.PyCapsule_GetPointer(data, api.PyCapsule_GetName(data))
+    size = int(rest[0])
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B") if size else memoryview(b"")
+
+
+def _write_chunks(out: Writable, view: memoryview) -> None:
+    for start in range(0, view.nbytes, OUT_CHUNK):
+        out.write(view[start : start + OUT_CHUNK])
 
 
 def _hint(options: _Options) -> str:
@@ -289,7 +405,29 @@ def _strongly_typed_network(session: _Session) -> Any:
 
 
 def _parse(session: _Session, parser: Any, network: Any, path: Path) -> None:
-    ok = parser.parse_from_file(str(path))
+    _check_parsed(session, parser, network, path, parser.parse_from_file(str(path)))
+
+
+def _parse_over_module_weights(session: _Session, parser: Any, network: Any, path: Path,
+                               weights: Mapping[str, Any]) -> None:
+    """Parse with the module's own tensors as the network's weights (no parser copy of them).
+
+    ``parse_from_file`` reads every external initializer into memory the parser owns: a
+    second copy of the model's weights. Instead the model (weights external, so small) is
+    loaded with ``load_model_proto`` and each initializer that is a torch tensor of the
+    exported module is handed over by address with ``load_initializer``; the tensors
+    outlive the parser (the caller holds them until the build returns).
+    """
+    if not parser.load_model_proto(path.read_bytes(), str(path)):
+        _check_parsed(session, parser, network, path, False)
+    for name, tensor in weights.items():
+        if not parser.load_initializer(name, tensor.data_ptr(), tensor.nbytes):
+            raise ExportError(f"{session.name} OnnxParser refused initializer {name!r} ({tensor.nbytes} bytes of "
+                              f"{tensor.dtype}){_errors(session.logger)}")
+    _check_parsed(session, parser, network, path, parser.parse_model_proto())
+
+
+def _check_parsed(session: _Session, parser: Any, network: Any, path: Path, ok: bool) -> None:
     if ok and parser.num_errors == 0:
         if network.num_outputs == 0:  # protobuf decoding is lenient: junk bytes parse as an empty graph
             raise ExportError(f"{session.name} OnnxParser found no outputs in {str(path)!r}: not an ONNX "
@@ -587,8 +725,12 @@ def _to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tup
 
 def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], directory: Path,
                  input_names: Sequence[str] | None, output_names: Sequence[str] | None,
-                 dims: list[list[int]]) -> Path:
-    """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export."""
+                 dims: list[list[int]]) -> tuple[Path, dict[str, Any]]:
+    """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export.
+
+    Returns the model's path and the initializers whose bytes are already in memory (the
+    module's own tensors, small folded constants), which the parser can use in place.
+    """
     import torch
 
     path = directory / "model.onnx"
@@ -596,8 +738,12 @@ def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], di
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter):
-            torch.onnx.export(module, examples, str(path), dynamo=True, external_data=True,
-                              input_names=input_names, output_names=output_names, dynamic_shapes=dynamic)
+            program = torch.onnx.export(module, examples, dynamo=True, optimize=False, input_names=input_names,
+                                        output_names=output_names, dynamic_shapes=dynamic)
+            if program is None:
+                raise ExportError(f"torch.onnx.export returned no program for {type(module).__name__}")
+            _optimize(program)
+            program.save(str(path), external_data=True)
     except Exception as exc:  # torch.export / onnx conversion errors come in many types
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch colours its export errors
         raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
@@ -607,7 +753,62 @@ def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], di
             log.debug("torch.onnx.export: %s", chatter.getvalue().strip())
     if not path.is_file():
         raise ExportError(f"torch.onnx.export wrote no model at {path}")
-    return path
+    return path, _module_initializers(program)
+
+
+FOLD_LIMIT = 1 << 20  # bytes: constants above this are left for TensorRT to fold
+
+
+def _optimize(program: Any) -> None:
+    """torch.onnx's optimization, except that large weights are never transposed in memory.
+
+    onnxscript always folds a Transpose of a constant, whatever its size: for a
+    decomposed ``linear`` that is a transposed copy of every weight, held until the build
+    ends. TensorRT folds such a transpose itself while building, so it is left in the graph.
+    """
+    from onnxscript import optimizer
+
+    def keep_large_transposes(node: Any) -> bool | None:
+        if node.op_type == "Transpose" and any(
+                v is not None and v.const_value is not None and v.const_value.nbytes > FOLD_LIMIT for v in node.inputs):
+            return False
+        return None  # onnxscript's own rules
+
+    try:
+        optimizer.optimize_ir(program.model, should_fold=keep_large_transposes)
+    except TypeError:  # an onnxscript without should_fold: its default folding
+        program.optimize()
+
+
+class _Weight:
+    """An initializer's bytes in memory the exporter already holds: address, size, dtype."""
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int, dtype: Any) -> None:
+        self.owner, self.ptr, self.nbytes, self.dtype = owner, ptr, nbytes, dtype  # owner keeps the bytes alive
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _module_initializers(program: Any) -> dict[str, _Weight]:
+    """ONNX initializers whose bytes are in memory already: the module's own tensors
+    (``TorchTensor.raw``) and arrays the exporter folded, which the parser can read in place."""
+    import numpy as np
+    import torch
+
+    out: dict[str, _Weight] = {}
+    try:
+        initializers = program.model.graph.initializers.items()
+    except AttributeError:  # another ONNXProgram layout: the parser reads the external data file
+        return out
+    for name, value in initializers:
+        raw = getattr(value.const_value, "raw", None)
+        size = getattr(value.const_value, "nbytes", -1)
+        if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.is_contiguous() and raw.nbytes == size:
+            out[name] = _Weight(raw, raw.data_ptr(), size, raw.dtype)
+        elif isinstance(raw, np.ndarray) and raw.flags.c_contiguous and raw.nbytes == size:
+            out[name] = _Weight(raw, raw.ctypes.data, size, raw.dtype)
+    return {k: w for k, w in out.items() if w.nbytes > 0}
 
 
 def _check_io(built: BuiltEngine, examples: tuple[torch.Tensor, ...], input_names: Sequence[str] | None,

@@ -33,7 +33,10 @@ from __future__ import annotations
 import enum
 import json
 import math
+import mmap
+import os
 import sys
+import tempfile
 import weakref
 from collections import Counter
 from typing import Any, TypeAlias
@@ -264,56 +267,63 @@ class FakeRuntime:
         self.stream_requests: list[int] = []  # byte counts the runtime asked a stream reader for
         self.stream_reads: list[tuple[int, int]] = []  # (num_bytes asked, bytes taken) per read() call
 
-    def _read_stream(self, reader: IStreamReaderV2) -> bytearray | None:
+    def _read_stream(self, reader: IStreamReaderV2) -> mmap.mmap | bytes | None:
         """Pull a reference engine through ``reader`` the way TensorRT-RTX 1.7 pulls a plan.
 
         Seen on an H100 (docs/hardware.md): rewind with seek(0, SET), then exact-size requests
         for the parts of the plan (its 64-byte header, then 48 bytes of metadata, ...). Here the
         parts are the reference engine's header, its JSON (padded), then its weights region.
+        TensorRT's copy goes to a spool file (its "device"), mapped read-only: the fake holds no
+        host copy of a streamed engine, as TensorRT holds none of streamed weights.
         """
         if not _callback(reader, "seek", 0, SeekPosition.SET):
             self._error("IRuntime::deserializeCudaEngineV2: IStreamReaderV2 seek(0, SET) failed")
             return None
-        data = self._request(reader, HEADER.size, "header")
-        if data is None:
-            return None
-        if bytes(data[:8]) != MAGIC:
-            return data  # refused below, with what the bytes look like
-        json_len = HEADER.unpack_from(data)[3]
-        meta = self._request(reader, _align(HEADER.size + json_len) - HEADER.size, "metadata")
-        if meta is None:
-            return None
-        data += meta
-        try:
-            weights = json.loads(bytes(meta[:json_len]))["weights"]
-            size = max((_align(int(w["offset"]) + int(w["nbytes"])) for w in weights), default=0)
-        except (ValueError, TypeError, KeyError) as exc:
-            self._error(f"IRuntime::deserializeCudaEngineV2: bad reference-engine metadata: {exc!r}")
-            return None
-        body = self._request(reader, size, "weights") if size else bytearray()
-        if body is None:
-            return None
-        return data + body
+        with tempfile.TemporaryFile(prefix="pyrt-fake-engine-") as spool:
+            head = self._request(reader, HEADER.size, "header", spool)
+            if head is None:
+                return None
+            spool.seek(0)
+            data = spool.read(HEADER.size)
+            if data[:8] != MAGIC:
+                return data  # refused by the caller, with what the bytes look like
+            json_len = HEADER.unpack_from(data)[3]
+            meta_len = _align(HEADER.size + json_len) - HEADER.size
+            if self._request(reader, meta_len, "metadata", spool) is None:
+                return None
+            spool.seek(HEADER.size)
+            meta = spool.read(json_len)
+            try:
+                weights = json.loads(meta)["weights"]
+                size = max((_align(int(w["offset"]) + int(w["nbytes"])) for w in weights), default=0)
+            except (ValueError, TypeError, KeyError) as exc:
+                self._error(f"IRuntime::deserializeCudaEngineV2: bad reference-engine metadata: {exc!r}")
+                return None
+            spool.seek(HEADER.size + meta_len)
+            if size and self._request(reader, size, "weights", spool) is None:
+                return None
+            spool.truncate(HEADER.size + meta_len + size)  # a trailing hole still counts
+            return mmap.mmap(spool.fileno(), 0, access=mmap.ACCESS_READ)
 
-    def _request(self, reader: IStreamReaderV2, nbytes: int, what: str) -> bytearray | None:
-        """One request of ``nbytes``, through the binding's trampoline (PyStreamReaderV2::read).
+    def _request(self, reader: IStreamReaderV2, nbytes: int, what: str, spool: Any) -> int | None:
+        """One request of ``nbytes``, through the binding's trampoline (PyStreamReaderV2::read), into ``spool``.
 
         The trampoline calls ``read(remaining, stream)`` until ``nbytes`` arrive, takes at most
         ``remaining`` bytes of any buffer, stops at an empty one ("User aborted the operation"),
         and turns an exception or a non-buffer into 0 bytes for the whole request (printed to
-        stderr). The runtime then logs how much it got.
+        stderr). The runtime then logs how much it got. Runs of zeros become holes in the spool.
         """
         self.stream_requests.append(nbytes)
-        out = bytearray()
-        while len(out) < nbytes:
-            want = nbytes - len(out)
+        got_total = 0
+        while got_total < nbytes:
+            want = nbytes - got_total
             got = _callback(reader, "read", want, 0)
             try:
                 view = memoryview(got).cast("B")  # any C-contiguous buffer (the fake refuses strided ones)
             except TypeError as exc:
                 print(f"[ERROR] Exception caught in read(): Object of type '{type(got).__name__}' is not an "
                       f"instance of 'buffer' ({exc})", file=sys.stderr)
-                out.clear()
+                got_total = 0
                 break
             take = min(view.nbytes, want)
             self.stream_reads.append((want, take))
@@ -321,12 +331,17 @@ class FakeRuntime:
                 print("[ERROR] User aborted the operation, the read function in streamReaderV2 returned 0 bytes.",
                       file=sys.stderr)
                 break
-            out += view[:take]
-        if len(out) != nbytes:
+            piece = view[:take]
+            if not np.frombuffer(piece, dtype=np.uint8).any():
+                spool.seek(take, os.SEEK_CUR)  # zeros: a hole, as the device memory is zeroed
+            else:
+                spool.write(piece)
+            got_total += take
+        if got_total != nbytes:
             self._error(f"IRuntime::deserializeCudaEngineV2: Error Code 4: API Usage Error (Failed to read {what} "
-                        f"from the stream: read {len(out)} out of {nbytes} bytes)")
+                        f"from the stream: read {got_total} out of {nbytes} bytes)")
             return None
-        return out
+        return got_total
 
     def _error(self, msg: str) -> None:
         _log(self.logger, _Severity.ERROR, msg)
@@ -336,7 +351,8 @@ class FakeRuntime:
 
         Anything else raises TypeError, as the binding's overload resolution does.
         """
-        if isinstance(serialized_engine, IStreamReaderV2):
+        streamed = isinstance(serialized_engine, IStreamReaderV2)
+        if streamed:
             serialized_engine = self._read_stream(serialized_engine)
             if serialized_engine is None:
                 return None
@@ -362,7 +378,8 @@ class FakeRuntime:
             self._error("IRuntime::deserializeCudaEngine: no current CUDA context")
             return None
         try:
-            ref = RefEngine.from_bytes(bytes(view), source="serialized engine")  # TensorRT keeps its own copy
+            # TensorRT keeps its own copy: a streamed engine's is the spool already, a buffer's is copied
+            ref = RefEngine.from_bytes(view if streamed else bytes(view), source="serialized engine")
         except PyrtError as exc:
             self._error(f"IRuntime::deserializeCudaEngine: {exc}")
             return None

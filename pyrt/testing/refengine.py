@@ -694,6 +694,8 @@ _NUMPY_OPS: dict[str, Any] = {
     "mean.default": lambda x, dtype=None: _reduce(np.mean)(x, None, False, dtype),
     "mean.dim": _reduce(np.mean),
     "clone.default": lambda x, memory_format=None: np.array(x, copy=True),
+    "slice.Tensor": lambda x, dim=0, start=None, end=None, step=1: x[
+        (slice(None),) * (dim % x.ndim) + (slice(start, end, step),)],  # a view: big weights stay untouched
 }
 
 

@@ -1,0 +1,91 @@
+"""Read-only file mappings: map a file once, hand out memoryviews, drop pages already consumed.
+
+Pages of a mapping that the process has touched count towards its RSS until it
+unmaps them. :func:`release_pages` lets the kernel drop the pages of a view that
+lies in a read-only mapping made by :func:`map_file` (they stay in the page cache
+and come back on the next access), so streaming a 20 GiB engine out of a .pte
+costs one chunk of resident memory, not 20 GiB. Views over anything else (bytes,
+a writable buffer) are left alone.
+
+>>> import tempfile
+>>> with tempfile.NamedTemporaryFile() as f:
+...     _ = f.write(b"x" * 3 * _PAGE); f.flush()
+...     mm, view = map_file(f.name, "demo")
+...     chunk = view[_PAGE : 2 * _PAGE]
+...     data = bytes(chunk[:3]); release_pages(chunk), data, bytes(chunk[:3])   # the bytes come back on access
+(True, b'xxx', b'xxx')
+>>> chunk.release(); view.release(); unmap(mm)
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import threading
+
+from pyrt.errors import PteFormatError, PyrtError
+
+_PAGE = mmap.PAGESIZE
+_lock = threading.Lock()
+_maps: dict[int, mmap.mmap] = {}  # base address -> read-only mapping made by map_file
+
+
+def map_file(path: str, what: str, *, error: type[PyrtError] = PteFormatError) -> tuple[mmap.mmap, memoryview]:
+    """Map ``path`` read-only; a missing, empty or unreadable file raises ``error`` naming ``what``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))  # no buffered file object
+    except OSError as exc:
+        raise error(f"{path}: cannot open {what}: {exc.strerror or exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise error(f"{path}: cannot open {what}: Is a directory")
+        if info.st_size == 0:
+            raise error(f"{path}: {what} is empty (0 bytes)")
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise error(f"{path}: cannot map {what}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    with _lock:
+        _maps[_address(mm)] = mm
+    return mm, memoryview(mm)
+
+
+def unmap(mm: mmap.mmap) -> None:
+    """Forget and close a mapping from :func:`map_file` (it closes later if views are still held)."""
+    with _lock:
+        for base, known in list(_maps.items()):
+            if known is mm:
+                del _maps[base]
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a caller still holds a view; the mapping closes when it is released
+
+
+def release_pages(view: memoryview) -> bool:
+    """Drop the whole pages of ``view`` from this process if it lies in a :func:`map_file` mapping.
+
+    Returns whether anything was released. Safe on any view: other memory is never touched.
+    """
+    if view.nbytes < _PAGE or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    start = _address(view)
+    with _lock:
+        for base, mm in _maps.items():
+            if base <= start and start + view.nbytes <= base + len(mm):
+                first = -(-(start - base) // _PAGE) * _PAGE  # whole pages only: neighbours keep theirs
+                last = (start - base + view.nbytes) // _PAGE * _PAGE
+                if last > first:
+                    mm.madvise(mmap.MADV_DONTNEED, first, last - first)
+                    return True
+                return False
+    return False
+
+
+def _address(buffer: object) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)  # type: ignore[call-overload]
