@@ -337,6 +337,9 @@ class FakeRuntime:
             else:
                 spool.write(piece)
             got_total += take
+        end = spool.tell()
+        if os.fstat(spool.fileno()).st_size < end:
+            spool.truncate(end)  # a trailing hole is still part of the file
         if got_total != nbytes:
             self._error(f"IRuntime::deserializeCudaEngineV2: Error Code 4: API Usage Error (Failed to read {what} "
                         f"from the stream: read {got_total} out of {nbytes} bytes)")
