@@ -158,10 +158,17 @@ class DeviceContext:
         self._torch_caller = False
         self._device_caller = False
         self._own_used: list[int] = []
-        self._keep: list[Any] = []
+        self._keep: list[Any] = []  # private host copies read by this run's queued copies
+        self._retired: list[Any] = []  # the previous run's, until its copy events pass
+        self._copy_events: dict[int, Any] = {}
+        self._copy_marks: dict[int, Any] = {}  # device -> event recorded after its last host -> device copy
+        self._end_events: dict[int, Any] = {}
+        self._previous: list[Any] = []  # events at the end of the last run's streams: this run's streams wait
 
     # streams
     def begin(self, state: Any, inputs: Sequence[Any] = ()) -> None:
+        if self._copy_marks:
+            self._retire_copies()
         self._active = _caller_streams(state.stream, self.cuda, self.primary)
         torch = sys.modules.get("torch")
         self._torch_caller = state.stream is None and torch is not None and any(
@@ -181,6 +188,8 @@ class DeviceContext:
                 if self._device_caller:  # caller data may still be produced on the legacy stream
                     self._order_streams(self.cuda.borrowed_stream(0, device), s)
                 self._own_used.append(device)
+            for event in self._previous:  # the last run may still read arenas this run will write
+                s.wait(event)
             self._active[device] = s
         return s
 
@@ -211,9 +220,29 @@ class DeviceContext:
             return
         self._order_streams(self.stream(src), self.stream(dst))
 
-    def keep(self, obj: Any) -> None:
-        """Hold a host buffer an asynchronous copy reads until the run ends."""
-        self._keep.append(obj)
+    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Any, *, dst_offset: int = 0) -> None:
+        """Queue a host -> device copy of ``src`` on ``stream`` from a private copy of it.
+
+        The copy runs later (for pinned memory, truly later), while the host goes on: memory
+        planning may hand ``src``'s arena bytes to a host kernel that runs before the copy, and
+        a caller may reuse its array. The private copy is held until an event recorded right
+        after the copy has passed (checked at the next run's start, or at close).
+        """
+        private = np.array(src, copy=True, order="C")
+        self._keep.append(private)  # read by a queued copy: freed only after its event
+        self.cuda.memcpy_htod(dst, private, dst_offset=dst_offset, stream=stream)
+        event = self._copy_events.get(stream.device)
+        if event is None:
+            event = self._copy_events[stream.device] = self.cuda.event(stream.device)
+        event.record(stream)
+        self._copy_marks[stream.device] = event
+
+    def _retire_copies(self) -> None:
+        """Wait for the last run's host -> device copies (long done, normally) and free their buffers."""
+        for event in self._copy_marks.values():
+            event.synchronize()
+        self._copy_marks.clear()
+        self._retired.clear()
 
     def end(self, state: Any) -> None:
         """Finish a run: device results become ready on the legacy stream for callers without one."""
@@ -221,12 +250,17 @@ class DeviceContext:
             if self._device_caller:
                 for device in self._own_used:
                     self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))
+            self._previous = []
+            for device, stream in self._active.items():  # the next run's streams start after these
+                event = self._end_events.get(device)
+                if event is None:
+                    event = self._end_events[device] = self.cuda.event(device)
+                event.record(stream)
+                self._previous.append(event)
         finally:
             self._active = {}
-            # Host buffers of queued copies: pageable ones are staged by the driver before the
-            # copy call returns; pinned ones are read when the copy runs, which every path that
-            # hands a host buffer to an asynchronous copy synchronises before the run returns.
-            self._keep.clear()
+            self._retired.extend(self._keep)  # freed once their copies' events have passed
+            self._keep = []
 
     def staging(self, device: int, info: Any) -> DeviceTensor:
         alloc = self.cuda.alloc(max(info.nbytes, 1), device)
@@ -234,10 +268,14 @@ class DeviceContext:
         return DeviceTensor(alloc, 0, info.scalar_type, info.sizes, info.capacity, info.dim_order)
 
     def close(self) -> None:
+        self._retire_copies()
         for s in self._own.values():
             s.close()
-        for e in self._events.values():
+        for e in [*self._events.values(), *self._copy_events.values(), *self._end_events.values()]:
             e.close()
+        self._copy_events.clear()
+        self._end_events.clear()
+        self._previous = []
         for a in self._staging:
             a.free()
         self._own.clear()
@@ -372,10 +410,9 @@ def _stage_in(ctx: DeviceContext, p: _Port, device: int, stream: Any, torch_host
     shape = tuple(int(s) for s in src.shape)
     p.staging.resize(shape, f"delegate input value {p.index}")
     if p.host:
-        arr = np.ascontiguousarray(src.numpy() if torch_host else src)
+        arr = src.numpy() if torch_host else src
         if arr.nbytes:
-            ctx.keep(arr)
-            ctx.cuda.memcpy_htod(p.staging.allocation, arr, stream=stream)
+            ctx.copy_to_device(p.staging.allocation, arr, stream)
     elif src.nbytes:
         ctx.order(src.device, device)
         ctx.cuda.memcpy_peer(p.staging.allocation, src.allocation, src.nbytes, src_offset=src.offset, stream=stream)

@@ -373,8 +373,7 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
         if info.dynamic:
             dst.resize(arr.shape, what)
         if arr.nbytes:
-            state.ctx.keep(arr)
-            seam.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=stream)
+            state.ctx.copy_to_device(dst.allocation, arr, stream, dst_offset=dst.offset)
 
     return set_device
 

@@ -6,7 +6,7 @@ files, made here by ``scripts/gpu_check.py prepare``, from ``$PYRT_PREBUILT_PTE`
 Each ``NAME.pte`` has ``NAME.npz`` beside it holding inputs and eager outputs.
 
 >>> sorted(NAMES)
-['device_in', 'device_out', 'engines_swapped', 'graph_break', 'trt_only', 'two_engines']
+['device_in', 'device_out', 'engines_swapped', 'graph_break', 'host_kernels', 'trt_only', 'two_engines']
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("graph_break", "trt_only", "two_engines", "device_in", "device_out", "engines_swapped")
+NAMES = ("graph_break", "trt_only", "two_engines", "device_in", "device_out", "engines_swapped", "host_kernels")
 BATCHES = (3, 1, 8)  # graph_break has a dynamic batch dimension (1..8)
 HANDMADE_W = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
 
@@ -43,6 +43,18 @@ def build_all(directory: Path) -> dict[str, Path]:
         def forward(self, x: Any) -> Any:
             return self.l2(torch.sin(torch.relu(self.l1(x)))) * 2  # sin stays in ExecuTorch
 
+    class HostKernels(torch.nn.Module):
+        """An engine, host kernels, another engine: host arenas are reused while copies may be queued."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+            self.table = torch.nn.Parameter(torch.randn(10, 3), requires_grad=False)
+            self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3), requires_grad=False)
+
+        def forward(self, x: Any, idx: Any) -> Any:
+            return torch.sigmoid(self.lin(x)) + self.table[idx] * self.scale
+
     class EngineOnly(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -61,6 +73,10 @@ def build_all(directory: Path) -> dict[str, Path]:
            progress=False)
     to_pte(only, paths["trt_only"], (torch.randn(2, 4),), builder="reference", weight_streaming=True,
            progress=False)
+    host_kernels = HostKernels().eval()
+    idx = torch.tensor([1, 7])
+    to_pte(host_kernels, paths["host_kernels"], (torch.randn(2, 4), idx), builder="reference", progress=False,
+           torch_executed_ops=["aten.sigmoid.default", "aten.index.Tensor", "aten.mul.Tensor"])
     handmade_two_engines(paths["two_engines"], HANDMADE_W)
     handmade_two_engines(paths["device_in"], HANDMADE_W, in_on_device=True)
     handmade_two_engines(paths["device_out"], HANDMADE_W, out_on_device=True)
@@ -72,6 +88,10 @@ def build_all(directory: Path) -> dict[str, Path]:
                  **{f"y{k[1:]}": graph_break(v).numpy() for k, v in xs.items()})
         x = torch.randn(2, 4, generator=gen)
         np.savez(paths["trt_only"].with_suffix(".npz"), x=x.numpy(), y=only(x).numpy())
+        xs = [torch.randn(2, 4, generator=gen) for _ in range(3)]
+        np.savez(paths["host_kernels"].with_suffix(".npz"), idx=idx.numpy(),
+                 **{f"x{i}": v.numpy() for i, v in enumerate(xs)},
+                 **{f"y{i}": host_kernels(v, idx).numpy() for i, v in enumerate(xs)})
     for name in ("two_engines", "device_in", "device_out", "engines_swapped"):
         x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
         np.savez(paths[name].with_suffix(".npz"), x=x, y=np.maximum(x, 0) ** 2 + HANDMADE_W)

@@ -140,6 +140,19 @@ def test_device_output_is_ready_on_the_legacy_stream(sim: Any, programs: dict[st
             np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
 
 
+def test_back_to_back_runs_on_a_caller_stream(sim: Any, programs: dict[str, Path]) -> None:
+    """On the caller's stream nothing synchronises between runs: buffers a run's queued copies read
+    stay alive until those copies have run, though the next run has begun."""
+    with Program(programs["device_out"]) as prog, sim.cuda.stream(1) as stream:
+        outs = []
+        for x in _inputs(8):
+            (out,) = prog.run(_device_tensor(sim, x), stream=stream)
+            outs.append((x, out))
+        stream.synchronize()
+        for x, out in outs:
+            np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
+
+
 def test_host_input_into_a_device_arena_is_kept_until_copied(sim: Any, programs: dict[str, Path]) -> None:
     """A non-contiguous input is copied to a temporary that an asynchronous copy reads later."""
     with Program(programs["device_in"]) as prog:
@@ -163,6 +176,15 @@ def test_device_input_to_a_host_arena(sim: Any, programs: dict[str, Path]) -> No
         for _ in range(3):
             out = prog(_device_tensor(sim, data["x"], stream=producer))
             np.testing.assert_allclose(out, data["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_host_kernels_between_engines_reuse_no_queued_memory(sim: Any, programs: dict[str, Path]) -> None:
+    """Memory planning reuses a host arena once its value was copied to the device; the copy may still be
+    queued when a host kernel writes there, so pyrt copies from a private buffer."""
+    data = np.load(programs["host_kernels"].with_suffix(".npz"))
+    with Program(programs["host_kernels"]) as prog:
+        for i in range(3):
+            np.testing.assert_allclose(prog(data[f"x{i}"], data["idx"]), data[f"y{i}"], rtol=1e-5, atol=1e-6)
 
 
 def test_et_copy_ops_across_two_devices(sim: Any, programs: dict[str, Path]) -> None:

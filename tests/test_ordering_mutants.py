@@ -32,8 +32,14 @@ MUTANTS = [
      "host code reads an engine's host output before the copy has run"),
     ("pyrt/delegates.py", "self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))",
      "a caller without a stream reads a device output before pyrt's stream has written it"),
-    ("pyrt/executor.py", "state.ctx.keep(arr)",
-     "an asynchronous copy reads a temporary host buffer after it was freed"),
+    ("pyrt/delegates.py", "self._keep.append(private)  # read by a queued copy: freed only after its event",
+     "an asynchronous copy reads a host buffer after it was freed"),
+    ("pyrt/delegates.py", "private = np.array(src, copy=True, order=\"C\") => private = src",
+     "an asynchronous copy reads arena memory that a host kernel has overwritten meanwhile"),
+    ("pyrt/delegates.py", "s.wait(event)",
+     "a run writes an arena that the previous run's work on another stream has not read yet"),
+    ("pyrt/delegates.py", "event.synchronize()",
+     "a host copy is freed while the copy that reads it may still be queued"),
     ("pyrt/executor.py", "stream.synchronize()  # the host reads the copy next",
      "a device input meant for a host tensor is read before its copy has run"),
     ("pyrt/executor.py", "stream.synchronize()  # the caller gets the host copy next",
@@ -61,12 +67,14 @@ def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _mutate(tree: Path, rel: str, statement: str) -> None:
+    """Remove ``statement`` (or, written ``"old => new"``, replace it with ``new``)."""
+    statement, _, replacement = statement.partition(" => ")
     path = tree / rel
     lines = path.read_text().splitlines(keepends=True)
     hits = [i for i, line in enumerate(lines) if line.strip() == statement]
     assert len(hits) == 1, f"{rel}: statement {statement!r} found {len(hits)} times, not once: update MUTANTS"
     indent = lines[hits[0]][: len(lines[hits[0]]) - len(lines[hits[0]].lstrip())]
-    lines[hits[0]] = f"{indent}pass  # mutant: removed {statement!r}\n"
+    lines[hits[0]] = f"{indent}{replacement or 'pass'}  # mutant of {statement!r}\n"
     path.write_text("".join(lines))
 
 

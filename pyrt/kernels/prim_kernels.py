@@ -215,13 +215,12 @@ def _h2d(site: KernelSite) -> Step:
         if not isinstance(dst, DeviceTensor):
             raise InputError(f"{where}: out is not in device memory")
         dst.resize(tuple(src.shape), where)
-        arr = np.ascontiguousarray(src.numpy() if torch_host else src)
+        arr = src.numpy() if torch_host else src
         if arr.dtype != numpy_dtype(dst.scalar_type):
             raise InputError(f"{where}: {arr.dtype} -> {dst.dtype} copies are not supported")
         if arr.nbytes:
             devices = _devices(table, where)
-            devices.keep(arr)
-            devices.cuda.memcpy_htod(dst.allocation, arr, dst_offset=dst.offset, stream=devices.stream(dst.device))
+            devices.copy_to_device(dst.allocation, arr, devices.stream(dst.device), dst_offset=dst.offset)
 
     return h2d
 
