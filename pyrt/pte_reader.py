@@ -297,20 +297,32 @@ class PteFile:
 
     @classmethod
     def open(cls, source: Source) -> PteFile:
-        """Open a path (mmapped read-only) or wrap a bytes-like object (no copy)."""
+        """Open a path (mmapped read-only) or wrap a bytes-like object (no copy).
+
+        Only regular files are opened, and the check never blocks: a FIFO, a
+        device, a directory or a socket is a PteFormatError naming the path.
+        """
         if isinstance(source, (bytes, bytearray, memoryview)):
-            return cls(memoryview(source).cast("B"), "<bytes>")
+            return cls(_byte_view(source), "<bytes>")
         if not isinstance(source, (str, os.PathLike)):
             raise PteFormatError(f"cannot open {source!r}: expected a path or a bytes-like object")
         path = os.fspath(source)
+        if not isinstance(path, str):  # os.PathLike returning bytes
+            path = os.fsdecode(path)
+        if "\0" in path:
+            raise PteFormatError(f"{path!r}: not a usable path: it contains a NUL byte")
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))  # no buffered file object
+            before = os.stat(path)  # before open: opening a FIFO blocks until a writer comes
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        _require_regular(path, before)
+        try:  # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once (and fstat refuses it)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
         except OSError as exc:
             raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         try:
             info = os.fstat(fd)
-            if stat.S_ISDIR(info.st_mode):
-                raise PteFormatError(f"{path}: cannot open: Is a directory")
+            _require_regular(path, info)
             if info.st_size == 0:
                 raise PteFormatError(f"{path}: file is empty (0 bytes)")
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -359,6 +371,29 @@ class PteFile:
             raise PteFormatError(f"{self.source}: segment {index} is referenced but the file has no extended header")
         seg = segs[index]
         return self.file.view(f"segment {index}", self.segment_base_offset + seg.offset, seg.size)
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _require_regular(path: str, info: os.stat_result) -> None:
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
+    raise PteFormatError(f"{path}: cannot open: it is {kind}; a .pte must be a regular file")
+
+
+def _byte_view(source: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of ``source`` (no copy); a non-contiguous view is a PteFormatError."""
+    view = memoryview(source)
+    if not view.c_contiguous:
+        raise PteFormatError(f"<bytes>: a non-contiguous memoryview (shape {view.shape}, strides {view.strides}) "
+                             f"is not a .pte image; pass bytes(view) or a contiguous buffer")
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError) as exc:
+        raise PteFormatError(f"<bytes>: cannot read the buffer as bytes: {exc}") from None
 
 
 def _parse_headers(span: Span) -> tuple[str, ExtendedHeader | None]:

@@ -579,3 +579,16 @@ def hand_program(values: Sequence[Any], instructions: Sequence[Any], operators: 
     buf = io.BytesIO()
     serialize_program(program).write_to_file(buf)
     return buf.getvalue()
+
+
+def relu_program(*, planned_input: bool = True, arena: int = 48, container: tuple[str, str] = ("", ""),
+                 out_sizes: tuple[int, ...] = (2, 3), unplanned_out: bool = False) -> bytes:
+    """``y = aten::relu.out(x)`` on a float (2, 3) input; y planned at arena 1 offset 24 unless ``unplanned_out``."""
+    from executorch.exir import schema as s
+    from executorch.exir.scalar_type import ScalarType
+
+    f = ScalarType.FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0) if planned_input else None),
+              hand_tensor(f, out_sizes, alloc=None if unplanned_out else (1, 24))]
+    return hand_program(values, [s.KernelCall(op_index=0, args=[0, 1])], [("aten::relu", "out")],
+                        inputs=[0], outputs=[1], buffer_sizes=[0, arena], container=container)
