@@ -13,7 +13,6 @@ arranged like the method's pytree output when that is a plain tuple/list.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -21,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import ExecutionError, InputError, PyrtError
+from pyrt.errors import ExecutionError, InputError, PteFormatError, PyrtError
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
+from pyrt.pytree import input_flattener, output_builder
 from pyrt.tensors import (
     CAI,
     NUMPY,
@@ -32,6 +32,7 @@ from pyrt.tensors import (
     OwnedDeviceTensor,
     TorchHost,
     caller_kind,
+    check_dense_torch,
     device_input,
     device_output,
     host_output,
@@ -73,34 +74,62 @@ class MethodRunner:
         self._vals = table.vals
         self._setters = [_input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
         self._getters = [_output_getter(plan, pos, i) for pos, i in enumerate(plan.outputs)]
-        self._flatten = input_flattener(plan.container_meta_type[0], len(plan.inputs), plan.name)
-        self._build = output_builder(plan.container_meta_type[1], len(plan.outputs))
+        in_spec, out_spec = plan.io_specs
+        self._flatten = input_flattener(in_spec, len(plan.inputs), plan.name)
+        self._build = output_builder(out_spec, len(plan.outputs))
         self._straight = not plan.has_jumps
         # Straight chains hold no JumpFalseCall, so every step is set; jumping chains run from plan.chains.
         self._steps = [[ins.step for ins in chain if ins.step is not None] for chain in plan.chains]
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:
-        flat = self._flatten(inputs)
-        kind = self._kind(flat)
-        if self.devices is None:  # no device work: a stream, if given, has nothing to order
+        try:
+            flat = self._flatten(inputs)
+            kind = self._kind(flat)
+            state = None if self.devices is None else RunState(stream, flat, self.devices)
+        except PyrtError:
+            raise
+        except Exception as exc:  # a caller object whose attributes raise
+            raise InputError(f"method {self.name!r}: cannot read the inputs: {type(exc).__name__}: {exc}") from exc
+        if state is None:  # no device work: a stream, if given, has nothing to order
             with self._lock:
-                for setter, x in zip(self._setters, flat, strict=True):
-                    setter(x, None)
+                self._set_inputs(flat, None)
                 self._execute(None)
-                outs = [get(kind, None) for get in self._getters]
+                outs = self._get_outputs(kind, None)
             return self._build(outs)
-        state = RunState(stream, flat, self.devices)
         with self._lock:
             self.devices.begin(state, flat)
             try:
-                for setter, x in zip(self._setters, flat, strict=True):
-                    setter(x, state)
+                self._set_inputs(flat, state)
                 self._execute(state)
-                outs = [get(kind, state) for get in self._getters]
+                outs = self._get_outputs(kind, state)
             finally:
                 self.devices.end(state)
         return self._build(outs)
+
+    def _set_inputs(self, flat: Sequence[Any], state: RunState | None) -> None:
+        """Bind or copy every input; anything but a PyrtError becomes an InputError naming the input."""
+        pos = 0
+        try:
+            for pos, (setter, x) in enumerate(zip(self._setters, flat, strict=True)):  # noqa: B007 (pos: handler)
+                setter(x, state)
+        except PyrtError:
+            raise
+        except Exception as exc:
+            what = f"method {self.name!r} input {pos}"
+            if is_torch_tensor(flat[pos]):  # the fast path copies first; name a meta or sparse tensor as such
+                check_dense_torch(flat[pos], what)
+            raise InputError(f"{what}: {_describe(flat[pos])} cannot be used: {type(exc).__name__}: {exc}") from exc
+
+    def _get_outputs(self, kind: str, state: RunState | None) -> list[Any]:
+        """Copy every output out; anything but a PyrtError becomes an ExecutionError naming the output."""
+        try:
+            return [get(kind, state) for get in self._getters]
+        except PyrtError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(f"method {self.name!r}: handing an output back failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
 
     def _kind(self, flat: Sequence[Any]) -> str:
         for x in flat:
@@ -144,6 +173,16 @@ class MethodRunner:
         return ExecutionError(f"method {self.name!r} instruction {pc} ({what}) failed: {type(exc).__name__}: {exc}")
 
 
+def _describe(x: Any) -> str:
+    """A short description of a caller's input for error messages (never raises)."""
+    try:
+        if is_torch_tensor(x):
+            return f"a torch tensor ({x.dtype}, layout {x.layout}, device {x.device})"
+        return f"a {type(x).__name__}"
+    except Exception:
+        return "an input"
+
+
 def _truthy(v: Any) -> bool:
     if isinstance(v, (bool, int, float)):
         return bool(v)
@@ -166,7 +205,7 @@ def _input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
         if info.storage == UNPLANNED:
             return _bind_input(plan, info, what)
         if info.storage == CONSTANT:
-            raise PyrtError(f"{what} is a constant tensor in the file")
+            raise PteFormatError(f"{what} (value {i}) is a constant tensor in the file; inputs come from the caller")
         return _copy_input(plan, info, what)
     expected = table.vals[i]
 
@@ -406,103 +445,6 @@ def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
         seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)
     out_t.stream = None if stream is None else stream.handle  # consumers order on it (CAI v3 "stream")
     return device_output(out_t, kind)
-
-
-# -- pytree I/O ----------------------------------------------------------------------------------------
-
-
-def _spec(text: str) -> Any:
-    try:
-        obj = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    if isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], dict):
-        return obj[1]
-    return None
-
-
-_CONTAINERS = (list, tuple, dict)
-_SEQ_TYPES = {"builtins.tuple": tuple, "builtins.list": list, "torch.fx.immutable_collections.immutable_list": list}
-
-
-def _leaves(spec: Any) -> int:
-    kids = spec.get("children_spec") or []
-    return 1 if spec.get("type") is None and not kids else sum(_leaves(k) for k in kids)
-
-
-def output_builder(text: str, n: int) -> Callable[[list[Any]], Any]:
-    """Arrange flat outputs like the method's output pytree (tuple/list nesting), else a flat tuple."""
-    spec = _spec(text)
-    if spec is None or _leaves(spec) != n or not _simple(spec):
-        return tuple
-    if spec.get("type") is None:
-        return lambda outs: outs[0]
-
-    def build(outs: list[Any]) -> Any:
-        it = iter(outs)
-        return _unflatten(spec, it)
-
-    return build
-
-
-def _simple(spec: Any) -> bool:
-    t = spec.get("type")
-    if t is None:
-        return not spec.get("children_spec")
-    return t in _SEQ_TYPES and all(_simple(k) for k in spec.get("children_spec") or [])
-
-
-def _unflatten(spec: Any, it: Any) -> Any:
-    t = spec.get("type")
-    if t is None:
-        return next(it)
-    return _SEQ_TYPES[t](_unflatten(k, it) for k in spec.get("children_spec") or [])
-
-
-def input_flattener(text: str, n: int, method: str) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """Flatten caller arguments along the method's input pytree (args tuple of tuples/lists/dicts)."""
-    spec = _spec(text)
-    args_spec = None
-    if spec is not None and spec.get("type") == "builtins.tuple" and spec.get("children_spec"):
-        args_spec = spec["children_spec"][0]
-
-    def flatten(inputs: Sequence[Any]) -> Sequence[Any]:
-        if len(inputs) == n:
-            for x in inputs:
-                if type(x) in _CONTAINERS:
-                    break
-            else:
-                return inputs
-        if args_spec is not None:
-            out: list[Any] = []
-            if _flatten_into(args_spec, tuple(inputs), out) and len(out) == n:
-                return out
-        raise InputError(f"method {method!r} takes {n} inputs (flattened), got {len(inputs)} arguments")
-
-    return flatten
-
-
-def _flatten_into(spec: Any, x: Any, out: list[Any]) -> bool:
-    t = spec.get("type")
-    kids = spec.get("children_spec") or []
-    if t is None and not kids:
-        out.append(x)
-        return True
-    if t in _SEQ_TYPES:
-        if not isinstance(x, (list, tuple)) or len(x) != len(kids):
-            return False
-        return all(_flatten_into(k, v, out) for k, v in zip(kids, x, strict=True))
-    if t == "builtins.dict":
-        try:
-            keys = json.loads(spec.get("context") or "[]")
-        except ValueError:
-            return False
-        if not isinstance(x, dict) or sorted(map(str, x)) != sorted(map(str, keys)):
-            return False
-        # The file's keys and child specs are not checked against each other: a mismatch leaves
-        # leaves out, which the caller's leaf count then rejects.
-        return all(_flatten_into(k, x[key], out) for k, key in zip(kids, keys, strict=False))
-    return False
 
 
 __all__ = ["MethodRunner", "RunState", "output_builder", "input_flattener", "PLANNED"]

@@ -36,6 +36,7 @@ from pyrt.pte_reader import (
     ShapeDynamism,
 )
 from pyrt.pte_reader import Tensor as TensorDecl
+from pyrt.pytree import Spec, parse_spec
 from pyrt.tensors import DeviceTensor, NumpyHost, TorchHost, dim_order_strides
 
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
@@ -144,7 +145,7 @@ class MethodPlan:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     chains: list[list[Instr]]
-    container_meta_type: tuple[str, str]
+    io_specs: tuple[Spec | None, Spec | None]  # validated pytree specs of inputs and outputs (pyrt.pytree)
     engines: list[Any] = field(default_factory=list)
     device_arenas: list[Any] = field(default_factory=list)
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -265,6 +266,31 @@ def arena_devices(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int
         if bd.device_type == DeviceType.CUDA:
             out[bd.buffer_idx] = remap_device(bd.device_index, device_map)
     return out
+
+
+def host_memory(plan: ExecutionPlan, infos: dict[int, TensorInfo], devices: dict[int, int]) -> list[tuple[str, int]]:
+    """(what, bytes) of every host allocation the file declares: host arenas, unplanned non-input tensors.
+
+    Each is checked against :data:`pyrt.limits.MAX_DECLARED_BYTES` (device arenas too); nothing is allocated.
+    """
+    from pyrt.limits import check_declared
+
+    source, method = plan.program.pte.source, f"method {plan.name!r}"
+    items: list[tuple[str, int]] = []
+    for mem, size in enumerate(plan.non_const_buffer_sizes):
+        if mem == 0:
+            continue
+        what = f"{method} arena {mem} (non_const_buffer_sizes[{mem}])"
+        check_declared(size, f"{source}: {what}")
+        if mem not in devices:
+            items.append((what, size))
+    inputs = set(plan.inputs)
+    for i, info in infos.items():
+        if info.storage == UNPLANNED and i not in inputs:
+            what = f"{method} unplanned tensor value {i} (sizes {list(info.sizes)}, {info.scalar_type.name})"
+            check_declared(info.nbytes, f"{source}: {what}")
+            items.append((what, info.nbytes))
+    return items
 
 
 def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: dict[int, int],
@@ -448,7 +474,9 @@ class MethodDraft:
     arena_devices: dict[int, int]
     kernels: list[Kernel]
     rebound: set[int]
+    io_specs: tuple[Spec | None, Spec | None] = (None, None)
     delegates: list[Any] = field(default_factory=list)  # pyrt.delegates.DelegateDraft
+    host_bytes: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes) the load will allocate
 
     @property
     def name(self) -> str:
@@ -471,6 +499,9 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
             raise PteFormatError(f"{_where(xplan)}: input/output value {i} is a {kinds[i]}")
     if not xplan.chains:
         raise PteFormatError(f"{_where(xplan)}: the method has no instruction chain")
+    in_text, out_text = xplan.container_meta_type
+    specs = (parse_spec(in_text, f"{_where(xplan)}: container_meta_type.encoded_inp_str"),
+             parse_spec(out_text, f"{_where(xplan)}: container_meta_type.encoded_out_str"))
     kernels = resolve(xplan.name, xplan.operators, libraries)
     rebound = instruction_writes(xplan, kernels)
     delegates: list[Any] = []
@@ -478,7 +509,8 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
         from pyrt.delegates import draft_delegates
 
         delegates = draft_delegates(xplan, device_map)
-    return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, delegates)
+    return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, specs, delegates,
+                       host_memory(xplan, infos, devices))
 
 
 def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
@@ -498,5 +530,5 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
         for alloc in device_allocs:
             alloc.free()
         raise
-    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, xplan.container_meta_type,
+    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, draft.io_specs,
                       engines=[d.engine for d in draft.delegates], device_arenas=device_allocs)

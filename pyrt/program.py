@@ -9,13 +9,20 @@
 ...     [(w.method, w.streamable_bytes, w.budget, w.source) for w in prog.weight_streaming]
 
 Loading validates the whole file, resolves every operator to a kernel
-(``UnsupportedOperatorError`` names the operator and method), checks that
+(``UnsupportedOperatorError`` names the operator and method; only operators
+ExecuTorch's own runtime defines are resolved, see :mod:`pyrt.kernels`),
+checks the host memory the file declares against :mod:`pyrt.limits`
+(``PteFormatError`` / ``ResourceError`` naming the arena or tensor), checks that
 every CUDA device the program needs exists (``DeviceError`` listing the
 devices present, before anything is allocated), deserializes TensorRT engines
 (TensorRT is imported only when the program has ``TensorRTBackend``
 delegates), applies weight-streaming budgets, then allocates each method's
 memory-planned arenas once. ``kernels="numpy"`` (or ``$PYRT_KERNELS=numpy``)
 runs non-delegated operators with the numpy core set even where torch is installed.
+
+A .pte is untrusted input: whatever is wrong with it, or with the inputs a
+method is called with, is raised as a :class:`~pyrt.errors.PyrtError`
+subclass naming the value and where it came from.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.executor import MethodRunner
 from pyrt.kernels import ENV_VAR, choose_library, library
+from pyrt.limits import check_host_memory
 from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
 from pyrt.pte_reader import PteFile
 from pyrt.tensors import host_backend
@@ -90,6 +98,7 @@ class Program:
         self.kernels = lib_name or "numpy"
         host = host_backend(self.kernels)
         drafts = [draft_method(p, libraries, device_map) for p in xplans]
+        check_host_memory(self.source, [item for draft in drafts for item in draft.host_bytes])
         cuda = self._check_devices(drafts)
         self._delegates = [d for draft in drafts for d in draft.delegates]
         if self._delegates:

@@ -210,6 +210,14 @@ def caller_kind(x: Any) -> str | None:
     return None
 
 
+def check_dense_torch(x: Any, what: str) -> None:
+    """InputError for a torch tensor without host-readable dense data (meta, sparse, mkldnn, ...)."""
+    if x.is_meta:
+        raise InputError(f"{what}: a meta tensor has no data")
+    if x.layout is not sys.modules["torch"].strided:
+        raise InputError(f"{what}: a {x.layout} tensor is not supported; pass a dense one (x.to_dense())")
+
+
 @dataclass(frozen=True)
 class DeviceInput:
     """A caller's device buffer: address, device, dtype and shape (C-contiguous)."""
@@ -243,9 +251,14 @@ def device_input(x: Any, what: str) -> DeviceInput | None:
         return _from_cai(cai, x, what)
     dl = getattr(x, "__dlpack_device__", None)
     if dl is not None:
-        dev_type, dev_id = x.__dlpack_device__()
-        if int(dev_type) in (_KDL_CUDA,):
-            return _from_dlpack_capsule(x.__dlpack__(), int(dev_id), what)
+        try:
+            dev_type, dev_id = x.__dlpack_device__()
+            on_cuda = int(dev_type) == _KDL_CUDA
+            capsule = x.__dlpack__() if on_cuda else None
+        except Exception as exc:  # the producer's methods may raise anything
+            raise InputError(f"{what}: DLPack input could not be read: {type(exc).__name__}: {exc}") from None
+        if on_cuda:
+            return _from_dlpack_capsule(capsule, int(dev_id), what)
     return None
 
 
@@ -362,6 +375,7 @@ class NumpyHost:
         if isinstance(x, np.ndarray):
             return x
         if is_torch_tensor(x):
+            check_dense_torch(x, what)
             if x.requires_grad:
                 x = x.detach()
             try:
@@ -371,8 +385,9 @@ class NumpyHost:
         if hasattr(x, "__dlpack__"):
             try:
                 return np.from_dlpack(x)
-            except (TypeError, RuntimeError, BufferError) as exc:
-                raise InputError(f"{what}: DLPack input could not be read on the host: {exc}") from None
+            except Exception as exc:  # the producer's __dlpack__ may raise anything
+                raise InputError(f"{what}: DLPack input could not be read on the host: "
+                                 f"{type(exc).__name__}: {exc}") from None
         try:
             return np.asarray(x, dtype=dtype)
         except (TypeError, ValueError) as exc:
@@ -430,14 +445,17 @@ class TorchHost:
     def from_caller(self, x: Any, what: str) -> Any:
         torch = self.torch
         if isinstance(x, torch.Tensor):
+            check_dense_torch(x, what)
             return x.detach() if x.requires_grad else x
         if isinstance(x, np.ndarray):
             return _torch_from_numpy(torch, x, what)
         if hasattr(x, "__dlpack__"):
             try:
-                return torch.from_dlpack(x)
-            except (TypeError, RuntimeError, BufferError) as exc:
-                raise InputError(f"{what}: DLPack input could not be read: {exc}") from None
+                t = torch.from_dlpack(x)
+            except Exception as exc:  # the producer's __dlpack__ may raise anything
+                raise InputError(f"{what}: DLPack input could not be read: {type(exc).__name__}: {exc}") from None
+            check_dense_torch(t, what)
+            return t
         return _torch_from_numpy(torch, NumpyHost().from_caller(x, what), what)
 
     def scalar_type(self, t: Any) -> ScalarType | None:
