@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import ExecutionError, InputError, PteFormatError, PyrtError
+from pyrt.errors import ExecutionError, InputError, PteFormatError, PyrtError, UnsupportedOperatorError
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
 from pyrt.pytree import input_flattener, output_builder
 from pyrt.tensors import (
@@ -39,6 +39,7 @@ from pyrt.tensors import (
     is_torch_tensor,
     numpy_dtype,
     scalar_type_of_torch,
+    torch_to_numpy,
 )
 
 Setter = Callable[[Any, "RunState | None"], None]
@@ -259,9 +260,15 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     host = table.host
     static = not info.dynamic
     dst = table.vals[i]
-    dst_np = host.to_numpy(dst) if static else None  # set exactly when static
-    want_np = numpy_dtype(info.scalar_type)
     want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
+    try:
+        dst_np = host.to_numpy(dst) if static else None  # set exactly when static
+        want_np = numpy_dtype(info.scalar_type)
+    except UnsupportedOperatorError as exc:
+        if want_torch is None:
+            raise
+        dst_np, want_np = None, None  # bfloat16, float8: only torch tensors can fill it
+        no_numpy = f"{what}: a {info.scalar_type.name} input must be a CPU torch tensor ({exc})"
     sizes = info.sizes
 
     tensor_type = host.torch.Tensor if isinstance(host, TorchHost) else None
@@ -272,6 +279,8 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
                 _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
             dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
             return
+        if want_np is None:
+            raise InputError(no_numpy)
         if isinstance(x, np.ndarray):
             arr = x
         else:
@@ -387,7 +396,10 @@ def _output_getter(plan: MethodPlan, pos: int, i: int) -> Getter:
 def _static_host_getter(host: Any, t: Any) -> Getter:
     """Copy-out of a host tensor whose object and shape never change."""
     if isinstance(host, TorchHost):
-        view = t.numpy()
+        try:
+            view = torch_to_numpy(t)
+        except UnsupportedOperatorError:
+            return lambda kind, state: host_output(t, kind)  # torch callers only: numpy ones get the error
 
         def get_torch_host(kind: str, state: Any) -> Any:
             return t.clone() if kind == TORCH else view.copy()

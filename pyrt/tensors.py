@@ -462,7 +462,7 @@ class TorchHost:
         return scalar_type_of_torch(t.dtype)
 
     def to_numpy(self, t: Any) -> np.ndarray:
-        return t.numpy()
+        return torch_to_numpy(t)
 
 
 def _torch_from_numpy(torch: Any, x: np.ndarray, what: str) -> Any:
@@ -498,7 +498,16 @@ def host_output(t: Any, kind: str) -> Any:
         return arr
     if kind == TORCH:
         return t.clone()
-    return np.array(t.numpy(), copy=True)
+    return np.array(torch_to_numpy(t), copy=True)
+
+
+def torch_to_numpy(t: Any) -> np.ndarray:
+    """``t.numpy()`` (shared memory); a dtype numpy cannot hold is an UnsupportedOperatorError."""
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise UnsupportedOperatorError(f"{t.dtype} tensors have no numpy equivalent ({exc}); "
+                                       f"call with torch tensors to get torch outputs") from None
 
 
 def device_output(t: DeviceTensor, kind: str) -> Any:

@@ -63,14 +63,17 @@ class Kernel:
     """A resolved operator.
 
     ``rebinds(args)`` lists the value indices the step stores new objects into
-    (scalar results, views); everything else it only reads or writes in place.
-    ``build(site)`` returns the step closure for one instruction.
+    (scalar results, views); ``writes(args)`` the arguments whose memory it may
+    write in place (out tensors, ``self`` of in-place ops; None: any argument).
+    The plan refuses a file whose kernel writes constant data (read-only file
+    memory). ``build(site)`` returns the step closure for one instruction.
     """
 
     name: str
     build: Callable[[KernelSite], Step]
     rebinds: Callable[[tuple[int, ...]], Sequence[int]] = lambda args: ()
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
+    writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
 
 
 class KernelLibrary(Protocol):

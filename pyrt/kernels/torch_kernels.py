@@ -48,6 +48,7 @@ class TorchLibrary:
             op.qualified_name,
             build=lambda site: _build(overload, schema, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
+            writes=lambda args: _writes(schema, args),
         )
 
     def _overload(self, op: Operator) -> Any:
@@ -80,6 +81,12 @@ def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
     n = len(schema.arguments)
     return [args[n + j] for j, ret in enumerate(schema.returns)
             if n + j < len(args) and ret.alias_info is None]
+
+
+def _writes(schema: Any, args: tuple[int, ...]) -> list[int]:
+    """Arguments the schema marks as written (``Tensor(a!)``: out tensors, ``self`` of in-place ops)."""
+    return [args[k] for k, a in enumerate(schema.arguments)
+            if k < len(args) and a.alias_info is not None and a.alias_info.is_write]
 
 
 def _is_tensor_type(type_str: str) -> bool:
