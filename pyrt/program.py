@@ -67,16 +67,28 @@ class Program:
     ``{"cuda:0": "cuda:1"}`` remapping the devices the file names; ``trt``:
     a TensorRT module or one of "tensorrt", "tensorrt_rtx", "tensorrt_lean"
     (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto).
+
+    ``mmap``: a path is mapped read-only by default, and constants (and engine
+    bytes until TensorRT has deserialized them) are views of that mapping, as
+    with ExecuTorch's mmap loader. **Truncating or rewriting the file in place
+    while the Program is open can kill the process with SIGBUS** (a signal, not
+    an exception). Replace files atomically (write elsewhere, then rename), or
+    pass ``mmap=False`` to read the file into private memory (its size in RAM,
+    checked against the memory available first), which no change to the file
+    can affect.
     """
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
-                 device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None) -> None:
+                 device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
+                 mmap: bool = True) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
-        self._pte = PteFile.open(path)
+        if not isinstance(mmap, bool):
+            raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
+        self._pte = PteFile.open(path, mmap=mmap)
         self.source = self._pte.source
         try:
             self._load(budget, device_map, trt, kernels)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-import mmap
+import mmap as mmap_mod
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -285,7 +285,7 @@ class PteFile:
     Use :meth:`open` with a path (one read-only mmap) or a bytes-like object.
     """
 
-    def __init__(self, data: memoryview, source: str, *, _mmap: mmap.mmap | None = None) -> None:
+    def __init__(self, data: memoryview, source: str, *, _mmap: mmap_mod.mmap | None = None) -> None:
         self._mmap = _mmap
         self._data = data
         self.source = source
@@ -296,11 +296,16 @@ class PteFile:
         self._fb = Span(data[:program_size], source)
 
     @classmethod
-    def open(cls, source: Source) -> PteFile:
+    def open(cls, source: Source, *, mmap: bool = True) -> PteFile:
         """Open a path (mmapped read-only) or wrap a bytes-like object (no copy).
 
         Only regular files are opened, and the check never blocks: a FIFO, a
         device, a directory or a socket is a PteFormatError naming the path.
+
+        ``mmap=False`` reads the file into private memory instead (its size in
+        RAM, checked against :func:`pyrt.limits.available_host_memory` first):
+        views of a mapping fault with SIGBUS, which kills the process, when the
+        file is truncated while they are in use; private memory cannot.
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             return cls(_byte_view(source), "<bytes>")
@@ -325,9 +330,11 @@ class PteFile:
             _require_regular(path, info)
             if info.st_size == 0:
                 raise PteFormatError(f"{path}: file is empty (0 bytes)")
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            if not mmap:
+                return cls(_read_private(fd, path, info.st_size), path)
+            mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
         except OSError as exc:
-            raise PteFormatError(f"{path}: cannot map: {exc.strerror or exc}") from exc
+            raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)
         return cls(memoryview(mm), str(path), _mmap=mm)
@@ -382,6 +389,21 @@ def _require_regular(path: str, info: os.stat_result) -> None:
         return
     kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
     raise PteFormatError(f"{path}: cannot open: it is {kind}; a .pte must be a regular file")
+
+
+def _read_private(fd: int, path: str, size: int) -> memoryview:
+    """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
+    from pyrt.limits import check_host_memory
+
+    check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
+    buf = memoryview(bytearray(size))
+    got = 0
+    while got < size:
+        n = os.readv(fd, [buf[got:]])
+        if n == 0:
+            raise PteFormatError(f"{path}: the file shrank to {got} bytes while being read ({size} expected)")
+        got += n
+    return buf.toreadonly()
 
 
 def _byte_view(source: bytes | bytearray | memoryview) -> memoryview:
