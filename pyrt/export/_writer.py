@@ -9,7 +9,9 @@ the bytes stay on disk until they are copied into the output.
 
 The output is written to a temporary file in the target's directory, flushed,
 fsynced and renamed over the target: an interrupted export never leaves a
-partial file at ``path``, and an existing file there survives a failure.
+partial file at ``path``, and an existing file there survives a failure. The
+temporary file is named after its process, so the next export removes it if
+that process was killed before it could (:mod:`pyrt.export._tempfiles`).
 
 >>> import os, tempfile
 >>> target = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -30,6 +32,7 @@ from typing import Any, BinaryIO
 from executorch.exir._serialize._cord import Cord, FileBackedData
 
 from pyrt.errors import ExportError
+from pyrt.export._tempfiles import temp_file_prefix
 from pyrt.export.backend import STUB_MAGIC, BlobPlan, BlobSession
 
 _CHUNK = 8 << 20
@@ -131,16 +134,27 @@ def write_cord(cord: Cord, f: BinaryIO, progress: Callable[[int], Any]) -> None:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> int:
-    """Write ``path`` through a temp file + fsync + rename; returns the final size."""
+    """Write ``path`` through a temp file + fsync + rename; returns the final size.
+
+    Failing to create the temporary file or to rename it over ``path`` is an
+    ExportError naming the path; errors of ``write`` itself pass through.
+    """
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".pte.tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temp_file_prefix(target.name), suffix=".pte.tmp", dir=target.parent)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot create a file next to {str(target)!r}: {getattr(exc, 'strerror', None) or exc}"
+                          ) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _file_mode(target))
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise ExportError(f"cannot replace {str(target)!r}: {exc.strerror or exc}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
