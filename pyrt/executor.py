@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import ExecutionError, InputError, PteFormatError, PyrtError, UnsupportedOperatorError
+from pyrt.errors import (
+    ExecutionError,
+    InputError,
+    ProgramClosedError,
+    PteFormatError,
+    PyrtError,
+    UnsupportedOperatorError,
+)
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
 from pyrt.pytree import input_flattener, output_builder
 from pyrt.tensors import (
@@ -63,7 +70,11 @@ class RunState:
 
 
 class MethodRunner:
-    """Callable that runs one planned method; not re-entrant (a lock serialises callers)."""
+    """Callable that runs one planned method; not re-entrant: runs take turns on ``_lock``.
+
+    ``closed`` is set (under the lock) when the Program is closed; a run that was
+    waiting for the lock then raises ProgramClosedError instead of touching freed memory.
+    """
 
     def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None) -> None:
         self.plan = plan
@@ -71,6 +82,7 @@ class MethodRunner:
         self.default_kind = default_kind
         self.devices = devices  # pyrt.delegates.DeviceContext when the method touches CUDA
         self._lock = threading.Lock()
+        self.closed = False
         table = plan.table
         self._vals = table.vals
         self._setters = [_input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
@@ -94,11 +106,13 @@ class MethodRunner:
             raise InputError(f"method {self.name!r}: cannot read the inputs: {type(exc).__name__}: {exc}") from exc
         if state is None:  # no device work: a stream, if given, has nothing to order
             with self._lock:
+                self._check_open()
                 self._set_inputs(flat, None)
                 self._execute(None)
                 outs = self._get_outputs(kind, None)
             return self._build(outs)
         with self._lock:
+            self._check_open()
             self.devices.begin(state, flat)
             try:
                 self._set_inputs(flat, state)
@@ -107,6 +121,10 @@ class MethodRunner:
             finally:
                 self.devices.end(state)
         return self._build(outs)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ProgramClosedError(f"method {self.name!r}: the program was closed while this run waited")
 
     def _set_inputs(self, flat: Sequence[Any], state: RunState | None) -> None:
         """Bind or copy every input; anything but a PyrtError becomes an InputError naming the input."""

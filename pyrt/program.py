@@ -27,8 +27,9 @@ subclass naming the value and where it came from.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,14 @@ class Program:
     pass ``mmap=False`` to read the file into private memory (its size in RAM,
     checked against the memory available first), which no change to the file
     can affect.
+
+    Threads: a Program may be shared between threads. Runs of one method take
+    turns on that method's lock (every run reuses the method's memory-planned
+    buffers), so concurrent calls of one method are serialised, not parallel:
+    load one Program per thread for parallel throughput. Different methods
+    have their own lock, memory and execution contexts and may run at the same
+    time. :meth:`set_budget` and :meth:`close` wait for runs in flight; a run
+    still waiting when the program is closed raises ProgramClosedError.
     """
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, budget: Any = None,
@@ -190,24 +199,39 @@ class Program:
         self._check_open()
         from pyrt.delegates import apply_budgets
 
-        locks = [r._lock for r in self._runners.values()]
-        for lock in locks:
-            lock.acquire()
-        try:
+        with self._no_runs():
+            self._check_open()  # closed while waiting for runs to finish
             apply_budgets(self._delegates, budget, source="set_budget")
-        finally:
-            for lock in reversed(locks):
-                lock.release()
 
     # -- lifetime -------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise ProgramClosedError(f"{self.source}: the program was closed")
 
+    @contextlib.contextmanager
+    def _no_runs(self) -> Iterator[None]:
+        """Hold every method's lock: runs in flight finish first, new ones wait (always in the same order)."""
+        locks = [r._lock for r in self._runners.values()]
+        for lock in locks:
+            lock.acquire()
+        try:
+            yield
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
     def close(self) -> None:
-        """Release engines, device memory, arenas and the file mapping (idempotent)."""
-        if not self._closed:
-            self._closed = True
+        """Release engines, device memory, arenas and the file mapping (idempotent).
+
+        Runs in flight in other threads finish first; runs that start or wait afterwards
+        raise ProgramClosedError.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        with self._no_runs():
+            for runner in self._runners.values():
+                runner.closed = True
             self._release()
 
     def _release(self) -> None:
