@@ -104,51 +104,33 @@ class MethodRunner:
             raise
         except Exception as exc:  # a caller object whose attributes raise
             raise InputError(f"method {self.name!r}: cannot read the inputs: {type(exc).__name__}: {exc}") from exc
-        if state is None:  # no device work: a stream, if given, has nothing to order
-            with self._lock:
-                self._check_open()
-                self._set_inputs(flat, None)
-                self._execute(None)
-                outs = self._get_outputs(kind, None)
-            return self._build(outs)
         with self._lock:
-            self._check_open()
-            self.devices.begin(state, flat)
+            if self.closed:
+                raise ProgramClosedError(f"method {self.name!r}: the program was closed while this run waited")
+            if state is not None:  # device work: order it on the run's streams (no state: nothing to order)
+                self.devices.begin(state, flat)
             try:
-                self._set_inputs(flat, state)
+                pos = 0  # anything but a PyrtError from a setter becomes an InputError naming the input
+                try:
+                    for setter, x in zip(self._setters, flat, strict=True):
+                        setter(x, state)
+                        pos += 1
+                except PyrtError:
+                    raise
+                except Exception as exc:
+                    raise _input_failure(self.name, pos, flat[pos], exc) from exc
                 self._execute(state)
-                outs = self._get_outputs(kind, state)
+                try:
+                    outs = [get(kind, state) for get in self._getters]
+                except PyrtError:
+                    raise
+                except Exception as exc:
+                    raise ExecutionError(f"method {self.name!r}: handing an output back failed: "
+                                         f"{type(exc).__name__}: {exc}") from exc
             finally:
-                self.devices.end(state)
+                if state is not None:
+                    self.devices.end(state)
         return self._build(outs)
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ProgramClosedError(f"method {self.name!r}: the program was closed while this run waited")
-
-    def _set_inputs(self, flat: Sequence[Any], state: RunState | None) -> None:
-        """Bind or copy every input; anything but a PyrtError becomes an InputError naming the input."""
-        pos = 0
-        try:
-            for pos, (setter, x) in enumerate(zip(self._setters, flat, strict=True)):  # noqa: B007 (pos: handler)
-                setter(x, state)
-        except PyrtError:
-            raise
-        except Exception as exc:
-            what = f"method {self.name!r} input {pos}"
-            if is_torch_tensor(flat[pos]):  # the fast path copies first; name a meta or sparse tensor as such
-                check_dense_torch(flat[pos], what)
-            raise InputError(f"{what}: {_describe(flat[pos])} cannot be used: {type(exc).__name__}: {exc}") from exc
-
-    def _get_outputs(self, kind: str, state: RunState | None) -> list[Any]:
-        """Copy every output out; anything but a PyrtError becomes an ExecutionError naming the output."""
-        try:
-            return [get(kind, state) for get in self._getters]
-        except PyrtError:
-            raise
-        except Exception as exc:
-            raise ExecutionError(f"method {self.name!r}: handing an output back failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
 
     def _kind(self, flat: Sequence[Any]) -> str:
         for x in flat:
@@ -190,6 +172,14 @@ class MethodRunner:
         """A kernel raised something untyped (bad data for it, typically): name the instruction."""
         what = self.plan.chains[chain][pc].what if pc < len(self.plan.chains[chain]) else "?"
         return ExecutionError(f"method {self.name!r} instruction {pc} ({what}) failed: {type(exc).__name__}: {exc}")
+
+
+def _input_failure(method: str, pos: int, x: Any, exc: Exception) -> InputError:
+    """The InputError for an untyped failure while binding input ``pos`` (a meta or sparse tensor named as such)."""
+    what = f"method {method!r} input {pos}"
+    if is_torch_tensor(x):  # the torch fast path copies without looking first
+        check_dense_torch(x, what)
+    return InputError(f"{what}: {_describe(x)} cannot be used: {type(exc).__name__}: {exc}")
 
 
 def _describe(x: Any) -> str:

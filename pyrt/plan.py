@@ -391,26 +391,23 @@ def constant_holders(plan: ExecutionPlan, kinds: list[str], items: dict[int, tup
     held = {i for i, info in infos.items() if info.storage == CONSTANT}
     if not held:
         return held
-    ops = plan.operators
+    view_ops = {k for k, op in enumerate(plan.operators) if op.qualified_name in VIEW_OPS}
     edges: list[tuple[int, int]] = []
     for chain in plan.chains:
         for ins in chain.instructions:
             if isinstance(ins, MoveCall):
                 edges.append((ins.move_from, ins.move_to))
-            elif (isinstance(ins, KernelCall) and 0 <= ins.op_index < len(ops) and len(ins.args) >= 3
-                  and ops[ins.op_index].qualified_name in VIEW_OPS):
+            elif isinstance(ins, KernelCall) and ins.op_index in view_ops and len(ins.args) >= 3:
                 edges.append((ins.args[0], ins.args[2]))
-    lists = [(i, it) for i, it in items.items()]
+    lists = list(items.items())
     changed = True
-    while changed:
-        changed = False
+    while changed:  # a list holding a constant holds constant data; moves and views carry both along
+        grown = [i for i, it in lists if i not in held and not held.isdisjoint(it)]
+        held.update(grown)
+        changed = bool(grown)
         for src, dst in edges:
             if src in held and dst not in held:
                 held.add(dst)
-                changed = True
-        for i, it in lists:
-            if i not in held and any(j in held for j in it):
-                held.add(i)
                 changed = True
     return held
 

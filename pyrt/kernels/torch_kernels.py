@@ -48,7 +48,7 @@ class TorchLibrary:
             op.qualified_name,
             build=lambda site: _build(overload, schema, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
-            writes=lambda args: _writes(schema, args),
+            writes=_writes(schema),
         )
 
     def _overload(self, op: Operator) -> Any:
@@ -83,10 +83,10 @@ def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
             if n + j < len(args) and ret.alias_info is None]
 
 
-def _writes(schema: Any, args: tuple[int, ...]) -> list[int]:
-    """Arguments the schema marks as written (``Tensor(a!)``: out tensors, ``self`` of in-place ops)."""
-    return [args[k] for k, a in enumerate(schema.arguments)
-            if k < len(args) and a.alias_info is not None and a.alias_info.is_write]
+def _writes(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
+    """``args -> written values``: the arguments the schema marks ``Tensor(a!)`` (outs, in-place ``self``)."""
+    positions = [k for k, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return lambda args: [args[k] for k in positions if k < len(args)]
 
 
 def _is_tensor_type(type_str: str) -> bool:
