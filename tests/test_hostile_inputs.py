@@ -185,3 +185,16 @@ def test_only_pyrt_errors_escape_for_odd_objects() -> None:
         for obj in (Weird(), object(), "text", [[1, 2, 3]], {"a": 1}, None, 3.5):
             with pytest.raises(PyrtError):
                 prog(obj)
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned", "unplanned"])
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_memoryview_inputs(kernels: str, planned: bool) -> None:
+    """Strided and Fortran-order memoryviews are read correctly; a flat byte view is a typed mismatch."""
+    base = np.arange(24, dtype=np.float32).reshape(4, 6) - 10
+    with Program(relu_program(planned_input=planned), kernels=kernels) as prog:
+        for view, x in ((memoryview(base[::2, ::2]), base[::2, ::2]),
+                        (memoryview(np.asfortranarray(base[1:3, :3])), base[1:3, :3])):
+            np.testing.assert_array_equal(np.asarray(prog(view)[0]), np.maximum(x, 0))
+        with pytest.raises(InputError, match="method 'forward' input 0"):
+            prog(memoryview(np.ones(6, np.float32).tobytes()))
