@@ -24,6 +24,7 @@ from pyrt.errors import (
     ProgramClosedError,
     PteFormatError,
     PyrtError,
+    ResourceError,
     UnsupportedOperatorError,
 )
 from pyrt.report import inspect
@@ -34,7 +35,7 @@ __all__ = [
     "Program", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
-    "ProgramClosedError",
+    "ProgramClosedError", "ResourceError",
 ]
 
 

@@ -337,6 +337,10 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
     if len(flat) != n_in + n_out:
         raise PteFormatError(f"{d.source}: the call passes {len(flat)} tensors, the engine has {n_in} inputs "
                              f"and {n_out} outputs")
+    written = [j for j in flat[n_in:] if j in table.read_only]
+    if written:
+        raise PteFormatError(f"{d.source}: the call writes value {written[0]}, which holds constant data from the "
+                             f"file (read-only)")
     bindings = [b for b in d.blob.io_bindings if b.is_input]
     out_bindings = {b.name: b for b in d.blob.io_bindings if not b.is_input}
     ins_ = _ports(ctx, d, table, flat[:n_in], bindings)

@@ -56,5 +56,9 @@ class ExportError(PyrtError):
     """Export could not produce a .pte from the given model."""
 
 
+class ResourceError(PyrtError, MemoryError):
+    """A file declares more memory than pyrt's documented limits or the machine can give; names the value."""
+
+
 class ProgramClosedError(PyrtError):
     """A Program was used after ``close()``."""

@@ -13,7 +13,6 @@ arranged like the method's pytree output when that is a plain tuple/list.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -21,9 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import ExecutionError, InputError, PyrtError
+from pyrt.errors import (
+    ExecutionError,
+    InputError,
+    ProgramClosedError,
+    PteFormatError,
+    PyrtError,
+    UnsupportedOperatorError,
+)
 from pyrt.graphs import Segment, segment_steps
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
+from pyrt.pytree import input_flattener, output_builder
 from pyrt.tensors import (
     CAI,
     NUMPY,
@@ -33,12 +40,14 @@ from pyrt.tensors import (
     OwnedDeviceTensor,
     TorchHost,
     caller_kind,
+    check_dense_torch,
     device_input,
     device_output,
     host_output,
     is_torch_tensor,
     numpy_dtype,
     scalar_type_of_torch,
+    torch_to_numpy,
 )
 
 Setter = Callable[[Any, "RunState | None"], None]
@@ -63,7 +72,11 @@ class RunState:
 
 
 class MethodRunner:
-    """Callable that runs one planned method; not re-entrant (a lock serialises callers)."""
+    """Callable that runs one planned method; not re-entrant: runs take turns on ``_lock``.
+
+    ``closed`` is set (under the lock) when the Program is closed; a run that was
+    waiting for the lock then raises ProgramClosedError instead of touching freed memory.
+    """
 
     def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None,
                  cuda_graphs: bool = False) -> None:
@@ -73,12 +86,14 @@ class MethodRunner:
         self.default_kind = default_kind
         self.devices = devices  # pyrt.delegates.DeviceContext when the method touches CUDA
         self._lock = threading.Lock()
+        self.closed = False
         table = plan.table
         self._vals = table.vals
         self._setters = [_input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
         self._getters = [_output_getter(plan, pos, i) for pos, i in enumerate(plan.outputs)]
-        self._flatten = input_flattener(plan.container_meta_type[0], len(plan.inputs), plan.name)
-        self._build = output_builder(plan.container_meta_type[1], len(plan.outputs))
+        in_spec, out_spec = plan.io_specs
+        self._flatten = input_flattener(in_spec, len(plan.inputs), plan.name)
+        self._build = output_builder(out_spec, len(plan.outputs))
         self._straight = not plan.has_jumps
         # One step per instruction, None for JumpFalseCall (straight chains hold none).
         self._plain: list[list[Any]] = [[ins.step for ins in chain] for chain in plan.chains]
@@ -119,26 +134,43 @@ class MethodRunner:
         return self._call(inputs, stream)
 
     def _call(self, inputs: Sequence[Any], stream: Any) -> Any:
-        flat = self._flatten(inputs)
-        kind = self._kind(flat)
-        if self.devices is None:  # no device work: a stream, if given, has nothing to order
-            host_state = RunState(None, (), None, self.cuda) if self.cuda is not None else None
-            with self._lock:
-                for setter, x in zip(self._setters, flat, strict=True):
-                    setter(x, host_state)
-                self._execute(host_state)
-                outs = [get(kind, host_state) for get in self._getters]
-            return self._build(outs)
-        state = RunState(stream, flat, self.devices)
+        try:
+            flat = self._flatten(inputs)
+            kind = self._kind(flat)
+            if self.devices is not None:
+                state: RunState | None = RunState(stream, flat, self.devices)
+            else:  # no device work: a stream, if given, has nothing to order
+                state = RunState(None, (), None, self.cuda) if self.cuda is not None else None
+        except PyrtError:
+            raise
+        except Exception as exc:  # a caller object whose attributes raise
+            raise InputError(f"method {self.name!r}: cannot read the inputs: {type(exc).__name__}: {exc}") from exc
         with self._lock:
-            self.devices.begin(state, flat)
+            if self.closed:
+                raise ProgramClosedError(f"method {self.name!r}: the program was closed while this run waited")
+            if self.devices is not None and state is not None:  # device work: order it on the run's streams
+                self.devices.begin(state, flat)
             try:
-                for setter, x in zip(self._setters, flat, strict=True):
-                    setter(x, state)
+                pos = 0  # anything but a PyrtError from a setter becomes an InputError naming the input
+                try:
+                    for setter, x in zip(self._setters, flat, strict=True):
+                        setter(x, state)
+                        pos += 1
+                except PyrtError:
+                    raise
+                except Exception as exc:
+                    raise _input_failure(self.name, pos, flat[pos], exc) from exc
                 self._execute(state)
-                outs = [get(kind, state) for get in self._getters]
+                try:
+                    outs = [get(kind, state) for get in self._getters]
+                except PyrtError:
+                    raise
+                except Exception as exc:
+                    raise ExecutionError(f"method {self.name!r}: handing an output back failed: "
+                                         f"{type(exc).__name__}: {exc}") from exc
             finally:
-                self.devices.end(state)
+                if self.devices is not None and state is not None:
+                    self.devices.end(state)
         return self._build(outs)
 
     def _kind(self, flat: Sequence[Any]) -> str:
@@ -184,6 +216,24 @@ class MethodRunner:
         return ExecutionError(f"method {self.name!r} instruction {pc} ({what}) failed: {type(exc).__name__}: {exc}")
 
 
+def _input_failure(method: str, pos: int, x: Any, exc: Exception) -> InputError:
+    """The InputError for an untyped failure while binding input ``pos`` (a meta or sparse tensor named as such)."""
+    what = f"method {method!r} input {pos}"
+    if is_torch_tensor(x):  # the torch fast path copies without looking first
+        check_dense_torch(x, what)
+    return InputError(f"{what}: {_describe(x)} cannot be used: {type(exc).__name__}: {exc}")
+
+
+def _describe(x: Any) -> str:
+    """A short description of a caller's input for error messages (never raises)."""
+    try:
+        if is_torch_tensor(x):
+            return f"a torch tensor ({x.dtype}, layout {x.layout}, device {x.device})"
+        return f"a {type(x).__name__}"
+    except Exception:
+        return "an input"
+
+
 def _truthy(v: Any) -> bool:
     if isinstance(v, (bool, int, float)):
         return bool(v)
@@ -206,7 +256,7 @@ def _input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
         if info.storage == UNPLANNED:
             return _bind_input(plan, info, what)
         if info.storage == CONSTANT:
-            raise PyrtError(f"{what} is a constant tensor in the file")
+            raise PteFormatError(f"{what} (value {i}) is a constant tensor in the file; inputs come from the caller")
         return _copy_input(plan, info, what)
     expected = table.vals[i]
 
@@ -260,9 +310,15 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     host = table.host
     static = not info.dynamic
     dst = table.vals[i]
-    dst_np = host.to_numpy(dst) if static else None  # set exactly when static
-    want_np = numpy_dtype(info.scalar_type)
     want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
+    try:
+        dst_np = host.to_numpy(dst) if static else None  # set exactly when static
+        want_np = numpy_dtype(info.scalar_type)
+    except UnsupportedOperatorError as exc:
+        if want_torch is None:
+            raise
+        dst_np, want_np = None, None  # bfloat16, float8: only torch tensors can fill it
+        no_numpy = f"{what}: a {info.scalar_type.name} input must be a CPU torch tensor ({exc})"
     sizes = info.sizes
 
     tensor_type = host.torch.Tensor if isinstance(host, TorchHost) else None
@@ -273,6 +329,8 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
                 _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
             dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
             return
+        if want_np is None:
+            raise InputError(no_numpy)
         if isinstance(x, np.ndarray):
             arr = x
         else:
@@ -397,7 +455,10 @@ def _output_getter(plan: MethodPlan, pos: int, i: int) -> Getter:
 def _static_host_getter(host: Any, t: Any) -> Getter:
     """Copy-out of a host tensor whose object and shape never change."""
     if isinstance(host, TorchHost):
-        view = t.numpy()
+        try:
+            view = torch_to_numpy(t)
+        except UnsupportedOperatorError:
+            return lambda kind, state: host_output(t, kind)  # torch callers only: numpy ones get the error
 
         def get_torch_host(kind: str, state: Any) -> Any:
             return t.clone() if kind == TORCH else view.copy()
@@ -453,103 +514,6 @@ def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
         seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)
     out_t.stream = None if stream is None else stream.handle  # consumers order on it (CAI v3 "stream")
     return device_output(out_t, kind)
-
-
-# -- pytree I/O ----------------------------------------------------------------------------------------
-
-
-def _spec(text: str) -> Any:
-    try:
-        obj = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    if isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], dict):
-        return obj[1]
-    return None
-
-
-_CONTAINERS = (list, tuple, dict)
-_SEQ_TYPES = {"builtins.tuple": tuple, "builtins.list": list, "torch.fx.immutable_collections.immutable_list": list}
-
-
-def _leaves(spec: Any) -> int:
-    kids = spec.get("children_spec") or []
-    return 1 if spec.get("type") is None and not kids else sum(_leaves(k) for k in kids)
-
-
-def output_builder(text: str, n: int) -> Callable[[list[Any]], Any]:
-    """Arrange flat outputs like the method's output pytree (tuple/list nesting), else a flat tuple."""
-    spec = _spec(text)
-    if spec is None or _leaves(spec) != n or not _simple(spec):
-        return tuple
-    if spec.get("type") is None:
-        return lambda outs: outs[0]
-
-    def build(outs: list[Any]) -> Any:
-        it = iter(outs)
-        return _unflatten(spec, it)
-
-    return build
-
-
-def _simple(spec: Any) -> bool:
-    t = spec.get("type")
-    if t is None:
-        return not spec.get("children_spec")
-    return t in _SEQ_TYPES and all(_simple(k) for k in spec.get("children_spec") or [])
-
-
-def _unflatten(spec: Any, it: Any) -> Any:
-    t = spec.get("type")
-    if t is None:
-        return next(it)
-    return _SEQ_TYPES[t](_unflatten(k, it) for k in spec.get("children_spec") or [])
-
-
-def input_flattener(text: str, n: int, method: str) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """Flatten caller arguments along the method's input pytree (args tuple of tuples/lists/dicts)."""
-    spec = _spec(text)
-    args_spec = None
-    if spec is not None and spec.get("type") == "builtins.tuple" and spec.get("children_spec"):
-        args_spec = spec["children_spec"][0]
-
-    def flatten(inputs: Sequence[Any]) -> Sequence[Any]:
-        if len(inputs) == n:
-            for x in inputs:
-                if type(x) in _CONTAINERS:
-                    break
-            else:
-                return inputs
-        if args_spec is not None:
-            out: list[Any] = []
-            if _flatten_into(args_spec, tuple(inputs), out) and len(out) == n:
-                return out
-        raise InputError(f"method {method!r} takes {n} inputs (flattened), got {len(inputs)} arguments")
-
-    return flatten
-
-
-def _flatten_into(spec: Any, x: Any, out: list[Any]) -> bool:
-    t = spec.get("type")
-    kids = spec.get("children_spec") or []
-    if t is None and not kids:
-        out.append(x)
-        return True
-    if t in _SEQ_TYPES:
-        if not isinstance(x, (list, tuple)) or len(x) != len(kids):
-            return False
-        return all(_flatten_into(k, v, out) for k, v in zip(kids, x, strict=True))
-    if t == "builtins.dict":
-        try:
-            keys = json.loads(spec.get("context") or "[]")
-        except ValueError:
-            return False
-        if not isinstance(x, dict) or sorted(map(str, x)) != sorted(map(str, keys)):
-            return False
-        # The file's keys and child specs are not checked against each other: a mismatch leaves
-        # leaves out, which the caller's leaf count then rejects.
-        return all(_flatten_into(k, x[key], out) for k, key in zip(kids, keys, strict=False))
-    return False
 
 
 __all__ = ["MethodRunner", "RunState", "output_builder", "input_flattener", "PLANNED"]

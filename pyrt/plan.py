@@ -38,6 +38,7 @@ from pyrt.pte_reader import (
     ShapeDynamism,
 )
 from pyrt.pte_reader import Tensor as TensorDecl
+from pyrt.pytree import Spec, parse_spec
 from pyrt.tensors import DeviceTensor, NumpyHost, TorchHost, dim_order_strides
 
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
@@ -82,6 +83,7 @@ class ValueTable:
     unstable: set[int] = field(default_factory=set)
     arenas: dict[int, Any] = field(default_factory=dict)
     devices: Any = None  # pyrt.delegates.DeviceContext when the method touches CUDA
+    read_only: set[int] = field(default_factory=set)  # values that may hold constant data (never written)
 
     def is_const(self, i: int) -> bool:
         return i not in self.unstable
@@ -145,7 +147,7 @@ class MethodPlan:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     chains: list[list[Instr]]
-    container_meta_type: tuple[str, str]
+    io_specs: tuple[Spec | None, Spec | None]  # validated pytree specs of inputs and outputs (pyrt.pytree)
     engines: list[Any] = field(default_factory=list)
     device_arenas: list[Any] = field(default_factory=list)
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -246,6 +248,31 @@ def arena_devices(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int
     return out
 
 
+def host_memory(plan: ExecutionPlan, infos: dict[int, TensorInfo], devices: dict[int, int]) -> list[tuple[str, int]]:
+    """(what, bytes) of every host allocation the file declares: host arenas, unplanned non-input tensors.
+
+    Each is checked against :data:`pyrt.limits.MAX_DECLARED_BYTES` (device arenas too); nothing is allocated.
+    """
+    from pyrt.limits import check_declared
+
+    source, method = plan.program.pte.source, f"method {plan.name!r}"
+    items: list[tuple[str, int]] = []
+    for mem, size in enumerate(plan.non_const_buffer_sizes):
+        if mem == 0:
+            continue
+        what = f"{method} arena {mem} (non_const_buffer_sizes[{mem}])"
+        check_declared(size, f"{source}: {what}")
+        if mem not in devices:
+            items.append((what, size))
+    inputs = set(plan.inputs)
+    for i, info in infos.items():
+        if info.storage == UNPLANNED and i not in inputs:
+            what = f"{method} unplanned tensor value {i} (sizes {list(info.sizes)}, {info.scalar_type.name})"
+            check_declared(info.nbytes, f"{source}: {what}")
+            items.append((what, info.nbytes))
+    return items
+
+
 def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: dict[int, int],
                     cuda: Any) -> tuple[dict[int, Any], list[Any]]:
     """Host arenas (zeroed) and device arenas (through pyrt.cuda), once per method."""
@@ -330,6 +357,93 @@ def instruction_writes(plan: ExecutionPlan, kernels: list[Kernel]) -> set[int]:
                 raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} delegate_index "
                                      f"{ins.delegate_index} out of range ({len(plan.delegates)} delegates)")
     return out
+
+
+VIEW_OPS = ("executorch_prim::et_view.default",)  # kernels whose result slot is a view of their first argument
+
+
+def constant_holders(plan: ExecutionPlan, kinds: list[str], items: dict[int, tuple[int, ...]],
+                     infos: dict[int, TensorInfo]) -> set[int]:
+    """Values that may hold constant data from the file at run time (read-only memory: never written).
+
+    The constants themselves, then whatever a MoveCall or a view op (``et_view``) can carry
+    them into, and every list holding one of those, to a fixed point.
+    """
+    held = {i for i, info in infos.items() if info.storage == CONSTANT}
+    if not held:
+        return held
+    view_ops = {k for k, op in enumerate(plan.operators) if op.qualified_name in VIEW_OPS}
+    edges: list[tuple[int, int]] = []
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            if isinstance(ins, MoveCall):
+                edges.append((ins.move_from, ins.move_to))
+            elif isinstance(ins, KernelCall) and ins.op_index in view_ops and len(ins.args) >= 3:
+                edges.append((ins.args[0], ins.args[2]))
+    lists = list(items.items())
+    changed = True
+    while changed:  # a list holding a constant holds constant data; moves and views carry both along
+        grown = [i for i, it in lists if i not in held and not held.isdisjoint(it)]
+        held.update(grown)
+        changed = bool(grown)
+        for src, dst in edges:
+            if src in held and dst not in held:
+                held.add(dst)
+                changed = True
+    return held
+
+
+def check_constant_writes(plan: ExecutionPlan, kernels: list[Kernel], kinds: list[str],
+                          items: dict[int, tuple[int, ...]], held: set[int]) -> None:
+    """PteFormatError for a kernel that writes, or an input that overwrites, a value holding constant data.
+
+    Constants are views of the file (read-only memory): torch would write through them and fault.
+    """
+    if not held:
+        return
+    for pos, i in enumerate(plan.inputs):
+        if i in held:
+            raise PteFormatError(f"{_where(plan)}: input {pos} (value {i}) may hold constant data from the file")
+    for ci, chain in enumerate(plan.chains):
+        for pc, ins in enumerate(chain.instructions):
+            if not isinstance(ins, KernelCall):
+                continue
+            kernel = kernels[ins.op_index]
+            written = ins.args if kernel.writes is None else kernel.writes(ins.args)
+            for w in written:
+                for j in (items[w] if w in items else (w,)):
+                    if j in held:
+                        raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} ({kernel.name}) writes "
+                                             f"value {j}, which holds constant data from the file (read-only)")
+
+
+def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[str], raw: list[Any]) -> None:
+    """PteFormatError for a backward jump whose condition nothing in the method can change (it never ends).
+
+    A condition can change when it is a method input, a MoveCall target, a value a
+    kernel rebinds, or an argument (or list item of one) of any kernel or delegate
+    call, which may write it in place. A falsy scalar or any tensor outside that set
+    keeps its load-time value, so jumping back on it loops forever. Other loops run
+    as the program says, as in ExecuTorch.
+    """
+    changing = set(plan.inputs) | rebound
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            if isinstance(ins, (KernelCall, DelegateCall)):
+                changing.update(ins.args)
+    for i in list(changing):
+        if 0 <= i < len(kinds) and kinds[i] in LIST_KINDS:
+            changing.update(j for j in raw[i] if j >= 0)
+    for ci, chain in enumerate(plan.chains):
+        for pc, ins in enumerate(chain.instructions):
+            if not isinstance(ins, JumpFalseCall) or ins.destination_instruction > pc:
+                continue
+            c = ins.cond_value_index
+            if c in changing or (kinds[c] in SCALAR_KINDS and raw[c]) or kinds[c] not in (*SCALAR_KINDS, "Tensor"):
+                continue
+            raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} jumps back to "
+                                 f"{ins.destination_instruction} on value {c} ({kinds[c]}), which nothing in the "
+                                 f"method changes: the loop would never end")
 
 
 def classify(table: ValueTable, rebound: set[int], inputs: Sequence[int]) -> None:
@@ -429,7 +543,10 @@ class MethodDraft:
     arena_devices: dict[int, int]
     kernels: list[Kernel]
     rebound: set[int]
+    io_specs: tuple[Spec | None, Spec | None] = (None, None)
     delegates: list[Any] = field(default_factory=list)  # pyrt.delegates.DelegateDraft
+    host_bytes: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes) the load will allocate
+    constant_holders: set[int] = field(default_factory=set)  # values that may hold read-only file data
 
     @property
     def name(self) -> str:
@@ -452,12 +569,19 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
             raise PteFormatError(f"{_where(xplan)}: input/output value {i} is a {kinds[i]}")
     if not xplan.chains:
         raise PteFormatError(f"{_where(xplan)}: the method has no instruction chain")
+    in_text, out_text = xplan.container_meta_type
+    specs = (parse_spec(in_text, f"{_where(xplan)}: container_meta_type.encoded_inp_str"),
+             parse_spec(out_text, f"{_where(xplan)}: container_meta_type.encoded_out_str"))
     kernels = resolve(xplan.name, xplan.operators, libraries)
     rebound = instruction_writes(xplan, kernels)
+    check_loops(xplan, rebound, kinds, raw)
+    held = constant_holders(xplan, kinds, items, infos)
+    check_constant_writes(xplan, kernels, kinds, items, held)
     delegates: list[Any] = []
     if any(isinstance(ins, DelegateCall) for chain in xplan.chains for ins in chain.instructions):
         delegates = draft_delegates(xplan, device_map)
-    return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, delegates)
+    return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, specs, delegates,
+                       host_memory(xplan, infos, devices), held)
 
 
 def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
@@ -468,7 +592,7 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
     try:
         vals = materialize(xplan, host, draft.kinds, draft.items, draft.raw, draft.infos, arenas)
         table = ValueTable(xplan.name, host, draft.kinds, draft.items, draft.infos, vals, arenas=arenas,
-                           devices=devices)
+                           devices=devices, read_only=draft.constant_holders)
         classify(table, draft.rebound, xplan.inputs)
         bind_unplanned(table, xplan.inputs)
         delegate_step = devices.step_factory(draft, table) if draft.delegates else None
@@ -477,5 +601,5 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
         for alloc in device_allocs:
             alloc.free()
         raise
-    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, xplan.container_meta_type,
+    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, draft.io_specs,
                       engines=[d.engine for d in draft.delegates], device_arenas=device_allocs)

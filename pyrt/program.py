@@ -9,25 +9,34 @@
 ...     [(w.method, w.streamable_bytes, w.budget, w.source) for w in prog.weight_streaming]
 
 Loading validates the whole file, resolves every operator to a kernel
-(``UnsupportedOperatorError`` names the operator and method), checks that
+(``UnsupportedOperatorError`` names the operator and method; only operators
+ExecuTorch's own runtime defines are resolved, see :mod:`pyrt.kernels`),
+checks the host memory the file declares against :mod:`pyrt.limits`
+(``PteFormatError`` / ``ResourceError`` naming the arena or tensor), checks that
 every CUDA device the program needs exists (``DeviceError`` listing the
 devices present, before anything is allocated), deserializes TensorRT engines
 (TensorRT is imported only when the program has ``TensorRTBackend``
 delegates), applies weight-streaming budgets, then allocates each method's
 memory-planned arenas once. ``kernels="numpy"`` (or ``$PYRT_KERNELS=numpy``)
 runs non-delegated operators with the numpy core set even where torch is installed.
+
+A .pte is untrusted input: whatever is wrong with it, or with the inputs a
+method is called with, is raised as a :class:`~pyrt.errors.PyrtError`
+subclass naming the value and where it came from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.executor import MethodRunner
 from pyrt.kernels import ENV_VAR, choose_library, library
+from pyrt.limits import check_host_memory
 from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
 from pyrt.pte_reader import PteFile
 from pyrt.tensors import host_backend
@@ -73,6 +82,23 @@ class Program:
     memory) as a CUDA graph after it was captured on the second run (see :mod:`pyrt.graphs`);
     set_budget captures again.
 
+    ``mmap``: a path is mapped read-only by default, and constants (and engine
+    bytes until TensorRT has deserialized them) are views of that mapping, as
+    with ExecuTorch's mmap loader. **Truncating or rewriting the file in place
+    while the Program is open can kill the process with SIGBUS** (a signal, not
+    an exception). Replace files atomically (write elsewhere, then rename), or
+    pass ``mmap=False`` to read the file into private memory (its size in RAM,
+    checked against the memory available first), which no change to the file
+    can affect.
+
+    Threads: a Program may be shared between threads. Runs of one method take
+    turns on that method's lock (every run reuses the method's memory-planned
+    buffers), so concurrent calls of one method are serialised, not parallel:
+    load one Program per thread for parallel throughput. Different methods
+    have their own lock, memory and execution contexts and may run at the same
+    time. :meth:`set_budget` and :meth:`close` wait for runs in flight; a run
+    still waiting when the program is closed raises ProgramClosedError.
+
     >>> from pyrt.testing import simulated_gpus
     >>> with simulated_gpus(1) as sim:                            # doctest: +SKIP
     ...     prog = Program("model.pte", devices=sim)
@@ -80,14 +106,16 @@ class Program:
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
-                 devices: Any = None, cuda_graphs: bool = False) -> None:
+                 devices: Any = None, cuda_graphs: bool = False, mmap: bool = True) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
         self._data: Any = None
-        self._pte = PteFile.open(path)
+        if not isinstance(mmap, bool):
+            raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
+        self._pte = PteFile.open(path, mmap=mmap)
         self.source = self._pte.source
         try:
             if data is not None:
@@ -117,6 +145,7 @@ class Program:
         self.kernels = lib_name or "numpy"
         host = host_backend(self.kernels)
         drafts = [draft_method(p, libraries, device_map) for p in xplans]
+        check_host_memory(self.source, [item for draft in drafts for item in draft.host_bytes])
         from pyrt import cuda as cuda_seam
 
         self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
@@ -215,26 +244,41 @@ class Program:
         self._check_open()
         from pyrt.delegates import apply_budgets
 
-        locks = [r._lock for r in self._runners.values()]
-        for lock in locks:
-            lock.acquire()
-        try:
+        with self._no_runs():
+            self._check_open()  # closed while waiting for runs to finish
             for runner in self._runners.values():  # graphs hold the old contexts' work: capture again
                 runner.reset_graphs()
             apply_budgets(self._delegates, budget, source="set_budget")
-        finally:
-            for lock in reversed(locks):
-                lock.release()
 
     # -- lifetime -------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise ProgramClosedError(f"{self.source}: the program was closed")
 
+    @contextlib.contextmanager
+    def _no_runs(self) -> Iterator[None]:
+        """Hold every method's lock: runs in flight finish first, new ones wait (always in the same order)."""
+        locks = [r._lock for r in self._runners.values()]
+        for lock in locks:
+            lock.acquire()
+        try:
+            yield
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
     def close(self) -> None:
-        """Release engines, device memory, arenas and the file mapping (idempotent)."""
-        if not self._closed:
-            self._closed = True
+        """Release engines, device memory, arenas and the file mapping (idempotent).
+
+        Runs in flight in other threads finish first; runs that start or wait afterwards
+        raise ProgramClosedError.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        with self._no_runs():
+            for runner in self._runners.values():
+                runner.closed = True
             self._release()
 
     def _release(self) -> None:

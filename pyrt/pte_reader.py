@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 import math
-import mmap
+import mmap as mmap_mod
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyrt._bounds import Span
 from pyrt._flatbuffer import Table, Vector
-from pyrt._mapped import map_file, unmap
+from pyrt._mapped import unmap
 from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
 
@@ -296,7 +297,7 @@ class PteFile:
     Use :meth:`open` with a path (one read-only mmap) or a bytes-like object.
     """
 
-    def __init__(self, data: memoryview, source: str, *, _mmap: mmap.mmap | None = None) -> None:
+    def __init__(self, data: memoryview, source: str, *, _mmap: mmap_mod.mmap | None = None) -> None:
         self._mmap = _mmap
         self._data = data
         self.source = source
@@ -308,20 +309,48 @@ class PteFile:
         self._fb = Span(data[:program_size], source)
 
     @classmethod
-    def open(cls, source: Source) -> PteFile:
-        """Open a path (mmapped read-only) or wrap a bytes-like object (no copy)."""
+    def open(cls, source: Source, *, mmap: bool = True) -> PteFile:
+        """Open a path (mmapped read-only) or wrap a bytes-like object (no copy).
+
+        Only regular files are opened, and the check never blocks: a FIFO, a
+        device, a directory or a socket is a PteFormatError naming the path.
+
+        ``mmap=False`` reads the file into private memory instead (its size in
+        RAM, checked against :func:`pyrt.limits.available_host_memory` first):
+        views of a mapping fault with SIGBUS, which kills the process, when the
+        file is truncated while they are in use; private memory cannot.
+        """
         if isinstance(source, (bytes, bytearray, memoryview)):
-            return cls(memoryview(source).cast("B"), "<bytes>")
+            return cls(_byte_view(source), "<bytes>")
         if not isinstance(source, (str, os.PathLike)):
             raise PteFormatError(f"cannot open {source!r}: expected a path or a bytes-like object")
         path = os.fspath(source)
-        mm, view = map_file(str(path), "program")
+        if not isinstance(path, str):  # os.PathLike returning bytes
+            path = os.fsdecode(path)
+        if "\0" in path:
+            raise PteFormatError(f"{path!r}: not a usable path: it contains a NUL byte")
         try:
-            return cls(view, str(path), _mmap=mm)
-        except BaseException:
-            view.release()
-            unmap(mm)
-            raise
+            before = os.stat(path)  # before open: opening a FIFO blocks until a writer comes
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        _require_regular(path, before)
+        try:  # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once (and fstat refuses it)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        try:
+            info = os.fstat(fd)
+            _require_regular(path, info)
+            if info.st_size == 0:
+                raise PteFormatError(f"{path}: file is empty (0 bytes)")
+            if not mmap:
+                return cls(_read_private(fd, path, info.st_size), path)
+            mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
+        except OSError as exc:
+            raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+        return cls(memoryview(mm), str(path), _mmap=mm)
 
     # lifetime
     def close(self) -> None:
@@ -366,6 +395,44 @@ class PteFile:
             raise PteFormatError(f"{self.source}: segment {index} is referenced but the file has no extended header")
         seg = segs[index]
         return self.file.view(f"segment {index}", self.segment_base_offset + seg.offset, seg.size)
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _require_regular(path: str, info: os.stat_result) -> None:
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
+    raise PteFormatError(f"{path}: cannot open: it is {kind}; a .pte must be a regular file")
+
+
+def _read_private(fd: int, path: str, size: int) -> memoryview:
+    """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
+    from pyrt.limits import check_host_memory
+
+    check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
+    buf = memoryview(bytearray(size))
+    got = 0
+    while got < size:
+        n = os.readv(fd, [buf[got:]])
+        if n == 0:
+            raise PteFormatError(f"{path}: the file shrank to {got} bytes while being read ({size} expected)")
+        got += n
+    return buf.toreadonly()
+
+
+def _byte_view(source: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of ``source`` (no copy); a non-contiguous view is a PteFormatError."""
+    view = memoryview(source)
+    if not view.c_contiguous:
+        raise PteFormatError(f"<bytes>: a non-contiguous memoryview (shape {view.shape}, strides {view.strides}) "
+                             f"is not a .pte image; pass bytes(view) or a contiguous buffer")
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError) as exc:
+        raise PteFormatError(f"<bytes>: cannot read the buffer as bytes: {exc}") from None
 
 
 def _parse_headers(span: Span) -> tuple[str, ExtendedHeader | None]:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.dtypes import ScalarType
-from pyrt.errors import InputError, UnsupportedOperatorError
+from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
 
 # -- dtypes ----------------------------------------------------------------------------------------
 
@@ -210,6 +210,14 @@ def caller_kind(x: Any) -> str | None:
     return None
 
 
+def check_dense_torch(x: Any, what: str) -> None:
+    """InputError for a torch tensor without host-readable dense data (meta, sparse, mkldnn, ...)."""
+    if x.is_meta:
+        raise InputError(f"{what}: a meta tensor has no data")
+    if x.layout is not sys.modules["torch"].strided:
+        raise InputError(f"{what}: a {x.layout} tensor is not supported; pass a dense one (x.to_dense())")
+
+
 @dataclass(frozen=True)
 class DeviceInput:
     """A caller's device buffer: address, device, dtype and shape (C-contiguous).
@@ -269,18 +277,23 @@ def device_input(x: Any, what: str, cuda: Any = None, consumer: ConsumerStream |
         return _from_cai(cai, x, what, cuda)
     dl = getattr(x, "__dlpack_device__", None)
     if dl is not None:
-        dev_type, dev_id = x.__dlpack_device__()
-        if int(dev_type) in (_KDL_CUDA,):
-            device = int(dev_id)
-            try:
+        try:
+            dev_type, dev_id = x.__dlpack_device__()
+            on_cuda = int(dev_type) == _KDL_CUDA
+            capsule = None
+            if on_cuda:
+                device = int(dev_id)
                 if consumer is None:
                     capsule = x.__dlpack__()
                 else:
                     handle = consumer(device)
                     capsule = x.__dlpack__(stream=handle if handle else 1)
-            except Exception as exc:  # the producer's own failure (or a protocol mismatch)
-                raise InputError(f"{what}: __dlpack__ failed: {type(exc).__name__}: {exc}") from exc
-            return _from_dlpack_capsule(capsule, device, what)
+        except PyrtError:
+            raise
+        except Exception as exc:  # the producer's methods may raise anything
+            raise InputError(f"{what}: DLPack input could not be read: {type(exc).__name__}: {exc}") from None
+        if on_cuda:
+            return _from_dlpack_capsule(capsule, int(dev_id), what)
     return None
 
 
@@ -398,6 +411,7 @@ class NumpyHost:
         if isinstance(x, np.ndarray):
             return x
         if is_torch_tensor(x):
+            check_dense_torch(x, what)
             if x.requires_grad:
                 x = x.detach()
             try:
@@ -407,8 +421,9 @@ class NumpyHost:
         if hasattr(x, "__dlpack__"):
             try:
                 return np.from_dlpack(x)
-            except (TypeError, RuntimeError, BufferError) as exc:
-                raise InputError(f"{what}: DLPack input could not be read on the host: {exc}") from None
+            except Exception as exc:  # the producer's __dlpack__ may raise anything
+                raise InputError(f"{what}: DLPack input could not be read on the host: "
+                                 f"{type(exc).__name__}: {exc}") from None
         try:
             return np.asarray(x, dtype=dtype)
         except (TypeError, ValueError) as exc:
@@ -466,21 +481,24 @@ class TorchHost:
     def from_caller(self, x: Any, what: str) -> Any:
         torch = self.torch
         if isinstance(x, torch.Tensor):
+            check_dense_torch(x, what)
             return x.detach() if x.requires_grad else x
         if isinstance(x, np.ndarray):
             return _torch_from_numpy(torch, x, what)
         if hasattr(x, "__dlpack__"):
             try:
-                return torch.from_dlpack(x)
-            except (TypeError, RuntimeError, BufferError) as exc:
-                raise InputError(f"{what}: DLPack input could not be read: {exc}") from None
+                t = torch.from_dlpack(x)
+            except Exception as exc:  # the producer's __dlpack__ may raise anything
+                raise InputError(f"{what}: DLPack input could not be read: {type(exc).__name__}: {exc}") from None
+            check_dense_torch(t, what)
+            return t
         return _torch_from_numpy(torch, NumpyHost().from_caller(x, what), what)
 
     def scalar_type(self, t: Any) -> ScalarType | None:
         return scalar_type_of_torch(t.dtype)
 
     def to_numpy(self, t: Any) -> np.ndarray:
-        return t.numpy()
+        return torch_to_numpy(t)
 
 
 def _torch_from_numpy(torch: Any, x: np.ndarray, what: str) -> Any:
@@ -516,7 +534,16 @@ def host_output(t: Any, kind: str) -> Any:
         return arr
     if kind == TORCH:
         return t.clone()
-    return np.array(t.numpy(), copy=True)
+    return np.array(torch_to_numpy(t), copy=True)
+
+
+def torch_to_numpy(t: Any) -> np.ndarray:
+    """``t.numpy()`` (shared memory); a dtype numpy cannot hold is an UnsupportedOperatorError."""
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise UnsupportedOperatorError(f"{t.dtype} tensors have no numpy equivalent ({exc}); "
+                                       f"call with torch tensors to get torch outputs") from None
 
 
 def device_output(t: DeviceTensor, kind: str) -> Any:

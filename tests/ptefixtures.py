@@ -605,3 +605,55 @@ def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_
     serialize_program(program).write_to_file(buf)
     path.write_bytes(buf.getvalue())
     return path
+# -- hand-made programs ------------------------------------------------------------------------------
+
+
+def hand_tensor(st: Any, sizes: Sequence[int], *, alloc: tuple[int, int] | None = None, dynamic: bool = False,
+                data_buffer_idx: int = 0) -> Any:
+    """An ExecuTorch ``EValue(Tensor)``: ``alloc=(memory_id, offset)`` plans it, else it is unplanned."""
+    from executorch.exir import schema as s
+
+    info = None if alloc is None else s.AllocationDetails(memory_id=alloc[0], memory_offset_low=alloc[1] & 0xFFFFFFFF,
+                                                          memory_offset_high=alloc[1] >> 32)
+    dyn = s.TensorShapeDynamism.DYNAMIC_BOUND if dynamic else s.TensorShapeDynamism.STATIC
+    return s.EValue(s.Tensor(scalar_type=st, storage_offset=0, sizes=list(sizes), dim_order=list(range(len(sizes))),
+                             requires_grad=False, layout=0, data_buffer_idx=data_buffer_idx, allocation_info=info,
+                             shape_dynamism=dyn))
+
+
+def hand_program(values: Sequence[Any], instructions: Sequence[Any], operators: Sequence[tuple[str, str]], *,
+                 inputs: Sequence[int] = (), outputs: Sequence[int] = (), buffer_sizes: Sequence[int] = (0,),
+                 container: tuple[str, str] = ("", ""), name: str = "forward") -> bytes:
+    """The bytes of a one-method program built by hand (ExecuTorch's serializer lays it out).
+
+    ``instructions`` are ExecuTorch ``schema`` instruction bodies (``KernelCall(...)``, ...);
+    ``operators`` are ``(name, overload)`` pairs.
+    """
+    import io
+
+    from executorch.exir import schema as s
+
+    plan = s.ExecutionPlan(
+        name=name, container_meta_type=s.ContainerMetadata(*container), values=list(values),
+        inputs=list(inputs), outputs=list(outputs),
+        chains=[s.Chain(inputs=list(inputs), outputs=list(outputs),
+                        instructions=[s.Instruction(i) for i in instructions], stacktrace=None)],
+        operators=[s.Operator(n, o) for n, o in operators], delegates=[], non_const_buffer_sizes=list(buffer_sizes))
+    program = s.Program(version=0, execution_plan=[plan], constant_buffer=[], backend_delegate_data=[], segments=[],
+                        constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
+    buf = io.BytesIO()
+    serialize_program(program).write_to_file(buf)
+    return buf.getvalue()
+
+
+def relu_program(*, planned_input: bool = True, arena: int = 48, container: tuple[str, str] = ("", ""),
+                 out_sizes: tuple[int, ...] = (2, 3), unplanned_out: bool = False) -> bytes:
+    """``y = aten::relu.out(x)`` on a float (2, 3) input; y planned at arena 1 offset 24 unless ``unplanned_out``."""
+    from executorch.exir import schema as s
+    from executorch.exir.scalar_type import ScalarType
+
+    f = ScalarType.FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0) if planned_input else None),
+              hand_tensor(f, out_sizes, alloc=None if unplanned_out else (1, 24))]
+    return hand_program(values, [s.KernelCall(op_index=0, args=[0, 1])], [("aten::relu", "out")],
+                        inputs=[0], outputs=[1], buffer_sizes=[0, arena], container=container)

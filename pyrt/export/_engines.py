@@ -1,7 +1,8 @@
 """Engine building and spilling: each engine goes to its own file as soon as it exists.
 
 Engines live in a private directory next to the target file while an export
-runs; the graph sees each one as a uint8 tensor memory-mapped from its file
+runs (named after its process, see :mod:`pyrt.export._tempfiles`); the graph
+sees each one as a uint8 tensor memory-mapped from its file
 (``torch.from_file``, nothing read until touched), and the .pte writer copies
 them from disk. So at most one engine is ever held in memory (the one a
 TensorRT builder just returned), however many engines a program has.
@@ -29,6 +30,7 @@ import torch
 from pyrt.errors import ExportError
 from pyrt.export._holes import HoleWriter
 from pyrt.export._spec import EngineSpec
+from pyrt.export._tempfiles import engine_dir_prefix
 
 _CHUNK = 64 << 20
 
@@ -66,7 +68,11 @@ class EngineStore:
     """A temporary directory of engine files, removed on close."""
 
     def __init__(self, directory: str | Path) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix=".pyrt-export-", dir=directory))
+        try:
+            self.dir = Path(tempfile.mkdtemp(prefix=engine_dir_prefix(), dir=directory))
+        except OSError as exc:
+            raise ExportError(f"cannot create a working directory in {str(directory)!r} (engines are spilled "
+                              f"next to the target): {exc.strerror or exc}") from None
         self.records: dict[str, EngineRecord] = {}
 
     def add_stream(self, key: str, write: Callable[[Any], Any]) -> EngineRecord:

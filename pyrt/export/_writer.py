@@ -17,6 +17,8 @@ zeros become holes: :mod:`pyrt.export._holes`), flushed, fsynced and renamed
 over the target: an interrupted export never leaves a partial file at
 ``path``, and an existing file there survives a failure. With a .ptd, both
 temporary files are complete before either is renamed; the .ptd is renamed first.
+The temporary file is named after its process, so the next export removes it if
+that process was killed before it could (:mod:`pyrt.export._tempfiles`).
 
 >>> import os, tempfile
 >>> target = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -38,6 +40,7 @@ from executorch.exir._serialize._cord import Cord, FileBackedData
 
 from pyrt.errors import ExportError
 from pyrt.export._holes import HoleWriter
+from pyrt.export._tempfiles import temp_file_prefix
 from pyrt.export.backend import STUB_MAGIC, BlobPlan, BlobSession
 
 _CHUNK = 8 << 20
@@ -197,12 +200,20 @@ def atomic_write_all(outputs: list[tuple[str | Path, Callable[[BinaryIO], Any]]]
     """Write every file to a temp file (zero runs as holes) and fsync it; only then rename each, in order.
 
     ``write(f)`` gets a write-only file. Returns the final sizes. On any failure no target changes.
+    Failing to create a temporary file or to rename it over its target is an ExportError naming
+    the path; errors of ``write`` itself pass through. Temporary files are named after their
+    process, so the next export removes them if that process was killed first.
     """
     temps: list[tuple[Path, str]] = []
     try:
         for path, write in outputs:
             target = Path(path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f"{target.suffix}.tmp", dir=target.parent)
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=temp_file_prefix(target.name), suffix=f"{target.suffix}.tmp",
+                                           dir=target.parent)
+            except (OSError, ValueError) as exc:
+                raise ExportError(f"cannot create a file next to {str(target)!r}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
             temps.append((target, tmp))
             with os.fdopen(fd, "wb") as f:
                 sink = HoleWriter(f)
@@ -212,7 +223,10 @@ def atomic_write_all(outputs: list[tuple[str | Path, Callable[[BinaryIO], Any]]]
                 os.fsync(f.fileno())
             os.chmod(tmp, _file_mode(target))
         for target, tmp in temps:
-            os.replace(tmp, target)
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise ExportError(f"cannot replace {str(target)!r}: {exc.strerror or exc}") from None
     except BaseException:
         for _, tmp in temps:
             with contextlib.suppress(OSError):

@@ -29,6 +29,7 @@ from pyrt.export._lower import lower, reexport
 from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
 from pyrt.export._summary import EngineSummary, ExportSummary
+from pyrt.export._tempfiles import sigterm_cleans, sweep
 
 log = logging.getLogger("pyrt.export")
 
@@ -98,7 +99,8 @@ def to_pte(
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
                            progress=progress, writer=writer, external_weights=external_weights)
     target = _target(path)
-    with EngineStore(target.parent) as store:
+    sweep(target.parent)  # temporary files of exports that were killed before they could clean up
+    with sigterm_cleans(), EngineStore(target.parent) as store:
         gm, args, engines, original = stage_engines(model_or_exported_program, example_inputs, options, store)
         program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
@@ -146,11 +148,16 @@ def _target(path: Any) -> Path:
         target = Path(path)
     except TypeError:
         raise ExportError(f"path={path!r} is not a file path") from None
-    if target.is_dir():
-        raise ExportError(f"path {str(target)!r} is a directory")
-    if not target.parent.is_dir():
-        raise ExportError(f"the directory of {str(target)!r} does not exist")
-    return target.resolve()
+    if "\0" in str(target):
+        raise ExportError(f"path {str(target)!r} contains a NUL byte")
+    try:
+        if target.is_dir():
+            raise ExportError(f"path {str(target)!r} is a directory")
+        if not target.parent.is_dir():
+            raise ExportError(f"the directory of {str(target)!r} does not exist")
+        return target.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ExportError(f"path {str(target)!r}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 __all__ = ["to_pte", "make_options", "Options", "ExportSummary", "EngineSummary"]

@@ -9,21 +9,32 @@ through a :class:`KernelSite`. Libraries, in lookup order:
 * ``prim`` (:mod:`pyrt.kernels.prim_kernels`): ExecuTorch's scalar ``executorch_prim``
   ops, ``et_view``, the dim-order ops, ``aten::copy_`` and the ``et_copy`` device copies;
   it needs neither torch nor a numpy kernel;
-* ``torch`` (:mod:`pyrt.kernels.torch_kernels`): any ATen op through ``torch.ops``;
+* ``torch`` (:mod:`pyrt.kernels.torch_kernels`): allowed ATen ops through ``torch.ops``;
 * ``numpy`` (:mod:`pyrt.kernels.numpy_kernels`): a core set for machines without torch.
 
-An operator no library knows is reported at load time with
+A ``.pte`` is untrusted input, and ``torch.ops`` also holds operators with side
+effects (``aten::from_file`` maps any file, shared and writable). So, whichever
+library runs them, only the operators ExecuTorch's own runtime defines are
+resolved: :func:`allowed_operators`, read from ``allowed_ops.txt`` (generated
+from the executorch package by ``scripts/gen_allowed_ops.py``) plus pyrt's
+documented additions in ``extra_ops.txt``. Any other operator, and an allowed
+one no library implements, is reported at load time with
 :class:`~pyrt.errors.UnsupportedOperatorError` naming it and the method.
 
 >>> from pyrt.pte_reader import Operator
 >>> lib = library("numpy")
 >>> lib.lookup(Operator("aten::add", "out")) is not None
 True
->>> resolve("forward", [Operator("aten::frobnicate", "out")], [lib])
+>>> resolve("forward", [Operator("aten::from_file", "")], [lib])
+Traceback (most recent call last):
+...
+pyrt.errors.UnsupportedOperatorError: method 'forward' uses operators ExecuTorch's runtime does not define, \
+which pyrt refuses to run (see pyrt/kernels/allowed_ops.txt): aten::from_file
+>>> resolve("forward", [Operator("aten::_pdist_forward", "out")], [lib])
 Traceback (most recent call last):
 ...
 pyrt.errors.UnsupportedOperatorError: method 'forward' uses operators no kernel library (numpy) \
-supports: aten::frobnicate.out
+supports: aten::_pdist_forward.out
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ if TYPE_CHECKING:
 Step = Callable[[], Any]
 ENV_VAR = "PYRT_KERNELS"
 CHOICES = ("auto", "torch", "numpy")
+ALLOWLIST_FILES = ("allowed_ops.txt", "extra_ops.txt")  # package data next to this module
 
 
 @dataclass(frozen=True)
@@ -51,14 +63,17 @@ class Kernel:
     """A resolved operator.
 
     ``rebinds(args)`` lists the value indices the step stores new objects into
-    (scalar results, views); everything else it only reads or writes in place.
-    ``build(site)`` returns the step closure for one instruction.
+    (scalar results, views); ``writes(args)`` the arguments whose memory it may
+    write in place (out tensors, ``self`` of in-place ops; None: any argument).
+    The plan refuses a file whose kernel writes constant data (read-only file
+    memory). ``build(site)`` returns the step closure for one instruction.
     """
 
     name: str
     build: Callable[[KernelSite], Step]
     rebinds: Callable[[tuple[int, ...]], Sequence[int]] = lambda args: ()
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
+    writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
 
 
 class KernelLibrary(Protocol):
@@ -155,8 +170,34 @@ def choose_library(choice: str | None) -> str:
     return choice
 
 
+@functools.lru_cache(maxsize=1)
+def allowed_operators() -> frozenset[str]:
+    """Qualified names (``aten::add.out``) the interpreter may resolve: ExecuTorch's set + pyrt's extras."""
+    from importlib.resources import files
+
+    names: set[str] = set()
+    for fname in ALLOWLIST_FILES:
+        for line in files(__name__).joinpath(fname).read_text(encoding="utf-8").splitlines():
+            name = line.partition("#")[0].strip()
+            if name:
+                names.add(name)
+    return frozenset(names)
+
+
+def check_allowed(method: str, operators: Sequence[Operator]) -> None:
+    """UnsupportedOperatorError naming every operator outside :func:`allowed_operators`."""
+    allowed = allowed_operators()
+    refused = [op.qualified_name for op in operators if op.qualified_name not in allowed]
+    if refused:
+        raise UnsupportedOperatorError(
+            f"method {method!r} uses operators ExecuTorch's runtime does not define, which pyrt refuses to run "
+            f"(see pyrt/kernels/allowed_ops.txt): {', '.join(dict.fromkeys(refused))}"
+        )
+
+
 def resolve(method: str, operators: Sequence[Operator], libraries: Sequence[KernelLibrary]) -> list[Kernel]:
-    """One kernel per operator, from the first library that has it; all misses reported at once."""
+    """One kernel per allowed operator, from the first library that has it; all misses reported at once."""
+    check_allowed(method, operators)
     kernels: list[Kernel] = []
     missing: list[str] = []
     for op in operators:
@@ -173,4 +214,5 @@ def resolve(method: str, operators: Sequence[Operator], libraries: Sequence[Kern
     return kernels
 
 
-__all__ = ["Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR"]
+__all__ = ["Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR",
+           "allowed_operators", "check_allowed"]

@@ -64,7 +64,8 @@ class NumpyLibrary:
         spec = _OPS.get(operator.qualified_name)
         if spec is None:
             return None
-        return Kernel(operator.qualified_name, build=lambda site: _build(spec, site))
+        return Kernel(operator.qualified_name, build=lambda site: _build(spec, site),
+                      writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out])
 
 
 # -- step construction -----------------------------------------------------------------------------

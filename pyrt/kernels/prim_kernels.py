@@ -78,7 +78,8 @@ def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
             return lambda: store(fn(a(), b()))
         return lambda: store(fn(*(g() for g in getters)))
 
-    return Kernel(name, build, rebinds=lambda args: args[arity:arity + 1], needs_library=False)
+    return Kernel(name, build, rebinds=lambda args: args[arity:arity + 1], needs_library=False,
+                  writes=_tensor_alias)
 
 
 def _ite(b: Any, t: Any, f: Any) -> Any:
@@ -285,6 +286,18 @@ _REBINDS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
 }
 
 
+_WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors written in place
+    "executorch_prim::et_copy_index.tensor": lambda a: a[0:1],
+    "dim_order_ops::_to_dim_order_copy.out": lambda a: a[3:4],
+    "dim_order_ops::_clone_dim_order.out": lambda a: a[3:4],
+    "dim_order_ops::_empty_dim_order.out": lambda a: a[2:3],
+    "aten::copy_": lambda a: a[0:1] + a[3:4],
+    "aten::copy_.default": lambda a: a[0:1] + a[3:4],
+    "et_copy::_h2d_copy.out": lambda a: a[1:2],
+    "et_copy::_d2h_copy.out": lambda a: a[1:2],
+}
+
+
 class PrimLibrary:
     """ExecuTorch's prim ops and copies; usable with either host backend and without torch."""
 
@@ -293,7 +306,8 @@ class PrimLibrary:
     def lookup(self, op: Operator) -> Kernel | None:
         q = op.qualified_name
         if q in _SPECIAL:
-            return Kernel(q, _SPECIAL[q], rebinds=_REBINDS.get(q, _tensor_alias), needs_library=False)
+            return Kernel(q, _SPECIAL[q], rebinds=_REBINDS.get(q, _tensor_alias), needs_library=False,
+                          writes=_WRITES.get(q, _tensor_alias))
         ns, _, base = op.name.partition("::")
         if ns != "executorch_prim" or op.overload not in ("Scalar", "int", "float", "default"):
             return None

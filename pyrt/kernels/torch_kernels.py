@@ -1,4 +1,9 @@
-"""ATen kernels through ``torch.ops``: any operator torch knows, by name and overload.
+"""ATen kernels through ``torch.ops``: allowed operators torch knows, by name and overload.
+
+Only names in :func:`pyrt.kernels.allowed_operators` (ExecuTorch's kernel set
+plus pyrt's documented extras) are looked up: ``torch.ops`` also reaches
+operators with side effects (``aten::from_file``, ``aten::_print``, anything a
+loaded extension registered), which a .pte must never call.
 
 Arguments follow the operator's schema (positional, then keyword-only ones as
 keywords); out-variants write into the arena views the plan built, so no
@@ -19,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.kernels import Kernel, KernelSite, Step, allowed_operators
 from pyrt.pte_reader import Operator
 
 
@@ -43,9 +48,12 @@ class TorchLibrary:
             op.qualified_name,
             build=lambda site: _build(overload, schema, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
+            writes=_writes(schema),
         )
 
     def _overload(self, op: Operator) -> Any:
+        if op.qualified_name not in allowed_operators():
+            return None
         ns, sep, name = op.name.partition("::")
         if not sep or not ns or not name:
             return None
@@ -73,6 +81,12 @@ def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
     n = len(schema.arguments)
     return [args[n + j] for j, ret in enumerate(schema.returns)
             if n + j < len(args) and ret.alias_info is None]
+
+
+def _writes(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
+    """``args -> written values``: the arguments the schema marks ``Tensor(a!)`` (outs, in-place ``self``)."""
+    positions = [k for k, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return lambda args: [args[k] for k in positions if k < len(args)]
 
 
 def _is_tensor_type(type_str: str) -> bool:
