@@ -32,15 +32,23 @@ _maps: dict[int, mmap.mmap] = {}  # base address -> read-only mapping made by ma
 
 
 def map_file(path: str, what: str, *, error: type[PyrtError] = PteFormatError) -> tuple[mmap.mmap, memoryview]:
-    """Map ``path`` read-only; a missing, empty or unreadable file raises ``error`` naming ``what``."""
+    """Map ``path`` read-only; a missing, empty, unreadable or non-regular file raises ``error`` naming ``what``.
+
+    Opening never blocks: the path is checked before it is opened (a FIFO would wait for a
+    writer) and opened non-blocking, then checked again.
+    """
+    if "\0" in path:
+        raise error(f"{path!r}: not a usable path for {what}: it contains a NUL byte")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))  # no buffered file object
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise error(f"{path}: cannot open {what}: not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
     except OSError as exc:
         raise error(f"{path}: cannot open {what}: {exc.strerror or exc}") from exc
     try:
         info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise error(f"{path}: cannot open {what}: Is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: cannot open {what}: not a regular file")
         if info.st_size == 0:
             raise error(f"{path}: {what} is empty (0 bytes)")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -51,6 +59,12 @@ def map_file(path: str, what: str, *, error: type[PyrtError] = PteFormatError) -
     with _lock:
         _maps[_address(mm)] = mm
     return mm, memoryview(mm)
+
+
+def register(mm: mmap.mmap) -> None:
+    """Let :func:`release_pages` drop pages of a read-only mapping made elsewhere (forget it with :func:`unmap`)."""
+    with _lock:
+        _maps[_address(mm)] = mm
 
 
 def unmap(mm: mmap.mmap) -> None:

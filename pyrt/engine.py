@@ -70,13 +70,22 @@ def _view_reader(module: Any, view: memoryview) -> Any:
         def __init__(self) -> None:
             super().__init__()  # TensorRT's pybind base must be initialised explicitly
             self.pos = 0
+            self.served: tuple[int, int] | None = None  # the last slice handed out (TensorRT copies it after)
 
         def read(self, num_bytes: int, stream: int) -> memoryview:
+            self.release()  # the previous slice has been copied by now: its file pages may go
             n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
             chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
-            release_pages(view[self.pos : self.pos + n])  # served: its file pages leave this process's RSS
+            self.served = (self.pos, self.pos + n)
             self.pos += n
             return chunk
+
+        def release(self) -> None:
+            """Drop the file pages of the slice served last (they leave this process's RSS)."""
+            if self.served is not None:
+                start, end = self.served
+                release_pages(view[start:end])
+                self.served = None
 
         def seek(self, offset: int, where: Any) -> bool:
             origin = origins.get(where)
@@ -149,6 +158,9 @@ class Engine:
             engine = runtime.deserialize_cuda_engine(source)
         except Exception as exc:  # bindings raise TypeError for a non-buffer, RuntimeError inside
             raise EngineError(f"{label}: deserializing {_nbytes(engine_bytes)} engine bytes raised {exc}") from exc
+        finally:
+            if source is not engine_bytes:
+                source.release()  # the last slice served
         if engine is None:
             raise EngineError(
                 f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not deserialize "

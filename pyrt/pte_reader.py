@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyrt._bounds import Span
 from pyrt._flatbuffer import Table, Vector
-from pyrt._mapped import unmap
+from pyrt._mapped import register, unmap
 from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
 
@@ -350,6 +350,7 @@ class PteFile:
             raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)
+        register(mm)  # served engine pages can be dropped (pyrt._mapped.release_pages)
         return cls(memoryview(mm), str(path), _mmap=mm)
 
     # lifetime

@@ -12,6 +12,7 @@ added, none removed.
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from typing import Any
 
@@ -55,9 +56,12 @@ def _is_ptd(source: Any) -> bool:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(memoryview(source)[4:8]) == PTD_IDENTIFIER
     try:
-        with open(os.fspath(source), "rb") as f:
+        path = os.fspath(source)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open: PteFile.open reports it
+            return False
+        with open(path, "rb") as f:
             return f.read(8)[4:8] == PTD_IDENTIFIER
-    except (OSError, TypeError):
+    except (OSError, TypeError, ValueError):
         return False  # PteFile.open reports it
 
 

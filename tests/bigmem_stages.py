@@ -100,7 +100,7 @@ def load(directory: Path) -> dict:
 
     def spy(self: Any, reader: Any) -> Any:  # records how the engine reached the fake TensorRT
         data = original(self, reader)
-        reads.extend(self.stream_reads)
+        reads.extend(taken for _asked, taken in self.stream_reads)
         return data
 
     FakeRuntime._read_stream = spy  # type: ignore[method-assign]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pyrt._mapped import map_file, release_pages, unmap
+from pyrt.engine import STREAM_CHUNK_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -61,12 +62,13 @@ def test_release_pages_touches_only_read_only_mappings(tmp_path: Path) -> None:
 
 
 def test_stream_reader_drops_the_engine_pages_it_served(tmp_path: Path) -> None:
-    """A 256 MiB engine reaches the (fake) TensorRT through the stream reader in 1 MiB reads;
+    """A 256 MiB engine reaches the (fake) TensorRT through the stream reader in pieces of at most
+    ``STREAM_CHUNK_BYTES``;
     the loading process never holds it: without dropping served pages its peak grows by the engine."""
     export = stage("export", tmp_path, 256 * MIB, 16 * MIB)
     load = stage("load", tmp_path)
     assert export["routes"] == ["stream"] and load["streamed"] == export["engine"] > 256 * MIB
-    assert load["largest_read"] <= MIB
+    assert load["largest_read"] <= STREAM_CHUNK_BYTES
     assert load["peak"] - load["base"] < 64 * MIB, load
     check_runs(load)
 
@@ -84,6 +86,6 @@ def test_program_over_4gib_stays_bounded_at_every_stage(tmp_path: Path) -> None:
     assert inspect["external"] == [["table", size, "big.ptd"]]
     assert inspect["peak"] < INSPECT_PEAK, inspect
     load = stage("load", tmp_path)
-    assert load["streamed"] == export["engine"] and load["largest_read"] <= MIB
+    assert load["streamed"] == export["engine"] and load["largest_read"] <= STREAM_CHUNK_BYTES
     assert load["peak"] < LOAD_PEAK, load
     check_runs(load)
