@@ -153,6 +153,19 @@ def test_back_to_back_runs_on_a_caller_stream(sim: Any, programs: dict[str, Path
             np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
 
 
+def test_back_to_back_runs_on_one_device_and_a_caller_stream(sim: Any, programs: dict[str, Path]) -> None:
+    """Everything on the caller's stream: a run's host -> device copies are still queued when the next
+    run begins, so the private buffers they read must outlive them."""
+    with Program(programs["device_out"], device_map={"cuda:1": "cuda:0"}) as prog, sim.cuda.stream(0) as stream:
+        outs = []
+        for x in _inputs(9, runs=4):
+            (out,) = prog.run(_device_tensor(sim, x), stream=stream)
+            outs.append((x, out))
+        stream.synchronize()
+        for x, out in outs:
+            np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
+
+
 def test_host_input_into_a_device_arena_is_kept_until_copied(sim: Any, programs: dict[str, Path]) -> None:
     """A non-contiguous input is copied to a temporary that an asynchronous copy reads later."""
     with Program(programs["device_in"]) as prog:
