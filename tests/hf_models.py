@@ -34,6 +34,10 @@ def _tokens(vocab: int, seq: int = 8) -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, vocab, (1, seq), generator=g),)
 
 
+def _image(size: int) -> torch.Tensor:
+    return torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
 def gpt2() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -62,14 +66,14 @@ def vit() -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
     cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                     num_attention_heads=2, intermediate_size=64, num_labels=5)
-    return _Logits(ViTForImageClassification(cfg)), (torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)),)
+    return _Logits(ViTForImageClassification(cfg)), (_image(16),)
 
 
 def resnet() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5)
-    return _Logits(ResNetForImageClassification(cfg)), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+    return _Logits(ResNetForImageClassification(cfg)), (_image(32),)
 
 
 def swin() -> tuple[torch.nn.Module, tuple[Any, ...]]:
@@ -77,7 +81,7 @@ def swin() -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
     cfg = SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                      window_size=4, num_labels=5)
-    return _Logits(SwinForImageClassification(cfg)), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+    return _Logits(SwinForImageClassification(cfg)), (_image(32),)
 
 
 def wav2vec2() -> tuple[torch.nn.Module, tuple[Any, ...]]:
@@ -120,7 +124,7 @@ def export_pte(name: str, path: Path, *, dynamic_seq: bool = False) -> tuple[Any
     model.eval()
     shapes = None
     if dynamic_seq:
-        shapes = ({1: torch.export.Dim("seq", min=2, max=16)},)
+        shapes = (({1: torch.export.Dim("seq", min=2, max=16)},),)  # forward(*args): one tuple of args
     with torch.no_grad():
         ep = torch.export.export(model, inputs, dynamic_shapes=shapes)
     prog = to_edge(ep).to_executorch()

@@ -326,7 +326,7 @@ def _scatter_add(a: Any, dim: int, index: Any, src: Any) -> Any:
 
 @op("aten::index_put.out", n_in=4)
 def _index_put(a: Any, indices: Sequence[Any], values: Any, accumulate: bool = False) -> Any:
-    idx = tuple(slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
+    idx: Any = tuple(slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
     out = a.copy()
     try:
         if accumulate:
@@ -356,7 +356,7 @@ def _select_scatter(a: Any, src: Any, dim: int, index: int) -> Any:
     if not -a.shape[d] <= index < a.shape[d]:
         raise InputError(f"select_scatter index {index} out of range for dimension {d} of size {a.shape[d]}")
     out = a.copy()
-    sel = [slice(None)] * a.ndim
+    sel: list[Any] = [slice(None)] * a.ndim
     sel[d] = index
     out[tuple(sel)] = src
     return out
