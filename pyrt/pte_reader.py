@@ -572,6 +572,15 @@ class ExecutionPlan:
 
     @cached_property
     def values(self) -> tuple[EValue, ...]:
+        """Every value, decoded in bulk (:mod:`pyrt._values`); the general reader names what is malformed."""
+        from pyrt._values import Fallback, decode_values
+
+        vec = self._values
+        if vec is not None:
+            try:
+                return decode_values(vec.span.data, vec.span.length, vec.start, vec.n)
+            except Fallback:
+                pass
         return tuple(self.value(i) for i in range(self.num_values))
 
     def value(self, index: int) -> EValue:
