@@ -1,6 +1,7 @@
-"""Bulk decoding of a method's ``values`` vector: the load path's hottest loop.
+"""Bulk decoding of a method's ``values`` and instructions: the load path's hottest loops.
 
-:meth:`pyrt.pte_reader.ExecutionPlan.values` decodes thousands of small tables;
+:meth:`pyrt.pte_reader.ExecutionPlan.values` (and each chain's instructions) decode
+thousands of small tables;
 through the general :class:`~pyrt._flatbuffer.Table` reader each field costs several
 method calls. This decoder reads the same fields with the same checks inline
 (every offset bounds-checked before it is read, vtables validated once each,
@@ -20,9 +21,15 @@ from pyrt.dtypes import ScalarType
 from pyrt.pte_reader import (
     EVALUE_KINDS,
     AllocationInfo,
+    DelegateCall,
     DeviceType,
     EValue,
     ExtraTensorInfo,
+    FreeCall,
+    Instruction,
+    JumpFalseCall,
+    KernelCall,
+    MoveCall,
     ShapeDynamism,
     Tensor,
     TensorDataLocation,
@@ -221,3 +228,34 @@ def _member(members: dict[int, Any], raw: int) -> Any:
         return members[raw]
     except KeyError:
         raise Fallback from None
+
+
+def decode_instructions(data: memoryview, length: int, vector_start: int, count: int,
+                        num_values: int) -> tuple[Instruction, ...]:
+    """Every instruction of a chain's ``instructions`` vector (offsets already bounds-checked)."""
+    r = _Reader(data, length)
+    out: list[Instruction] = []
+    for i in range(count):
+        p = vector_start + 4 * i
+        pos = p + _U32(data, p)[0]
+        entry = r.table(pos)
+        where = _field(pos, entry, 0, 1)
+        tag = 0 if where is None else _U8(data, where)[0]
+        body = r.target(pos, entry, 1)
+        if body is None or not 1 <= tag <= 5:
+            raise Fallback
+        be = r.table(body)
+        a = _small(data, body, be, 0, _I32, 4)
+        if tag in (1, 2):
+            args = r.vector(body, be, 1, "i")
+            for v in args:
+                if not 0 <= v < num_values:
+                    raise Fallback
+            out.append(KernelCall(a, args) if tag == 1 else DelegateCall(a, args))
+        elif tag == 3:
+            out.append(MoveCall(a, _small(data, body, be, 1, _I32, 4)))
+        elif tag == 4:
+            out.append(JumpFalseCall(a, _small(data, body, be, 1, _I32, 4)))
+        else:
+            out.append(FreeCall(a))
+    return tuple(out)

@@ -658,8 +658,15 @@ class ExecutionPlan:
         return DeviceType.CPU, 0
 
     def _chain(self, t: Table, i: int) -> Chain:
+        from pyrt._values import Fallback, decode_instructions
+
         ins = t.vector(2, "instructions", "table")
-        instructions = tuple(ins.tables(self._instruction)) if ins else ()
+        instructions: tuple[Instruction, ...] = ()
+        if ins:
+            try:  # in bulk; the general reader below names what is malformed
+                instructions = decode_instructions(ins.span.data, ins.span.length, ins.start, ins.n, self.num_values)
+            except Fallback:
+                instructions = tuple(ins.tables(self._instruction))
         inputs = t.vector(0, "inputs", "i32")
         outputs = t.vector(1, "outputs", "i32")
         return Chain(inputs.scalars() if inputs else (), outputs.scalars() if outputs else (), instructions)

@@ -1,14 +1,17 @@
-"""The bulk value decoder (:mod:`pyrt._values`) against the general reader, on valid and corrupted files.
+"""The bulk decoders (:mod:`pyrt._values`) against the general reader, on valid and corrupted files.
 
-Both must agree value for value on every valid file, and on a corrupted one either
-agree or both raise: the fast path may only give up (and let the general reader
-name the error), never accept what the general reader rejects.
+Values and instructions must agree item for item on every valid file, and on a
+corrupted one either agree or both raise: the fast path may only give up (and let
+the general reader name the error), never accept what the general reader rejects.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,44 +20,58 @@ from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
 
 
-def _slow(plan: object) -> object:
+@contextmanager
+def _general_reader_only() -> Iterator[None]:
+    def give_up(*args: Any) -> Any:
+        raise _values.Fallback
+
+    saved = _values.decode_values, _values.decode_instructions
+    _values.decode_values = _values.decode_instructions = give_up  # type: ignore[assignment]
     try:
-        return repr(tuple(plan.value(i) for i in range(plan.num_values)))  # type: ignore[attr-defined]
-    except PyrtError as exc:
-        return type(exc)
+        yield
+    finally:
+        _values.decode_values, _values.decode_instructions = saved  # type: ignore[assignment]
 
 
-def _fast(plan: object) -> object:
-    try:
-        return repr(plan.values)  # type: ignore[attr-defined]
-    except PyrtError as exc:
-        return type(exc)
-
-
-def _agree(data: bytes) -> int:
+def _decode(data: bytes) -> list[object]:
+    out: list[object] = []
     try:
         plans = PteFile.open(data).program.execution_plan
-    except PyrtError:
-        return 0
+    except PyrtError as exc:
+        return [type(exc)]
     for plan in plans:
-        assert _fast(plan) == _slow(plan)
-    return len(plans)
+        for what in ("values", "chains"):
+            try:
+                out.append(repr(getattr(plan, what)))  # repr: a NaN double equals itself
+            except PyrtError as exc:
+                out.append(type(exc))
+    return out
 
 
-def test_bulk_decoder_is_used_on_valid_files(any_pte: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _agree(data: bytes) -> None:
+    fast = _decode(data)
+    with _general_reader_only():
+        slow = _decode(data)
+    assert fast == slow
+
+
+def test_bulk_decoders_are_used_on_valid_files(any_pte: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = any_pte.read_bytes()
-    assert _agree(data)
-    calls = []
-    real = _values.decode_values
-    monkeypatch.setattr(_values, "decode_values", lambda *a: calls.append(1) or real(*a))
-    for plan in PteFile.open(data).program.execution_plan:
-        plan.values  # noqa: B018
-    assert calls
+    _agree(data)
+    calls: list[str] = []
+    for name in ("decode_values", "decode_instructions"):
+        real = getattr(_values, name)
+        monkeypatch.setattr(_values, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    plans = PteFile.open(data).program.execution_plan
+    has_instructions = any(chain.instructions for plan in plans for chain in plan.chains)
+    assert all(plan.values is not None for plan in plans)
+    assert set(calls) == {"decode_values", "decode_instructions"} if has_instructions else {"decode_values"}
 
 
-def test_bulk_decoder_agrees_on_corrupted_files(any_pte: Path) -> None:
+def test_bulk_decoders_agree_on_corrupted_files(any_pte: Path) -> None:
     data = any_pte.read_bytes()
-    program_end = PteFile.open(data).extended_header.program_size if PteFile.open(data).extended_header else len(data)
+    header = PteFile.open(data).extended_header
+    program_end = header.program_size if header else len(data)
     rnd = random.Random(any_pte.name)
     for _ in range(150):
         b = bytearray(data)

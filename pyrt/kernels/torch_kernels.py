@@ -39,9 +39,10 @@ class TorchLibrary:
             return None
         schema = overload._schema
         fast = self._binding(op, schema)
+        sig = _Signature(schema)
         return Kernel(
             op.qualified_name,
-            build=lambda site: _build(overload, schema, site, fast),
+            build=lambda site: _build(overload, sig, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
         )
 
@@ -79,29 +80,43 @@ def _is_tensor_type(type_str: str) -> bool:
     return type_str in ("Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]")
 
 
-def _build(overload: Any, schema: Any, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
-    n = len(schema.arguments)
+class _Signature:
+    """What every step of one operator needs from its schema, worked out once per operator."""
+
+    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args")
+
+    def __init__(self, schema: Any) -> None:
+        args = schema.arguments
+        self.n = len(args)
+        self.tensor_args = [k for k, a in enumerate(args) if _is_tensor_type(str(a.type))]
+        self.pos_idx = [k for k, a in enumerate(args) if not a.kwarg_only]
+        self.kw = [(a.name, k) for k, a in enumerate(args) if a.kwarg_only]
+        self.plain_returns = [j for j, r in enumerate(schema.returns) if r.alias_info is None]
+        self.n_returns = len(schema.returns)
+        self.out_args = [k for k, a in enumerate(args)
+                         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+
+def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
+    n = sig.n
     site.require_args(n)
     fn = overload._op
-    for k, arg in enumerate(schema.arguments):
-        if _is_tensor_type(str(arg.type)):
-            _reject_device(site, k)
-    pos_idx = [k for k, a in enumerate(schema.arguments) if not a.kwarg_only]
-    kw = [(a.name, k) for k, a in enumerate(schema.arguments) if a.kwarg_only]
-    returns = [(j, site.setter(n + j)) for j, r in enumerate(schema.returns)
-               if n + j < len(site.args) and r.alias_info is None]
-    dyn_outs = _dynamic_outs(schema, site)
-    call = _bind_call(fn, site, pos_idx, kw, fast)
+    for k in sig.tensor_args:
+        _reject_device(site, k)
+    returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
+    dyn_outs = _dynamic_outs(sig.out_args, site)
+    call = _bind_call(fn, site, sig.pos_idx, sig.kw, fast)
     if not returns and not dyn_outs:
         return call
     where = site.where
+    multiple = sig.n_returns > 1
 
     def step() -> None:
         for t, _cap in dyn_outs:
             t().resize_(0)
         result = call()
         for j, store in returns:
-            store(result[j] if len(schema.returns) > 1 else result)
+            store(result[j] if multiple else result)
         for t, cap in dyn_outs:
             if t().numel() > cap:
                 raise InputError(f"{where}: output of shape {tuple(t().shape)} exceeds its memory-planned "
@@ -124,13 +139,11 @@ def _reject_device(site: KernelSite, k: int) -> None:
             )
 
 
-def _dynamic_outs(schema: Any, site: KernelSite) -> list[tuple[Callable[[], Any], int]]:
+def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int]]:
     """(getter, element bound) of each dynamic tensor written through a keyword-only out argument."""
     out = []
     table = site.table
-    for k, arg in enumerate(schema.arguments):
-        if not (arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write):
-            continue
+    for k in out_args:
         idxs = [site.args[k]]
         if site.kind(k) == "TensorList":
             idxs = list(table.items[site.args[k]])
