@@ -51,16 +51,61 @@ _LIST_ELEM = {"IntList": "q", "DoubleList": "d", "BoolList": "B", "TensorList": 
 _LIST_SIZE = {"q": 8, "d": 8, "B": 1, "i": 4}
 
 
+_set = object.__setattr__
+
+
+def _record(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of frozen dataclass ``cls`` with ``fields`` (all of them), without its slow ``__init__``."""
+    obj: Any = object.__new__(cls)
+    _set(obj, "__dict__", fields)
+    return obj
+
+
 class Fallback(Exception):
     """The fast decoder met something it does not handle; decode with the general reader."""
 
 
+_TENSOR_FIELDS = (1, 4, 4, 4, 1, 4, 4, 1, 1, 4)  # byte sizes of Tensor's slots 0..9 (program.fbs order)
+_EVALUE_FIELDS = (1, 4)  # val_type, val
+
+
 class _Reader:
-    __slots__ = ("data", "n", "vtables")
+    __slots__ = ("data", "n", "vtables", "layouts")
 
     def __init__(self, data: memoryview, n: int) -> None:
         self.data, self.n = data, n
         self.vtables: dict[int, tuple[tuple[int, ...], int]] = {}
+        self.layouts: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], int]] = {}
+
+    def layout(self, pos: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """Offsets (0: absent) of slots ``0..len(sizes)-1`` of the table at ``pos``, each field validated.
+
+        FlatBuffers shares vtables, so the per-field checks run once per vtable, not per table.
+        """
+        data, n = self.data, self.n
+        if pos < 0 or pos + 4 > n:
+            raise Fallback
+        vt = pos - _I32(data, pos)[0]
+        hit = self.layouts.get((vt, sizes))
+        if hit is None:
+            offs, tsize = self.table(pos)
+            found = tuple(offs[k] if k < len(offs) else 0 for k in range(len(sizes)))
+            if any(o and o + size > tsize for o, size in zip(found, sizes, strict=True)):
+                raise Fallback
+            hit = self.layouts[vt, sizes] = (found, tsize)
+        if pos + hit[1] > n:
+            raise Fallback
+        return hit[0]
+
+    def vector_at(self, where: int, fmt: str) -> tuple:
+        """The scalar vector a uoffset at absolute position ``where`` points to."""
+        start = where + _U32(self.data, where)[0]
+        if start + 4 > self.n:
+            raise Fallback
+        count = _U32(self.data, start)[0]
+        if start + 4 + count * _LIST_SIZE[fmt] > self.n:
+            raise Fallback
+        return struct.unpack_from(f"<{count}{fmt}", self.data, start + 4)
 
     def table(self, pos: int) -> tuple[tuple[int, ...], int]:
         """(field offsets, table size) of the table at ``pos``; both validated."""
@@ -127,13 +172,11 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     for i in range(count):
         p = vector_start + 4 * i
         pos = p + _U32(data, p)[0]
-        entry = r.table(pos)
-        where = _field(pos, entry, 0, 1)
-        tag = 0 if where is None else _U8(data, where)[0]
-        kind = EVALUE_KINDS.get(tag)
+        o_tag, o_val = r.layout(pos, _EVALUE_FIELDS)
+        kind = EVALUE_KINDS.get(_U8(data, pos + o_tag)[0] if o_tag else 0)
         if kind is None:
             raise Fallback
-        body = r.target(pos, entry, 1)
+        body = None if not o_val else pos + o_val + _U32(data, pos + o_val)[0]
         if body is None:
             if kind != "Null":
                 raise Fallback
@@ -143,15 +186,15 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
             r.table(body)  # the general reader validates a Null's (unused) payload table too
             out.append(EValue("Null", None))
             continue
-        out.append(EValue(kind, _payload(r, kind, body, count)))
+        out.append(_record(EValue, {"kind": kind, "value": _payload(r, kind, body, count)}))
     return tuple(out)
 
 
 def _payload(r: _Reader, kind: str, body: int, count: int) -> Any:
     data = r.data
-    entry = r.table(body)
     if kind == "Tensor":
-        return _tensor(r, body, entry)
+        return _tensor(r, body)
+    entry = r.table(body)
     if kind == "Int":
         w = _field(body, entry, 0, 8)
         return 0 if w is None else _I64(data, w)[0]
@@ -174,28 +217,24 @@ def _payload(r: _Reader, kind: str, body: int, count: int) -> Any:
     return items
 
 
-def _tensor(r: _Reader, pos: int, entry: tuple[tuple[int, ...], int]) -> Tensor:
+def _tensor(r: _Reader, pos: int) -> Tensor:
     data = r.data
-
-    def small(slot: int, unpack: Any, size: int) -> int:
-        w = _field(pos, entry, slot, size)
-        return 0 if w is None else unpack(data, w)[0]
-
-    sizes = r.vector(pos, entry, 2, "i")
+    o_st, o_so, o_sizes, o_dim, o_rg, o_dbi, o_alloc, o_layout, o_dyn, o_extra = r.layout(pos, _TENSOR_FIELDS)
+    sizes = r.vector_at(pos + o_sizes, "i") if o_sizes else ()
     if any(s < 0 for s in sizes):
         raise Fallback
-    dim_order = r.vector(pos, entry, 3, "B")
+    dim_order = r.vector_at(pos + o_dim, "B") if o_dim else ()
     if dim_order and sorted(dim_order) != list(range(len(sizes))):
         raise Fallback
     alloc = None
-    a = r.target(pos, entry, 6)
-    if a is not None:
+    if o_alloc:
+        a = pos + o_alloc + _U32(data, pos + o_alloc)[0]
         ae = r.table(a)
         alloc = AllocationInfo(_small(data, a, ae, 0, _U32, 4),
                                _small(data, a, ae, 1, _U32, 4) | _small(data, a, ae, 2, _U32, 4) << 32)
     extra = None
-    x = r.target(pos, entry, 9)
-    if x is not None:
+    if o_extra:
+        x = pos + o_extra + _U32(data, pos + o_extra)[0]
         xe = r.table(x)
         extra = ExtraTensorInfo(
             mutable_data_segments_idx=_small(data, x, xe, 0, _U64, 8),
@@ -204,18 +243,18 @@ def _tensor(r: _Reader, pos: int, entry: tuple[tuple[int, ...], int]) -> Tensor:
             device_type=_member(_DEVICES, _small(data, x, xe, 3, _I8, 1)),
             device_index=_small(data, x, xe, 4, _I8, 1),
         )
-    return Tensor(
-        scalar_type=_member(_SCALAR_TYPES, small(0, _I8, 1)),
-        storage_offset=small(1, _I32, 4),
-        sizes=sizes,
-        dim_order=dim_order,
-        requires_grad=bool(small(4, _U8, 1)),
-        data_buffer_idx=small(5, _U32, 4),
-        allocation_info=alloc,
-        layout=small(7, _I8, 1),
-        shape_dynamism=_member(_DYNAMISM, small(8, _I8, 1)),
-        extra_tensor_info=extra,
-    )
+    return _record(Tensor, {
+        "scalar_type": _member(_SCALAR_TYPES, _I8(data, pos + o_st)[0] if o_st else 0),
+        "storage_offset": _I32(data, pos + o_so)[0] if o_so else 0,
+        "sizes": sizes,
+        "dim_order": dim_order,
+        "requires_grad": bool(_U8(data, pos + o_rg)[0]) if o_rg else False,
+        "data_buffer_idx": _U32(data, pos + o_dbi)[0] if o_dbi else 0,
+        "allocation_info": alloc,
+        "layout": _I8(data, pos + o_layout)[0] if o_layout else 0,
+        "shape_dynamism": _member(_DYNAMISM, _I8(data, pos + o_dyn)[0] if o_dyn else 0),
+        "extra_tensor_info": extra,
+    })
 
 
 def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Any, size: int) -> int:

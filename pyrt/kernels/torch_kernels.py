@@ -110,14 +110,16 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[...,
         return call
     where = site.where
     multiple = sig.n_returns > 1
+    if not returns and len(dyn_outs) == 1 and dyn_outs[0][2] is not None:
+        return _one_dynamic_out(call, dyn_outs[0][2], dyn_outs[0][1], where)
 
     def step() -> None:
-        for t, _cap in dyn_outs:
+        for t, _cap, _ in dyn_outs:
             t().resize_(0)
         result = call()
         for j, store in returns:
             store(result[j] if multiple else result)
-        for t, cap in dyn_outs:
+        for t, cap, _ in dyn_outs:
             if t().numel() > cap:
                 raise InputError(f"{where}: output of shape {tuple(t().shape)} exceeds its memory-planned "
                                  f"bound of {cap} elements")
@@ -139,8 +141,22 @@ def _reject_device(site: KernelSite, k: int) -> None:
             )
 
 
-def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int]]:
-    """(getter, element bound) of each dynamic tensor written through a keyword-only out argument."""
+def _one_dynamic_out(call: Callable[[], Any], out: Any, cap: int, where: str) -> Step:
+    """The common dynamic step: one out tensor, the same object every run (torch resizes it in place)."""
+    resize, numel = out.resize_, out.numel
+
+    def step() -> None:
+        resize(0)
+        call()
+        if numel() > cap:
+            raise InputError(f"{where}: output of shape {tuple(out.shape)} exceeds its memory-planned "
+                             f"bound of {cap} elements")
+
+    return step
+
+
+def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int, Any]]:
+    """(getter, element bound, the tensor when its slot never changes) of each dynamic out tensor."""
     out = []
     table = site.table
     for k in out_args:
@@ -150,7 +166,7 @@ def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[
         for j in idxs:
             info = table.infos.get(j)
             if info is not None and info.dynamic:
-                out.append((table.getter(j), info.capacity))
+                out.append((table.getter(j), info.capacity, table.vals[j] if table.is_const(j) else None))
     return out
 
 
