@@ -23,6 +23,9 @@ from pyrt.kernels import Kernel, KernelSite, Step
 from pyrt.pte_reader import Operator
 
 
+_FOUND: dict[str, Kernel] = {}
+
+
 class TorchLibrary:
     """Resolve ``ns::name.overload`` to ``torch.ops.ns.name.overload``."""
 
@@ -34,6 +37,15 @@ class TorchLibrary:
         self.torch = torch
 
     def lookup(self, op: Operator) -> Kernel | None:
+        """The kernel of ``op``; found kernels are kept for the process (they hold no program state)."""
+        kernel = _FOUND.get(op.qualified_name)
+        if kernel is None:
+            kernel = self._lookup(op)
+            if kernel is not None:
+                _FOUND[op.qualified_name] = kernel
+        return kernel
+
+    def _lookup(self, op: Operator) -> Kernel | None:
         overload = self._overload(op)
         if overload is None:
             return None
