@@ -8,7 +8,9 @@ Coverage: elementwise arithmetic and comparisons, activations (relu, sigmoid,
 tanh, gelu, silu, hardtanh, ...), mm/addmm/bmm, layout ops (permute, view,
 expand, cat, slice, select, split, squeeze, transpose, index, pad, ...),
 reductions (sum, mean, amax, amin, argmax, var, ...), softmax/log_softmax,
-layer/batch norm, 1-D/2-D convolution, max/avg pooling and nearest upsampling.
+layer/batch norm, 1-D/2-D convolution, max/avg pooling and nearest upsampling;
+:mod:`pyrt.kernels.numpy_more` adds the rest of the portable set real models use
+(any.dim, as_strided_copy, group norm, scatter/index_put, topk, padding, bilinear, ...).
 Argument values the set cannot honour (a transposed convolution) are rejected
 at load with :class:`~pyrt.errors.UnsupportedOperatorError`.
 
