@@ -22,7 +22,6 @@ from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels import Kernel, KernelSite, Step
 from pyrt.pte_reader import Operator
 
-
 _FOUND: dict[str, Kernel] = {}
 
 
