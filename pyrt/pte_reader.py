@@ -687,6 +687,15 @@ class ExecutionPlan:
 
     @cached_property
     def values(self) -> tuple[EValue, ...]:
+        """Every value, decoded in bulk (:mod:`pyrt._values`); the general reader names what is malformed."""
+        from pyrt._values import Fallback, decode_values
+
+        vec = self._values
+        if vec is not None:
+            try:
+                return decode_values(vec.span.data, vec.span.length, vec.start, vec.n)
+            except Fallback:
+                pass
         return tuple(self.value(i) for i in range(self.num_values))
 
     def value(self, index: int) -> EValue:
@@ -764,8 +773,15 @@ class ExecutionPlan:
         return DeviceType.CPU, 0
 
     def _chain(self, t: Table, i: int) -> Chain:
+        from pyrt._values import Fallback, decode_instructions
+
         ins = t.vector(2, "instructions", "table")
-        instructions = tuple(ins.tables(self._instruction)) if ins else ()
+        instructions: tuple[Instruction, ...] = ()
+        if ins:
+            try:  # in bulk; the general reader below names what is malformed
+                instructions = decode_instructions(ins.span.data, ins.span.length, ins.start, ins.n, self.num_values)
+            except Fallback:
+                instructions = tuple(ins.tables(self._instruction))
         inputs = t.vector(0, "inputs", "i32")
         outputs = t.vector(1, "outputs", "i32")
         return Chain(inputs.scalars() if inputs else (), outputs.scalars() if outputs else (), instructions)

@@ -8,7 +8,9 @@ Coverage: elementwise arithmetic and comparisons, activations (relu, sigmoid,
 tanh, gelu, silu, hardtanh, ...), mm/addmm/bmm, layout ops (permute, view,
 expand, cat, slice, select, split, squeeze, transpose, index, pad, ...),
 reductions (sum, mean, amax, amin, argmax, var, ...), softmax/log_softmax,
-layer/batch norm, 1-D/2-D convolution, max/avg pooling and nearest upsampling.
+layer/batch norm, 1-D/2-D convolution, max/avg pooling and nearest upsampling;
+:mod:`pyrt.kernels.numpy_more` adds the rest of the portable set real models use
+(any.dim, as_strided_copy, group norm, scatter/index_put, topk, padding, bilinear, ...).
 Argument values the set cannot honour (a transposed convolution) are rejected
 at load with :class:`~pyrt.errors.UnsupportedOperatorError`.
 
@@ -306,9 +308,12 @@ def _where(cond: Any, a: Any, b: Any) -> Any:
 
 for _name, _fn in {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
                    "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-                   "logical_xor": np.logical_xor, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or}.items():
-    op(f"aten::{_name}.Scalar_out", f"aten::{_name}.Tensor_out", f"aten::{_name}.out", n_in=2)(
-        lambda a, b, _f=_fn: _f(a, b))
+                   "logical_xor": np.logical_xor, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+                   "bitwise_xor": np.bitwise_xor}.items():
+    op(f"aten::{_name}.Scalar_out", f"aten::{_name}.Tensor_out", n_in=2)(lambda a, b, _f=_fn: _f(a, b))
+for _name in ("logical_and", "logical_or", "logical_xor"):  # torch has only the tensor overload, named .out
+    _OPS[f"aten::{_name}.out"] = _OPS.pop(f"aten::{_name}.Tensor_out")
+    del _OPS[f"aten::{_name}.Scalar_out"]
 
 
 # -- linear algebra --------------------------------------------------------------------------------
@@ -343,7 +348,7 @@ def _permute(a: Any, dims: Sequence[int]) -> Any:
     return np.transpose(a, [d % max(a.ndim, 1) for d in dims])
 
 
-@op("aten::view_copy.out", "aten::_unsafe_view.out", "aten::reshape.out", n_in=2)
+@op("aten::view_copy.out", "aten::_unsafe_view.out", n_in=2)
 def _view(a: Any, size: Sequence[int]) -> Any:
     return np.reshape(a, [int(s) for s in size])
 
@@ -588,9 +593,14 @@ def _prod(a: Any, dim: int, keepdim: bool = False, dtype: Any = None) -> Any:
     return np.prod(a, axis=dim % max(a.ndim, 1), keepdims=bool(keepdim), dtype=_dt(dtype))
 
 
-@op("aten::any.out", "aten::any.all_out", n_in=1)
+@op("aten::any.all_out", n_in=1)
 def _any(a: Any) -> Any:
     return np.any(a)
+
+
+@op("aten::any.out", "aten::any.dims_out", n_in=3)
+def _any_dim(a: Any, dim: Any, keepdim: bool = False) -> Any:
+    return np.any(a, axis=_axes(dim, a.ndim), keepdims=bool(keepdim))
 
 
 @op("aten::cumsum.out", n_in=3)
@@ -722,11 +732,6 @@ def _max_pool(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, cei
     return values, (oh * x.shape[-1] + ow).astype(np.int64)
 
 
-@op("aten::max_pool2d.out", n_in=6)
-def _max_pool_plain(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any) -> Any:
-    return _max_pool(x, kernel, stride, padding, dilation, ceil_mode)[0]
-
-
 @op("aten::avg_pool2d.out", n_in=7)
 def _avg_pool(x: Any, kernel: Any, stride: Any, padding: Any, ceil_mode: Any = False,
               count_include_pad: Any = True, divisor_override: Any = None) -> Any:
@@ -765,3 +770,6 @@ def _upsample_nearest(x: Any, output_size: Any, scales: Any) -> Any:
 def supported() -> list[str]:
     """Names of every operator in the numpy core set."""
     return sorted(_OPS)
+
+
+from pyrt.kernels import numpy_more  # noqa: E402, F401  (registers the rest of the portable set)

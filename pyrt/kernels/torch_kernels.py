@@ -27,6 +27,8 @@ from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels import Kernel, KernelSite, Step, allowed_operators
 from pyrt.pte_reader import Operator
 
+_FOUND: dict[str, Kernel] = {}
+
 
 class TorchLibrary:
     """Resolve ``ns::name.overload`` to ``torch.ops.ns.name.overload``."""
@@ -39,14 +41,24 @@ class TorchLibrary:
         self.torch = torch
 
     def lookup(self, op: Operator) -> Kernel | None:
+        """The kernel of ``op``; found kernels are kept for the process (they hold no program state)."""
+        kernel = _FOUND.get(op.qualified_name)
+        if kernel is None:
+            kernel = self._lookup(op)
+            if kernel is not None:
+                _FOUND[op.qualified_name] = kernel
+        return kernel
+
+    def _lookup(self, op: Operator) -> Kernel | None:
         overload = self._overload(op)
         if overload is None:
             return None
         schema = overload._schema
         fast = self._binding(op, schema)
+        sig = _Signature(schema)
         return Kernel(
             op.qualified_name,
-            build=lambda site: _build(overload, schema, site, fast),
+            build=lambda site: _build(overload, sig, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
             writes=_writes(schema),
         )
@@ -93,30 +105,46 @@ def _is_tensor_type(type_str: str) -> bool:
     return type_str in ("Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]")
 
 
-def _build(overload: Any, schema: Any, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
-    n = len(schema.arguments)
+class _Signature:
+    """What every step of one operator needs from its schema, worked out once per operator."""
+
+    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args")
+
+    def __init__(self, schema: Any) -> None:
+        args = schema.arguments
+        self.n = len(args)
+        self.tensor_args = [k for k, a in enumerate(args) if _is_tensor_type(str(a.type))]
+        self.pos_idx = [k for k, a in enumerate(args) if not a.kwarg_only]
+        self.kw = [(a.name, k) for k, a in enumerate(args) if a.kwarg_only]
+        self.plain_returns = [j for j, r in enumerate(schema.returns) if r.alias_info is None]
+        self.n_returns = len(schema.returns)
+        self.out_args = [k for k, a in enumerate(args)
+                         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+
+def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
+    n = sig.n
     site.require_args(n)
     fn = overload._op
-    for k, arg in enumerate(schema.arguments):
-        if _is_tensor_type(str(arg.type)):
-            _reject_device(site, k)
-    pos_idx = [k for k, a in enumerate(schema.arguments) if not a.kwarg_only]
-    kw = [(a.name, k) for k, a in enumerate(schema.arguments) if a.kwarg_only]
-    returns = [(j, site.setter(n + j)) for j, r in enumerate(schema.returns)
-               if n + j < len(site.args) and r.alias_info is None]
-    dyn_outs = _dynamic_outs(schema, site)
-    call = _bind_call(fn, site, pos_idx, kw, fast)
+    for k in sig.tensor_args:
+        _reject_device(site, k)
+    returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
+    dyn_outs = _dynamic_outs(sig.out_args, site)
+    call = _bind_call(fn, site, sig.pos_idx, sig.kw, fast)
     if not returns and not dyn_outs:
         return call
     where = site.where
+    multiple = sig.n_returns > 1
+    if not returns and len(dyn_outs) == 1 and dyn_outs[0][2] is not None:
+        return _one_dynamic_out(call, dyn_outs[0][2], dyn_outs[0][1], where)
 
     def step() -> None:
-        for t, _cap in dyn_outs:
+        for t, _cap, _ in dyn_outs:
             t().resize_(0)
         result = call()
         for j, store in returns:
-            store(result[j] if len(schema.returns) > 1 else result)
-        for t, cap in dyn_outs:
+            store(result[j] if multiple else result)
+        for t, cap, _ in dyn_outs:
             if t().numel() > cap:
                 raise InputError(f"{where}: output of shape {tuple(t().shape)} exceeds its memory-planned "
                                  f"bound of {cap} elements")
@@ -138,20 +166,32 @@ def _reject_device(site: KernelSite, k: int) -> None:
             )
 
 
-def _dynamic_outs(schema: Any, site: KernelSite) -> list[tuple[Callable[[], Any], int]]:
-    """(getter, element bound) of each dynamic tensor written through a keyword-only out argument."""
+def _one_dynamic_out(call: Callable[[], Any], out: Any, cap: int, where: str) -> Step:
+    """The common dynamic step: one out tensor, the same object every run (torch resizes it in place)."""
+    resize, numel = out.resize_, out.numel
+
+    def step() -> None:
+        resize(0)
+        call()
+        if numel() > cap:
+            raise InputError(f"{where}: output of shape {tuple(out.shape)} exceeds its memory-planned "
+                             f"bound of {cap} elements")
+
+    return step
+
+
+def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int, Any]]:
+    """(getter, element bound, the tensor when its slot never changes) of each dynamic out tensor."""
     out = []
     table = site.table
-    for k, arg in enumerate(schema.arguments):
-        if not (arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write):
-            continue
+    for k in out_args:
         idxs = [site.args[k]]
         if site.kind(k) == "TensorList":
             idxs = list(table.items[site.args[k]])
         for j in idxs:
             info = table.infos.get(j)
             if info is not None and info.dynamic:
-                out.append((table.getter(j), info.capacity))
+                out.append((table.getter(j), info.capacity, table.vals[j] if table.is_const(j) else None))
     return out
 
 

@@ -1,0 +1,81 @@
+"""Real architectures (tiny random-init ``transformers`` configs) through pyrt and ExecuTorch's runtime.
+
+Each model is exported once per session; pyrt runs it with the numpy kernels and
+with the torch kernels, and both must match ExecuTorch's own runtime on the same
+file. GPT-2, BERT, Llama, ViT and ResNet run by default; Swin (as_strided_copy),
+Wav2Vec2 (native_group_norm), an LSTM and a dynamic-sequence GPT-2 are ``slow``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pyrt
+
+pytest.importorskip("transformers")
+pytest.importorskip("executorch.runtime")
+from tests.hf_models import export_pte  # noqa: E402
+
+FAST = ["gpt2", "bert", "llama", "vit", "resnet"]
+SLOW = ["swin", "wav2vec2", "lstm"]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    cache: dict[tuple[str, bool], tuple[Path, tuple[Any, ...]]] = {}
+    root = tmp_path_factory.mktemp("models")
+
+    def get(name: str, dynamic: bool = False) -> tuple[Path, tuple[Any, ...]]:
+        if (name, dynamic) not in cache:
+            path = root / f"{name}{'-dyn' if dynamic else ''}.pte"
+            cache[name, dynamic] = (path, export_pte(name, path, dynamic_seq=dynamic))
+        return cache[name, dynamic]
+
+    return get
+
+
+def _executorch(path: Path, inputs: tuple[Any, ...]) -> np.ndarray:
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(path)).load_method("forward")
+    return method.execute(list(inputs))[0].numpy()
+
+
+def _pyrt(path: Path, inputs: tuple[Any, ...], kernels: str) -> np.ndarray:
+    with pyrt.Program(path, kernels=kernels) as prog:
+        assert prog.kernels == kernels
+        out = prog(*[x.numpy() for x in inputs])
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _check(path: Path, inputs: tuple[Any, ...]) -> None:
+    want = _executorch(path, inputs)
+    for kernels in ("numpy", "torch"):
+        got = _pyrt(path, inputs, kernels)
+        assert got.shape == want.shape and got.dtype == want.dtype, kernels
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=kernels)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_model_matches_executorch(exported: Any, name: str) -> None:
+    _check(*exported(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_model_matches_executorch_slow(exported: Any, name: str) -> None:
+    _check(*exported(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seq", [3, 16])
+def test_dynamic_gpt2_matches_executorch(exported: Any, seq: int) -> None:
+    import torch
+
+    path, _ = exported("gpt2", True)
+    tokens = (torch.randint(0, 96, (1, seq), generator=torch.Generator().manual_seed(seq)),)
+    _check(path, tokens)
