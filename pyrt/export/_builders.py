@@ -10,7 +10,6 @@ spills the engine to the :class:`EngineStore` and returns its bindings).
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from pyrt.errors import ExportError
 from pyrt.export import reference_builder
 from pyrt.export._engines import EngineRecord, EngineStore, timed
 from pyrt.export._partition import Extracted
+from pyrt.export._prepare import onnx_translates
 from pyrt.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -44,11 +44,23 @@ def make_builder(name: str) -> Any:
     return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
 
 
+def converts(node: fx.Node) -> bool:
+    """What TensorRT can take: ops torch.onnx translates (the route every builder's engines
+    go through on a GPU); everything when torch.onnx's registry is unavailable."""
+    return onnx_translates(node.target) is not False
+
+
 class ReferenceBuilder:
+    """Reference engines (``PYRTREF1``) for pyrt.testing's fake TensorRT.
+
+    It accepts exactly what the TensorRT builders accept, so both partition a graph
+    the same way; every such op must encode (``reference_builder.supports``).
+    """
+
     name = "reference"
 
     def supports(self, node: fx.Node) -> bool:
-        return reference_builder.supports(node)
+        return converts(node) and reference_builder.supports(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
               progress: Any = None) -> Built:
@@ -77,8 +89,7 @@ class TensorRTBuilder:
         self.name = self.module.__name__.split(".")[0]
 
     def supports(self, node: fx.Node) -> bool:
-        registry = _onnx_registry()
-        return registry is None or registry.is_registered(node.target)
+        return converts(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
               progress: Any = None) -> Built:
@@ -98,22 +109,6 @@ class TensorRTBuilder:
         record = store.add_bytes(key, built.engine)
         record.build_seconds = built.build_seconds
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
-
-
-@functools.lru_cache(maxsize=1)
-def _onnx_registry() -> Any:
-    """torch.onnx's op registry (what the ONNX route can express); None if unavailable."""
-    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        from torch.onnx._internal.exporter import _registration
-
-        return _registration.ONNXRegistry.from_torchlib()
-    except Exception:  # private API: degrade to "let the builder decide"
-        return None
-    finally:
-        quiet.setLevel(level)
 
 
 def _is_dynamic(t: torch.Tensor) -> bool:

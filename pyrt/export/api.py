@@ -94,13 +94,14 @@ def to_pte(
                            progress=progress, writer=writer)
     target = _target(path)
     with EngineStore(target.parent) as store:
-        gm, args, engines, original = stage_engines(model_or_exported_program, example_inputs, options, store)
+        gm, args, engines, original, reasons = stage_engines(model_or_exported_program, example_inputs, options,
+                                                             store)
         program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
         lowered = lower(program, engines, store, target, options)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
-                         options.builder, time.perf_counter() - started)
+                         options.builder, time.perf_counter() - started, reasons)
 
 
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
