@@ -262,3 +262,25 @@ def test_reference_builder_takes_what_tensorrt_takes() -> None:
                if n.op == "call_function" and "getitem" not in n.name}
     assert verdict.pop("aten.kthvalue.default") is False
     assert all(verdict.values()), verdict
+
+
+# -- the ONNX a partition becomes ---------------------------------------------------------------------
+
+
+def test_direct_onnx_translation_computes_the_partition(tmp_path: Path) -> None:
+    """pyrt translates the partition graph it has (no re-trace); the ONNX must compute the same values."""
+    reference = pytest.importorskip("onnx.reference")
+    from pyrt.export._onnx import export_partition
+
+    torch.manual_seed(0)
+    gm, _, _ = _staged(Heads(), (torch.randn(2, 5, 16),),
+                       dynamic_shapes=({0: Dim("b", min=1, max=4), 1: Dim("s", min=2, max=12)},))
+    compute = [n for n in gm.graph.nodes if n.op == "call_function" and not isinstance(n.meta["val"], torch.SymInt)]
+    part = extract(gm, compute)
+    path = export_partition(part.module, tmp_path / "p.onnx", ["x"], ["y"])
+    session = reference.ReferenceEvaluator(str(path))
+    for size in ((2, 5), (3, 9)):
+        xs = torch.randn(*size, 16)
+        (got,) = session.run(None, {"x": xs.numpy()})
+        with torch.no_grad():
+            assert _close(got, part.module(xs)) < 1e-5

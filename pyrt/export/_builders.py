@@ -11,7 +11,10 @@ spills the engine to the :class:`EngineStore` and returns its bindings).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +23,7 @@ import torch.fx as fx
 from pyrt.errors import ExportError
 from pyrt.export import reference_builder
 from pyrt.export._engines import EngineRecord, EngineStore, timed
+from pyrt.export._onnx import Unavailable, export_partition
 from pyrt.export._partition import Extracted
 from pyrt.export._prepare import onnx_translates
 from pyrt.trt_blob import IOBinding
@@ -98,17 +102,38 @@ class TensorRTBuilder:
         ranges: dict[int | str, dict[str, list[int]]] = {
             i: _profile(v, a.name, limits)
             for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
-        n_out = len(part.outputs)
+        names = [f"input_{i}" for i in range(len(vals))]
+        outs = [f"output_{i}" for i in range(len(part.outputs))]
         try:
-            built = self.trt_builder.build_engine(
-                part.module, [_example(v) for v in vals], flavour=self.module, weight_streaming=weight_streaming,
-                dynamic_shapes=ranges or None, input_names=[f"input_{i}" for i in range(len(vals))],
-                output_names=[f"output_{i}" for i in range(n_out)], progress=progress)
+            try:
+                built = self._build_direct(part, ranges, names, outs, weight_streaming, progress)
+            except Unavailable as exc:
+                log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
+                built = self.trt_builder.build_engine(
+                    part.module, [_example(v) for v in vals], flavour=self.module,
+                    weight_streaming=weight_streaming, dynamic_shapes=ranges or None, input_names=names,
+                    output_names=outs, progress=progress)
         except ExportError as exc:
             raise BuildFailed(str(exc)) from exc
         record = store.add_bytes(key, built.engine)
         record.build_seconds = built.build_seconds
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
+
+    def _build_direct(self, part: Extracted, ranges: dict[int | str, dict[str, list[int]]], names: list[str],
+                      outs: list[str], weight_streaming: bool, progress: Any) -> Any:
+        """ONNX straight from the partition's graph (``pyrt.export._onnx``), then parse and build."""
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
+            if progress is not None:
+                progress("export_onnx")
+            path = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
+            built = self.trt_builder.build_engine_from_onnx(
+                path, flavour=self.module, weight_streaming=weight_streaming,
+                dynamic_shapes={names[int(i)]: r for i, r in ranges.items()} or None, progress=progress)
+        got = ([b.name for b in built.inputs], [b.name for b in built.outputs])
+        if got != (names, outs):
+            raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")
+        return replace(built, build_seconds=time.perf_counter() - started)
 
 
 def _is_dynamic(t: torch.Tensor) -> bool:

@@ -51,10 +51,11 @@ def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynami
 def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any, target: Path,
           options: Any) -> Lowered:
     """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's."""
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    with options.progress.task("importing ExecuTorch"):
+        from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
-    from pyrt.export._writer import atomic_write, streaming_program_cord, write_cord
-    from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
+        from pyrt.export._writer import atomic_write, streaming_program_cord, write_cord
+        from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})

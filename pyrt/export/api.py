@@ -96,7 +96,8 @@ def to_pte(
     with EngineStore(target.parent) as store:
         gm, args, engines, original, reasons = stage_engines(model_or_exported_program, example_inputs, options,
                                                              store)
-        program = reexport(gm, args, original, options.dynamic_shapes)
+        with options.progress.task("re-exporting the engine graph"):
+            program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
         lowered = lower(program, engines, store, target, options)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
