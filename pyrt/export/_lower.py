@@ -54,12 +54,15 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     with options.progress.task("importing ExecuTorch"):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
+        from pyrt.export._state import StateOnDevice
         from pyrt.export._writer import atomic_write, streaming_program_cord, write_cord
         from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
-    config = ExecutorchBackendConfig(extract_delegate_segments=True)
+    defaults = ExecutorchBackendConfig()
+    config = ExecutorchBackendConfig(extract_delegate_segments=True,
+                                     to_out_var_pass=StateOnDevice(defaults.to_out_var_pass))
     streaming = options.writer == "pyrt"
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
             (streaming_blobs(session) if streaming else contextlib.nullcontext()):

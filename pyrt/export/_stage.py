@@ -77,7 +77,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
             program = decompose(program)
         gm = unlift(program)
         forced = prepare(gm, options.forced_fallback, before)
-        engines, reasons = _partition_and_build(gm, builder or make_builder(options.builder), options, store, forced)
+        engines, reasons = _partition_and_build(gm, builder or make_builder(options.builder), options, store, forced,
+                                                gm.meta.get("mutable_buffers", frozenset()))
     return gm, _example_args(program, example_inputs), engines, program, reasons
 
 
@@ -228,6 +229,8 @@ class _Planner:
         for node in self.gm.graph.nodes:
             if node.op != "call_function" or node in inside or node.target in _NON_COMPUTE or is_sym_node(node):
                 continue
+            if node.target is torch.ops.aten.copy_.default and str(node.args[0].target) in self.state_inputs:
+                continue  # a buffer's write-back (ExecuTorch's mutable-buffer copy), not a fallback op
             names = node_op_names(node.target)
             if names is None:
                 continue

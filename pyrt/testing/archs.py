@@ -123,3 +123,81 @@ def _resnet(layers: int) -> Any:
 
 
 _MAKERS = {"gpt2": _gpt2, "llama": _llama, "bert": _bert, "vit": _vit, "resnet": _resnet}
+
+
+def kv_decoder(layers: int = 2, max_len: int = 64, seed: int = 0) -> Any:
+    """A decoder with a static KV cache in registered buffers (``index_copy_`` at ``pos``).
+
+    ``forward(tokens [1, T] int64, pos [T] int64) -> logits [1, T, VOCAB]`` writes the
+    new keys and values at ``pos`` and attends over positions ``<= pos`` (a causal mask
+    over the whole cache), so prefill (T > 1) and decode (T = 1) are one method.
+
+    >>> import torch
+    >>> model = kv_decoder()                                                   # doctest: +SKIP
+    >>> model(torch.tensor([[5, 7]]), torch.tensor([0, 1])).shape              # doctest: +SKIP
+    torch.Size([1, 2, 100])
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    return _kv_class()(layers, max_len).eval()
+
+
+def greedy(step: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy decoding: ``step(tokens [1, T], pos [T]) -> logits``; prefill, then one token at a time."""
+    import numpy as np
+    import torch
+
+    logits = step(torch.tensor([prompt]), torch.arange(len(prompt)))
+    out: list[int] = []
+    for i in range(new_tokens):
+        token = int(np.asarray(logits)[0, -1].argmax())
+        out.append(token)
+        if i + 1 < new_tokens:
+            logits = step(torch.tensor([[token]]), torch.tensor([len(prompt) + i]))
+    return out
+
+
+@functools.cache
+def _kv_class() -> Any:
+    import torch
+    from torch import nn
+
+    class KVDecoder(nn.Module):
+        """Llama-like blocks (RMSNorm, causal attention, SiLU MLP) over a static cache."""
+
+        def __init__(self, layers: int, max_len: int, dim: int = 32, heads: int = 2) -> None:
+            super().__init__()
+            self.heads, self.head_dim, self.max_len = heads, dim // heads, max_len
+            self.embed = nn.Embedding(VOCAB, dim)
+            self.blocks = nn.ModuleList()
+            for i in range(layers):
+                block = nn.ModuleDict({"norm1": nn.RMSNorm(dim), "qkv": nn.Linear(dim, 3 * dim, bias=False),
+                                       "out": nn.Linear(dim, dim, bias=False), "norm2": nn.RMSNorm(dim),
+                                       "up": nn.Linear(dim, 2 * dim, bias=False),
+                                       "down": nn.Linear(2 * dim, dim, bias=False)})
+                self.blocks.append(block)
+                self.register_buffer(f"k_cache_{i}", torch.zeros(1, heads, max_len, self.head_dim))
+                self.register_buffer(f"v_cache_{i}", torch.zeros(1, heads, max_len, self.head_dim))
+            self.norm = nn.RMSNorm(dim)
+            self.head = nn.Linear(dim, VOCAB, bias=False)
+
+        def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            x = self.embed(tokens)
+            seq = tokens.shape[1]
+            visible = torch.arange(self.max_len).unsqueeze(0) <= pos.unsqueeze(1)  # [T, max_len]
+            mask = torch.zeros(seq, self.max_len).masked_fill(~visible, float("-inf"))
+            blocks: Any = self.blocks  # ModuleDicts (a ModuleList types its items as Module)
+            for i, block in enumerate(blocks):
+                h = block["norm1"](x)
+                q, k, v = block["qkv"](h).view(1, seq, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+                k_cache, v_cache = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")
+                k_cache.index_copy_(2, pos, k)
+                v_cache.index_copy_(2, pos, v)
+                scores = q @ k_cache.transpose(-1, -2) / self.head_dim ** 0.5 + mask
+                att = torch.softmax(scores, -1) @ v_cache
+                x = x + block["out"](att.transpose(1, 2).reshape(1, seq, -1))
+                x = x + block["down"](torch.nn.functional.silu(block["up"](block["norm2"](x))))
+            return self.head(self.norm(x))
+
+    return KVDecoder
