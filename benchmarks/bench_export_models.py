@@ -123,18 +123,17 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     rows = []
     for name in args.models:
-        cells = {}
-        for route in ("raw", "pyrt"):
-            runs = []
-            for _ in range(args.runs):  # routes alternate run by run would interleave noise; keep it simple
+        runs: dict[str, list[dict]] = {"raw": [], "pyrt": []}
+        for _ in range(args.runs):  # the routes alternate, so load from other processes hits both alike
+            for route in ("raw", "pyrt"):
                 cmd = [sys.executable, __file__, "--child", route, "--model", name]
-                runs.append(run_json(cmd + (["--static"] if args.static else []), f"{route} {name}"))
-                print(json.dumps(runs[-1]), flush=True)
-            cells[route] = {
-                "cold": statistics.median(r["cold_s"] for r in runs),
-                "warm": statistics.median(r["warm_s"] for r in runs),
-                "peak": max(r["peak_mib"] for r in runs), "engine": runs[0]["engine_bytes"],
-            }
+                runs[route].append(run_json(cmd + (["--static"] if args.static else []), f"{route} {name}"))
+                print(json.dumps(runs[route][-1]), flush=True)
+        cells = {route: {
+            "cold": statistics.median(r["cold_s"] for r in rs), "warm": statistics.median(r["warm_s"] for r in rs),
+            "cold_best": min(r["cold_s"] for r in rs), "warm_best": min(r["warm_s"] for r in rs),
+            "peak": max(r["peak_mib"] for r in rs), "engine": rs[0]["engine_bytes"],
+        } for route, rs in runs.items()}
         rows.append((name, cells))
     text = report(rows, args, env_note)
     print(text)
@@ -145,28 +144,33 @@ def main() -> None:
 def report(rows: list, args: argparse.Namespace, env_note: str) -> str:
     head = ["model", "raw cold", "pyrt cold", "ratio", "raw warm", "pyrt warm", "ratio", "raw peak RSS",
             "pyrt peak RSS", "difference", "engine (raw / pyrt)"]
-    body, met_wall, met_rss = [], True, True
+    body, ratios, met_rss = [], {"median": [], "best": []}, True
     for name, c in rows:
         raw, ours = c["raw"], c["pyrt"]
-        cold, warm = ours["cold"] / raw["cold"], ours["warm"] / raw["warm"]
+        cells = []
+        for kind in ("cold", "warm"):
+            median, best = ours[kind] / raw[kind], ours[kind + "_best"] / raw[kind + "_best"]
+            ratios["median"].append(median)
+            ratios["best"].append(best)
+            cells.append((f"{raw[kind]:.2f} s ({raw[kind + '_best']:.2f})", f"{ours[kind]:.2f} s "
+                          f"({ours[kind + '_best']:.2f})", f"{median:.2f}x ({best:.2f}x)"))
         diff = ours["peak"] - raw["peak"]
-        met_wall &= cold <= WALL_TARGET and warm <= WALL_TARGET
         met_rss &= diff <= RSS_TARGET_MIB * 1e6 / (1 << 20)
-        body.append([name, f"{raw['cold']:.2f} s", f"{ours['cold']:.2f} s", f"{cold:.2f}x", f"{raw['warm']:.2f} s",
-                     f"{ours['warm']:.2f} s", f"{warm:.2f}x", f"{raw['peak']:,.0f} MiB", f"{ours['peak']:,.0f} MiB",
+        body.append([name, *cells[0], *cells[1], f"{raw['peak']:,.0f} MiB", f"{ours['peak']:,.0f} MiB",
                      f"{diff:+,.0f} MiB", f"{raw['engine'] / 1024:,.0f} / {ours['engine'] / 1024:,.0f} KiB"])
     shapes = "static shapes" if args.static else "dynamic batch (and sequence) dims"
+    verdict = {k: "met" if max(v) <= WALL_TARGET else f"NOT met (worst {max(v):.2f}x)" for k, v in ratios.items()}
     return (f"### Export per model: pyrt vs torch.onnx.export -> TensorRT-RTX ({shapes})\n\n"
             f"Command: `{command_line()}` ({machine()}; {env_note} and `torch.set_num_threads(1)` in every child; "
-            f"median of {args.runs} fresh subprocesses per cell, worst peak). cold = the first export in a "
-            "process (each route's lazy imports included: torch.onnx's exporter, and ExecuTorch for pyrt); "
-            "warm = a second export of the same model in that process. Peak RSS = `ru_maxrss` over the cold "
-            "export (reset before it) in a child that already holds torch, transformers, onnx, tensorrt_rtx "
-            "and the model. pyrt's output is a whole .pte (engine + ExecuTorch program); raw writes the "
-            "engine only.\n\n"
+            f"{args.runs} fresh subprocesses per cell, raw and pyrt alternating; times are the median, best in "
+            "parentheses; worst peak). cold = the first export in a process (each route's lazy imports "
+            "included: torch.onnx's exporter for both, ExecuTorch for pyrt); warm = a second export of the "
+            "same model in that process. Peak RSS = `ru_maxrss` over the cold export (reset before it) in a "
+            "child that already holds torch, transformers, onnx, tensorrt_rtx and the model. pyrt's output is "
+            "a whole .pte (engine + ExecuTorch program); raw writes the engine only.\n\n"
             + markdown_table(head, body)
-            + f"\n\nTargets: pyrt wall time <= {WALL_TARGET}x raw (cold and warm): "
-            f"{'met' if met_wall else 'NOT met'}; peak RSS within {RSS_TARGET_MIB} MB of raw: "
+            + f"\n\nTargets: pyrt wall time <= {WALL_TARGET}x raw, cold and warm: on medians {verdict['median']}, "
+            f"on best runs {verdict['best']}; peak RSS within {RSS_TARGET_MIB} MB of raw: "
             f"{'met' if met_rss else 'NOT met'}.")
 
 

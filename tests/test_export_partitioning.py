@@ -284,3 +284,39 @@ def test_direct_onnx_translation_computes_the_partition(tmp_path: Path) -> None:
         (got,) = session.run(None, {"x": xs.numpy()})
         with torch.no_grad():
             assert _close(got, part.module(xs)) < 1e-5
+
+
+# -- builds that fail --------------------------------------------------------------------------------
+
+
+class WithDet(nn.Module):
+    """TensorRT's ONNX parser rejects Det; everything else builds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.a(x)
+        return self.b(y) * 2, torch.linalg.det(y.view(-1, 2, 2)) + 1
+
+
+def test_a_failed_build_moves_out_only_the_ops_its_error_names(tmp_path: Path) -> None:
+    gm, forced, options = _staged(WithDet(), (torch.randn(3, 4),))
+    with EngineStore(tmp_path) as store:
+        planner = _Planner(gm, ReferenceBuilder(), options, store, forced)
+        (part,) = planner.plan()
+        error = ("tensorrt_rtx OnnxParser rejected model.onnx: node 2 'n0' (op Det): UNSUPPORTED_NODE; "
+                 "TensorRT said: While parsing node number 2 [Det -> \"linalg_det\"]")
+        assert [n.name for n in planner._culprits(part, error)] == ["linalg_det"]
+        assert planner._culprits(part, "something went wrong") == part.nodes  # every op builds alone
+        assert store.records.keys() >= {"probe0"}
+
+
+@pytest.mark.slow
+def test_tensorrt_rtx_build_failure_is_a_reason_not_an_error(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx")
+    summary = to_pte(WithDet(), tmp_path / "d.pte", (torch.randn(3, 4),), builder="tensorrt_rtx", progress=False)
+    assert list(summary.fallback_reasons) == ["aten::linalg_det"]
+    assert summary.fallback_reasons["aten::linalg_det"].startswith("build failed: tensorrt_rtx OnnxParser rejected")
+    assert "(op Det)" in summary.fallback_reasons["aten::linalg_det"] and len(summary.engines) == 2

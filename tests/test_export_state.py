@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -161,3 +162,31 @@ def test_tensorrt_rtx_builds_the_kv_decoder_as_one_engine(tmp_path: Path) -> Non
     assert len(summary.engines) == 1 and summary.fallback_ops == {}
     ops = [i.get("op") for i in pyrt.inspect(tmp_path / "kv.pte")["methods"][0]["instructions"]]
     assert ops.count("et_copy::_h2d_copy.out") == 2 and ops.count("aten::copy_") == 4
+
+
+def test_device_copy_kernel() -> None:
+    """aten::copy_ between device tensors (the write-back of a device-resident buffer), same and other device."""
+    import numpy as np
+
+    from pyrt import cuda
+    from pyrt.dtypes import ScalarType
+    from pyrt.errors import InputError
+    from pyrt.kernels.prim_kernels import _copy_device
+    from pyrt.tensors import DeviceTensor
+
+    table = SimpleNamespace(devices=None)  # no per-device streams: synchronous copies
+    with simulated_gpus(2):
+        allocs = [cuda.current().alloc(64, d) for d in (0, 0, 1)]
+        src, same, other = (DeviceTensor(a, 16, ScalarType.FLOAT, (2, 3), 6) for a in allocs)
+        cuda.current().memcpy_htod(allocs[0], np.arange(6, dtype=np.float32), dst_offset=16)
+        for dst in (same, other):
+            _copy_device(dst, src, table, "test")
+            back = np.zeros(6, np.float32)
+            cuda.current().memcpy_dtoh(back, dst.allocation, src_offset=16)
+            assert back.tolist() == list(range(6))
+        with pytest.raises(InputError, match="test: copy_ between host and device memory"):
+            _copy_device(np.zeros((2, 3), np.float32), src, table, "test")
+        with pytest.raises(InputError, match=r"float32\[3, 2\] into float32\[2, 3\]"):
+            _copy_device(same, DeviceTensor(allocs[0], 16, ScalarType.FLOAT, (3, 2), 6), table, "test")
+        for a in allocs:
+            a.free()

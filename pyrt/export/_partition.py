@@ -33,7 +33,7 @@ from pyrt.export._prepare import is_sym_node, label_sizes, materialize
 
 FORCED = "forced by torch_executed_ops"
 ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
-_NON_COMPUTE = (operator.getitem,)
+NON_COMPUTE = (operator.getitem,)
 
 
 @dataclass
@@ -119,7 +119,7 @@ class _Support(OperatorSupportBase):
         self.supported = supported
 
     def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
-        if node.op == "call_function" and node.target in _NON_COMPUTE:
+        if node.op == "call_function" and node.target in NON_COMPUTE:
             producer = node.args[0]
             return isinstance(producer, fx.Node) and self.supported(producer)
         return self.supported(node)
@@ -134,15 +134,15 @@ def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     partitioner = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True)
     groups = [sorted(p.nodes, key=order.__getitem__) for p in partitioner.propose_partitions()]
-    groups = [g for g in groups if _compute_count(g) >= min_block_size and _has_runtime_input(g)]
+    groups = [g for g in groups if _compute_count(g) >= min_block_size and has_runtime_input(g)]
     return sorted(groups, key=lambda g: order[g[-1]])
 
 
 def _compute_count(nodes: list[fx.Node]) -> int:
-    return sum(1 for n in nodes if n.target not in _NON_COMPUTE)
+    return sum(1 for n in nodes if n.target not in NON_COMPUTE)
 
 
-def _has_runtime_input(nodes: list[fx.Node]) -> bool:
+def has_runtime_input(nodes: list[fx.Node]) -> bool:
     """A partition fed only by constants would be an engine with no inputs: leave it to ExecuTorch."""
     inside = set(nodes)
     return any(a not in inside and a.op != "get_attr" and not is_sym_node(a) for n in nodes for a in n.all_input_nodes)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -37,6 +38,7 @@ from pyrt.errors import ExportError
 from pyrt.export._options import canonical_op_name, node_op_names
 
 log = logging.getLogger("pyrt.export")
+_OVERLOAD = re.compile(r"[A-Za-z_]\w*\.\w+\.\w+")  # how an OpOverload prints: namespace.op.overload
 
 SYM_OPS: dict[str, Any] = {  # expression-tree operator -> FX target (pyrt.export._spec trees)
     "+": operator.add, "*": operator.mul, "//": operator.floordiv, "%": operator.mod, "pow": operator.pow,
@@ -255,12 +257,8 @@ def provenance(node: fx.Node) -> set[str]:
     while stack:
         source = stack.pop()
         target = getattr(source, "target", None)
-        if isinstance(target, str) and target.startswith("aten.") or (
-                isinstance(target, str) and "." in target and not target.startswith("<")):
-            try:
-                out.add(canonical_op_name(target))
-            except ExportError:
-                pass
+        if isinstance(target, str) and _OVERLOAD.fullmatch(target):  # "aten.softmax.int", not "output"
+            out.add(canonical_op_name(target))
         stack.extend(getattr(source, "from_node", None) or ())
     return out
 

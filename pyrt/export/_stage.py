@@ -24,11 +24,12 @@ from pyrt.export._engines import EngineStore
 from pyrt.export._graph import graph_copy, inline_submodules, unlift
 from pyrt.export._options import node_op_names
 from pyrt.export._partition import (
-    _NON_COMPUTE,
+    NON_COMPUTE,
     Extracted,
     UnknownSize,
     check_outputs_live,
     extract,
+    has_runtime_input,
     is_tensor_node,
     propose,
     refusal,
@@ -160,6 +161,8 @@ class _Planner:
             try:
                 parts = [self._extract(g) for g in groups]
             except UnknownSize as exc:
+                if not exc.users:
+                    raise ExportError(str(exc)) from None
                 self._block(exc.users, f"needs a size no engine input determines: {exc}")
                 continue
             unexpressible = [o for p in parts for o in _unexpressible_outputs(p)]
@@ -189,7 +192,7 @@ class _Planner:
                     built, error = _build_one(self.builder, part, f"b{len(self.store.records)}", self.store,
                                               self.options)
                     if built is None:
-                        self._block(self._culprits(part, error), f"build failed: {error}")
+                        self._block(self._culprits(part, error), f"build failed: {_short(error)}")
                         break
                     self.built[key] = (part, built)
                 done.append(self.built[key])
@@ -201,7 +204,7 @@ class _Planner:
         named = [n for n in part.nodes if _mentions(error, n)]
         if named:
             return _with_items(named)
-        failing = [n for n in part.nodes if n.target not in _NON_COMPUTE and not self._probe(n)]
+        failing = [n for n in part.nodes if n.target not in NON_COMPUTE and not self._probe(n)]
         if failing:
             ops = sorted({str(n.target) for n in failing})
             log.info("%s: ops that fail alone: %s", self.builder.name, ", ".join(ops))
@@ -213,8 +216,11 @@ class _Planner:
         key = (node.target, _signature(node))
         if key not in self.probes:
             try:
-                single = extract(self.gm, _with_items([node]), self.state_inputs)
+                nodes = _with_items([node])
+                single = extract(self.gm, nodes, self.state_inputs)
             except ExportError:
+                single = None
+            if single is None or not has_runtime_input(nodes):
                 self.probes[key] = True  # cannot be tried alone: do not blame it
                 return True
             built, _ = _build_one(self.builder, single, f"probe{len(self.store.records)}", self.store,
@@ -227,7 +233,7 @@ class _Planner:
         inside = {n for part, _ in parts for n in part.nodes}
         out: dict[str, list[str]] = {}
         for node in self.gm.graph.nodes:
-            if node.op != "call_function" or node in inside or node.target in _NON_COMPUTE or is_sym_node(node):
+            if node.op != "call_function" or node in inside or node.target in NON_COMPUTE or is_sym_node(node):
                 continue
             if node.target is torch.ops.aten.copy_.default and str(node.args[0].target) in self.state_inputs:
                 continue  # a buffer's write-back (ExecuTorch's mutable-buffer copy), not a fallback op
@@ -260,6 +266,12 @@ def _partition_and_build(gm: fx.GraphModule, builder: Any, options: Options, sto
     return _install_engines(gm, parts, options, store), reasons
 
 
+def _short(text: str, limit: int = 240) -> str:
+    """The start of a (long) build error for the summary; the log keeps all of it."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _mentions(text: str, node: fx.Node) -> bool:
     """The error names this node (by FX name) or its operator (aten.x.y / aten::x.y)."""
     names = node_op_names(node.target)
@@ -273,7 +285,7 @@ def _with_items(nodes: list[fx.Node]) -> list[fx.Node]:
     """``nodes`` plus the getitem nodes reading them (they follow their producer)."""
     out = list(nodes)
     for n in nodes:
-        out.extend(u for u in n.users if u.target in _NON_COMPUTE and u not in out)
+        out.extend(u for u in n.users if u.target in NON_COMPUTE and u not in out)
     return out
 
 
