@@ -1,9 +1,10 @@
 """Split a flat ATen graph into engine partitions and fallback ops.
 
-A node may join an engine when it is a pure ATen operator on tensors, it is
-not forced to fall back (``torch_executed_ops``) and the builder says it can
-build it. torch's ``CapabilityBasedPartitioner`` groups such nodes into
-cycle-free partitions; partitions with fewer than ``min_block_size`` compute
+A node may join an engine when it is a pure ATen operator on tensors (and
+SymInts), it is not forced to fall back (``torch_executed_ops``) and the
+builder says it can build it (:func:`refusal` gives the reason when not).
+torch's ``CapabilityBasedPartitioner`` groups such nodes into cycle-free
+partitions; partitions with fewer than ``min_block_size`` compute
 ops fall back too. Each partition becomes a standalone GraphModule (its
 weights are ``get_attr`` constants inside it, its inputs numbered
 placeholders in first-use order) and is then replaced in the parent graph by
@@ -93,13 +94,6 @@ def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
         if dtype_name(a.meta["val"]) not in ENGINE_DTYPES:
             return f"{dtype_name(a.meta['val'])} argument {a.name!r}"
     return None
-
-
-def plain_aten_op(node: fx.Node, forced_fallback: Collection[str]) -> bool:
-    """The builder-independent part of "can this node join an engine" (by op name only)."""
-    names = node_op_names(node.target) if node.op == "call_function" else None
-    forced = {node: names[0]} if names and any(n in forced_fallback for n in names) else {}
-    return refusal(node, forced) is None
 
 
 def _is_random(node: fx.Node) -> bool:
