@@ -67,8 +67,9 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
             (streaming_blobs(session) if streaming else contextlib.nullcontext()):
         # IR validation stays off: with it, ExecuTorch 1.5.1's edge verifier specialises a dynamic
-        # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops
-        # are core ATen from run_decompositions, and ToOutVarPass still refuses any without kernels.
+        # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops are
+        # core ATen or ops torch.onnx translates whole (to_edge decomposes those to core ATen), and
+        # ToOutVarPass still refuses any without kernels.
         edge = to_edge_transform_and_lower(
             program, partitioner=[TensorRTPartitioner(options.extra_specs)],
             compile_config=EdgeCompileConfig(_check_ir_validity=False))

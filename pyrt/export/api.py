@@ -84,8 +84,14 @@ def to_pte(
     ``progress``: None = bar on a TTY, True/False = force on/off (always logged to "pyrt.export").
     ``writer``: "pyrt" streams engines from disk; "executorch" uses ExecuTorch's in-memory writer.
 
+    What runs in engines is what torch.onnx can export (docs/engine_building.md,
+    "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
+    Buffers the model mutates (a static KV cache) become program state kept in the engines'
+    device memory; a model that mutates its inputs is refused.
+
     Returns an :class:`ExportSummary`. Raises ExportError (or BudgetError) on bad options,
-    before any work; the file at ``path`` is replaced atomically or left untouched.
+    before any work, and on partitioning problems before any engine is built; the file at
+    ``path`` is replaced atomically or left untouched.
     """
     started = time.perf_counter()
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
