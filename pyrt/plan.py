@@ -309,6 +309,8 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[st
         elif info.device is not None:
             vals[i] = DeviceTensor(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes,
                                    info.capacity, info.dim_order)
+            if decl.data_buffer_idx > 0:  # a mutable buffer kept in device memory (a KV cache)
+                _initialize_device(vals[i], program.mutable_data(decl))
         else:
             vals[i] = host.view(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes, info.dim_order)
             if decl.is_external:  # mutable buffer whose initial value is named data (a .ptd)
@@ -330,6 +332,17 @@ def _initialize(view: Any, data: memoryview, host: NumpyHost | TorchHost) -> Non
     else:  # a non-default dim order: bytes are in memory order
         base = np.lib.stride_tricks.as_strided(dst, (dst.size,), (dst.itemsize,))
         base.view(np.uint8)[:] = src
+
+
+def _initialize_device(tensor: DeviceTensor, data: memoryview) -> None:
+    """Upload a device-resident mutable buffer's initial bytes (once, at load)."""
+    import numpy as np
+
+    src = np.frombuffer(data, dtype=np.uint8)
+    if src.nbytes != tensor.nbytes:
+        raise PteFormatError(f"mutable buffer of {tensor.nbytes} bytes has {src.nbytes} bytes of initial data")
+    if src.nbytes:
+        tensor.allocation._cuda.memcpy_htod(tensor.allocation, src, dst_offset=tensor.offset)  # its own seam
 
 
 def instruction_writes(plan: ExecutionPlan, kernels: list[Kernel]) -> set[int]:

@@ -204,7 +204,7 @@ class Wide(nn.Module):
 
 def test_trap3_engine_is_a_get_attr_tensor_not_source(tmp_path: Path) -> None:
     with EngineStore(tmp_path) as store:
-        gm, args, engines, original = stage_engines(Wide(), (torch.randn(3, 128),),
+        gm, args, engines, original, _ = stage_engines(Wide(), (torch.randn(3, 128),),
                                                     _options(torch_executed_ops=["aten.sigmoid.default"]), store)
         calls = [n for n in gm.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
         assert len(calls) == 2

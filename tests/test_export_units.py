@@ -136,7 +136,10 @@ def test_supports() -> None:
     dev = g.call_function(torch.ops.aten._to_copy.default, (x,),
                           {"dtype": torch.float16, "device": torch.device("cpu")})
     layout = g.call_function(torch.ops.aten.mul.Tensor, (x, torch.strided))
-    assert [reference_builder.supports(n) for n in (x, ok, inf, dev, layout)] == [False, True, False, True, False]
+    fmt = g.call_function(torch.ops.aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+    nan = g.call_function(torch.ops.aten.mul.Scalar, (x, float("nan")))
+    found = [reference_builder.supports(n) for n in (x, ok, inf, dev, layout, fmt, nan)]
+    assert found == [False, True, True, True, False, True, True]
 
 
 # -- Torch-TensorRT state ------------------------------------------------------------------------------

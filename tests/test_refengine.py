@@ -16,6 +16,7 @@ from pyrt.testing.refengine import (
     HEADER,
     MAGIC,
     DType,
+    MemoryFormat,
     Ref,
     RefEngine,
     RefEngineExecutionError,
@@ -202,9 +203,43 @@ def test_invalid_json_and_non_object() -> None:
 def test_writer_rejects_bad_graphs() -> None:
     with pytest.raises(RefEngineFormatError, match="needs min_shape and max_shape"):
         RefEngine([RefTensor("x", "float32", (-1,))], [RefTensor("x", "float32", (-1,))])
-    with pytest.raises(RefEngineFormatError, match="not valid JSON"):
+    with pytest.raises(RefEngineFormatError, match="cannot encode argument"):
         RefEngine([RefTensor("x", "float32", (1,))], [RefTensor("y", "float32", (1,))],
-                  nodes=[RefNode("aten::mul.Scalar", [Ref("x"), float("nan")], {}, ["y"])]).to_bytes()
+                  nodes=[RefNode("aten::mul.Scalar", [Ref("x"), 1j], {}, ["y"])]).to_bytes()
+
+
+def test_nonfinite_literals_and_memory_formats_round_trip() -> None:
+    """-inf/inf/nan and memory_format survive the JSON (masks use -inf; .contiguous() needs the format)."""
+    torch = pytest.importorskip("torch")
+    eng = RefEngine(
+        [RefTensor("x", "float32", (2, 3))], [RefTensor("y", "float32", (3, 2)), RefTensor("m", "float32", (2, 3))],
+        nodes=[RefNode("aten::t.default", [Ref("x")], {}, ["xt"]),
+               RefNode("aten::clone.default", [Ref("xt")], {"memory_format": MemoryFormat("contiguous_format")},
+                       ["c"]),
+               RefNode("aten::view.default", [Ref("c"), [3, 2]], {}, ["y"]),
+               RefNode("aten::clamp.default", [Ref("x"), float("-inf"), float("inf")], {}, ["k"]),
+               RefNode("aten::nan_to_num.default", [Ref("k"), float("nan")], {}, ["m"])])
+    again = RefEngine.from_bytes(eng.to_bytes())
+    assert again.nodes[1].kwargs == {"memory_format": MemoryFormat("contiguous_format")}
+    assert again.nodes[3].args[1:] == [float("-inf"), float("inf")] and np.isnan(again.nodes[4].args[1])
+    x = torch.randn(2, 3)
+    out = again.run({"x": x}, backend="torch")
+    assert torch.equal(out["y"], x.t().contiguous().view(3, 2)) and torch.equal(out["m"], x)
+
+
+def test_size_arithmetic_runs_on_ints() -> None:
+    eng = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 2))],
+                    nodes=[RefNode("aten::sym_size.int", [Ref("x"), 0], {}, ["n"]),
+                           RefNode("sym::mul", [Ref("n"), 2], {}, ["n2"]),
+                           RefNode("aten::view.default", [Ref("x"), [Ref("n2"), 2]], {}, ["y"])])
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for backend in ("numpy", "torch"):
+        assert np.asarray(eng.run({"x": x}, backend=backend)["y"]).shape == (6, 2)
+    assert eng.infer_output_shapes({"x": (5, 4)}) == {"y": (10, 2)}
+    bad = RefEngine([RefTensor("x", "float32", (1,))], [RefTensor("y", "float32", (1,))],
+                    nodes=[RefNode("sym::cube", [1], {}, ["n"]), RefNode("aten::relu", [Ref("x")], {}, ["y"])])
+    with pytest.raises(UnsupportedOperatorError, match="sym::cube"):
+        bad.run({"x": np.ones(1, np.float32)})
 
 
 # -- the executor -------------------------------------------------------------------------------

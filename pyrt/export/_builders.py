@@ -10,9 +10,11 @@ spills the engine to the :class:`EngineStore` and returns its bindings).
 
 from __future__ import annotations
 
-import functools
 import logging
-from dataclasses import dataclass
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +23,9 @@ import torch.fx as fx
 from pyrt.errors import ExportError
 from pyrt.export import reference_builder
 from pyrt.export._engines import EngineRecord, EngineStore, timed
+from pyrt.export._onnx import Unavailable, export_partition
 from pyrt.export._partition import Extracted
+from pyrt.export._prepare import onnx_translates
 from pyrt.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -44,11 +48,23 @@ def make_builder(name: str) -> Any:
     return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
 
 
+def converts(node: fx.Node) -> bool:
+    """What TensorRT can take: ops torch.onnx translates (the route every builder's engines
+    go through on a GPU); everything when torch.onnx's registry is unavailable."""
+    return onnx_translates(node.target) is not False
+
+
 class ReferenceBuilder:
+    """Reference engines (``PYRTREF1``) for pyrt.testing's fake TensorRT.
+
+    It accepts exactly what the TensorRT builders accept, so both partition a graph
+    the same way; every such op must encode (``reference_builder.supports``).
+    """
+
     name = "reference"
 
     def supports(self, node: fx.Node) -> bool:
-        return reference_builder.supports(node)
+        return converts(node) and reference_builder.supports(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
               progress: Any = None) -> Built:
@@ -78,8 +94,7 @@ class TensorRTBuilder:
         self.name = self.module.__name__.split(".")[0]
 
     def supports(self, node: fx.Node) -> bool:
-        registry = _onnx_registry()
-        return registry is None or registry.is_registered(node.target)
+        return converts(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
               progress: Any = None) -> Built:
@@ -88,14 +103,19 @@ class TensorRTBuilder:
         ranges: dict[int | str, dict[str, list[int]]] = {
             i: _profile(v, a.name, limits)
             for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
-        n_out = len(part.outputs)
+        names = [f"input_{i}" for i in range(len(vals))]
+        outs = [f"output_{i}" for i in range(len(part.outputs))]
         result: dict[str, Any] = {}
 
         def write(sink: Any) -> None:  # the engine goes to its spill file as TensorRT serializes it
-            result["built"] = self.trt_builder.build_engine(
-                part.module, [_example(v) for v in vals], flavour=self.module, weight_streaming=weight_streaming,
-                dynamic_shapes=ranges or None, input_names=[f"input_{i}" for i in range(len(vals))],
-                output_names=[f"output_{i}" for i in range(n_out)], progress=progress, out=sink)
+            try:
+                result["built"] = self._build_direct(part, ranges, names, outs, weight_streaming, progress, sink)
+            except Unavailable as exc:
+                log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
+                result["built"] = self.trt_builder.build_engine(
+                    part.module, [_example(v) for v in vals], flavour=self.module,
+                    weight_streaming=weight_streaming, dynamic_shapes=ranges or None, input_names=names,
+                    output_names=outs, progress=progress, out=sink)
 
         try:
             record = store.add_stream(key, write)
@@ -106,21 +126,21 @@ class TensorRTBuilder:
         record.extra["route"] = built.route
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
 
-
-@functools.lru_cache(maxsize=1)
-def _onnx_registry() -> Any:
-    """torch.onnx's op registry (what the ONNX route can express); None if unavailable."""
-    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        from torch.onnx._internal.exporter import _registration
-
-        return _registration.ONNXRegistry.from_torchlib()
-    except Exception:  # private API: degrade to "let the builder decide"
-        return None
-    finally:
-        quiet.setLevel(level)
+    def _build_direct(self, part: Extracted, ranges: dict[int | str, dict[str, list[int]]], names: list[str],
+                      outs: list[str], weight_streaming: bool, progress: Any, out: Any = None) -> Any:
+        """ONNX straight from the partition's graph (``pyrt.export._onnx``), then parse and build."""
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
+            if progress is not None:
+                progress("export_onnx")
+            path = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
+            built = self.trt_builder.build_engine_from_onnx(
+                path, flavour=self.module, weight_streaming=weight_streaming,
+                dynamic_shapes={names[int(i)]: r for i, r in ranges.items()} or None, progress=progress, out=out)
+        got = ([b.name for b in built.inputs], [b.name for b in built.outputs])
+        if got != (names, outs):
+            raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")
+        return replace(built, build_seconds=time.perf_counter() - started)
 
 
 def _is_dynamic(t: torch.Tensor) -> bool:

@@ -117,8 +117,10 @@ def unlift(ep: ExportedProgram) -> fx.GraphModule:
     """A flat GraphModule of ``ep``: states become ``get_attr``, user I/O keeps ep's pytree specs.
 
     Custom objects are resolved with :func:`resolve_custom_obj` (so the engine
-    objects of a Torch-TensorRT program are the real ones). Programs that
-    mutate buffers or inputs are refused: their effects cannot live in an engine.
+    objects of a Torch-TensorRT program are the real ones). A buffer mutation
+    becomes ``aten.copy_(buffer, new value)`` at the end of the graph (re-exporting
+    turns it back into a buffer mutation); ``gm.meta["mutable_buffers"]`` names those
+    buffers' attributes. Programs that mutate their inputs are refused.
     """
     sig = ep.graph_signature
     specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
@@ -126,15 +128,17 @@ def unlift(ep: ExportedProgram) -> fx.GraphModule:
     attrs = _Attrs(root)
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    mutable: list[str] = []
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             env[node] = _unlift_placeholder(node, specs.get(node.name), ep, graph, attrs)
         elif node.op == "output":
-            _check_outputs(sig)
-            graph.output(fx.map_arg(node.args[0], env.__getitem__))
+            user = _write_back(sig, list(node.args[0]), env, graph, mutable)
+            graph.output(tuple(user))
         else:
             env[node] = graph.node_copy(node, env.__getitem__)
     gm = fx.GraphModule(root, graph)
+    gm.meta["mutable_buffers"] = frozenset(mutable)
     if ep.call_spec.in_spec is not None:  # keep the program's (args, kwargs) / output structure
         from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
@@ -174,13 +178,26 @@ def _is_custom_obj(node: fx.Node) -> bool:
     return type(val).__name__ in ("CustomObjArgument", "FakeScriptObject", "ScriptObject")
 
 
-def _check_outputs(sig: Any) -> None:
-    for spec in sig.output_specs:
-        if spec.kind != OutputKind.USER_OUTPUT:
+def _write_back(sig: Any, outputs: list[Any], env: dict[fx.Node, fx.Node], graph: fx.Graph,
+                mutable: list[str]) -> list[Any]:
+    """``copy_`` each mutated buffer's new value into it; returns the user outputs (env-mapped)."""
+    placeholders = {s.target: s.arg.name for s in sig.input_specs if s.kind == InputKind.BUFFER}
+    by_name = {n.name: n for n in env}
+    user = []
+    for spec, value in zip(sig.output_specs, outputs, strict=True):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            user.append(fx.map_arg(value, env.__getitem__))
+        elif spec.kind == OutputKind.BUFFER_MUTATION and spec.target in placeholders:
+            buffer = env[by_name[placeholders[spec.target]]]
+            new = env[value]
+            copy = graph.call_function(torch.ops.aten.copy_.default, (buffer, new))
+            copy.meta["val"] = buffer.meta.get("val")
+            mutable.append(str(buffer.target))
+        else:
             raise ExportError(
-                f"the program's output {spec.arg} is a {spec.kind.name} (it mutates state); pyrt exports "
-                "inference programs without buffer or input mutations"
-            )
+                f"the program's output {spec.arg} is a {spec.kind.name}; pyrt exports programs whose only "
+                "side effects are buffer mutations (return the new value instead of mutating an input)")
+    return user
 
 
 def _forward_arg_names(ep: ExportedProgram) -> list[str]:

@@ -56,22 +56,27 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
 
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    with options.progress.task("importing ExecuTorch"):
+        from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
-    from pyrt.export._external import ExternalWeights, weights_by_reference
-    from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
+        from pyrt.export._external import ExternalWeights, weights_by_reference
+        from pyrt.export._state import StateOnDevice
+        from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
     external = bool(getattr(options, "external_weights", False))
-    config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external)
+    defaults = ExecutorchBackendConfig()
+    config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external,
+                                     to_out_var_pass=StateOnDevice(defaults.to_out_var_pass))
     streaming = options.writer == "pyrt"
     weights = ExternalWeights()
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
             (streaming_blobs(session) if streaming else contextlib.nullcontext()):
         # IR validation stays off: with it, ExecuTorch 1.5.1's edge verifier specialises a dynamic
-        # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops
-        # are core ATen from run_decompositions, and ToOutVarPass still refuses any without kernels.
+        # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops are
+        # core ATen or ops torch.onnx translates whole (to_edge decomposes those to core ATen), and
+        # ToOutVarPass still refuses any without kernels.
         edge = to_edge_transform_and_lower(
             program, partitioner=[TensorRTPartitioner(options.extra_specs)],
             compile_config=EdgeCompileConfig(_check_ir_validity=False))

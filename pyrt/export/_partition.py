@@ -1,9 +1,10 @@
 """Split a flat ATen graph into engine partitions and fallback ops.
 
-A node may join an engine when it is a pure ATen operator on tensors, it is
-not forced to fall back (``torch_executed_ops``) and the builder says it can
-build it. torch's ``CapabilityBasedPartitioner`` groups such nodes into
-cycle-free partitions; partitions with fewer than ``min_block_size`` compute
+A node may join an engine when it is a pure ATen operator on tensors (and
+SymInts), it is not forced to fall back (``torch_executed_ops``) and the
+builder says it can build it (:func:`refusal` gives the reason when not).
+torch's ``CapabilityBasedPartitioner`` groups such nodes into cycle-free
+partitions; partitions with fewer than ``min_block_size`` compute
 ops fall back too. Each partition becomes a standalone GraphModule (its
 weights are ``get_attr`` constants inside it, its inputs numbered
 placeholders in first-use order) and is then replaced in the parent graph by
@@ -18,7 +19,7 @@ one ``pyrt::execute_engine`` call whose inputs are wired by position.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +30,11 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
 from pyrt.export._options import node_op_names
+from pyrt.export._prepare import is_sym_node, label_sizes, materialize
 
+FORCED = "forced by torch_executed_ops"
 ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
-_NON_COMPUTE = (operator.getitem,)
+NON_COMPUTE = (operator.getitem,)
 
 
 @dataclass
@@ -57,21 +60,52 @@ def is_tensor_node(node: Any) -> bool:
     return isinstance(node, fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
-def plain_aten_op(node: fx.Node, forced_fallback: Collection[str]) -> bool:
-    """The builder-independent part of "can this node join an engine"."""
+def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
+    """Why ``node`` cannot join an engine whatever the builder, or None when it may.
+
+    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._prepare.forced_nodes``).
+    Arguments may be tensors or SymInts (shape arithmetic is recomputed inside each engine).
+    """
     if node.op != "call_function":
-        return False
+        return "not an operator call"
     names = node_op_names(node.target)
-    if names is None or not names[1].startswith("aten::") or any(n in forced_fallback for n in names):
-        return False
+    if names is None or not names[1].startswith("aten::"):
+        return "not an ATen operator"
+    if node in forced:
+        return f"{FORCED} ({forced[node]})"
     op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
-    if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-        return False
+    if op._schema.is_mutable:
+        return "mutates its arguments in place"
+    if _is_random(node):
+        return "random (nondeterministic_seeded)"
     val = node.meta.get("val")
     outs = list(val) if isinstance(val, (tuple, list)) else [val]
-    if not outs or not all(isinstance(v, torch.Tensor) and dtype_name(v) in ENGINE_DTYPES for v in outs):
+    tensors = [v for v in outs if isinstance(v, torch.Tensor)]
+    if not outs or len(tensors) != len(outs):
+        return "returns something other than tensors"
+    for v in tensors:
+        if dtype_name(v) not in ENGINE_DTYPES:
+            return f"{dtype_name(v)} result (engines take {', '.join(sorted(ENGINE_DTYPES))})"
+    for a in node.all_input_nodes:
+        if is_sym_node(a):
+            continue
+        if not is_tensor_node(a):
+            return f"argument {a.name!r} is neither a tensor nor a SymInt"
+        if dtype_name(a.meta["val"]) not in ENGINE_DTYPES:
+            return f"{dtype_name(a.meta['val'])} argument {a.name!r}"
+    return None
+
+
+def _is_random(node: fx.Node) -> bool:
+    """Tagged nondeterministic_seeded, unless its dropout probability is 0 or it is not training."""
+    op: Any = node.target
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
         return False
-    return all(is_tensor_node(a) and dtype_name(a.meta["val"]) in ENGINE_DTYPES for a in node.all_input_nodes)
+    args = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
+            for i, a in enumerate(op._schema.arguments)}
+    if "dropout_p" in args:
+        return args["dropout_p"] not in (0, 0.0)
+    return args.get("train", True) is not False
 
 
 class _Support(OperatorSupportBase):
@@ -79,7 +113,7 @@ class _Support(OperatorSupportBase):
         self.supported = supported
 
     def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
-        if node.op == "call_function" and node.target in _NON_COMPUTE:
+        if node.op == "call_function" and node.target in NON_COMPUTE:
             producer = node.args[0]
             return isinstance(producer, fx.Node) and self.supported(producer)
         return self.supported(node)
@@ -94,30 +128,49 @@ def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     partitioner = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True)
     groups = [sorted(p.nodes, key=order.__getitem__) for p in partitioner.propose_partitions()]
-    groups = [g for g in groups if _compute_count(g) >= min_block_size and _has_runtime_input(g)]
+    groups = [g for g in groups if _compute_count(g) >= min_block_size and has_runtime_input(g)]
     return sorted(groups, key=lambda g: order[g[-1]])
 
 
 def _compute_count(nodes: list[fx.Node]) -> int:
-    return sum(1 for n in nodes if n.target not in _NON_COMPUTE)
+    return sum(1 for n in nodes if n.target not in NON_COMPUTE)
 
 
-def _has_runtime_input(nodes: list[fx.Node]) -> bool:
+def has_runtime_input(nodes: list[fx.Node]) -> bool:
     """A partition fed only by constants would be an engine with no inputs: leave it to ExecuTorch."""
     inside = set(nodes)
-    return any(a not in inside and a.op != "get_attr" for n in nodes for a in n.all_input_nodes)
+    return any(a not in inside and a.op != "get_attr" and not is_sym_node(a) for n in nodes for a in n.all_input_nodes)
 
 
-def extract(gm: fx.GraphModule, nodes: list[fx.Node]) -> Extracted:
+class UnknownSize(ExportError):
+    """A partition needs a size that none of its inputs' shapes determines."""
+
+    def __init__(self, message: str, users: list[fx.Node]) -> None:
+        super().__init__(message)
+        self.users = users
+
+
+def extract(gm: fx.GraphModule, nodes: list[fx.Node], state_inputs: Collection[str] = ()) -> Extracted:
     """A GraphModule computing ``nodes``: external values become ``input_i`` placeholders in
-    first-use order, ``get_attr`` weights are carried inside, used-outside values are returned."""
+    first-use order, ``get_attr`` weights are carried inside, used-outside values are returned.
+
+    SymInt arguments computed outside are recomputed inside from the inputs' shapes
+    (:class:`UnknownSize` names the nodes when no input determines one). ``get_attr``
+    targets in ``state_inputs`` (mutable buffers) are inputs, not baked-in weights.
+    """
     inside = set(nodes)
     inputs: list[fx.Node] = []
     weights: list[fx.Node] = []
+    sizes: list[fx.Node] = []
     for n in nodes:
         for a in n.all_input_nodes:
             if a not in inside:
-                bucket = weights if a.op == "get_attr" else inputs
+                if is_sym_node(a):
+                    bucket = sizes
+                elif a.op == "get_attr" and str(a.target) not in state_inputs:
+                    bucket = weights
+                else:
+                    bucket = inputs
                 if a not in bucket:
                     bucket.append(a)
     outputs = [n for n in nodes if any(u not in inside for u in n.users)]
@@ -126,7 +179,7 @@ def extract(gm: fx.GraphModule, nodes: list[fx.Node]) -> Extracted:
             raise ExportError(f"partition output {out.name!r} is not a tensor; it cannot leave an engine")
     root = torch.nn.Module()
     graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
+    env: dict[fx.Node, Any] = {}
     for i, a in enumerate(inputs):
         env[a] = graph.placeholder(f"input_{i}")
         env[a].meta = dict(a.meta)
@@ -134,6 +187,8 @@ def extract(gm: fx.GraphModule, nodes: list[fx.Node]) -> Extracted:
         root.register_buffer(f"weight_{i}", _attr_tensor(gm, w))
         env[w] = graph.get_attr(f"weight_{i}")
         env[w].meta = dict(w.meta)
+    if sizes:
+        _recompute_sizes(graph, env, inputs, sizes, inside)
     for n in nodes:
         env[n] = graph.node_copy(n, env.__getitem__)
     graph.output(tuple(env[o] for o in outputs))
@@ -141,6 +196,31 @@ def extract(gm: fx.GraphModule, nodes: list[fx.Node]) -> Extracted:
     module.eval()
     module.meta["range_constraints"] = gm.meta.get("range_constraints")
     return Extracted(module, nodes, inputs, outputs)
+
+
+def _recompute_sizes(graph: fx.Graph, env: dict[fx.Node, Any], inputs: list[fx.Node], sizes: list[fx.Node],
+                     inside: set[fx.Node]) -> None:
+    """``env[size]`` := FX nodes (or an int) computing each outside SymInt from the inputs' shapes."""
+    from pyrt.export._spec import dim_expr, symbols_from_inputs
+
+    shapes = [tuple(a.meta["val"].shape) if is_tensor_node(a) else () for a in inputs]
+    symbols = symbols_from_inputs(shapes)
+    dims = {name: (env[inputs[i]], d, c, o) for name, (i, d, c, o) in symbols.table.items()}
+    for size in sizes:
+        value = size.meta["val"]
+        if isinstance(value, int):
+            env[size] = value
+            continue
+        try:
+            tree = dim_expr(value, symbols, f"size {size.name!r}")
+        except ExportError as exc:
+            users = [u for u in size.users if u in inside]
+            raise UnknownSize(f"{exc} (needed by {', '.join(u.name for u in users)})", users) from None
+        last = next(reversed(graph.nodes), None)
+        new = materialize(graph, tree, dims)
+        if isinstance(new, fx.Node) and last is not None:  # (a symbol's tree always reads an input)
+            label_sizes(last, new, value)
+        env[size] = new
 
 
 def _attr_tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
@@ -178,3 +258,42 @@ def replace_with_engine(gm: fx.GraphModule, part: Extracted, engine_attr: str, s
     for node in reversed(part.nodes):
         graph.erase_node(node)
     return call
+
+
+def check_outputs_live(gm: fx.GraphModule, parts: list[Extracted]) -> None:
+    """Every engine output must reach something ExecuTorch keeps, or ExecuTorch drops it.
+
+    ExecuTorch deletes unused delegate outputs (and assertion ops), yet a TensorRT
+    engine still binds every output. Raised before any engine is built.
+    """
+    live = _live_nodes(gm)
+    problems = []
+    for index, part in enumerate(parts):
+        inside = set(part.nodes)
+        for out in part.outputs:
+            users = [u for u in out.users if u not in inside]
+            if not any(u in live for u in users):
+                named = ", ".join(f"{u.name!r} ({u.target})" for u in users)
+                problems.append(f"partition {index}: {out.name!r} ({out.target}) is used only by {named}")
+    if problems:
+        raise ExportError(
+            "engine outputs would feed only nodes that compute nothing ExecuTorch keeps, so ExecuTorch would "
+            "drop them while the engine still binds them: " + "; ".join(problems) + ". Remove those nodes from "
+            "the graph (assertion ops are removed automatically) or add their operators to torch_executed_ops")
+
+
+def _live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes the graph's output depends on, and side-effecting calls other than assertions."""
+    from pyrt.export._prepare import assertion_ops
+
+    asserts = assertion_ops()
+    roots = [n for n in gm.graph.nodes if n.op == "output"
+             or (n.op == "call_function" and n.target not in asserts and n.is_impure())]
+    live: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live

@@ -1,14 +1,17 @@
 """Stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
 
-An ``nn.Module`` is exported, an ExportedProgram decomposed to core ATen and
-unlifted; partitions are built into engines (spilled to the EngineStore) and
-replaced by ``pyrt::execute_engine`` calls, inputs wired by position. A
-Torch-TensorRT program instead has its engine calls converted as they are.
+An ``nn.Module`` is exported, an ExportedProgram decomposed (to the ops
+torch.onnx translates, see ``pyrt.export._prepare``), unlifted and prepared
+(assertions removed, shape arithmetic recomputed from the inputs); partitions
+are built into engines (spilled to the EngineStore) and replaced by
+``pyrt::execute_engine`` calls, inputs wired by position. A Torch-TensorRT
+program instead has its engine calls converted as they are.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import torch
@@ -19,7 +22,27 @@ from pyrt.export import _options as opt
 from pyrt.export._builders import BuildFailed, Built, make_builder
 from pyrt.export._engines import EngineStore
 from pyrt.export._graph import graph_copy, inline_submodules, unlift
-from pyrt.export._partition import extract, plain_aten_op, propose, replace_with_engine
+from pyrt.export._options import node_op_names
+from pyrt.export._partition import (
+    NON_COMPUTE,
+    Extracted,
+    UnknownSize,
+    check_outputs_live,
+    extract,
+    has_runtime_input,
+    is_tensor_node,
+    propose,
+    refusal,
+    replace_with_engine,
+)
+from pyrt.export._prepare import (
+    canonicalize_sizes,
+    check_forced_matched,
+    decompose,
+    forced_nodes,
+    is_sym_node,
+    strip_assertions,
+)
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export._summary import EngineSummary
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
@@ -29,13 +52,14 @@ Options = Any  # pyrt.export.api.Options (imported lazily: api imports this modu
 
 
 def stage_engines(model: Any, example_inputs: Any, options: Options, store: EngineStore
-                  ) -> tuple[fx.GraphModule, Any, list[EngineSummary], Any]:
-    """(graph with engine nodes, (args, kwargs) to re-export it with, engine summaries, original program)."""
+                  ) -> tuple[fx.GraphModule, Any, list[EngineSummary], Any, dict[str, str]]:
+    """(graph with engine nodes, (args, kwargs) to re-export it with, engine summaries, original program,
+    fallback op -> reason)."""
     if isinstance(model, fx.GraphModule) and contains_torchtrt(model):
         gm = graph_copy(model)  # the caller's module stays as it was
         inline_submodules(gm)
         engines = convert_torchtrt(gm, None, options, store)
-        return gm, (_args(example_inputs), {}), engines, None
+        return gm, (_args(example_inputs), {}), engines, None, {}
     if isinstance(model, torch.export.ExportedProgram):
         program = model
         builder = None if contains_torchtrt(program.graph_module) else make_builder(options.builder)
@@ -44,15 +68,31 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
         program = _export(model, example_inputs, options.dynamic_shapes)
     else:
         raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
+    reasons: dict[str, str] = {}
     if contains_torchtrt(program.graph_module):
         gm = unlift(program)
         engines = convert_torchtrt(gm, program, options, store)
     else:
-        with options.progress.task("decomposing to core ATen"):
-            program = program.run_decompositions()
+        before = program.graph
+        with options.progress.task("decomposing"):
+            program = decompose(program)
         gm = unlift(program)
-        engines = _partition_and_build(gm, builder or make_builder(options.builder), options, store)
-    return gm, _example_args(program, example_inputs), engines, program
+        forced = prepare(gm, options.forced_fallback, before)
+        engines, reasons = _partition_and_build(gm, builder or make_builder(options.builder), options, store, forced,
+                                                gm.meta.get("mutable_buffers", frozenset()))
+    return gm, _example_args(program, example_inputs), engines, program, reasons
+
+
+def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Graph) -> dict[fx.Node, str]:
+    """Strip assertions, recompute sizes from the inputs, match ``torch_executed_ops``; returns the forced nodes."""
+    strip_assertions(gm)
+    gm.graph.eliminate_dead_code()
+    canonicalize_sizes(gm)
+    forced = forced_nodes(gm, forced_fallback)
+    for name in check_forced_matched(forced_fallback, set(forced.values()), before):
+        log.warning("torch_executed_ops names %r, which matches no operator of this model", name)
+    gm.recompile()
+    return forced
 
 
 def _args(example_inputs: Any) -> tuple[Any, ...]:
@@ -94,43 +134,199 @@ def _zeros_like(val: Any) -> Any:
     return torch.zeros(shape, dtype=val.dtype)
 
 
-def _partition_and_build(gm: fx.GraphModule, builder: Any, options: Options, store: EngineStore
-                         ) -> list[EngineSummary]:
+class _Planner:
+    """Partitions -> engines, with a reason for every op left to ExecuTorch.
+
+    Every partition is extracted and checked before any engine is built (an engine
+    output ExecuTorch would drop is an ExportError naming the nodes). A partition
+    that fails to build has its culprit ops found (named in the error, else by
+    building each op alone, cached) and moved out; the rest is partitioned again.
+    """
+
+    def __init__(self, gm: fx.GraphModule, builder: Any, options: Options, store: EngineStore,
+                 forced: dict[fx.Node, str], state_inputs: frozenset[str] = frozenset()) -> None:
+        self.gm, self.builder, self.options, self.store = gm, builder, options, store
+        self.forced, self.state_inputs = forced, state_inputs
+        self.blocked: dict[fx.Node, str] = {}
+        self.built: dict[tuple[str, ...], tuple[Extracted, Built]] = {}
+        self.probes: dict[Any, bool] = {}
+
+    def supported(self, node: fx.Node) -> bool:
+        return node not in self.blocked and refusal(node, self.forced) is None and self.builder.supports(node)
+
+    def plan(self) -> list[Extracted]:
+        """Partitions that extract cleanly: sizes known, outputs expressible, all outputs live."""
+        while True:
+            groups = propose(self.gm, self.supported, self.options.min_block_size)
+            try:
+                parts = [self._extract(g) for g in groups]
+            except UnknownSize as exc:
+                if not exc.users:
+                    raise ExportError(str(exc)) from None
+                self._block(exc.users, f"needs a size no engine input determines: {exc}")
+                continue
+            unexpressible = [o for p in parts for o in _unexpressible_outputs(p)]
+            if unexpressible:
+                self._block(unexpressible, "data-dependent output shape")
+                continue
+            check_outputs_live(self.gm, parts)
+            return parts
+
+    def _extract(self, nodes: list[fx.Node]) -> Extracted:
+        key = tuple(n.name for n in nodes)
+        if key in self.built:
+            return self.built[key][0]
+        return extract(self.gm, nodes, self.state_inputs)
+
+    def _block(self, nodes: Any, reason: str) -> None:
+        for n in nodes:
+            self.blocked.setdefault(n, reason)
+
+    def run(self) -> list[tuple[Extracted, Built]]:
+        while True:
+            parts = self.plan()
+            done = []
+            for part in parts:
+                key = tuple(n.name for n in part.nodes)
+                if key not in self.built:
+                    built, error = _build_one(self.builder, part, f"b{len(self.store.records)}", self.store,
+                                              self.options)
+                    if built is None:
+                        self._block(self._culprits(part, error), f"build failed: {_short(error)}")
+                        break
+                    self.built[key] = (part, built)
+                done.append(self.built[key])
+            else:
+                return done
+
+    def _culprits(self, part: Extracted, error: str) -> list[fx.Node]:
+        """The nodes to move out after ``part`` failed to build."""
+        named = [n for n in part.nodes if _mentions(error, n)]
+        if named:
+            return _with_items(named)
+        failing = [n for n in part.nodes if n.target not in NON_COMPUTE and not self._probe(n)]
+        if failing:
+            ops = sorted({str(n.target) for n in failing})
+            log.info("%s: ops that fail alone: %s", self.builder.name, ", ".join(ops))
+            return _with_items(failing)
+        return list(part.nodes)
+
+    def _probe(self, node: fx.Node) -> bool:
+        """Does ``node`` build as an engine on its own? (cached per op and argument signature)"""
+        key = (node.target, _signature(node))
+        if key not in self.probes:
+            try:
+                nodes = _with_items([node])
+                single = extract(self.gm, nodes, self.state_inputs)
+            except ExportError:
+                single = None
+            if single is None or not has_runtime_input(nodes):
+                self.probes[key] = True  # cannot be tried alone: do not blame it
+                return True
+            built, _ = _build_one(self.builder, single, f"probe{len(self.store.records)}", self.store,
+                                  self.options, quiet=True)
+            self.probes[key] = built is not None
+        return self.probes[key]
+
+    def reasons(self, parts: list[tuple[Extracted, Built]]) -> dict[str, str]:
+        """Op name (``aten::relu``) -> why its nodes outside engines are there."""
+        inside = {n for part, _ in parts for n in part.nodes}
+        out: dict[str, list[str]] = {}
+        for node in self.gm.graph.nodes:
+            if node.op != "call_function" or node in inside or node.target in NON_COMPUTE or is_sym_node(node):
+                continue
+            if node.target is torch.ops.aten.copy_.default and str(node.args[0].target) in self.state_inputs:
+                continue  # a buffer's write-back (ExecuTorch's mutable-buffer copy), not a fallback op
+            names = node_op_names(node.target)
+            if names is None:
+                continue
+            why = self.blocked.get(node) or refusal(node, self.forced)
+            if why is None and not self.builder.supports(node):
+                why = f"{NO_CONVERTER} ({self.builder.name} cannot take {names[0]})"
+            why = why or (f"in a block smaller than min_block_size={self.options.min_block_size} "
+                          "or fed only by constants")
+            reasons = out.setdefault(names[1], [])
+            if why not in reasons:
+                reasons.append(why)
+        return {op: "; ".join(r) for op, r in sorted(out.items())}
+
+
+NO_CONVERTER = "no converter"
+
+
+def _partition_and_build(gm: fx.GraphModule, builder: Any, options: Options, store: EngineStore,
+                         forced: dict[fx.Node, str] | None = None, state_inputs: frozenset[str] = frozenset()
+                         ) -> tuple[list[EngineSummary], dict[str, str]]:
     gm.graph.eliminate_dead_code()
-    blocked: set[fx.Node] = set()
-    cache: dict[tuple[str, ...], tuple[Any, Built]] = {}
-
-    def supported(node: fx.Node) -> bool:
-        return node not in blocked and plain_aten_op(node, options.forced_fallback) and builder.supports(node)
-
-    while True:
-        groups = propose(gm, supported, options.min_block_size)
-        parts = []
-        for nodes in groups:
-            key = tuple(n.name for n in nodes)
-            if key not in cache:
-                part = extract(gm, nodes)
-                built = _build_one(builder, part, f"b{len(store.records)}", store, options)
-                if built is None:
-                    blocked.update(nodes)
-                    break
-                cache[key] = (part, built)
-            parts.append(cache[key])
-        else:
-            break
-    return _install_engines(gm, parts, options, store)
+    planner = _Planner(gm, builder, options, store, forced or {}, state_inputs)
+    parts = planner.run()
+    reasons = planner.reasons(parts)
+    for op, why in reasons.items():
+        log.info("fallback %s: %s", op, why)
+    return _install_engines(gm, parts, options, store), reasons
 
 
-def _build_one(builder: Any, part: Any, key: str, store: EngineStore, options: Options) -> Built | None:
-    with options.progress.task(f"building {builder.name} engine ({len(part.nodes)} nodes)") as task:
+def _short(text: str, limit: int = 240) -> str:
+    """The start of a (long) build error for the summary; the log keeps all of it."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mentions(text: str, node: fx.Node) -> bool:
+    """The error names this node (by FX name) or its operator (aten.x.y / aten::x.y)."""
+    names = node_op_names(node.target)
+    words = set(re.findall(r"[A-Za-z0-9_.:]+", text))
+    if node.name in words:
+        return True
+    return names is not None and (names[0] in words or names[0].replace("::", ".") in words)
+
+
+def _with_items(nodes: list[fx.Node]) -> list[fx.Node]:
+    """``nodes`` plus the getitem nodes reading them (they follow their producer)."""
+    out = list(nodes)
+    for n in nodes:
+        out.extend(u for u in n.users if u.target in NON_COMPUTE and u not in out)
+    return out
+
+
+def _signature(node: fx.Node) -> tuple[Any, ...]:
+    def sig(a: Any) -> Any:
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            return (str(val.dtype), val.dim())
+        if isinstance(a, (list, tuple)):
+            return tuple(sig(x) for x in a)
+        return repr(a) if not isinstance(a, fx.Node) else "sym"
+
+    return sig(node.args) + tuple(sorted((k, sig(v)) for k, v in node.kwargs.items()))
+
+
+def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
+    """Outputs whose shape no input dimension determines (e.g. nonzero's)."""
+    symbols = symbols_from_inputs([tuple(a.meta["val"].shape) for a in part.inputs if is_tensor_node(a)])
+    bad = []
+    for out in part.outputs:
+        try:
+            for d in out.meta["val"].shape:
+                dim_expr(d, symbols, out.name)
+        except ExportError:
+            bad.append(out)
+    return bad
+
+
+def _build_one(builder: Any, part: Any, key: str, store: EngineStore, options: Options, quiet: bool = False
+               ) -> tuple[Built | None, str]:
+    what = f"building {builder.name} engine ({len(part.nodes)} nodes)"
+    with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}") as task:
         try:
             built = builder.build(part, key, store, weight_streaming=options.weight_streaming, progress=task.note)
             _check_bindings(built, part)
-            return built
+            return built, ""
         except BuildFailed as exc:
-            log.warning("%s could not build a partition of %s; it runs in ExecuTorch instead: %s",
-                        builder.name, ", ".join(part.ops), exc)
-            return None
+            if not quiet:
+                log.warning("%s could not build a partition of %s; its culprit ops run in ExecuTorch instead: %s",
+                            builder.name, ", ".join(part.ops), exc)
+            return None, str(exc)
 
 
 def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options: Options,

@@ -1,14 +1,16 @@
 """What ``to_pte`` returns: the engines it wrote and what runs outside them.
 
->>> s = ExportSummary("m.pte", 4096, (), {"aten::relu": 1}, "reference", 0.5)
+>>> s = ExportSummary("m.pte", 4096, (), {"aten::relu": 1}, "reference", 0.5,
+...                   {"aten::relu": "forced by torch_executed_ops (aten::relu)"})
 >>> print(s)
 m.pte: 4.0 KiB, 0 engine(s), builder reference, 0.50 s
 fallback ops (run in ExecuTorch): aten::relu x1
+  aten::relu: forced by torch_executed_ops (aten::relu)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyrt.trt_blob import IOBinding
@@ -45,7 +47,13 @@ class EngineSummary:
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """The written file(s), its engines and the operators left to ExecuTorch (name -> count)."""
+    """The written file(s), its engines and the operators left to ExecuTorch.
+
+    ``fallback_ops``: ExecuTorch operator name -> count in the lowered program.
+    ``fallback_reasons``: operator name -> why partitioning left it out of engines
+    (forced by torch_executed_ops, no converter, build failed: ..., ...), for the
+    operators as partitioning saw them (ExecuTorch may decompose them further).
+    """
 
     path: str
     file_size: int
@@ -55,6 +63,7 @@ class ExportSummary:
     seconds: float
     data_path: str | None = None  # the .ptd written beside the .pte (external_weights=True)
     data_size: int = 0
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -67,6 +76,7 @@ class ExportSummary:
                          f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
+        lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))
         return "\n".join(lines)
 
 

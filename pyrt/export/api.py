@@ -90,8 +90,14 @@ def to_pte(
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
 
+    What runs in engines is what torch.onnx can export (docs/engine_building.md,
+    "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
+    Buffers the model mutates (a static KV cache) become program state kept in the engines'
+    device memory; a model that mutates its inputs is refused.
+
     Returns an :class:`ExportSummary`. Raises ExportError (or BudgetError) on bad options,
-    before any work; the file at ``path`` is replaced atomically or left untouched.
+    before any work, and on partitioning problems before any engine is built; the file at
+    ``path`` is replaced atomically or left untouched.
     """
     started = time.perf_counter()
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
@@ -101,13 +107,16 @@ def to_pte(
     target = _target(path)
     sweep(target.parent)  # temporary files of exports that were killed before they could clean up
     with sigterm_cleans(), EngineStore(target.parent) as store:
-        gm, args, engines, original = stage_engines(model_or_exported_program, example_inputs, options, store)
-        program = reexport(gm, args, original, options.dynamic_shapes)
+        gm, args, engines, original, reasons = stage_engines(model_or_exported_program, example_inputs, options,
+                                                             store)
+        with options.progress.task("re-exporting the engine graph"):
+            program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
         lowered = lower(program, engines, store, target, options)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
-                         options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size)
+                         options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size,
+                         reasons)
 
 
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",

@@ -14,7 +14,6 @@ False
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -23,11 +22,18 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.testing.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefTensor, RefWeight
 from pyrt.trt_blob import IOBinding
 
-# kwargs that describe where/how a result is stored, not what it is: an engine ignores them
-_PLACEMENT_KWARGS = {"device", "layout", "pin_memory", "memory_format", "non_blocking"}
+# kwargs that say where a result lives, not what it is: an engine ignores them. (memory_format
+# is kept: ``clone(memory_format=contiguous_format)`` is what makes a later ``view`` legal.)
+_PLACEMENT_KWARGS = {"device", "layout", "pin_memory", "non_blocking"}
+# SymInt arithmetic that partitions recompute from their inputs' shapes -> reference target
+_SYM_TARGETS = {
+    operator.add: "sym::add", operator.sub: "sym::sub", operator.mul: "sym::mul",
+    operator.floordiv: "sym::floordiv", operator.mod: "sym::mod", operator.pow: "sym::pow",
+    operator.neg: "sym::neg", torch.sym_max: "sym::max", torch.sym_min: "sym::min",
+}
 
 
 class _Unencodable(Exception):
@@ -98,7 +104,7 @@ def _node(node: fx.Node, names: dict[Any, str]) -> RefNode:
             if user.target is operator.getitem and user.args[1] == i:
                 names[user] = name
     op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
-    target = f"{op._schema.name}.{op._overloadname}"
+    target = _SYM_TARGETS.get(op) or f"{op._schema.name}.{op._overloadname}"
     try:
         return RefNode(target, _encode(node.args, names), _encode_kwargs(node.kwargs, names), outs)
     except _Unencodable as exc:
@@ -112,12 +118,10 @@ def _encode(arg: Any, names: dict[Any, str], probe: bool = False) -> Any:
         return [_encode(a, names, probe) for a in arg]
     if isinstance(arg, torch.dtype):
         return DType(str(arg).removeprefix("torch."))
-    if arg is None or isinstance(arg, (bool, int, str)):
-        return arg
-    if isinstance(arg, float):
-        if not math.isfinite(arg):
-            raise _Unencodable(f"non-finite literal {arg!r}")
-        return arg
+    if isinstance(arg, torch.memory_format):
+        return MemoryFormat(str(arg).removeprefix("torch."))
+    if arg is None or isinstance(arg, (bool, int, str, float)):
+        return arg  # inf, -inf and nan included (the format has a spelling for them)
     raise _Unencodable(f"argument {arg!r} of type {type(arg).__name__}")
 
 

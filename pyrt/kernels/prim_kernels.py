@@ -172,15 +172,43 @@ def _empty_dim_order(site: KernelSite) -> Step:
 
 
 def _copy_(site: KernelSite) -> Step:
-    """``aten::copy_(self, src, non_blocking) -> self``: in place, broadcasting src."""
+    """``aten::copy_(self, src, non_blocking) -> self``: in place, broadcasting src.
+
+    Between two device tensors (a mutable buffer kept in device memory and the engine
+    output that updates it) it is a device-to-device copy on the device's stream.
+    """
     site.require_args(2)
     get_dst, get_src = site.getter(0), site.getter(1)
-    torch_host = isinstance(site.table.host, TorchHost)
+    table, where = site.table, site.where
+    torch_host = isinstance(table.host, TorchHost)
 
     def copy() -> None:
-        _copy_into(get_dst(), get_src(), torch_host)
+        dst, src = get_dst(), get_src()
+        if isinstance(dst, DeviceTensor) or isinstance(src, DeviceTensor):
+            _copy_device(dst, src, table, where)
+        else:
+            _copy_into(dst, src, torch_host)
 
     return copy
+
+
+def _copy_device(dst: Any, src: Any, table: Any, where: str) -> None:
+    if not (isinstance(dst, DeviceTensor) and isinstance(src, DeviceTensor)):
+        raise InputError(f"{where}: copy_ between host and device memory (use et_copy's h2d/d2h copies)")
+    if tuple(dst.shape) != tuple(src.shape) or dst.scalar_type != src.scalar_type:
+        raise InputError(f"{where}: copy_ of {src.dtype}{list(src.shape)} into {dst.dtype}{list(dst.shape)} "
+                         "(device copies take equal shapes and dtypes)")
+    if src.dim_order != dst.dim_order:
+        raise InputError(f"{where}: copy_ between dim orders {src.dim_order} and {dst.dim_order}")
+    if src.nbytes and (src.allocation is not dst.allocation or src.offset != dst.offset):
+        devices = _devices(table, where)
+        seam = devices.cuda
+        kw = {"dst_offset": dst.offset, "src_offset": src.offset, "stream": devices.stream(dst.device)}
+        if src.device == dst.device:
+            seam.memcpy_dtod(dst.allocation, src.allocation, src.nbytes, **kw)
+        else:
+            devices.order(src.device, dst.device)  # the source's writer (on its device's stream) first
+            seam.memcpy_peer(dst.allocation, src.allocation, src.nbytes, **kw)
 
 
 def _copy_index(site: KernelSite) -> Step:

@@ -17,8 +17,11 @@ The JSON lists ``inputs`` (name, dtype, shape, min_shape, max_shape),
 ``outputs`` (name, dtype, shape), ``weights`` (name, dtype, shape, offset,
 nbytes), ``nodes`` (target such as ``aten::add.Tensor``, args, kwargs,
 outputs) and ``weight_streaming``. An argument is ``{"ref": name}``,
-``{"list": [...]}``, ``{"lit": value}``, ``{"dtype": "float32"}`` or
-``{"none": true}``.
+``{"list": [...]}``, ``{"lit": value}`` (finite), ``{"float": "inf" | "-inf" |
+"nan"}``, ``{"dtype": "float32"}``, ``{"memory_format": "contiguous_format"}``
+or ``{"none": true}``. Targets are ATen ops (``aten::add.Tensor``) or SymInt
+arithmetic (``sym::add``, ``sym::mul``, ``sym::floordiv``, ... over ints that
+``aten::sym_size.int`` reads from tensors).
 
 >>> import numpy as np
 >>> eng = RefEngine(
@@ -38,6 +41,7 @@ import io
 import itertools
 import json
 import math
+import operator
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +89,22 @@ class DType:
     """An argument that is a dtype (e.g. ``_to_copy``'s ``dtype=``)."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class MemoryFormat:
+    """An argument that is a ``torch.memory_format`` (e.g. ``clone``'s ``memory_format=``)."""
+
+    name: str
+
+
+MEMORY_FORMATS = ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")
+NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+SYM_OPS: dict[str, Any] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+    "mod": operator.mod, "pow": operator.pow, "neg": operator.neg, "truediv": operator.truediv,
+    "max": max, "min": min,
+}
 
 
 @dataclass(frozen=True)
@@ -281,7 +301,8 @@ class RefEngine:
         for node in self.nodes:
             args = [_resolve(a, env, be) for a in node.args]
             kwargs = {k: _resolve(v, env, be) for k, v in node.kwargs.items()}
-            result = be.call(node.target, args, kwargs)
+            result = _sym_call(node.target, args) if node.target.startswith("sym::") else be.call(
+                node.target, args, kwargs)
             results = list(result) if isinstance(result, (tuple, list)) else [result]
             if len(results) != len(node.outputs):
                 raise RefEngineExecutionError(
@@ -306,12 +327,28 @@ class RefEngine:
         return out
 
 
+def _sym_call(target: str, args: list[Any]) -> Any:
+    """SymInt arithmetic on plain ints (``sym::add`` and friends)."""
+    fn = SYM_OPS.get(target.removeprefix("sym::"))
+    if fn is None:
+        raise UnsupportedOperatorError(f"reference executor: unknown size operator {target!r}; "
+                                       f"known: {', '.join('sym::' + k for k in SYM_OPS)}")
+    try:
+        return fn(*(int(a) for a in args))
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise RefEngineExecutionError(f"{target}{tuple(args)} failed: {exc}") from exc
+
+
 # -- argument encoding ----------------------------------------------------------
 def _encode_arg(arg: Any) -> dict[str, Any]:
     if isinstance(arg, Ref):
         return {"ref": arg.name}
     if isinstance(arg, DType):
         return {"dtype": arg.name}
+    if isinstance(arg, MemoryFormat):
+        return {"memory_format": arg.name}
+    if isinstance(arg, float) and not math.isfinite(arg):
+        return {"float": "nan" if math.isnan(arg) else ("inf" if arg > 0 else "-inf")}
     if arg is None:
         return {"none": True}
     if isinstance(arg, (list, tuple)):
@@ -329,6 +366,10 @@ def _decode_arg(obj: Any, where: str) -> Any:
         return Ref(value)
     if key == "dtype" and isinstance(value, str):
         return DType(value)
+    if key == "memory_format" and value in MEMORY_FORMATS:
+        return MemoryFormat(value)
+    if key == "float" and value in NONFINITE:
+        return NONFINITE[value]
     if key == "none" and value is True:
         return None
     if key == "list" and isinstance(value, list):
@@ -544,6 +585,8 @@ def _resolve(arg: Any, env: dict[str, Any], be: _Backend) -> Any:
         return env[arg.name]
     if isinstance(arg, DType):
         return be.dtype_object(arg.name)
+    if isinstance(arg, MemoryFormat):
+        return be.memory_format(arg.name)
     if isinstance(arg, list):
         return [_resolve(a, env, be) for a in arg]
     return arg
@@ -563,6 +606,9 @@ class _Backend:
 
     def dtype_object(self, name: str) -> Any:
         raise NotImplementedError
+
+    def memory_format(self, name: str) -> Any:
+        return None  # numpy arrays are always contiguous copies
 
     def tensor(self, value: Any) -> Any:
         raise NotImplementedError
@@ -607,6 +653,9 @@ class _TorchBackend(_Backend):
         self.torch = torch
 
     def dtype_object(self, name: str) -> Any:
+        return getattr(self.torch, name)
+
+    def memory_format(self, name: str) -> Any:
         return getattr(self.torch, name)
 
     def dtype(self, value: Any) -> str:
@@ -696,6 +745,7 @@ _NUMPY_OPS: dict[str, Any] = {
     "clone.default": lambda x, memory_format=None: np.array(x, copy=True),
     "slice.Tensor": lambda x, dim=0, start=None, end=None, step=1: x[
         (slice(None),) * (dim % x.ndim) + (slice(start, end, step),)],  # a view: big weights stay untouched
+    "sym_size.int": lambda x, dim: int(np.shape(x)[dim]),
 }
 
 
@@ -741,6 +791,7 @@ class _NumpyBackend(_Backend):
                 f"it runs aten::{{{', '.join(sorted(_NUMPY_OPS))}}}"
             )
         try:
-            return np.asarray(fn(*args, **kwargs))
+            out = fn(*args, **kwargs)
+            return out if isinstance(out, int) else np.asarray(out)
         except (ValueError, TypeError, IndexError) as exc:
             raise RefEngineExecutionError(f"{target} failed: {exc}") from exc
