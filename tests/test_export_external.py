@@ -119,7 +119,8 @@ def test_pyrt_files_load_in_executorch_with_data_path(tmp_path: Path) -> None:
     model = AllFallback().eval()
     x = torch.randn(2, 4)
     summary = to_pte(model, tmp_path / "plain.pte", (x,), builder="reference", external_weights=True,
-                     torch_executed_ops=["aten.sigmoid.default", "aten.mm.default", "aten.add.Tensor"],
+                     torch_executed_ops=["aten.sigmoid.default", "aten.matmul.default", "aten.mm.default",
+                                         "aten.add.Tensor"],
                      progress=False)
     assert summary.engines == () and summary.data_path is not None
     (want,) = Runtime.get().load_program(summary.path, data_path=summary.data_path).load_method(
