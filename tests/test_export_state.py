@@ -174,13 +174,16 @@ def test_device_copy_kernel() -> None:
     from pyrt.kernels.prim_kernels import _copy_device
     from pyrt.tensors import DeviceTensor
 
-    table = SimpleNamespace(devices=None)  # no per-device streams: synchronous copies
     with simulated_gpus(2):
+        from pyrt.delegates import DeviceContext
+
+        table = SimpleNamespace(devices=DeviceContext(cuda.current(), {0, 1}))  # the method's streams
         allocs = [cuda.current().alloc(64, d) for d in (0, 0, 1)]
         src, same, other = (DeviceTensor(a, 16, ScalarType.FLOAT, (2, 3), 6) for a in allocs)
         cuda.current().memcpy_htod(allocs[0], np.arange(6, dtype=np.float32), dst_offset=16)
         for dst in (same, other):
             _copy_device(dst, src, table, "test")
+            table.devices.stream(dst.device).synchronize()
             back = np.zeros(6, np.float32)
             cuda.current().memcpy_dtoh(back, dst.allocation, src_offset=16)
             assert back.tolist() == list(range(6))
@@ -188,5 +191,6 @@ def test_device_copy_kernel() -> None:
             _copy_device(np.zeros((2, 3), np.float32), src, table, "test")
         with pytest.raises(InputError, match=r"float32\[3, 2\] into float32\[2, 3\]"):
             _copy_device(same, DeviceTensor(allocs[0], 16, ScalarType.FLOAT, (3, 2), 6), table, "test")
+        table.devices.close()
         for a in allocs:
             a.free()

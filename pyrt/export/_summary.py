@@ -1,7 +1,7 @@
 """What ``to_pte`` returns: the engines it wrote and what runs outside them.
 
 >>> s = ExportSummary("m.pte", 4096, (), {"aten::relu": 1}, "reference", 0.5,
-...                   {"aten::relu": "forced by torch_executed_ops (aten::relu)"})
+...                   fallback_reasons={"aten::relu": "forced by torch_executed_ops (aten::relu)"})
 >>> print(s)
 m.pte: 4.0 KiB, 0 engine(s), builder reference, 0.50 s
 fallback ops (run in ExecuTorch): aten::relu x1
