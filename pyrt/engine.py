@@ -13,7 +13,7 @@ enqueues on a stream. Every TensorRT return value is checked.
 
 >>> import numpy as np
 >>> from pyrt.testing import simulated_gpus
->>> from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+>>> from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
 >>> from pyrt.trt_blob import IOBinding
 >>> ref = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
 ...                 nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])])

@@ -113,7 +113,7 @@ def chain_program(path: Path, n: int) -> Path:
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
-    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
     from pyrt.trt_blob import IOBinding, encode_blob
     from tests.ptefixtures import serialize_program
 

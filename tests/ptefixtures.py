@@ -564,7 +564,7 @@ def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
-    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
 
     def tensor(mem: int, off: int) -> Any:
         return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[2, 3], dim_order=[0, 1],

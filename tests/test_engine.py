@@ -25,9 +25,9 @@ from pyrt import tensorrt_seam
 from pyrt.cuda import Cuda
 from pyrt.engine import Engine
 from pyrt.errors import BackendError, BudgetError, DeviceError, EngineError, InputError
+from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
 from pyrt.testing import simulated_gpus
 from pyrt.testing.fake_tensorrt import FakeRuntime, FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
 from pyrt.trt_blob import IOBinding
 
 MiB = 1 << 20

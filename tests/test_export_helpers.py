@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
 
 torch_tensorrt_missing = not hasattr(torch.ops, "tensorrt") or not hasattr(torch.ops.tensorrt, "execute_engine")
 if torch_tensorrt_missing:  # a stand-in schema with Torch-TensorRT's name (the real one takes a TorchBind Engine)

@@ -15,7 +15,7 @@ from torch import nn
 import pyrt
 from pyrt.export import to_pte
 from pyrt.pte_reader import PteFile
-from pyrt.testing.refengine import RefEngine
+from pyrt.refengine import RefEngine
 from pyrt.trt_blob import parse_blob
 
 TWO_GIB = 1 << 31

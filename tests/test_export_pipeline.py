@@ -19,7 +19,7 @@ from pyrt.errors import ExportError
 from pyrt.export import to_pte
 from pyrt.export._engines import EngineStore
 from pyrt.export._stage import stage_engines
-from pyrt.testing.refengine import RefEngine
+from pyrt.refengine import RefEngine
 from pyrt.trt_blob import parse_blob
 from tests.test_export_helpers import affine_engine, delegates, standin, torchtrt_program
 from tests.test_export_traps import Branchy, TwoLinears, _options

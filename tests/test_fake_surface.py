@@ -57,10 +57,10 @@ import pyrt.engine
 from pyrt.cuda import Cuda
 from pyrt.engine import Engine
 from pyrt.errors import PyrtError
+from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
 from pyrt.testing import fake_cuda, fake_tensorrt
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeCudaEngine, FakeExecutionContext, FakeRuntime, FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
 from pyrt.trt_blob import IOBinding
 
 PYRT = Path(pyrt.engine.__file__).parent

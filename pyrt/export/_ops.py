@@ -58,7 +58,7 @@ def _eager(inputs: list[torch.Tensor], engine: torch.Tensor, spec: str) -> list[
         raise ExportError(
             f"engine {s.key!r} is a real TensorRT engine; run the exported .pte with pyrt.Program instead"
         )
-    from pyrt.testing.refengine import RefEngine
+    from pyrt.refengine import RefEngine
 
     ref = RefEngine.from_bytes(raw, source=f"engine {s.key!r}")
     feed = {b.name: x for b, x in zip(s.inputs, inputs, strict=True)}

@@ -1,6 +1,6 @@
 """A fake ``tensorrt`` module: the surface pyrt's engine layer uses, failures included.
 
-It deserializes only reference engines (:mod:`pyrt.testing.refengine`); real
+It deserializes only reference engines (:mod:`pyrt.refengine`); real
 TensorRT engine bytes, or anything else, are refused the way TensorRT refuses
 a bad plan: ``deserialize_cuda_engine`` logs an error and returns None. Its
 engines live on a :class:`~pyrt.testing.fake_cuda.FakeDriver` device, read
@@ -44,8 +44,8 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from pyrt.errors import PyrtError
+from pyrt.refengine import ALIGN, DTYPES, HEADER, MAGIC, RefEngine, RefTensor
 from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.refengine import ALIGN, DTYPES, HEADER, MAGIC, RefEngine, RefTensor
 
 __version__ = "0.0-fake"
 
