@@ -84,22 +84,9 @@ def measure_gpu(n: int, forwards: int, samples: int, path: Path, graphs: bool) -
     x = np.linspace(-1, 1, 4, dtype=np.float32)
     try:
         with Program(path, trt=trt, devices=cuda, cuda_graphs=graphs) as prog:
-            for _ in range(50):
-                prog(x)
-            per_forward, seam = [], []
-            for _ in range(samples):
-                proxy.seconds, proxy.calls = 0.0, 0
-                t0 = time.perf_counter()
-                for _ in range(forwards):
-                    prog(x)
-                total = time.perf_counter() - t0
-                per_forward.append((total - proxy.seconds) / forwards)
-                seam.append(proxy.seconds / forwards)
-            calls = proxy.calls / forwards
+            return _time_forwards(prog, x, proxy, forwards, samples)
     finally:
         context.execute_async_v3 = saved  # type: ignore[method-assign]
-    return {"pyrt_us": statistics.median(per_forward) * 1e6, "seam_us": statistics.median(seam) * 1e6,
-            "driver_calls": calls}
 
 
 def measure(n: int, forwards: int, samples: int, path: Path, graphs: bool) -> dict[str, float]:
@@ -127,20 +114,24 @@ def _run(path: Path, proxy: TimedDriver, sim: Any, x: np.ndarray, forwards: int,
     from pyrt.program import Program
 
     with cuda_seam.use_driver(proxy), Program(path, trt=sim.tensorrt, cuda_graphs=graphs) as prog:
-        for _ in range(50):
+        return _time_forwards(prog, x, proxy, forwards, samples)
+
+
+def _time_forwards(prog: Any, x: np.ndarray, proxy: TimedDriver, forwards: int, samples: int) -> dict[str, float]:
+    """Median pyrt time per forward (the seam's time taken out), the seam's time, and its calls."""
+    for _ in range(50):
+        prog(x)
+    per_forward, seam = [], []
+    for _ in range(samples):
+        proxy.seconds, proxy.calls = 0.0, 0
+        t0 = time.perf_counter()
+        for _ in range(forwards):
             prog(x)
-        per_forward, seam = [], []
-        for _ in range(samples):
-            proxy.seconds, proxy.calls = 0.0, 0
-            t0 = time.perf_counter()
-            for _ in range(forwards):
-                prog(x)
-            total = time.perf_counter() - t0
-            per_forward.append((total - proxy.seconds) / forwards)
-            seam.append(proxy.seconds / forwards)
-        calls = proxy.calls / forwards
+        total = time.perf_counter() - t0
+        per_forward.append((total - proxy.seconds) / forwards)
+        seam.append(proxy.seconds / forwards)
     return {"pyrt_us": statistics.median(per_forward) * 1e6, "seam_us": statistics.median(seam) * 1e6,
-            "driver_calls": calls}
+            "driver_calls": proxy.calls / forwards}
 
 
 def main() -> None:

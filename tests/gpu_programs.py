@@ -23,6 +23,19 @@ BATCHES = (3, 1, 8)  # graph_break has a dynamic batch dimension (1..8)
 HANDMADE_W = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
 
 
+def programs_for(tmp_path_factory: Any) -> dict[str, Path]:
+    """The programs for a test module: prebuilt ones if ``$PYRT_PREBUILT_PTE`` names them, else built now
+    (skipping the module where torch or ExecuTorch is missing)."""
+    import pytest
+
+    prebuilt = prebuilt_dir()
+    if prebuilt is not None:
+        return load(prebuilt)
+    pytest.importorskip("torch")
+    pytest.importorskip("executorch")
+    return build_all(tmp_path_factory.mktemp("programs"))
+
+
 def prebuilt_dir() -> Path | None:
     value = os.environ.get("PYRT_PREBUILT_PTE")
     return Path(value) if value else None

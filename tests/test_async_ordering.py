@@ -29,12 +29,7 @@ W = gpu_programs.HANDMADE_W
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    prebuilt = gpu_programs.prebuilt_dir()
-    if prebuilt is not None:
-        return gpu_programs.load(prebuilt)
-    pytest.importorskip("torch")
-    pytest.importorskip("executorch")
-    return gpu_programs.build_all(tmp_path_factory.mktemp("ordering-programs"))
+    return gpu_programs.programs_for(tmp_path_factory)
 
 
 @pytest.fixture

@@ -32,12 +32,7 @@ ONE_GPU = {"cuda:1": "cuda:0"}
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    prebuilt = gpu_programs.prebuilt_dir()
-    if prebuilt is not None:
-        return gpu_programs.load(prebuilt)
-    pytest.importorskip("torch")
-    pytest.importorskip("executorch")
-    return gpu_programs.build_all(tmp_path_factory.mktemp("gpu-programs"))
+    return gpu_programs.programs_for(tmp_path_factory)
 
 
 @dataclasses.dataclass
