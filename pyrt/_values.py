@@ -130,15 +130,8 @@ class _Reader:
         return None if where is None else where + _U32(self.data, where)[0]
 
     def vector(self, pos: int, entry: tuple[tuple[int, ...], int], slot: int, fmt: str) -> tuple:
-        start = self.target(pos, entry, slot)
-        if start is None:
-            return ()
-        if start + 4 > self.n:
-            raise Fallback
-        count = _U32(self.data, start)[0]
-        if start + 4 + count * _LIST_SIZE[fmt] > self.n:
-            raise Fallback
-        return struct.unpack_from(f"<{count}{fmt}", self.data, start + 4)
+        where = _field(pos, entry, slot, 4)
+        return () if where is None else self.vector_at(where, fmt)
 
     def string(self, pos: int, entry: tuple[tuple[int, ...], int], slot: int) -> str | None:
         start = self.target(pos, entry, slot)

@@ -107,6 +107,14 @@ def side(request: pytest.FixtureRequest) -> Iterator[Side]:
         buf.free()
 
 
+def _torch_cuda() -> Any:
+    """torch, where it has CUDA (else the test is skipped)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    return torch
+
+
 class _CaiOnly:
     """A producer that offers only ``__cuda_array_interface__``."""
 
@@ -182,9 +190,7 @@ def test_device_arenas_and_et_copy(side: Side, programs: dict[str, Path]) -> Non
 
 @pytest.mark.gpu
 def test_torch_and_cupy_read_device_outputs(programs: dict[str, Path]) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = _torch_cuda()
     data = _data(programs["device_out"])
     x, want = data["x"], data["y"]
     with Program(programs["device_out"], trt=reference_tensorrt(pyrt.cuda.current()), device_map=ONE_GPU) as prog:
@@ -202,9 +208,7 @@ def test_torch_and_cupy_read_device_outputs(programs: dict[str, Path]) -> None:
 
 @pytest.mark.gpu
 def test_caller_stream(programs: dict[str, Path]) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = _torch_cuda()
     data = _data(programs["graph_break"])
     x, want = torch.from_numpy(data["x8"]).cuda(), data["y8"]
     with Program(programs["graph_break"], trt=reference_tensorrt(pyrt.cuda.current()), device_map=ONE_GPU) as prog:
@@ -223,9 +227,7 @@ def test_caller_stream(programs: dict[str, Path]) -> None:
 def test_producer_stream_still_at_work(programs: dict[str, Path]) -> None:
     """A torch input still being computed on a side stream, offered through CAI v3 with its "stream":
     pyrt must wait for that stream (no host sync); a missing wait reads unfinished data."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = _torch_cuda()
     data = _data(programs["device_in"])
     x, want = data["x"], data["y"]
     with Program(programs["device_in"], trt=reference_tensorrt(pyrt.cuda.current()), device_map=ONE_GPU) as prog:
