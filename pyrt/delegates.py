@@ -204,11 +204,16 @@ class DeviceContext:
         self._order_streams(self.cuda.borrowed_stream(producer, producer_device), consumer)
 
     def _order_streams(self, before: Any, after: Any) -> None:
-        event = self._events.get(before.device)
-        if event is None:
-            event = self._events[before.device] = self.cuda.event(before.device)
+        event = self._event(self._events, before.device)
         event.record(before)
         after.wait(event)
+
+    def _event(self, pool: dict[int, Any], device: int) -> Any:
+        """The event of ``pool`` for ``device`` (created once, reused: each use records it anew)."""
+        event = pool.get(device)
+        if event is None:
+            event = pool[device] = self.cuda.event(device)
+        return event
 
     def _torch_stream(self, device: int) -> Any:
         torch = sys.modules["torch"]
@@ -231,9 +236,7 @@ class DeviceContext:
         private = np.array(src, copy=True, order="C")
         self._keep.append(private)  # read by a queued copy: freed only after its event
         self.cuda.memcpy_htod(dst, private, dst_offset=dst_offset, stream=stream)
-        event = self._copy_events.get(stream.device)
-        if event is None:
-            event = self._copy_events[stream.device] = self.cuda.event(stream.device)
+        event = self._event(self._copy_events, stream.device)
         event.record(stream)
         self._copy_marks[stream.device] = event
 
@@ -252,9 +255,7 @@ class DeviceContext:
                     self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))
             self._previous = []
             for device, stream in self._active.items():  # the next run's streams start after these
-                event = self._end_events.get(device)
-                if event is None:
-                    event = self._end_events[device] = self.cuda.event(device)
+                event = self._event(self._end_events, device)
                 event.record(stream)
                 self._previous.append(event)
         finally:
