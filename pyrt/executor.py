@@ -29,7 +29,7 @@ from pyrt.errors import (
     UnsupportedOperatorError,
 )
 from pyrt.graphs import Segment, segment_steps
-from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
+from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo, noop
 from pyrt.pytree import input_flattener, output_builder
 from pyrt.tensors import (
     CAI,
@@ -98,14 +98,22 @@ class MethodRunner:
         # One step per instruction, None for JumpFalseCall (straight chains hold none).
         self._plain: list[list[Any]] = [[ins.step for ins in chain] for chain in plan.chains]
         self._segments: list[Segment] = []
+        # Straight chains run without their no-op steps (folded calls, frees of planned memory);
+        # _pcs maps a position in such a list back to its instruction (for error messages).
+        self._pcs: list[list[int]] = [list(range(len(steps))) for steps in self._plain]
         self._fast: list[list[Any]] = self._plain
+        if self._straight:
+            self._pcs = [[pc for pc, step in enumerate(steps) if step is not noop] for steps in self._plain]
+            self._fast = [[steps[pc] for pc in pcs] for steps, pcs in zip(self._plain, self._pcs, strict=True)]
         if cuda_graphs and devices is not None and self._straight:  # device-only runs replay as CUDA graphs
             self._fast = []
+            self._pcs = [list(range(len(steps))) for steps in self._plain]
             for steps in self._plain:
                 grouped, segments = segment_steps(steps, devices)
                 self._fast.append(grouped)
                 self._segments.extend(segments)
         self._steps = self._fast
+        self._step_pcs = self._pcs
         self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
 
     def reset_graphs(self) -> None:
@@ -123,6 +131,7 @@ class MethodRunner:
         """
         with self._lock:
             self.observer = observer
+            self._step_pcs = self._pcs if observer is None else [list(range(len(c))) for c in self._plain]
             self._steps = self._fast if observer is None else [
                 [None if step is None else observer.wrap(self, ci, pc, step) for pc, step in enumerate(chain)]
                 for ci, chain in enumerate(self._plain)]
@@ -190,7 +199,7 @@ class MethodRunner:
                 except PyrtError:
                     raise
                 except Exception as exc:
-                    raise self._failure(ci, pc, exc) from exc
+                    raise self._failure(ci, self._step_pcs[ci][pc], exc) from exc
             else:
                 self._run_jumping(ci, self.plan.chains[ci], steps)
 

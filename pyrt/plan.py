@@ -26,6 +26,7 @@ from pyrt.delegates import draft_delegates
 from pyrt.devices import DeviceMap, remap_device
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
+from pyrt.fold import Folder
 from pyrt.kernels import Kernel, KernelSite, Step
 from pyrt.pte_reader import (
     DelegateCall,
@@ -484,8 +485,12 @@ def bind_unplanned(table: ValueTable, inputs: Sequence[int]) -> None:
 
 
 def build_steps(plan: ExecutionPlan, table: ValueTable, kernels: list[Kernel],
-                delegate_step: Callable[[int, DelegateCall, int], Step] | None) -> list[list[Instr]]:
-    """One :class:`Instr` per instruction, steps built with arguments resolved now."""
+                delegate_step: Callable[[int, DelegateCall, int], Step] | None,
+                folder: Folder | None = None) -> list[list[Instr]]:
+    """One :class:`Instr` per instruction, steps built with arguments resolved now.
+
+    With a ``folder``, kernel calls on constant data run now and become :func:`noop` steps.
+    """
     ops = plan.operators
     chains: list[list[Instr]] = []
     for chain in plan.chains:
@@ -494,7 +499,11 @@ def build_steps(plan: ExecutionPlan, table: ValueTable, kernels: list[Kernel],
             if isinstance(ins, KernelCall):
                 op = ops[ins.op_index].qualified_name
                 site = KernelSite(table.method, pc, op, ins.args, table)
-                out.append(Instr("KernelCall", kernels[ins.op_index].build(site), what=op))
+                kernel = kernels[ins.op_index]
+                if folder is not None and folder.fold(pc, ins.args, kernel, functools.partial(kernel.build, site)):
+                    out.append(Instr("KernelCall", noop, what=f"{op} (folded at load)"))
+                    continue
+                out.append(Instr("KernelCall", kernel.build(site), what=op))
             elif isinstance(ins, DelegateCall):
                 if delegate_step is None:
                     raise UnsupportedOperatorError(f"{_where(plan)}: delegate calls need an engine loader")
@@ -524,7 +533,7 @@ def _move(table: ValueTable, src: int, dst: int) -> Step:
 def _free(table: ValueTable, i: int) -> Step:
     info = table.infos.get(i)
     if info is None or info.storage != UNPLANNED or table.is_const(i):
-        return _noop  # planned memory stays with the arena, as in ExecuTorch
+        return noop  # planned memory stays with the arena, as in ExecuTorch
     vals = table.vals
 
     def free() -> None:
@@ -533,7 +542,8 @@ def _free(table: ValueTable, i: int) -> Step:
     return free
 
 
-def _noop() -> None:
+def noop() -> None:
+    """The step of an instruction with nothing to do at run time (the executor skips it)."""
     return None
 
 
@@ -609,7 +619,8 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
         classify(table, draft.rebound, xplan.inputs)
         bind_unplanned(table, xplan.inputs)
         delegate_step = devices.step_factory(draft, table) if draft.delegates else None
-        chains = build_steps(xplan, table, draft.kernels, delegate_step)
+        chains = build_steps(xplan, table, draft.kernels, delegate_step,
+                             Folder(xplan, table, draft.kernels, draft.raw))
     except BaseException:
         for alloc in device_allocs:
             alloc.free()

@@ -67,6 +67,9 @@ class Kernel:
     write in place (out tensors, ``self`` of in-place ops; None: any argument).
     The plan refuses a file whose kernel writes constant data (read-only file
     memory). ``build(site)`` returns the step closure for one instruction.
+    ``pure``: the result depends only on the arguments and nothing else changes (no
+    random numbers, no side effects), so a call on constant data may run once at load
+    (:mod:`pyrt.fold`).
     """
 
     name: str
@@ -74,6 +77,12 @@ class Kernel:
     rebinds: Callable[[tuple[int, ...]], Sequence[int]] = lambda args: ()
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
+    pure: bool = False
+
+
+RANDOM_OPS = frozenset({"aten::native_dropout", "aten::rand", "aten::randn", "aten::bernoulli",
+                        "aten::normal", "aten::uniform", "aten::randint", "aten::randperm",
+                        "aten::multinomial", "aten::dropout", "aten::rrelu_with_noise"})  # never folded
 
 
 class KernelLibrary(Protocol):
@@ -214,5 +223,5 @@ def resolve(method: str, operators: Sequence[Operator], libraries: Sequence[Kern
     return kernels
 
 
-__all__ = ["Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR",
+__all__ = ["RANDOM_OPS", "Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR",
            "allowed_operators", "check_allowed"]

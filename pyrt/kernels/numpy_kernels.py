@@ -30,7 +30,7 @@ import numpy as np
 
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step
 from pyrt.pte_reader import Operator
 from pyrt.tensors import numpy_dtype
 
@@ -67,7 +67,8 @@ class NumpyLibrary:
         if spec is None:
             return None
         return Kernel(operator.qualified_name, build=lambda site: _build(spec, site),
-                      writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out])
+                      writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out],
+                      pure=operator.name not in RANDOM_OPS)
 
 
 # -- step construction -----------------------------------------------------------------------------

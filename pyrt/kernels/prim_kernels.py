@@ -79,7 +79,7 @@ def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
         return lambda: store(fn(*(g() for g in getters)))
 
     return Kernel(name, build, rebinds=lambda args: args[arity:arity + 1], needs_library=False,
-                  writes=_tensor_alias)
+                  writes=_tensor_alias, pure=True)
 
 
 def _ite(b: Any, t: Any, f: Any) -> Any:
@@ -326,6 +326,11 @@ _WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors 
 }
 
 
+_PURE = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_numel.default",
+                   "executorch_prim::et_view.default", "dim_order_ops::_to_dim_order_copy.out",
+                   "dim_order_ops::_clone_dim_order.out", "dim_order_ops::_empty_dim_order.out"})
+
+
 class PrimLibrary:
     """ExecuTorch's prim ops and copies; usable with either host backend and without torch."""
 
@@ -335,7 +340,7 @@ class PrimLibrary:
         q = op.qualified_name
         if q in _SPECIAL:
             return Kernel(q, _SPECIAL[q], rebinds=_REBINDS.get(q, _tensor_alias), needs_library=False,
-                          writes=_WRITES.get(q, _tensor_alias))
+                          writes=_WRITES.get(q, _tensor_alias), pure=q in _PURE)
         ns, _, base = op.name.partition("::")
         if ns != "executorch_prim" or op.overload not in ("Scalar", "int", "float", "default"):
             return None

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import Kernel, KernelSite, Step, allowed_operators
+from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators
 from pyrt.pte_reader import Operator
 
 _FOUND: dict[str, Kernel] = {}
@@ -61,6 +61,7 @@ class TorchLibrary:
             build=lambda site: _build(overload, sig, site, fast),
             rebinds=lambda args: _rebinds(schema, args),
             writes=_writes(schema),
+            pure=op.name not in RANDOM_OPS and not any("Generator" in str(a.type) for a in schema.arguments),
         )
 
     def _overload(self, op: Operator) -> Any:

@@ -1,0 +1,205 @@
+"""Load-time constant folding: run once, at load, the kernels whose every input is constant.
+
+ExecuTorch programs recompute things that never change from run to run: the
+transposes of linear weights (``permute_copy`` of a constant), rotary tables,
+causal masks of a static length. A kernel call is *folded* when
+
+* its kernel is pure (``Kernel.pure``: no random numbers, no side effects);
+* every argument it reads holds constant data: a constant tensor from the file, a
+  scalar or list nothing rebinds (and no method input), or an earlier folded result;
+* every value it writes or rebinds has this instruction as its only writer, is read by
+  no earlier instruction, moved by no MoveCall, read by no delegate, and (for tensors)
+  is a static host tensor that is neither a method input nor a mutable buffer.
+
+A folded call runs once while the method's steps are built, writing into private
+memory (``host.empty``), never into the memory-planned arena (other values reuse
+that memory later in the chain), and its instruction becomes a no-op. Its results
+then count as constants, so chains of them fold too. The same kernels compute the
+same bytes as at run time; a call that raises is left to raise at run time.
+Methods with jumps are not folded. Private memory is capped per method
+(:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
+
+>>> folder = Folder(xplan, table, kernels)                       # doctest: +SKIP
+>>> folder.fold(pc, ins, kernels[ins.op_index], build)            # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyrt.kernels import Kernel, Step
+from pyrt.pte_reader import DelegateCall, ExecutionPlan, JumpFalseCall, KernelCall, MoveCall
+
+MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take
+CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
+LISTS = ("IntList", "TensorList", "OptionalTensorList")
+
+
+class Folder:
+    """The folding analysis of one method (built once, asked per kernel call in chain order)."""
+
+    def __init__(self, xplan: ExecutionPlan, table: Any, kernels: list[Kernel], raw: list[Any]) -> None:
+        self.table = table
+        self.budget = MAX_FOLDED_BYTES
+        self.enabled = len(xplan.chains) == 1 and not any(
+            isinstance(ins, JumpFalseCall) for ins in xplan.chains[0].instructions)
+        writers: dict[int, int] = {}
+        write_pc: dict[int, int] = {i: -1 for i in xplan.inputs}
+        first_read: dict[int, int] = {}
+        pinned: set[int] = set(xplan.inputs)  # values folding must never touch
+        items = table.items
+        for chain in xplan.chains:
+            for pc, ins in enumerate(chain.instructions):
+                if isinstance(ins, KernelCall):
+                    kernel = kernels[ins.op_index]
+                    out = _outputs(kernel, ins.args)
+                    for j in _expand(out, items):
+                        writers[j] = writers.get(j, 0) + 1
+                        write_pc.setdefault(j, pc)
+                    for j in _expand([a for a in ins.args if a not in out], items):
+                        first_read.setdefault(j, pc)
+                elif isinstance(ins, MoveCall):
+                    pinned.update(_expand([ins.move_from, ins.move_to], items))
+                elif isinstance(ins, DelegateCall):
+                    pinned.update(_expand(list(ins.args), items))
+        for i, info in table.infos.items():
+            decl = raw[i]
+            buffer = info.storage != "constant" and (decl.data_buffer_idx > 0 or decl.is_external)
+            if info.device is not None or info.dynamic or buffer:  # device, dynamic, mutable buffer
+                pinned.add(i)
+        if self.enabled:
+            pinned.update(_aliased(xplan, table, kernels, write_pc))
+        self.writers, self.first_read, self.pinned = writers, first_read, pinned
+        self.const: set[int] = {i for i, k in enumerate(table.kinds)
+                                if k in CONST_SCALARS and i not in writers and i not in pinned}
+        self.const.update(i for i, info in table.infos.items()
+                          if info.storage == "constant" and i not in pinned and i not in writers)
+
+    def is_const(self, i: int) -> bool:
+        """Does value ``i`` hold the same data on every run (lists: every item)?"""
+        if i in self.const:
+            return True
+        if self.table.kinds[i] in LISTS and i not in self.writers and i not in self.pinned:
+            return all(j in self.const for j in self.table.items[i] if j >= 0)
+        return False
+
+    def fold(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> bool:
+        """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
+        if not self.enabled or not kernel.pure or kernel.writes is None:
+            return False
+        out = _outputs(kernel, args)
+        if not out or not all(self.is_const(a) for a in args if a not in out):
+            return False
+        written = _expand(out, self.table.items)
+        if not all(self._free(j, pc) for j in written):
+            return False
+        tensors = [j for j in _expand(list(kernel.writes(args)), self.table.items) if j in self.table.infos]
+        size = sum(self.table.infos[j].nbytes for j in tensors)
+        if size > self.budget:
+            return False
+        vals, saved = self.table.vals, {j: self.table.vals[j] for j in written}
+        host = self.table.host
+        for j in tensors:
+            info = self.table.infos[j]
+            vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+        self._relist(written)
+        try:
+            build()()
+        except Exception:  # left to run (and raise, with its instruction named) at run time
+            vals_restore(vals, saved)
+            self._relist(written)
+            return False
+        self.budget -= size
+        self.const.update(written)
+        self.table.unstable.difference_update(written)
+        self._relist(written)
+        return True
+
+    def _free(self, j: int, pc: int) -> bool:
+        """May folding write value ``j`` at ``pc``: its only writer, unread before, no input or buffer."""
+        if j in self.pinned or self.writers.get(j, 0) != 1 or self.first_read.get(j, pc + 1) <= pc:
+            return False
+        info = self.table.infos.get(j)
+        kind = self.table.kinds[j]
+        if info is None:  # a rebound scalar result, or a list whose items are checked one by one
+            return kind in ("Int", "Double", "Bool", *LISTS)
+        return kind == "Tensor" and info.storage != "constant"
+
+    def _relist(self, changed: list[int]) -> None:
+        """Lists holding a changed value see its object now; lists over stable items become stable."""
+        table, changed_set = self.table, set(changed)
+        for i, it in table.items.items():
+            if changed_set.isdisjoint(it):
+                continue
+            if i in table.unstable and i not in self.writers and not any(j in table.unstable for j in it if j >= 0):
+                table.unstable.discard(i)
+            if i not in table.unstable:
+                table.vals[i] = [None if j < 0 else table.vals[j] for j in it]
+
+
+def _aliased(xplan: ExecutionPlan, table: Any, kernels: list[Kernel], writes: dict[int, int]) -> set[int]:
+    """Planned tensors whose bytes an alias reads: a tensor value no instruction writes.
+
+    A static ``view_copy`` becomes such an alias (a second tensor value over the same
+    bytes, no instruction). Moving the tensor it views to private memory would leave
+    the alias reading stale arena bytes, so each tensor written before a read of an
+    alias and overlapping it is kept, back to the last write that covers the alias.
+    ``writes``: value -> pc of its (first) writer; inputs count as written before pc 0.
+    """
+    infos, items = table.infos, table.items
+    aliases = {i for i, info in infos.items()
+               if info.storage == "planned" and info.device is None and i not in writes}
+    if not aliases:
+        return set()
+    reads: list[tuple[int, int]] = []  # (alias, pc of a read)
+    chain = xplan.chains[0].instructions
+    for pc, ins in enumerate(chain):
+        args = list(getattr(ins, "args", ()))
+        if isinstance(ins, KernelCall):
+            out = set(_outputs(kernels[ins.op_index], ins.args))
+            args = [a for a in args if a not in out]
+        elif isinstance(ins, MoveCall):
+            args = [ins.move_from]
+        reads.extend((j, pc) for j in _expand(args, items) if j in aliases)
+    reads.extend((j, len(chain)) for j in _expand(list(xplan.outputs), items) if j in aliases)
+    by_arena: dict[int, list[int]] = {}
+    for i in writes:
+        info = infos.get(i)
+        if info is not None and info.storage == "planned" and info.device is None:
+            by_arena.setdefault(info.memory_id, []).append(i)
+    out: set[int] = set()
+    for a, pc in reads:
+        ai = infos[a]
+        lo, hi = ai.offset, ai.offset + ai.nbytes
+        hits = [t for t in by_arena.get(ai.memory_id, ()) if writes[t] < pc
+                and infos[t].offset < hi and infos[t].offset + infos[t].nbytes > lo]
+        for t in sorted(hits, key=lambda t: -writes[t]):
+            out.add(t)
+            if infos[t].offset <= lo and infos[t].offset + infos[t].nbytes >= hi:
+                break  # this write covers every byte the alias reads
+    return out
+
+
+def vals_restore(vals: list[Any], saved: dict[int, Any]) -> None:
+    for j, v in saved.items():
+        vals[j] = v
+
+
+def _outputs(kernel: Kernel, args: tuple[int, ...]) -> list[int]:
+    """Values a call writes or rebinds (None writes: every argument)."""
+    written = args if kernel.writes is None else kernel.writes(args)
+    return list(dict.fromkeys([*written, *kernel.rebinds(args)]))
+
+
+def _expand(values: list[int], items: dict[int, tuple[int, ...]]) -> list[int]:
+    """Values plus the items of the lists among them."""
+    out: list[int] = []
+    for v in values:
+        out.append(v)
+        out.extend(j for j in items.get(v, ()) if j >= 0)
+    return out
+
+
+__all__ = ["Folder", "MAX_FOLDED_BYTES"]
