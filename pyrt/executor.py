@@ -29,8 +29,10 @@ from pyrt.errors import (
     UnsupportedOperatorError,
 )
 from pyrt.graphs import Segment, segment_steps
-from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo, noop
+from pyrt.kernels import noop
+from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
 from pyrt.pytree import input_flattener, output_builder
+from pyrt.steady import shape_key, steady_chain
 from pyrt.tensors import (
     CAI,
     NUMPY,
@@ -114,6 +116,9 @@ class MethodRunner:
                 self._segments.extend(segments)
         self._steps = self._fast
         self._step_pcs = self._pcs
+        # Dynamic shapes: the chain to run when the inputs' shapes repeat the last run's (pyrt.steady).
+        self._steady = None if cuda_graphs else steady_chain(plan)
+        self._last_key: tuple[Any, ...] | None = None  # shapes of the last run that completed
         self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
 
     def reset_graphs(self) -> None:
@@ -131,6 +136,7 @@ class MethodRunner:
         """
         with self._lock:
             self.observer = observer
+            self._last_key = None
             self._step_pcs = self._pcs if observer is None else [list(range(len(c))) for c in self._plain]
             self._steps = self._fast if observer is None else [
                 [None if step is None else observer.wrap(self, ci, pc, step) for pc, step in enumerate(chain)]
@@ -169,7 +175,10 @@ class MethodRunner:
                     raise
                 except Exception as exc:
                     raise _input_failure(self.name, pos, flat[pos], exc) from exc
-                self._execute(state)
+                if self._steady is not None and self.observer is None:
+                    self._execute_keyed(state)
+                else:
+                    self._execute(state)
                 try:
                     outs = [get(kind, state) for get in self._getters]
                 except PyrtError:
@@ -202,6 +211,24 @@ class MethodRunner:
                     raise self._failure(ci, self._step_pcs[ci][pc], exc) from exc
             else:
                 self._run_jumping(ci, self.plan.chains[ci], steps)
+
+    def _execute_keyed(self, state: RunState | None) -> None:
+        """A dynamic-shape run: the steady chain when every input shape repeats the last completed run's."""
+        key = shape_key(self._vals, self.plan.inputs)
+        last, self._last_key = self._last_key, None  # a run that fails leaves no trusted shapes
+        if key != last or self._steady is None:
+            self._execute(state)
+        else:
+            steps, pcs = self._steady
+            pc = 0
+            try:
+                for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
+                    step()
+            except PyrtError:
+                raise
+            except Exception as exc:
+                raise self._failure(0, pcs[pc], exc) from exc
+        self._last_key = key
 
     def _run_jumping(self, ci: int, chain: list[Instr], steps: list[Any]) -> None:
         vals, pc, n = self._vals, 0, len(chain)
@@ -332,12 +359,20 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
 
     tensor_type = host.torch.Tensor if isinstance(host, TorchHost) else None
 
+    rank, capacity = len(sizes), info.capacity
+
     def set_input(x: Any, state: RunState | None) -> None:
-        if static and type(x) is tensor_type and not x.is_cuda:
-            if x.dtype is not want_torch or x.shape != sizes:
-                _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
-            dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
-            return
+        if type(x) is tensor_type and not x.is_cuda:
+            if static:
+                if x.dtype is not want_torch or x.shape != sizes:
+                    _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
+                dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
+                return
+            if x.dtype is want_torch and x.dim() == rank and x.numel() <= capacity:  # a dynamic torch input
+                if dst.shape != x.shape:
+                    table.resize(i, x.shape)  # the same tensor object, resized in place
+                dst.copy_(x.detach() if x.requires_grad else x)
+                return
         if want_np is None:
             raise InputError(no_numpy)
         if isinstance(x, np.ndarray):

@@ -26,11 +26,13 @@ True
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from pyrt.kernels import Kernel, Step
+from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
 from pyrt.pte_reader import DelegateCall, ExecutionPlan, JumpFalseCall, KernelCall, MoveCall
+from pyrt.tensors import TorchHost
 
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
@@ -67,59 +69,113 @@ class Folder:
         for i, info in table.infos.items():
             decl = raw[i]
             buffer = info.storage != "constant" and (decl.data_buffer_idx > 0 or decl.is_external)
-            if info.device is not None or info.dynamic or buffer:  # device, dynamic, mutable buffer
+            if info.device is not None or buffer:  # device memory, mutable buffer
                 pinned.add(i)
         if self.enabled:
             pinned.update(_aliased(xplan, table, kernels, write_pc))
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
+        self.dynamic = {i for i, info in table.infos.items() if info.dynamic}
+        ops = {kernels[ins.op_index].name.partition(".")[0] for ins in xplan.chains[0].instructions
+               if isinstance(ins, KernelCall)} if self.enabled else set()
+        self.keyed = (self.enabled and isinstance(table.host, TorchHost) and not ops & DATA_DEPENDENT_OPS
+                      and any(table.infos[i].dynamic for i in xplan.inputs if i in table.infos)
+                      and not any(isinstance(ins, (DelegateCall, MoveCall)) for ins in xplan.chains[0].instructions))
         self.const: set[int] = {i for i, k in enumerate(table.kinds)
                                 if k in CONST_SCALARS and i not in writers and i not in pinned}
         self.const.update(i for i, info in table.infos.items()
                           if info.storage == "constant" and i not in pinned and i not in writers)
+        self.key_const = set(self.const)  # data that follows from the run's input shapes (keyed methods)
 
-    def is_const(self, i: int) -> bool:
-        """Does value ``i`` hold the same data on every run (lists: every item)?"""
-        if i in self.const:
-            return True
-        if self.table.kinds[i] in LISTS and i not in self.writers and i not in self.pinned:
-            return all(j in self.const for j in self.table.items[i] if j >= 0)
-        return False
+    def step(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> Step:
+        """The step of the kernel call at ``pc``: :func:`noop` when it folded, else ``build()``'s.
+
+        In a keyed method (see :mod:`pyrt.steady`), a pure call on data that follows from the
+        input shapes writes private memory and is marked ``per_key`` (steady runs skip it).
+        """
+        if self.fold(pc, args, kernel, build):
+            return noop
+        if not self.keyed or not kernel.pure or kernel.writes is None:
+            return build()
+        if not kernel.writes(args):  # shape-only prims and scalar-returning calls
+            step = build()
+            marks = getattr(step, "shape_only", None)
+            if marks is not None and self._all(marks.reads, self.key_const) and (
+                    marks.tensor < 0 or marks.tensor in self.key_const):
+                self.key_const.update(marks.rebinds)
+            return step
+        out = _outputs(kernel, args)
+        if not self._all([a for a in args if a not in out], self.key_const):
+            return build()
+        written = _expand(out, self.table.items)
+        if not all(self._free(j, pc, dynamic=True) for j in written):
+            return build()
+        size = self._private(kernel, args)
+        if size < 0:
+            return build()
+        step = build()
+        self.key_const.update(written)
+        try:
+            return with_steady(step, noop)
+        except AttributeError:  # a callable without attributes (a builtin): wrapped
+            return with_steady(functools.partial(step), noop)
+
+    def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
+        """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
+        items = self.table.items
+        for i in values:
+            if i in known:
+                continue
+            if i in items and i not in self.writers and i not in self.pinned:
+                if all(j in known for j in items[i] if j >= 0):
+                    continue
+            return False
+        return True
+
+    def _private(self, kernel: Kernel, args: tuple[int, ...]) -> int:
+        """Give the call's written tensors private memory (within the budget): bytes taken, -1 if over."""
+        writes = kernel.writes(args) if kernel.writes is not None else args
+        tensors = [j for j in _expand(list(writes), self.table.items) if j in self.table.infos]
+        size = sum(self.table.infos[j].nbytes for j in tensors)
+        if size > self.budget:
+            return -1
+        vals, host = self.table.vals, self.table.host
+        for j in tensors:
+            info = self.table.infos[j]
+            vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+        self.budget -= size
+        self._relist(tensors)
+        return size
 
     def fold(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> bool:
         """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
         if not self.enabled or not kernel.pure or kernel.writes is None:
             return False
         out = _outputs(kernel, args)
-        if not out or not all(self.is_const(a) for a in args if a not in out):
+        if not out or not self._all([a for a in args if a not in out], self.const):
             return False
         written = _expand(out, self.table.items)
         if not all(self._free(j, pc) for j in written):
             return False
-        tensors = [j for j in _expand(list(kernel.writes(args)), self.table.items) if j in self.table.infos]
-        size = sum(self.table.infos[j].nbytes for j in tensors)
-        if size > self.budget:
+        vals, saved, budget = self.table.vals, {j: self.table.vals[j] for j in written}, self.budget
+        if any(j in self.dynamic for j in written) or self._private(kernel, args) < 0:
             return False
-        vals, saved = self.table.vals, {j: self.table.vals[j] for j in written}
-        host = self.table.host
-        for j in tensors:
-            info = self.table.infos[j]
-            vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
-        self._relist(written)
         try:
             build()()
         except Exception:  # left to run (and raise, with its instruction named) at run time
             vals_restore(vals, saved)
             self._relist(written)
+            self.budget = budget
             return False
-        self.budget -= size
         self.const.update(written)
         self.table.unstable.difference_update(written)
         self._relist(written)
         return True
 
-    def _free(self, j: int, pc: int) -> bool:
+    def _free(self, j: int, pc: int, dynamic: bool = False) -> bool:
         """May folding write value ``j`` at ``pc``: its only writer, unread before, no input or buffer."""
-        if j in self.pinned or self.writers.get(j, 0) != 1 or self.first_read.get(j, pc + 1) <= pc:
+        if (j in self.dynamic and not dynamic) or j in self.pinned:
+            return False
+        if self.writers.get(j, 0) != 1 or self.first_read.get(j, pc + 1) <= pc:
             return False
         info = self.table.infos.get(j)
         kind = self.table.kinds[j]
@@ -158,8 +214,8 @@ def _aliased(xplan: ExecutionPlan, table: Any, kernels: list[Kernel], writes: di
     for pc, ins in enumerate(chain):
         args = list(getattr(ins, "args", ()))
         if isinstance(ins, KernelCall):
-            out = set(_outputs(kernels[ins.op_index], ins.args))
-            args = [a for a in args if a not in out]
+            written = set(_outputs(kernels[ins.op_index], ins.args))
+            args = [a for a in args if a not in written]
         elif isinstance(ins, MoveCall):
             args = [ins.move_from]
         reads.extend((j, pc) for j in _expand(args, items) if j in aliases)

@@ -27,7 +27,7 @@ from pyrt.devices import DeviceMap, remap_device
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.fold import Folder
-from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.kernels import Kernel, KernelSite, Step, noop
 from pyrt.pte_reader import (
     DelegateCall,
     DeviceType,
@@ -500,10 +500,11 @@ def build_steps(plan: ExecutionPlan, table: ValueTable, kernels: list[Kernel],
                 op = ops[ins.op_index].qualified_name
                 site = KernelSite(table.method, pc, op, ins.args, table)
                 kernel = kernels[ins.op_index]
-                if folder is not None and folder.fold(pc, ins.args, kernel, functools.partial(kernel.build, site)):
-                    out.append(Instr("KernelCall", noop, what=f"{op} (folded at load)"))
+                if folder is None:
+                    out.append(Instr("KernelCall", kernel.build(site), what=op))
                     continue
-                out.append(Instr("KernelCall", kernel.build(site), what=op))
+                step = folder.step(pc, ins.args, kernel, functools.partial(kernel.build, site))
+                out.append(Instr("KernelCall", step, what=f"{op} (folded at load)" if step is noop else op))
             elif isinstance(ins, DelegateCall):
                 if delegate_step is None:
                     raise UnsupportedOperatorError(f"{_where(plan)}: delegate calls need an engine loader")
@@ -540,11 +541,6 @@ def _free(table: ValueTable, i: int) -> Step:
         vals[i] = None
 
     return free
-
-
-def noop() -> None:
-    """The step of an instruction with nothing to do at run time (the executor skips it)."""
-    return None
 
 
 def _where(plan: ExecutionPlan) -> str:

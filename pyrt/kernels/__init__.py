@@ -85,6 +85,43 @@ RANDOM_OPS = frozenset({"aten::native_dropout", "aten::rand", "aten::randn", "at
                         "aten::multinomial", "aten::dropout", "aten::rrelu_with_noise"})  # never folded
 
 
+DATA_DEPENDENT_OPS = frozenset({  # output shapes (or scalars) that depend on tensor data, not on shapes
+    "aten::nonzero", "aten::masked_select", "aten::index", "aten::repeat_interleave", "aten::_local_scalar_dense",
+    "aten::unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "aten::allclose",
+    "executorch_prim::et_copy_index"})
+
+
+@dataclass(frozen=True)
+class ShapeOnly:
+    """A step whose results follow from tensor shapes and the scalars it ``reads``: sym_size, et_view, prim math.
+
+    Run again with the same shapes and the same ``reads``, it rebinds ``rebinds`` to what they
+    already hold (see :mod:`pyrt.steady`). ``tensor``: the tensor whose object (not only its
+    shape) the result depends on (et_view's view), or -1.
+    """
+
+    reads: tuple[int, ...]
+    rebinds: tuple[int, ...]
+    tensor: int = -1
+
+
+def shape_only(step: Step, reads: Sequence[int], rebinds: Sequence[int], tensor: int = -1) -> Step:
+    """Mark ``step`` as :class:`ShapeOnly`; returns it."""
+    step.shape_only = ShapeOnly(tuple(reads), tuple(rebinds), tensor)  # type: ignore[attr-defined]
+    return step
+
+
+def noop() -> None:
+    """The step of an instruction with nothing to do at run time (the executor skips it)."""
+    return None
+
+
+def with_steady(step: Step, steady: Step) -> Step:
+    """Attach the variant of ``step`` to run when every shape equals the previous run's (no resizing)."""
+    step.steady = steady  # type: ignore[attr-defined]
+    return step
+
+
 class KernelLibrary(Protocol):
     name: str
 
@@ -223,5 +260,6 @@ def resolve(method: str, operators: Sequence[Operator], libraries: Sequence[Kern
     return kernels
 
 
-__all__ = ["RANDOM_OPS", "Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR",
+__all__ = ["RANDOM_OPS", "DATA_DEPENDENT_OPS", "ShapeOnly", "shape_only", "with_steady", "noop",
+           "Kernel", "KernelLibrary", "KernelSite", "Step", "library", "choose_library", "resolve", "ENV_VAR",
            "allowed_operators", "check_allowed"]

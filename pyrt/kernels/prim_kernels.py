@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels import Kernel, KernelSite, Step
+from pyrt.kernels import Kernel, KernelSite, Step, shape_only
 from pyrt.pte_reader import Operator
 from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
 
@@ -72,11 +72,13 @@ def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
         store = site.setter(arity)
         if arity == 1:
             (a,) = getters
-            return lambda: store(fn(a()))
-        if arity == 2:
+            step: Step = lambda: store(fn(a()))  # noqa: E731
+        elif arity == 2:
             a, b = getters
-            return lambda: store(fn(a(), b()))
-        return lambda: store(fn(*(g() for g in getters)))
+            step = lambda: store(fn(a(), b()))  # noqa: E731
+        else:
+            step = lambda: store(fn(*(g() for g in getters)))  # noqa: E731
+        return shape_only(step, _scalar_reads(site, range(arity)), site.args[arity:arity + 1])
 
     return Kernel(name, build, rebinds=lambda args: args[arity:arity + 1], needs_library=False,
                   writes=_tensor_alias, pure=True)
@@ -89,13 +91,13 @@ def _ite(b: Any, t: Any, f: Any) -> Any:
 def _sym_size(site: KernelSite) -> Step:
     site.require_args(3)
     get_t, get_d, store = site.getter(0), site.getter(1), site.setter(2)
-    return lambda: store(int(get_t().shape[get_d()]))
+    return shape_only(lambda: store(int(get_t().shape[get_d()])), _scalar_reads(site, [1]), site.args[2:3])
 
 
 def _sym_numel(site: KernelSite) -> Step:
     site.require_args(2)
     get_t, store = site.getter(0), site.setter(1)
-    return lambda: store(int(math.prod(get_t().shape)))
+    return shape_only(lambda: store(int(math.prod(get_t().shape))), (), site.args[1:2])
 
 
 def _et_view(site: KernelSite) -> Step:
@@ -113,7 +115,17 @@ def _et_view(site: KernelSite) -> Step:
             return
         store(t.reshape(size))
 
-    return view
+    return shape_only(view, _scalar_reads(site, [1]), site.args[2:3], tensor=site.args[0])
+
+
+def _scalar_reads(site: KernelSite, ks: Any) -> tuple[int, ...]:
+    """The values arguments ``ks`` read (an IntList: its items, read through the list at run time)."""
+    out: list[int] = []
+    for k in ks:
+        i = site.args[k]
+        items = site.table.items.get(i)
+        out.extend([i] if items is None else [j for j in items if j >= 0])
+    return tuple(out)
 
 
 def _infer(size: list[int], numel: int, where: str) -> tuple[int, ...]:

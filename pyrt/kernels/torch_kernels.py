@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators
+from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators, with_steady
 from pyrt.pte_reader import Operator
 
 _FOUND: dict[str, Kernel] = {}
@@ -150,7 +150,15 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[...,
                 raise InputError(f"{where}: output of shape {tuple(t().shape)} exceeds its memory-planned "
                                  f"bound of {cap} elements")
 
-    return step
+    if not returns:
+        return with_steady(step, call)
+
+    def steady() -> None:  # outputs already have this run's shapes (pyrt.steady)
+        result = call()
+        for j, store in returns:
+            store(result[j] if multiple else result)
+
+    return with_steady(step, steady)
 
 
 def _reject_device(site: KernelSite, k: int) -> None:
@@ -178,7 +186,7 @@ def _one_dynamic_out(call: Callable[[], Any], out: Any, cap: int, where: str) ->
             raise InputError(f"{where}: output of shape {tuple(out.shape)} exceeds its memory-planned "
                              f"bound of {cap} elements")
 
-    return step
+    return with_steady(step, call)
 
 
 def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int, Any]]:

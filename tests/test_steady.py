@@ -1,0 +1,72 @@
+"""Dynamic-shape runs that repeat the last run's shapes take the steady chain (pyrt.steady).
+
+Every run is compared with eager torch, in orders that switch between the steady
+chain and the full one (same shapes, new shapes, back again), and a program with a
+data-dependent output shape (nonzero) must never take the steady chain: same
+input shapes, different data, different output shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("executorch")
+
+from pyrt.program import Program  # noqa: E402
+
+
+class Positions(torch.nn.Module):
+    """Shape work (sym_size, views) plus data derived from the shape alone (arange, a mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 8).reshape(2, 4))
+
+    def forward(self, x: Any) -> Any:
+        n = x.shape[0]
+        pos = torch.arange(n, dtype=torch.float32).unsqueeze(1)  # follows from the shape: per-key data
+        mask = torch.ones(n, n).tril()
+        y = (x + pos) @ self.w.t()
+        return mask @ y, y.reshape(-1)
+
+
+class Selected(torch.nn.Module):
+    def forward(self, x: Any) -> Any:
+        return torch.nonzero(x > 0) * 2
+
+
+def _export(module: torch.nn.Module, x: Any, path: Path) -> Path:
+    from executorch.exir import to_edge
+
+    dim = torch.export.Dim("n", min=1, max=12)
+    with torch.no_grad():
+        ep = torch.export.export(module.eval(), (x,), dynamic_shapes=(({0: dim},)))
+    path.write_bytes(to_edge(ep).to_executorch().buffer)
+    return path
+
+
+def test_steady_runs_match_eager(tmp_path: Path) -> None:
+    model = Positions()
+    path = _export(model, torch.randn(5, 4), tmp_path / "positions.pte")
+    g = torch.Generator().manual_seed(0)
+    with Program(path, kernels="torch") as prog:
+        runner = prog._runners["forward"]
+        assert runner._steady is not None and len(runner._steady[0]) < len(runner._fast[0])
+        for n in (5, 5, 5, 3, 3, 12, 5, 5, 1, 1):
+            x = torch.randn(n, 4, generator=g)
+            for got, want in zip(prog(x), model(x), strict=True):
+                assert got.shape == want.shape
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_data_dependent_shapes_never_steady(tmp_path: Path) -> None:
+    path = _export(Selected(), torch.randn(6), tmp_path / "selected.pte")
+    with Program(path, kernels="torch") as prog:
+        assert prog._runners["forward"]._steady is None
+        for x in (torch.tensor([1.0, -1, 2, -2, 3, -3]), torch.tensor([1.0, 1, 1, 1, 1, -1]),
+                  torch.tensor([-1.0, -1, -1, -1, -1, -1]), torch.tensor([-1.0, 1, 1, 1, 1, 1])):
+            torch.testing.assert_close(prog(x), torch.nonzero(x > 0) * 2)
