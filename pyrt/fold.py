@@ -50,6 +50,8 @@ class Folder:
         writers: dict[int, int] = {}
         write_pc: dict[int, int] = {i: -1 for i in xplan.inputs}
         first_read: dict[int, int] = {}
+        last_read: dict[int, int] = {}
+        written_at: list[tuple[int, int]] = []  # (pc, value) of every tensor write, delegates' arguments too
         pinned: set[int] = set(xplan.inputs)  # values folding must never touch
         items = table.items
         for chain in xplan.chains:
@@ -57,15 +59,22 @@ class Folder:
                 if isinstance(ins, KernelCall):
                     kernel = kernels[ins.op_index]
                     out = _outputs(kernel, ins.args)
-                    for j in _expand(out, items):
+                    for j in dict.fromkeys(_expand(out, items)):  # each value once per call
                         writers[j] = writers.get(j, 0) + 1
                         write_pc.setdefault(j, pc)
+                        written_at.append((pc, j))
                     for j in _expand([a for a in ins.args if a not in out], items):
                         first_read.setdefault(j, pc)
+                        last_read[j] = pc
                 elif isinstance(ins, MoveCall):
                     pinned.update(_expand([ins.move_from, ins.move_to], items))
+                    written_at.append((pc, ins.move_to))
                 elif isinstance(ins, DelegateCall):
                     pinned.update(_expand(list(ins.args), items))
+                    written_at.extend((pc, j) for j in _expand(list(ins.args), items))
+        end = len(xplan.chains[0].instructions) if xplan.chains else 0
+        for j in _expand(list(xplan.outputs), items):
+            last_read[j] = end  # read by the copy-out after the chain
         for i, info in table.infos.items():
             decl = raw[i]
             buffer = info.storage != "constant" and (decl.data_buffer_idx > 0 or decl.is_external)
@@ -74,6 +83,11 @@ class Folder:
         if self.enabled:
             pinned.update(_aliased(xplan, table, kernels, write_pc))
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
+        self.last_read = last_read
+        self.spans = [(pc, info.memory_id, info.offset, info.offset + info.nbytes) for pc, j in written_at
+                      if (info := table.infos.get(j)) is not None and info.storage == "planned"]
+        self.base: dict[int, int] = {}  # value turned into a view -> the value whose bytes it views
+        self.private: set[int] = set()  # tensors moved to private memory (folded or per-key)
         self.dynamic = {i for i, info in table.infos.items() if info.dynamic}
         ops = {kernels[ins.op_index].name.partition(".")[0] for ins in xplan.chains[0].instructions
                if isinstance(ins, KernelCall)} if self.enabled else set()
@@ -85,6 +99,7 @@ class Folder:
         self.const.update(i for i, info in table.infos.items()
                           if info.storage == "constant" and i not in pinned and i not in writers)
         self.key_const = set(self.const)  # data that follows from the run's input shapes (keyed methods)
+        self.relocate = self._relocations(xplan, kernels, write_pc) if self.enabled else set()
 
     def step(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> Step:
         """The step of the kernel call at ``pc``: :func:`noop` when it folded, else ``build()``'s.
@@ -93,6 +108,11 @@ class Folder:
         input shapes writes private memory and is marked ``per_key`` (steady runs skip it).
         """
         if self.fold(pc, args, kernel, build):
+            return noop
+        moved = [j for j in _expand(_outputs(kernel, args), self.table.items) if j in self.relocate]
+        if moved:
+            self._private(moved)
+        if self.as_view(pc, args, kernel):
             return noop
         if not self.keyed or not kernel.pure or kernel.writes is None:
             return build()
@@ -109,7 +129,7 @@ class Folder:
         written = _expand(out, self.table.items)
         if not all(self._free(j, pc, dynamic=True) for j in written):
             return build()
-        size = self._private(kernel, args)
+        size = self._private(self._writes(kernel, args))
         if size < 0:
             return build()
         step = build()
@@ -118,6 +138,97 @@ class Folder:
             return with_steady(step, noop)
         except AttributeError:  # a callable without attributes (a builtin): wrapped
             return with_steady(functools.partial(step), noop)
+
+    def as_view(self, pc: int, args: tuple[int, ...], kernel: Kernel) -> bool:
+        """Bind a ``*_copy`` call's results, once, as views of its input; True when it did.
+
+        Only where the views are laid out as the planned results are (same shape, dtype and
+        strides, or both contiguous: downstream kernels see the same layout) and no write to
+        the input's bytes comes before the results' last read.
+        """
+        table = self.table
+        if kernel.view is None or not self.enabled or not isinstance(table.host, TorchHost) or not args:
+            return False
+        out = _outputs(kernel, args)
+        x = args[0]
+        info = table.infos.get(x)
+        if (not out or x in out or info is None or info.dynamic or info.device is not None or not table.is_const(x)
+                or not self._all([a for a in args[1:] if a not in out], self.const)):
+            return False
+        written = _expand(out, table.items)
+        tensors = [j for j in written if j in table.infos]
+        if not tensors or not all(self._free(j, pc) for j in written):
+            return False
+        base = self.base.get(x, x)
+        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in tensors)):
+            return False
+        try:
+            view = kernel.view(table.vals, args)
+        except Exception:  # left to the kernel (and its error) at run time
+            return False
+        views = list(view) if isinstance(view, (list, tuple)) else [view]
+        outs = [j for j in written if j in table.infos]
+        if len(views) != len(outs) or not all(_same_layout(v, table.vals[j]) for v, j in zip(views, outs, strict=True)):
+            return False
+        for v, j in zip(views, outs, strict=True):
+            table.vals[j] = v
+            self.base[j] = base
+        table.unstable.difference_update(written)
+        self._relist(written)
+        return True
+
+    def _relocations(self, xplan: ExecutionPlan, kernels: list[Kernel], write_pc: dict[int, int]) -> set[int]:
+        """Inputs of view-able ``*_copy`` calls whose arena bytes are reused while the result lives.
+
+        Given private memory when their writer's step is built, they outlive the result,
+        which can then be a view of them (:meth:`as_view`).
+        """
+        table, out = self.table, set[int]()
+        if not isinstance(table.host, TorchHost):
+            return out
+        viewed: dict[int, int] = {}  # result of a view-able call -> its input
+        for pc, ins in enumerate(xplan.chains[0].instructions):
+            if not isinstance(ins, KernelCall):
+                continue
+            kernel = kernels[ins.op_index]
+            view_of = kernel.view
+            if view_of is None or not ins.args:
+                continue
+            x = ins.args[0]
+            for j in _expand(_outputs(kernel, ins.args), table.items):
+                viewed[j] = x
+            while x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
+                x = viewed[x]  # the tensor whose bytes a chain of views would read
+            info, outs = table.infos.get(x), _outputs(kernel, ins.args)
+            if (info is None or info.storage != "planned" or info.dynamic or x in self.pinned
+                    or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self.first_read.get(x, -1)
+                    or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
+                continue
+            written = _expand(outs, table.items)
+            tensors = [j for j in written if j in table.infos]
+            if not tensors or not all(self._free(j, pc) for j in written):
+                continue
+            if self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
+                continue  # a view needs no move
+            try:
+                view = view_of(table.vals, ins.args)
+            except Exception:  # left to the kernel at run time
+                continue
+            views = list(view) if isinstance(view, (list, tuple)) else [view]
+            if len(views) == len(tensors) and all(
+                    _same_layout(v, table.vals[j]) for v, j in zip(views, tensors, strict=True)):
+                out.add(x)
+        return out
+
+    def _outlives(self, base: int, pc: int, until: int) -> bool:
+        """Do ``base``'s bytes stay unwritten after ``pc`` up to ``until`` (inclusive)?"""
+        if base in self.const or base in self.private:
+            return True  # never written again
+        info = self.table.infos[base]
+        if info.storage != "planned":
+            return False
+        mem, lo, hi = info.memory_id, info.offset, info.offset + info.nbytes
+        return not any(pc < at <= until and m == mem and a < hi and b > lo for at, m, a, b in self.spans)
 
     def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
         """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
@@ -131,10 +242,14 @@ class Folder:
             return False
         return True
 
-    def _private(self, kernel: Kernel, args: tuple[int, ...]) -> int:
-        """Give the call's written tensors private memory (within the budget): bytes taken, -1 if over."""
+    def _writes(self, kernel: Kernel, args: tuple[int, ...]) -> list[int]:
+        """The tensors a call writes (list items included)."""
         writes = kernel.writes(args) if kernel.writes is not None else args
-        tensors = [j for j in _expand(list(writes), self.table.items) if j in self.table.infos]
+        return [j for j in _expand(list(writes), self.table.items) if j in self.table.infos]
+
+    def _private(self, tensors: list[int]) -> int:
+        """Give ``tensors`` private memory (within the budget): bytes taken, -1 if over."""
+        tensors = [j for j in dict.fromkeys(tensors) if j not in self.private]
         size = sum(self.table.infos[j].nbytes for j in tensors)
         if size > self.budget:
             return -1
@@ -142,6 +257,7 @@ class Folder:
         for j in tensors:
             info = self.table.infos[j]
             vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+        self.private.update(tensors)
         self.budget -= size
         self._relist(tensors)
         return size
@@ -157,7 +273,7 @@ class Folder:
         if not all(self._free(j, pc) for j in written):
             return False
         vals, saved, budget = self.table.vals, {j: self.table.vals[j] for j in written}, self.budget
-        if any(j in self.dynamic for j in written) or self._private(kernel, args) < 0:
+        if any(j in self.dynamic for j in written) or self._private(self._writes(kernel, args)) < 0:
             return False
         try:
             build()()
@@ -236,6 +352,13 @@ def _aliased(xplan: ExecutionPlan, table: Any, kernels: list[Kernel], writes: di
             if infos[t].offset <= lo and infos[t].offset + infos[t].nbytes >= hi:
                 break  # this write covers every byte the alias reads
     return out
+
+
+def _same_layout(view: Any, planned: Any) -> bool:
+    """Would kernels see ``view`` laid out as the planned tensor (shape, dtype, strides)?"""
+    if view.dtype != planned.dtype or view.shape != planned.shape:
+        return False
+    return view.stride() == planned.stride() or (view.is_contiguous() and planned.is_contiguous())
 
 
 def vals_restore(vals: list[Any], saved: dict[int, Any]) -> None:

@@ -69,7 +69,10 @@ class Kernel:
     memory). ``build(site)`` returns the step closure for one instruction.
     ``pure``: the result depends only on the arguments and nothing else changes (no
     random numbers, no side effects), so a call on constant data may run once at load
-    (:mod:`pyrt.fold`).
+    (:mod:`pyrt.fold`). ``view(vals, args)``: for a ``*_copy`` op whose result torch can
+    also give as a view of its input (``permute_copy`` -> ``permute``), that view (a list for
+    ``split_copy`` and the like), computed from the load-time values; :mod:`pyrt.fold` uses it
+    where the input's bytes provably outlive the result.
     """
 
     name: str
@@ -78,6 +81,7 @@ class Kernel:
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     pure: bool = False
+    view: Callable[[list[Any], tuple[int, ...]], Any] | None = None
 
 
 RANDOM_OPS = frozenset({"aten::native_dropout", "aten::rand", "aten::randn", "aten::bernoulli",

@@ -28,6 +28,14 @@ from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators
 from pyrt.pte_reader import Operator
 
 _FOUND: dict[str, Kernel] = {}
+VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a view of the input
+    "aten::permute_copy": "permute", "aten::squeeze_copy": "squeeze", "aten::unsqueeze_copy": "unsqueeze",
+    "aten::view_copy": "view", "aten::alias_copy": "alias", "aten::slice_copy": "slice",
+    "aten::select_copy": "select", "aten::split_copy": "split", "aten::split_with_sizes_copy": "split_with_sizes",
+    "aten::unbind_copy": "unbind", "aten::expand_copy": "expand", "aten::transpose_copy": "transpose",
+    "aten::t_copy": "t", "aten::diagonal_copy": "diagonal", "aten::narrow_copy": "narrow",
+    "aten::detach_copy": "detach",
+}
 
 
 class TorchLibrary:
@@ -62,7 +70,28 @@ class TorchLibrary:
             rebinds=lambda args: _rebinds(schema, args),
             writes=_writes(schema),
             pure=op.name not in RANDOM_OPS and not any("Generator" in str(a.type) for a in schema.arguments),
+            view=self._view(op, schema),
         )
+
+    def _view(self, op: Operator, schema: Any) -> Callable[[list[Any], tuple[int, ...]], Any] | None:
+        """``(vals, args) -> view`` of a ``*_copy`` out-variant through its view op (``VIEW_OPS``)."""
+        base = VIEW_OPS.get(op.name)
+        if base is None:
+            return None
+        name = op.overload.removesuffix("out").removesuffix("_") or "default"
+        view_op = getattr(getattr(self.torch.ops.aten, base, None), name, None)
+        if view_op is None:
+            return None
+        ins = [a for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+        if [a.name for a in view_op._schema.arguments] != [a.name for a in ins]:
+            return None
+        pos = [k for k, a in enumerate(schema.arguments) if a in ins and not a.kwarg_only]
+        kw = [(a.name, k) for k, a in enumerate(schema.arguments) if a in ins and a.kwarg_only]
+
+        def view(vals: list[Any], args: tuple[int, ...]) -> Any:
+            return view_op(*[vals[args[k]] for k in pos], **{n: vals[args[k]] for n, k in kw})
+
+        return view
 
     def _overload(self, op: Operator) -> Any:
         if op.qualified_name not in allowed_operators():
@@ -97,9 +126,16 @@ def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
 
 
 def _writes(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
-    """``args -> written values``: the arguments the schema marks ``Tensor(a!)`` (outs, in-place ``self``)."""
+    """``args -> written values``: the arguments the schema marks ``Tensor(a!)`` (outs, in-place ``self``).
+
+    Return slots after the arguments that are not fresh results alias those outs (ExecuTorch
+    also writes a slot for ``-> ()`` out-variants such as ``split_copy``): written too.
+    """
+    n = len(schema.arguments)
     positions = [k for k, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    return lambda args: [args[k] for k in positions if k < len(args)]
+    fresh = {n + j for j, r in enumerate(schema.returns) if r.alias_info is None}
+    return lambda args: ([args[k] for k in positions if k < len(args)]
+                         + [args[k] for k in range(n, len(args)) if k not in fresh])
 
 
 def _is_tensor_type(type_str: str) -> bool:
