@@ -106,7 +106,8 @@ class TorchLibrary:
             return None
 
     def _binding(self, op: Operator, schema: Any) -> Callable[..., Any] | None:
-        """torch's Python binding of an ``aten`` out-variant (faster to call than ``torch.ops``)."""
+        """torch's Python binding of an ``aten`` out-variant (faster to call than ``torch.ops``): ``torch.<op>``
+        or, for NN ops, ``torch._C._nn.<op>``."""
         ns, _, name = op.name.partition("::")
         writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
                          for a in schema.arguments)
@@ -115,7 +116,8 @@ class TorchLibrary:
         if op.qualified_name == "aten::relu.out":  # ATen's relu is clamp_min(self, 0); its binding has no out=
             clamp_min = self.torch._C._VariableFunctions.clamp_min
             return lambda x, *, out: clamp_min(x, 0, out=out)
-        return getattr(self.torch._C._VariableFunctions, name, None)
+        found = getattr(self.torch._C._VariableFunctions, name, None)
+        return found if found is not None else getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
 
 
 def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
