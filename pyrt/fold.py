@@ -26,7 +26,9 @@ True
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,7 @@ from pyrt.tensors import TorchHost
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
 LISTS = ("IntList", "TensorList", "OptionalTensorList")
+INF = float("inf")
 
 
 class Folder:
@@ -84,8 +87,10 @@ class Folder:
             pinned.update(_aliased(xplan, table, kernels, write_pc))
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
         self.last_read = last_read
-        self.spans = [(pc, info.memory_id, info.offset, info.offset + info.nbytes) for pc, j in written_at
-                      if (info := table.infos.get(j)) is not None and info.storage == "planned"]
+        self.spans: dict[int, list[tuple[int, int, int]]] = {}  # arena -> (pc, lo, hi) of writes, by pc
+        for pc, j in written_at:
+            if (info := table.infos.get(j)) is not None and info.storage == "planned":
+                self.spans.setdefault(info.memory_id, []).append((pc, info.offset, info.offset + info.nbytes))
         self.base: dict[int, int] = {}  # value turned into a view -> the value whose bytes it views
         self.private: set[int] = set()  # tensors moved to private memory (folded or per-key)
         self.dynamic = {i for i, info in table.infos.items() if info.dynamic}
@@ -228,7 +233,10 @@ class Folder:
         if info.storage != "planned":
             return False
         mem, lo, hi = info.memory_id, info.offset, info.offset + info.nbytes
-        return not any(pc < at <= until and m == mem and a < hi and b > lo for at, m, a, b in self.spans)
+        spans = self.spans.get(mem, [])
+        first = bisect.bisect_right(spans, (pc, INF, INF))  # writes are listed in pc order
+        later = itertools.takewhile(lambda s: s[0] <= until, itertools.islice(spans, first, None))
+        return not any(a < hi and b > lo for _, a, b in later)
 
     def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
         """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
