@@ -1,4 +1,4 @@
-"""Load-time constant folding: run once, at load, the kernels whose every input is constant.
+"""Load-time work on a method's kernel calls: constant folding, per-shape results, views.
 
 ExecuTorch programs recompute things that never change from run to run: the
 transposes of linear weights (``permute_copy`` of a constant), rotary tables,
@@ -8,19 +8,32 @@ causal masks of a static length. A kernel call is *folded* when
 * every argument it reads holds constant data: a constant tensor from the file, a
   scalar or list nothing rebinds (and no method input), or an earlier folded result;
 * every value it writes or rebinds has this instruction as its only writer, is read by
-  no earlier instruction, moved by no MoveCall, read by no delegate, and (for tensors)
-  is a static host tensor that is neither a method input nor a mutable buffer.
+  no earlier instruction, moved by no MoveCall, read by no delegate, read through no
+  arena alias (a static ``view_copy`` is a second tensor over the same bytes), and (for
+  tensors) is a static host tensor that is neither a method input nor a mutable buffer.
 
 A folded call runs once while the method's steps are built, writing into private
 memory (``host.empty``), never into the memory-planned arena (other values reuse
 that memory later in the chain), and its instruction becomes a no-op. Its results
 then count as constants, so chains of them fold too. The same kernels compute the
 same bytes as at run time; a call that raises is left to raise at run time.
-Methods with jumps are not folded. Private memory is capped per method
-(:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
 
->>> folder = Folder(xplan, table, kernels)                       # doctest: +SKIP
->>> folder.fold(pc, ins, kernels[ins.op_index], build)            # doctest: +SKIP
+Two relatives, torch host only:
+
+* *per-key* calls (dynamic-shape methods, see :mod:`pyrt.steady`): pure calls on data
+  that follows from the input shapes alone (``arange(seq_len)``, a causal mask) write
+  private memory and are skipped by runs whose shapes repeat the last run's;
+* *views*: a ``*_copy`` call (``Kernel.view``) whose input's bytes provably stay
+  unwritten until the result's last read binds, once, torch's view of the input in
+  place of the copy, where the view has the planned result's layout (shape, dtype,
+  strides), so every later kernel sees the same bytes laid out the same way. An input
+  whose arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
+
+Methods with jumps or more than one chain are left alone. Private memory is capped per
+method (:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
+
+>>> folder = Folder(xplan, table, kernels, raw)                       # doctest: +SKIP
+>>> folder.step(pc, ins.args, kernels[ins.op_index], build) is noop    # doctest: +SKIP
 True
 """
 
@@ -109,8 +122,9 @@ class Folder:
     def step(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> Step:
         """The step of the kernel call at ``pc``: :func:`noop` when it folded, else ``build()``'s.
 
-        In a keyed method (see :mod:`pyrt.steady`), a pure call on data that follows from the
-        input shapes writes private memory and is marked ``per_key`` (steady runs skip it).
+        Views bound at load also give :func:`noop`. In a keyed method (see :mod:`pyrt.steady`),
+        a pure call on data that follows from the input shapes writes private memory and gets
+        ``noop`` as its steady variant (steady runs skip it).
         """
         if self.fold(pc, args, kernel, build):
             return noop
