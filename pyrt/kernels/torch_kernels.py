@@ -268,12 +268,17 @@ def _bind_call(fn: Callable[..., Any], site: KernelSite, pos_idx: list[int],
                 return fn(*pos, **kwargs)
 
         return call_const
-    pos_get = [site.getter(k) for k in pos_idx]
-    kw_get = [(name, site.getter(k)) for name, k in kw]
+    # Constants are placed once; only the slots rebound at run time are read per call.
+    template = [site.value(k) if site.is_const(k) else None for k in pos_idx]
+    pos_get = [(n, site.getter(k)) for n, k in enumerate(pos_idx) if not site.is_const(k)]
+    kw_const = {name: site.value(k) for name, k in kw if site.is_const(k)}
+    kw_get = [(name, site.getter(k)) for name, k in kw if not site.is_const(k)]
 
     def call() -> Any:
-        args = [g() for g in pos_get]
-        kwargs = {name: g() for name, g in kw_get}
+        args = template.copy()
+        for n, g in pos_get:
+            args[n] = g()
+        kwargs = kw_const if not kw_get else {**kw_const, **{name: g() for name, g in kw_get}}
         try:
             return impl[0](*args, **kwargs)
         except TypeError:
