@@ -50,6 +50,11 @@ class Segment:
         self._graph: Any = None
         self._exec: Any = None
 
+    @property
+    def graph_exec(self) -> Any:
+        """The instantiated graph (``cuGraphLaunch`` it on any stream of the device), or None before capture."""
+        return self._exec if self.state == "graph" else None
+
     def __call__(self) -> None:
         if self.state == "graph":
             stream = self.devices.stream(self.device)
