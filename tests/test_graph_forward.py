@@ -85,8 +85,11 @@ def test_a_device_forward_is_copies_and_one_graph_launch(sim: Any, chain: Path) 
         runner = prog._runners["forward"]
         assert runner._graph_forward is not None and [len(s.steps) for s in runner._segments] == [N]
         counter = _Counter(runner)
+        kept = []  # freeing device memory synchronises the device: nothing is freed until the end
         for x in _inputs(6):
-            (y,) = prog(_device(sim, x))
+            x_dev = _device(sim, x)
+            (y,) = prog(x_dev)
+            kept += [x_dev, y]
             assert isinstance(y, OwnedDeviceTensor)
             np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)  # ready on the legacy stream
         assert counter.general == 2  # eager, then capture; the other four replay
