@@ -10,7 +10,9 @@ Everything else -- host kernels, host<->device copies, dynamic-shape engines --
 runs eagerly between segments on the same stream, so stream order keeps it
 correct. A budget change recreates execution contexts, so :meth:`reset` drops
 every graph and the next runs capture again. A capture that the driver or
-TensorRT refuses leaves that segment eager for good (logged once).
+TensorRT refuses leaves that segment eager for good (logged once). A method that is
+one segment with its inputs and outputs in device memory is replayed whole for
+device callers, with the least host work per call: see :mod:`pyrt.graph_forward`.
 
 >>> seg = Segment([], device=0)
 >>> seg.state
