@@ -83,6 +83,7 @@ class GraphForward:
         self.device = segment.device
         self.ctx = ctx
         self.static = check_graph_outputs(policy) == "static"
+        self.method = method
         self._flatten = flatten
         # per input: planned address, bytes, dtype, shape, dim order -- the shape key is fixed at load
         self._in = [(t.ptr, t.nbytes, t.scalar_type, t.shape, t.dim_order) for t in inputs]
@@ -145,7 +146,7 @@ class GraphForward:
         except DeviceError:
             raise
         except Exception as exc:  # the driver binding raises for bad types
-            raise DeviceError(f"method graph replay failed: {type(exc).__name__}: {exc}") from exc
+            raise DeviceError(f"method {self.method!r}: graph replay failed: {type(exc).__name__}: {exc}") from exc
         self.ctx.last_run, self._end_handle = self._ends, handle
         if torch_out:
             return [device_output(t, TORCH) for t in outs]
