@@ -82,7 +82,9 @@ class TimedDriver:
         target = getattr(self._driver, name)
         if not callable(target) or not name.startswith("cu"):
             return target
-        return self.wrap(target)
+        wrapped = self.wrap(target)
+        setattr(self, name, wrapped)  # found directly from now on: the lookup costs no more than the driver's
+        return wrapped
 
     def wrap(self, target: Any) -> Any:
         clock = self.clock
