@@ -163,7 +163,8 @@ class DeviceContext:
         self._copy_events: dict[int, Any] = {}
         self._copy_marks: dict[int, Any] = {}  # device -> event recorded after its last host -> device copy
         self._end_events: dict[int, Any] = {}
-        self._previous: list[Any] = []  # events at the end of the last run's streams: this run's streams wait
+        # events recorded at the end of the last run's streams: a run's first work on a stream waits for them
+        self.last_run: list[Any] = []
         self._named: dict[tuple[str, int], Any] = {}  # see named_event()
 
     # streams
@@ -187,7 +188,7 @@ class DeviceContext:
                 if self._device_caller:  # caller data may still be produced on the legacy stream
                     self._order_streams(self.cuda.borrowed_stream(0, device), s)
                 self._own_used.append(device)
-            for event in self._previous:  # the last run may still read arenas this run will write
+            for event in self.last_run:  # the last run may still read arenas this run will write
                 s.wait(event)
             self._active[device] = s
         return s
@@ -202,15 +203,6 @@ class DeviceContext:
         if s is None:
             s = self._own[device] = self.cuda.stream(device)
         return s
-
-    @property
-    def last_run(self) -> list[Any]:
-        """Events recorded at the end of the last run's streams: a run's first work on a stream waits for them."""
-        return self._previous
-
-    @last_run.setter
-    def last_run(self, events: list[Any]) -> None:
-        self._previous = events
 
     def consumer_handle(self, device: int) -> int:
         """The handle of the stream this run reads caller data on (DLPack's ``stream=``)."""
@@ -279,11 +271,11 @@ class DeviceContext:
             if self._device_caller:
                 for device in self._own_used:
                     self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))
-            self._previous = []
+            self.last_run = []
             for device, stream in self._active.items():  # the next run's streams start after these
                 event = self._event(self._end_events, device)
                 event.record(stream)
-                self._previous.append(event)
+                self.last_run.append(event)
         finally:
             self._active = {}
             self._retired.extend(self._keep)  # freed once their copies' events have passed
@@ -304,7 +296,7 @@ class DeviceContext:
         self._named.clear()
         self._copy_events.clear()
         self._end_events.clear()
-        self._previous = []
+        self.last_run = []
         for a in self._staging:
             a.free()
         self._own.clear()

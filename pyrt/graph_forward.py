@@ -103,9 +103,10 @@ class GraphForward:
         self._ev_end: Any = None
 
     def __call__(self, inputs: Sequence[Any], stream: Any) -> list[Any] | None:
-        graph = self.segment.graph_exec
-        if graph is None:
+        segment = self.segment
+        if segment.state != "graph":  # not captured yet, or dropped (set_budget)
             return None
+        graph = segment.graph_exec
         flat = self._flatten(inputs)
         if len(flat) != len(self._in):
             return None
