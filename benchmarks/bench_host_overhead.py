@@ -229,6 +229,7 @@ def main() -> None:
     args = parser.parse_args()
     fn = measure_gpu if args.gpu else measure
     with tempfile.TemporaryDirectory() as tmp:
+        fn(1, args.forwards, 1, _program(1, Path(tmp), args.programs, "host"), CASES[0], args.clock)  # warm-up
         rows = {(case.io, case.mode, n): fn(n, args.forwards, args.samples,
                                             _program(n, Path(tmp), args.programs, case.io), case, args.clock)
                 for case in CASES for n in (1, 16)}
