@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pyrt.dtypes import ScalarType
-from pyrt.errors import InputError
+from pyrt.errors import InputError, ProgramClosedError
 from pyrt.program import Program
 from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
 from pyrt.testing import simulated_gpus
@@ -226,3 +226,27 @@ def test_set_budget_captures_again(sim: Any, chain: Path) -> None:
             np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
         assert counter.general == 4  # eager and capture again, then replays
         assert sim.driver.graph_launches == launches + 3
+
+
+def test_a_profiled_method_runs_step_by_step(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(5)
+        for x in xs[:3]:
+            prog(_device(sim, x))
+        launches = sim.driver.graph_launches
+        with prog.profile(device_time=False):
+            (y,) = prog(_device(sim, xs[3]))
+        np.testing.assert_allclose(_read(sim, y), _want(xs[3]), rtol=1e-6)
+        assert sim.driver.graph_launches == launches  # observed: instruction by instruction, no replay
+        prog(_device(sim, xs[4]))
+        assert sim.driver.graph_launches == launches + 1
+
+
+def test_a_closed_program_refuses_replays(sim: Any, chain: Path) -> None:
+    prog = Program(chain, cuda_graphs=True)
+    x = _device(sim, _inputs(1)[0])
+    for _ in range(3):
+        prog(x)
+    prog.close()
+    with pytest.raises(ProgramClosedError):
+        prog(x)
