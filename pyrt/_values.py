@@ -18,7 +18,7 @@ import struct
 from typing import Any
 
 from pyrt.dtypes import ScalarType
-from pyrt.pte_reader import (
+from pyrt.schema import (
     EVALUE_KINDS,
     AllocationInfo,
     DelegateCall,
