@@ -70,12 +70,13 @@ _EVALUE_FIELDS = (1, 4)  # val_type, val
 
 
 class _Reader:
-    __slots__ = ("data", "n", "vtables", "layouts")
+    __slots__ = ("data", "n", "vtables", "layouts", "permutations")
 
     def __init__(self, data: memoryview, n: int) -> None:
         self.data, self.n = data, n
         self.vtables: dict[int, tuple[tuple[int, ...], int]] = {}
         self.layouts: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], int]] = {}
+        self.permutations: set[tuple[int, ...]] = set()  # dim orders seen to be permutations of range(len)
 
     def layout(self, pos: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
         """Offsets (0: absent) of slots ``0..len(sizes)-1`` of the table at ``pos``, each field validated.
@@ -158,73 +159,117 @@ def _field(pos: int, entry: tuple[tuple[int, ...], int], slot: int, size: int) -
     return pos + off
 
 
+_NULL = EValue("Null", None)
+
+
+def _offsets(data: memoryview, start: int, count: int) -> tuple[int, ...]:
+    """The ``count`` uoffsets of a vector of tables, read in one call (the caller checked the bounds)."""
+    return struct.unpack_from(f"<{count}I", data, start)
+
+
 def decode_values(data: memoryview, length: int, vector_start: int, count: int) -> tuple[EValue, ...]:
     """Every EValue of a ``values`` vector whose offsets start at ``vector_start`` (already bounds-checked)."""
     r = _Reader(data, length)
     out: list[EValue] = []
-    for i in range(count):
-        p = vector_start + 4 * i
-        pos = p + _U32(data, p)[0]
-        o_tag, o_val = r.layout(pos, _EVALUE_FIELDS)
-        kind = EVALUE_KINDS.get(_U8(data, pos + o_tag)[0] if o_tag else 0)
+    append = out.append
+    layouts: dict[int, tuple[tuple[int, ...], int]] = {}
+    record, kinds = _record, EVALUE_KINDS
+    for i, off in enumerate(_offsets(data, vector_start, count)):
+        pos = vector_start + 4 * i + off
+        if pos + 4 > length:
+            raise Fallback
+        vt = pos - _I32(data, pos)[0]
+        hit = layouts.get(vt)
+        if hit is None:
+            r.layout(pos, _EVALUE_FIELDS)  # validates the vtable and this table's extent
+            hit = layouts[vt] = r.layouts[vt, _EVALUE_FIELDS]
+        (o_tag, o_val), tsize = hit
+        if pos + tsize > length:
+            raise Fallback
+        kind = kinds.get(_U8(data, pos + o_tag)[0] if o_tag else 0)
         if kind is None:
             raise Fallback
-        body = None if not o_val else pos + o_val + _U32(data, pos + o_val)[0]
-        if body is None:
+        if not o_val:
             if kind != "Null":
                 raise Fallback
-            out.append(EValue("Null", None))
+            append(_NULL)
             continue
-        if kind == "Null":
+        body = pos + o_val + _U32(data, pos + o_val)[0]
+        if kind == "Tensor":
+            append(record(EValue, {"kind": kind, "value": _tensor(r, body)}))
+        elif kind == "Null":
             r.table(body)  # the general reader validates a Null's (unused) payload table too
-            out.append(EValue("Null", None))
-            continue
-        out.append(_record(EValue, {"kind": kind, "value": _payload(r, kind, body, count)}))
+            append(_NULL)
+        else:
+            append(record(EValue, {"kind": kind, "value": _payload(r, kind, body, count)}))
     return tuple(out)
+
+
+_SLOT8, _SLOT4, _SLOT1 = (8,), (4,), (1,)
 
 
 def _payload(r: _Reader, kind: str, body: int, count: int) -> Any:
     data = r.data
-    if kind == "Tensor":
-        return _tensor(r, body)
-    entry = r.table(body)
     if kind == "Int":
-        w = _field(body, entry, 0, 8)
-        return 0 if w is None else _I64(data, w)[0]
+        (w,) = r.layout(body, _SLOT8)
+        return _I64(data, body + w)[0] if w else 0
     if kind == "Bool":
-        w = _field(body, entry, 0, 1)
-        return False if w is None else bool(_U8(data, w)[0])
+        (w,) = r.layout(body, _SLOT1)
+        return bool(_U8(data, body + w)[0]) if w else False
     if kind == "Double":
-        w = _field(body, entry, 0, 8)
-        return 0.0 if w is None else _F64(data, w)[0]
+        (w,) = r.layout(body, _SLOT8)
+        return _F64(data, body + w)[0] if w else 0.0
     if kind == "String":
-        return r.string(body, entry, 0) or ""
+        return r.string(body, r.table(body), 0) or ""
     fmt = _LIST_ELEM[kind]
-    items = r.vector(body, entry, 0, fmt)
+    (w,) = r.layout(body, _SLOT4)
+    items = r.vector_at(body + w, fmt) if w else ()
     if kind == "BoolList":
         return tuple(bool(v) for v in items)
-    if kind in ("TensorList", "OptionalTensorList"):
-        for item in items:
-            if not 0 <= item < count and not (kind == "OptionalTensorList" and item < 0):
-                raise Fallback
+    if kind in ("TensorList", "OptionalTensorList") and items:  # indices; -1 (None) only in optional lists
+        if max(items) >= count or (kind == "TensorList" and min(items) < 0):
+            raise Fallback
     return items
 
 
+_ALLOC_FIELDS = (4, 4, 4)  # memory_id, memory_offset_low, memory_offset_high
+
+
 def _tensor(r: _Reader, pos: int) -> Tensor:
-    data = r.data
+    data, n = r.data, r.n
     o_st, o_so, o_sizes, o_dim, o_rg, o_dbi, o_alloc, o_layout, o_dyn, o_extra = r.layout(pos, _TENSOR_FIELDS)
-    sizes = r.vector_at(pos + o_sizes, "i") if o_sizes else ()
-    if any(s < 0 for s in sizes):
-        raise Fallback
-    dim_order = r.vector_at(pos + o_dim, "B") if o_dim else ()
-    if dim_order and sorted(dim_order) != list(range(len(sizes))):
-        raise Fallback
+    sizes: tuple[int, ...] = ()
+    if o_sizes:
+        start = pos + o_sizes + _U32(data, pos + o_sizes)[0]
+        if start + 4 > n:
+            raise Fallback
+        k = _U32(data, start)[0]
+        if start + 4 + 4 * k > n:
+            raise Fallback
+        sizes = struct.unpack_from(f"<{k}i", data, start + 4)
+        if sizes and min(sizes) < 0:
+            raise Fallback
+    dim_order: tuple[int, ...] = ()
+    if o_dim:
+        start = pos + o_dim + _U32(data, pos + o_dim)[0]
+        if start + 4 > n:
+            raise Fallback
+        k = _U32(data, start)[0]
+        if start + 4 + k > n:
+            raise Fallback
+        dim_order = tuple(data[start + 4: start + 4 + k])
+        if dim_order and (len(dim_order) != len(sizes) or dim_order not in r.permutations):
+            if sorted(dim_order) != list(range(len(sizes))):
+                raise Fallback
+            r.permutations.add(dim_order)
     alloc = None
     if o_alloc:
         a = pos + o_alloc + _U32(data, pos + o_alloc)[0]
-        ae = r.table(a)
-        alloc = AllocationInfo(_small(data, a, ae, 0, _U32, 4),
-                               _small(data, a, ae, 1, _U32, 4) | _small(data, a, ae, 2, _U32, 4) << 32)
+        o_mem, o_lo, o_hi = r.layout(a, _ALLOC_FIELDS)
+        alloc = _record(AllocationInfo, {
+            "memory_id": _U32(data, a + o_mem)[0] if o_mem else 0,
+            "memory_offset": (_U32(data, a + o_lo)[0] if o_lo else 0) | (_U32(data, a + o_hi)[0] if o_hi else 0) << 32,
+        })
     extra = None
     if o_extra:
         x = pos + o_extra + _U32(data, pos + o_extra)[0]
@@ -262,32 +307,40 @@ def _member(members: dict[int, Any], raw: int) -> Any:
         raise Fallback from None
 
 
+_INSTRUCTION_FIELDS = (1, 4)  # instr_args_type, instr_args
+_CALL_FIELDS = (4, 4)  # op/delegate index or move_from/cond, then args vector or move_to/destination
+_FREE_FIELDS = (4,)
+
+
 def decode_instructions(data: memoryview, length: int, vector_start: int, count: int,
                         num_values: int) -> tuple[Instruction, ...]:
     """Every instruction of a chain's ``instructions`` vector (offsets already bounds-checked)."""
     r = _Reader(data, length)
     out: list[Instruction] = []
-    for i in range(count):
-        p = vector_start + 4 * i
-        pos = p + _U32(data, p)[0]
-        entry = r.table(pos)
-        where = _field(pos, entry, 0, 1)
-        tag = 0 if where is None else _U8(data, where)[0]
-        body = r.target(pos, entry, 1)
-        if body is None or not 1 <= tag <= 5:
+    append, layout = out.append, r.layout
+    for i, off in enumerate(_offsets(data, vector_start, count)):
+        pos = vector_start + 4 * i + off
+        o_tag, o_body = layout(pos, _INSTRUCTION_FIELDS)
+        tag = _U8(data, pos + o_tag)[0] if o_tag else 0
+        if not o_body or not 1 <= tag <= 5:
             raise Fallback
-        be = r.table(body)
-        a = _small(data, body, be, 0, _I32, 4)
-        if tag in (1, 2):
-            args = r.vector(body, be, 1, "i")
-            for v in args:
-                if not 0 <= v < num_values:
-                    raise Fallback
-            out.append(KernelCall(a, args) if tag == 1 else DelegateCall(a, args))
-        elif tag == 3:
-            out.append(MoveCall(a, _small(data, body, be, 1, _I32, 4)))
-        elif tag == 4:
-            out.append(JumpFalseCall(a, _small(data, body, be, 1, _I32, 4)))
+        body = pos + o_body + _U32(data, pos + o_body)[0]
+        if tag == 5:
+            (o_a,) = layout(body, _FREE_FIELDS)
+            append(_record(FreeCall, {"value_index": _I32(data, body + o_a)[0] if o_a else 0}))
+            continue
+        o_a, o_b = layout(body, _CALL_FIELDS)
+        a = _I32(data, body + o_a)[0] if o_a else 0
+        if tag <= 2:
+            args = r.vector_at(body + o_b, "i") if o_b else ()
+            if args and (min(args) < 0 or max(args) >= num_values):
+                raise Fallback
+            append(_record(KernelCall if tag == 1 else DelegateCall,
+                           {"op_index" if tag == 1 else "delegate_index": a, "args": args}))
         else:
-            out.append(FreeCall(a))
+            b = _I32(data, body + o_b)[0] if o_b else 0
+            if tag == 3:
+                append(_record(MoveCall, {"move_from": a, "move_to": b}))
+            else:
+                append(_record(JumpFalseCall, {"cond_value_index": a, "destination_instruction": b}))
     return tuple(out)
