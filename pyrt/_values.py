@@ -15,7 +15,8 @@ agree on valid and corrupted files.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from pyrt.dtypes import ScalarType
 from pyrt.schema import (
@@ -30,9 +31,11 @@ from pyrt.schema import (
     JumpFalseCall,
     KernelCall,
     MoveCall,
+    Payload,
     ShapeDynamism,
     Tensor,
     TensorDataLocation,
+    ValueKind,
 )
 
 _U8 = struct.Struct("<B").unpack_from
@@ -52,11 +55,15 @@ _LIST_SIZE = {"q": 8, "d": 8, "B": 1, "i": 4}
 
 
 _set = object.__setattr__
+Layout = tuple[tuple[int, ...], int]  # (offset of each wanted field, 0: absent; table size)
+Unpack = Callable[[memoryview, int], tuple[int, ...]]
+R = TypeVar("R")
+E = TypeVar("E")
 
 
-def _record(cls: type, fields: dict[str, Any]) -> Any:
+def _record(cls: type[R], fields: dict[str, object]) -> R:
     """An instance of frozen dataclass ``cls`` with ``fields`` (all of them), without its slow ``__init__``."""
-    obj: Any = object.__new__(cls)
+    obj = object.__new__(cls)
     _set(obj, "__dict__", fields)
     return obj
 
@@ -75,8 +82,12 @@ class _Reader:
     def __init__(self, data: memoryview, n: int) -> None:
         self.data, self.n = data, n
         self.vtables: dict[int, tuple[tuple[int, ...], int]] = {}
-        self.layouts: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], int]] = {}
+        self.layouts: dict[tuple[int, ...], dict[int, Layout]] = {}  # field sizes -> vtable position -> layout
         self.permutations: set[tuple[int, ...]] = set()  # dim orders seen to be permutations of range(len)
+
+    def cache(self, sizes: tuple[int, ...]) -> dict[int, Layout]:
+        """The layouts of tables read with field ``sizes``, by vtable position (hot loops hold it)."""
+        return self.layouts.setdefault(sizes, {})
 
     def layout(self, pos: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
         """Offsets (0: absent) of slots ``0..len(sizes)-1`` of the table at ``pos``, each field validated.
@@ -86,17 +97,20 @@ class _Reader:
         data, n = self.data, self.n
         if pos < 0 or pos + 4 > n:
             raise Fallback
-        vt = pos - _I32(data, pos)[0]
-        hit = self.layouts.get((vt, sizes))
-        if hit is None:
-            offs, tsize = self.table(pos)
-            found = tuple(offs[k] if k < len(offs) else 0 for k in range(len(sizes)))
-            if any(o and o + size > tsize for o, size in zip(found, sizes, strict=True)):
-                raise Fallback
-            hit = self.layouts[vt, sizes] = (found, tsize)
+        cache = self.cache(sizes)
+        hit = cache.get(pos - _I32(data, pos)[0]) or self.fill(pos, sizes, cache)
         if pos + hit[1] > n:
             raise Fallback
         return hit[0]
+
+    def fill(self, pos: int, sizes: tuple[int, ...], cache: dict[int, Layout]) -> Layout:
+        """Validate the vtable of the table at ``pos`` (in bounds) for fields of ``sizes``; cache its layout."""
+        offs, tsize = self.table(pos)
+        found = tuple(offs[k] if k < len(offs) else 0 for k in range(len(sizes)))
+        if any(o and o + size > tsize for o, size in zip(found, sizes, strict=True)):
+            raise Fallback
+        hit = cache[pos - _I32(self.data, pos)[0]] = (found, tsize)
+        return hit
 
     def vector_at(self, where: int, fmt: str) -> tuple:
         """The scalar vector a uoffset at absolute position ``where`` points to."""
@@ -160,6 +174,7 @@ def _field(pos: int, entry: tuple[tuple[int, ...], int], slot: int, size: int) -
 
 
 _NULL = EValue("Null", None)
+_SLOT8, _SLOT4, _SLOT1 = (8,), (4,), (1,)  # one-field tables: Int/Double, lists and String, Bool
 
 
 def _offsets(data: memoryview, start: int, count: int) -> tuple[int, ...]:
@@ -172,18 +187,13 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     r = _Reader(data, length)
     out: list[EValue] = []
     append = out.append
-    layouts: dict[int, tuple[tuple[int, ...], int]] = {}
+    layouts, ints, tensors = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8), r.cache(_TENSOR_FIELDS)
     record, kinds = _record, EVALUE_KINDS
     for i, off in enumerate(_offsets(data, vector_start, count)):
         pos = vector_start + 4 * i + off
         if pos + 4 > length:
             raise Fallback
-        vt = pos - _I32(data, pos)[0]
-        hit = layouts.get(vt)
-        if hit is None:
-            r.layout(pos, _EVALUE_FIELDS)  # validates the vtable and this table's extent
-            hit = layouts[vt] = r.layouts[vt, _EVALUE_FIELDS]
-        (o_tag, o_val), tsize = hit
+        (o_tag, o_val), tsize = layouts.get(pos - _I32(data, pos)[0]) or r.fill(pos, _EVALUE_FIELDS, layouts)
         if pos + tsize > length:
             raise Fallback
         kind = kinds.get(_U8(data, pos + o_tag)[0] if o_tag else 0)
@@ -195,8 +205,15 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
             append(_NULL)
             continue
         body = pos + o_val + _U32(data, pos + o_val)[0]
-        if kind == "Tensor":
-            append(record(EValue, {"kind": kind, "value": _tensor(r, body)}))
+        if kind == "Int":  # the commonest kinds inline: a layout lookup and a read or two
+            if body + 4 > length:
+                raise Fallback
+            (w,), tsize = ints.get(body - _I32(data, body)[0]) or r.fill(body, _SLOT8, ints)
+            if body + tsize > length:
+                raise Fallback
+            append(record(EValue, {"kind": kind, "value": _I64(data, body + w)[0] if w else 0}))
+        elif kind == "Tensor":
+            append(record(EValue, {"kind": kind, "value": _tensor(r, body, tensors)}))
         elif kind == "Null":
             r.table(body)  # the general reader validates a Null's (unused) payload table too
             append(_NULL)
@@ -205,10 +222,7 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     return tuple(out)
 
 
-_SLOT8, _SLOT4, _SLOT1 = (8,), (4,), (1,)
-
-
-def _payload(r: _Reader, kind: str, body: int, count: int) -> Any:
+def _payload(r: _Reader, kind: ValueKind, body: int, count: int) -> Payload:
     data = r.data
     if kind == "Int":
         (w,) = r.layout(body, _SLOT8)
@@ -235,9 +249,14 @@ def _payload(r: _Reader, kind: str, body: int, count: int) -> Any:
 _ALLOC_FIELDS = (4, 4, 4)  # memory_id, memory_offset_low, memory_offset_high
 
 
-def _tensor(r: _Reader, pos: int) -> Tensor:
+def _tensor(r: _Reader, pos: int, layouts: dict[int, Layout]) -> Tensor:
     data, n = r.data, r.n
-    o_st, o_so, o_sizes, o_dim, o_rg, o_dbi, o_alloc, o_layout, o_dyn, o_extra = r.layout(pos, _TENSOR_FIELDS)
+    if pos + 4 > n:
+        raise Fallback
+    offsets, tsize = layouts.get(pos - _I32(data, pos)[0]) or r.fill(pos, _TENSOR_FIELDS, layouts)
+    if pos + tsize > n:
+        raise Fallback
+    o_st, o_so, o_sizes, o_dim, o_rg, o_dbi, o_alloc, o_layout, o_dyn, o_extra = offsets
     sizes: tuple[int, ...] = ()
     if o_sizes:
         start = pos + o_sizes + _U32(data, pos + o_sizes)[0]
@@ -295,12 +314,12 @@ def _tensor(r: _Reader, pos: int) -> Tensor:
     })
 
 
-def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Any, size: int) -> int:
+def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Unpack, size: int) -> int:
     w = _field(pos, entry, slot, size)
     return 0 if w is None else unpack(data, w)[0]
 
 
-def _member(members: dict[int, Any], raw: int) -> Any:
+def _member(members: dict[int, E], raw: int) -> E:
     try:
         return members[raw]
     except KeyError:
@@ -318,9 +337,14 @@ def decode_instructions(data: memoryview, length: int, vector_start: int, count:
     r = _Reader(data, length)
     out: list[Instruction] = []
     append, layout = out.append, r.layout
+    heads, calls = r.cache(_INSTRUCTION_FIELDS), r.cache(_CALL_FIELDS)
     for i, off in enumerate(_offsets(data, vector_start, count)):
         pos = vector_start + 4 * i + off
-        o_tag, o_body = layout(pos, _INSTRUCTION_FIELDS)
+        if pos + 4 > length:
+            raise Fallback
+        (o_tag, o_body), tsize = heads.get(pos - _I32(data, pos)[0]) or r.fill(pos, _INSTRUCTION_FIELDS, heads)
+        if pos + tsize > length:
+            raise Fallback
         tag = _U8(data, pos + o_tag)[0] if o_tag else 0
         if not o_body or not 1 <= tag <= 5:
             raise Fallback
@@ -329,14 +353,20 @@ def decode_instructions(data: memoryview, length: int, vector_start: int, count:
             (o_a,) = layout(body, _FREE_FIELDS)
             append(_record(FreeCall, {"value_index": _I32(data, body + o_a)[0] if o_a else 0}))
             continue
-        o_a, o_b = layout(body, _CALL_FIELDS)
+        if body + 4 > length:
+            raise Fallback
+        (o_a, o_b), tsize = calls.get(body - _I32(data, body)[0]) or r.fill(body, _CALL_FIELDS, calls)
+        if body + tsize > length:
+            raise Fallback
         a = _I32(data, body + o_a)[0] if o_a else 0
         if tag <= 2:
             args = r.vector_at(body + o_b, "i") if o_b else ()
             if args and (min(args) < 0 or max(args) >= num_values):
                 raise Fallback
-            append(_record(KernelCall if tag == 1 else DelegateCall,
-                           {"op_index" if tag == 1 else "delegate_index": a, "args": args}))
+            if tag == 1:
+                append(_record(KernelCall, {"op_index": a, "args": args}))
+            else:
+                append(_record(DelegateCall, {"delegate_index": a, "args": args}))
         else:
             b = _I32(data, body + o_b)[0] if o_b else 0
             if tag == 3:

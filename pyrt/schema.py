@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, Literal
 
 from pyrt.dtypes import ScalarType
 
@@ -37,12 +37,17 @@ class DataLocation(enum.IntEnum):
 
 
 # EValue union tags (program.fbs KernelTypes, NONE = 0).
-EVALUE_KINDS = {
+ValueKind = Literal["Null", "Int", "Bool", "Double", "Tensor", "String", "IntList", "DoubleList", "BoolList",
+                    "TensorList", "OptionalTensorList"]
+InstructionKind = Literal["KernelCall", "DelegateCall", "MoveCall", "JumpFalseCall", "FreeCall"]
+EVALUE_KINDS: dict[int, ValueKind] = {
     1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String",
     7: "IntList", 8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
 }
 # Instruction union tags (program.fbs InstructionArguments, NONE = 0).
-INSTRUCTION_KINDS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
+INSTRUCTION_KINDS: dict[int, InstructionKind] = {
+    1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall",
+}
 
 
 # -- plain records ---------------------------------------------------------------------------------
@@ -125,6 +130,10 @@ class Tensor:
         return self.allocation_info is None and (self.is_external or self.data_buffer_idx > 0)
 
 
+# What an EValue carries, by kind (see EValue); list payloads are tuples of literals or value indices.
+Payload = None | bool | int | float | str | Tensor | tuple[int, ...] | tuple[float, ...] | tuple[bool, ...]
+
+
 @dataclass(frozen=True)
 class EValue:
     """One value slot; ``kind`` is the union member name, ``value`` its Python payload.
@@ -135,8 +144,15 @@ class EValue:
     DoubleList / BoolList -> tuple of literals.
     """
 
-    kind: str
-    value: Any
+    kind: ValueKind
+    value: Payload
+
+    @property
+    def tensor(self) -> Tensor:
+        """The payload of a ``Tensor`` value; TypeError for another kind (the caller's bug, not the file's)."""
+        if isinstance(self.value, Tensor):
+            return self.value
+        raise TypeError(f"a {self.kind} value has no tensor payload")
 
 
 @dataclass(frozen=True)
@@ -153,34 +169,34 @@ class Operator:
 class KernelCall:
     op_index: int
     args: tuple[int, ...]
-    kind = "KernelCall"
+    kind: ClassVar[InstructionKind] = "KernelCall"
 
 
 @dataclass(frozen=True)
 class DelegateCall:
     delegate_index: int
     args: tuple[int, ...]
-    kind = "DelegateCall"
+    kind: ClassVar[InstructionKind] = "DelegateCall"
 
 
 @dataclass(frozen=True)
 class MoveCall:
     move_from: int
     move_to: int
-    kind = "MoveCall"
+    kind: ClassVar[InstructionKind] = "MoveCall"
 
 
 @dataclass(frozen=True)
 class JumpFalseCall:
     cond_value_index: int
     destination_instruction: int
-    kind = "JumpFalseCall"
+    kind: ClassVar[InstructionKind] = "JumpFalseCall"
 
 
 @dataclass(frozen=True)
 class FreeCall:
     value_index: int
-    kind = "FreeCall"
+    kind: ClassVar[InstructionKind] = "FreeCall"
 
 
 Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
