@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from operator import itemgetter
 from typing import TypeVar
 
 from pyrt.dtypes import ScalarType
@@ -56,6 +57,10 @@ _LIST_SIZE = {"q": 8, "d": 8, "B": 1, "i": 4}
 
 _set = object.__setattr__
 Layout = tuple[tuple[int, ...], int]  # (offset of each wanted field, 0: absent; table size)
+# A table's layout plus a reader of all its scalar slots: (offsets, table size, unpack of the present
+# fields in offset order, getter putting them in slot order, zeros for absent slots appended to that).
+Row = tuple[tuple[int, ...], int, Callable[[memoryview, int], tuple[int, ...]],
+            Callable[[tuple[int, ...]], tuple[int, ...]], tuple[int, ...]]
 Unpack = Callable[[memoryview, int], tuple[int, ...]]
 R = TypeVar("R")
 E = TypeVar("E")
@@ -72,17 +77,20 @@ class Fallback(Exception):
     """The fast decoder met something it does not handle; decode with the general reader."""
 
 
-_TENSOR_FIELDS = (1, 4, 4, 4, 1, 4, 4, 1, 1, 4)  # byte sizes of Tensor's slots 0..9 (program.fbs order)
+# Tensor's slots 0..9 (program.fbs order): scalar_type, storage_offset, sizes, dim_order, requires_grad,
+# data_buffer_idx, allocation_info, layout, shape_dynamism, extra_tensor_info (uoffsets read as "I").
+_TENSOR_CODES = "biIIBIIbbI"
 _EVALUE_FIELDS = (1, 4)  # val_type, val
 
 
 class _Reader:
-    __slots__ = ("data", "n", "vtables", "layouts", "permutations")
+    __slots__ = ("data", "n", "vtables", "layouts", "rows", "permutations")
 
     def __init__(self, data: memoryview, n: int) -> None:
         self.data, self.n = data, n
         self.vtables: dict[int, tuple[tuple[int, ...], int]] = {}
         self.layouts: dict[tuple[int, ...], dict[int, Layout]] = {}  # field sizes -> vtable position -> layout
+        self.rows: dict[str, dict[int, Row]] = {}  # struct codes -> vtable position -> row reader
         self.permutations: set[tuple[int, ...]] = set()  # dim orders seen to be permutations of range(len)
 
     def cache(self, sizes: tuple[int, ...]) -> dict[int, Layout]:
@@ -111,6 +119,31 @@ class _Reader:
             raise Fallback
         hit = cache[pos - _I32(self.data, pos)[0]] = (found, tsize)
         return hit
+
+    def row_cache(self, codes: str) -> dict[int, Row]:
+        """The row readers of tables whose slots hold ``codes`` (struct codes), by vtable position."""
+        return self.rows.setdefault(codes, {})
+
+    def fill_row(self, pos: int, codes: str, cache: dict[int, Row]) -> Row:
+        """A reader of every scalar slot of tables sharing the vtable of the table at ``pos``: one unpack.
+
+        Present fields are read in offset order by one compiled struct (padding between
+        them), then put in slot order with absent ones 0. Overlapping fields give up.
+        """
+        sizes = tuple(struct.calcsize(c) for c in codes)
+        offsets, tsize = self.fill(pos, sizes, self.cache(sizes))
+        present = sorted((o, k) for k, o in enumerate(offsets) if o)
+        fmt, end, order = "<", 0, []
+        for o, k in present:
+            if o < end:
+                raise Fallback
+            fmt += "x" * (o - end) + codes[k]
+            end = o + sizes[k]
+            order.append(k)
+        where = [order.index(k) if k in order else len(order) + k for k in range(len(codes))]
+        row = cache[pos - _I32(self.data, pos)[0]] = (offsets, tsize, struct.Struct(fmt).unpack_from,
+                                                      itemgetter(*where), (0,) * len(codes))
+        return row
 
     def vector_at(self, where: int, fmt: str) -> tuple:
         """The scalar vector a uoffset at absolute position ``where`` points to."""
@@ -187,7 +220,7 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     r = _Reader(data, length)
     out: list[EValue] = []
     append = out.append
-    layouts, ints, tensors = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8), r.cache(_TENSOR_FIELDS)
+    layouts, ints, tensors = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8), r.row_cache(_TENSOR_CODES)
     record, kinds = _record, EVALUE_KINDS
     for i, off in enumerate(_offsets(data, vector_start, count)):
         pos = vector_start + 4 * i + off
@@ -246,20 +279,22 @@ def _payload(r: _Reader, kind: ValueKind, body: int, count: int) -> Payload:
     return items
 
 
-_ALLOC_FIELDS = (4, 4, 4)  # memory_id, memory_offset_low, memory_offset_high
+_ALLOC_CODES = "III"  # memory_id, memory_offset_low, memory_offset_high
 
 
-def _tensor(r: _Reader, pos: int, layouts: dict[int, Layout]) -> Tensor:
+def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
     data, n = r.data, r.n
     if pos + 4 > n:
         raise Fallback
-    offsets, tsize = layouts.get(pos - _I32(data, pos)[0]) or r.fill(pos, _TENSOR_FIELDS, layouts)
+    offsets, tsize, unpack, order, zeros = rows.get(pos - _I32(data, pos)[0]) or r.fill_row(pos, _TENSOR_CODES, rows)
     if pos + tsize > n:
         raise Fallback
-    o_st, o_so, o_sizes, o_dim, o_rg, o_dbi, o_alloc, o_layout, o_dyn, o_extra = offsets
+    _, _, o_sizes, o_dim, _, _, o_alloc, _, _, o_extra = offsets
+    fields = order(unpack(data, pos) + zeros)
+    st, storage_offset, rel_sizes, rel_dim, grad, dbi, rel_alloc, layout, dyn, rel_extra = fields
     sizes: tuple[int, ...] = ()
     if o_sizes:
-        start = pos + o_sizes + _U32(data, pos + o_sizes)[0]
+        start = pos + o_sizes + rel_sizes
         if start + 4 > n:
             raise Fallback
         k = _U32(data, start)[0]
@@ -270,7 +305,7 @@ def _tensor(r: _Reader, pos: int, layouts: dict[int, Layout]) -> Tensor:
             raise Fallback
     dim_order: tuple[int, ...] = ()
     if o_dim:
-        start = pos + o_dim + _U32(data, pos + o_dim)[0]
+        start = pos + o_dim + rel_dim
         if start + 4 > n:
             raise Fallback
         k = _U32(data, start)[0]
@@ -283,15 +318,18 @@ def _tensor(r: _Reader, pos: int, layouts: dict[int, Layout]) -> Tensor:
             r.permutations.add(dim_order)
     alloc = None
     if o_alloc:
-        a = pos + o_alloc + _U32(data, pos + o_alloc)[0]
-        o_mem, o_lo, o_hi = r.layout(a, _ALLOC_FIELDS)
-        alloc = _record(AllocationInfo, {
-            "memory_id": _U32(data, a + o_mem)[0] if o_mem else 0,
-            "memory_offset": (_U32(data, a + o_lo)[0] if o_lo else 0) | (_U32(data, a + o_hi)[0] if o_hi else 0) << 32,
-        })
+        a = pos + o_alloc + rel_alloc
+        if a + 4 > n:
+            raise Fallback
+        allocs = r.row_cache(_ALLOC_CODES)
+        _, asize, aunpack, aorder, azeros = allocs.get(a - _I32(data, a)[0]) or r.fill_row(a, _ALLOC_CODES, allocs)
+        if a + asize > n:
+            raise Fallback
+        mem, low, high = aorder(aunpack(data, a) + azeros)
+        alloc = _record(AllocationInfo, {"memory_id": mem, "memory_offset": low | high << 32})
     extra = None
     if o_extra:
-        x = pos + o_extra + _U32(data, pos + o_extra)[0]
+        x = pos + o_extra + rel_extra
         xe = r.table(x)
         extra = ExtraTensorInfo(
             mutable_data_segments_idx=_small(data, x, xe, 0, _U64, 8),
@@ -301,15 +339,15 @@ def _tensor(r: _Reader, pos: int, layouts: dict[int, Layout]) -> Tensor:
             device_index=_small(data, x, xe, 4, _I8, 1),
         )
     return _record(Tensor, {
-        "scalar_type": _member(_SCALAR_TYPES, _I8(data, pos + o_st)[0] if o_st else 0),
-        "storage_offset": _I32(data, pos + o_so)[0] if o_so else 0,
+        "scalar_type": _member(_SCALAR_TYPES, st),
+        "storage_offset": storage_offset,
         "sizes": sizes,
         "dim_order": dim_order,
-        "requires_grad": bool(_U8(data, pos + o_rg)[0]) if o_rg else False,
-        "data_buffer_idx": _U32(data, pos + o_dbi)[0] if o_dbi else 0,
+        "requires_grad": bool(grad),
+        "data_buffer_idx": dbi,
         "allocation_info": alloc,
-        "layout": _I8(data, pos + o_layout)[0] if o_layout else 0,
-        "shape_dynamism": _member(_DYNAMISM, _I8(data, pos + o_dyn)[0] if o_dyn else 0),
+        "layout": layout,
+        "shape_dynamism": _member(_DYNAMISM, dyn),
         "extra_tensor_info": extra,
     })
 
