@@ -32,6 +32,7 @@ from pyrt.schema import (
     JumpFalseCall,
     KernelCall,
     MoveCall,
+    Operator,
     Payload,
     ShapeDynamism,
     Tensor,
@@ -362,6 +363,18 @@ def _member(members: dict[int, E], raw: int) -> E:
         return members[raw]
     except KeyError:
         raise Fallback from None
+
+
+def decode_operators(data: memoryview, length: int, vector_start: int, count: int) -> tuple[Operator, ...]:
+    """Every Operator (name, overload) of an ``operators`` vector (offsets already bounds-checked)."""
+    r = _Reader(data, length)
+    out: list[Operator] = []
+    for i, off in enumerate(_offsets(data, vector_start, count)):
+        pos = vector_start + 4 * i + off
+        entry = r.table(pos)
+        name, overload = r.string(pos, entry, 0) or "", r.string(pos, entry, 1) or ""
+        out.append(_record(Operator, {"name": name, "overload": overload}))
+    return tuple(out)
 
 
 _INSTRUCTION_FIELDS = (1, 4)  # instr_args_type, instr_args

@@ -581,6 +581,10 @@ class ExecutionPlan:
         vec = self._t.vector(6, "operators", "table")
         if not vec:
             return ()
+        try:  # in bulk; the general reader below names what is malformed
+            return _values.decode_operators(vec.span.data, vec.span.length, vec.start, vec.n)
+        except _values.Fallback:
+            pass
         return tuple(Operator(t.string(0, "name") or "", t.string(1, "overload") or "") for t in vec.tables(_first))
 
     @cached_property
