@@ -132,7 +132,7 @@ class ValueTable:
         return new
 
 
-@dataclass
+@dataclass(slots=True)
 class Instr:
     """One instruction after planning: its step, or control flow for the executor."""
 
@@ -465,6 +465,10 @@ def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[ValueKind], 
     keeps its load-time value, so jumping back on it loops forever. Other loops run
     as the program says, as in ExecuTorch.
     """
+    backward = [(ci, pc, ins) for ci, chain in enumerate(plan.chains) for pc, ins in enumerate(chain.instructions)
+                if isinstance(ins, JumpFalseCall) and ins.destination_instruction <= pc]
+    if not backward:  # straight-line code, the common case: nothing can loop
+        return
     changing = set(plan.inputs) | rebound
     for chain in plan.chains:
         for ins in chain.instructions:
@@ -473,16 +477,13 @@ def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[ValueKind], 
     for i in list(changing):
         if 0 <= i < len(kinds) and kinds[i] in LIST_KINDS:
             changing.update(j for j in items[i] if j >= 0)
-    for ci, chain in enumerate(plan.chains):
-        for pc, ins in enumerate(chain.instructions):
-            if not isinstance(ins, JumpFalseCall) or ins.destination_instruction > pc:
-                continue
-            c = ins.cond_value_index
-            if c in changing or (kinds[c] in SCALAR_KINDS and raw[c]) or kinds[c] not in (*SCALAR_KINDS, "Tensor"):
-                continue
-            raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} jumps back to "
-                                 f"{ins.destination_instruction} on value {c} ({kinds[c]}), which nothing in the "
-                                 f"method changes: the loop would never end")
+    for ci, pc, ins in backward:
+        c = ins.cond_value_index
+        if c in changing or (kinds[c] in SCALAR_KINDS and raw[c]) or kinds[c] not in (*SCALAR_KINDS, "Tensor"):
+            continue
+        raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} jumps back to "
+                             f"{ins.destination_instruction} on value {c} ({kinds[c]}), which nothing in the "
+                             f"method changes: the loop would never end")
 
 
 def classify(table: ValueTable, rebound: set[int], inputs: Sequence[int]) -> None:
