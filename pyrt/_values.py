@@ -64,6 +64,8 @@ Row = tuple[tuple[int, ...], int, Callable[[memoryview, int], tuple[int, ...]],
             Callable[[tuple[int, ...]], tuple[int, ...]], tuple[int, ...]]
 Unpack = Callable[[memoryview, int], tuple[int, ...]]
 R = TypeVar("R")
+T = TypeVar("T", bound=tuple)
+_tuple_new = tuple.__new__
 E = TypeVar("E")
 
 
@@ -72,6 +74,11 @@ def _record(cls: type[R], fields: dict[str, object]) -> R:
     obj = object.__new__(cls)
     _set(obj, "__dict__", fields)
     return obj
+
+
+def _row(cls: type[T], fields: tuple[object, ...]) -> T:
+    """An instance of NamedTuple ``cls`` from all its fields in order, without its ``__new__``'s argument parsing."""
+    return _tuple_new(cls, fields)
 
 
 class Fallback(Exception):
@@ -222,7 +229,7 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     out: list[EValue] = []
     append = out.append
     layouts, ints, tensors = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8), r.row_cache(_TENSOR_CODES)
-    record, kinds = _record, EVALUE_KINDS
+    row, kinds = _row, EVALUE_KINDS
     for i, off in enumerate(_offsets(data, vector_start, count)):
         pos = vector_start + 4 * i + off
         if pos + 4 > length:
@@ -245,14 +252,14 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
             (w,), tsize = ints.get(body - _I32(data, body)[0]) or r.fill(body, _SLOT8, ints)
             if body + tsize > length:
                 raise Fallback
-            append(record(EValue, {"kind": kind, "value": _I64(data, body + w)[0] if w else 0}))
+            append(row(EValue, (kind, _I64(data, body + w)[0] if w else 0)))
         elif kind == "Tensor":
-            append(record(EValue, {"kind": kind, "value": _tensor(r, body, tensors)}))
+            append(row(EValue, (kind, _tensor(r, body, tensors))))
         elif kind == "Null":
             r.table(body)  # the general reader validates a Null's (unused) payload table too
             append(_NULL)
         else:
-            append(record(EValue, {"kind": kind, "value": _payload(r, kind, body, count)}))
+            append(row(EValue, (kind, _payload(r, kind, body, count))))
     return tuple(out)
 
 
@@ -327,7 +334,7 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
         if a + asize > n:
             raise Fallback
         mem, low, high = aorder(aunpack(data, a) + azeros)
-        alloc = _record(AllocationInfo, {"memory_id": mem, "memory_offset": low | high << 32})
+        alloc = _row(AllocationInfo, (mem, low | high << 32))
     extra = None
     if o_extra:
         x = pos + o_extra + rel_extra
@@ -339,18 +346,8 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
             device_type=_member(_DEVICES, _small(data, x, xe, 3, _I8, 1)),
             device_index=_small(data, x, xe, 4, _I8, 1),
         )
-    return _record(Tensor, {
-        "scalar_type": _member(_SCALAR_TYPES, st),
-        "storage_offset": storage_offset,
-        "sizes": sizes,
-        "dim_order": dim_order,
-        "requires_grad": bool(grad),
-        "data_buffer_idx": dbi,
-        "allocation_info": alloc,
-        "layout": layout,
-        "shape_dynamism": _member(_DYNAMISM, dyn),
-        "extra_tensor_info": extra,
-    })
+    return _row(Tensor, (_member(_SCALAR_TYPES, st), storage_offset, sizes, dim_order, bool(grad), dbi, alloc, layout,
+                         _member(_DYNAMISM, dyn), extra))
 
 
 def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Unpack, size: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from pyrt.dtypes import ScalarType
 
@@ -78,8 +78,7 @@ class NamedData:
     segment_index: int
 
 
-@dataclass(frozen=True)
-class AllocationInfo:
+class AllocationInfo(NamedTuple):
     memory_id: int
     memory_offset: int  # low | high << 32
 
@@ -93,8 +92,9 @@ class ExtraTensorInfo:
     device_index: int
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
+    """A tensor value's declaration (a NamedTuple, as EValue and AllocationInfo: a load builds thousands)."""
+
     scalar_type: ScalarType
     storage_offset: int
     sizes: tuple[int, ...]
@@ -134,8 +134,7 @@ class Tensor:
 Payload = None | bool | int | float | str | Tensor | tuple[int, ...] | tuple[float, ...] | tuple[bool, ...]
 
 
-@dataclass(frozen=True)
-class EValue:
+class EValue(NamedTuple):
     """One value slot; ``kind`` is the union member name, ``value`` its Python payload.
 
     Payloads: Null -> None, Int -> int, Bool -> bool, Double -> float,
