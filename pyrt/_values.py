@@ -92,7 +92,7 @@ _EVALUE_FIELDS = (1, 4)  # val_type, val
 
 
 class _Reader:
-    __slots__ = ("data", "n", "vtables", "layouts", "rows", "permutations")
+    __slots__ = ("data", "n", "vtables", "layouts", "rows", "permutations", "int_vectors")
 
     def __init__(self, data: memoryview, n: int) -> None:
         self.data, self.n = data, n
@@ -100,6 +100,7 @@ class _Reader:
         self.layouts: dict[tuple[int, ...], dict[int, Layout]] = {}  # field sizes -> vtable position -> layout
         self.rows: dict[str, dict[int, Row]] = {}  # struct codes -> vtable position -> row reader
         self.permutations: set[tuple[int, ...]] = set()  # dim orders seen to be permutations of range(len)
+        self.int_vectors: dict[int, Unpack] = {}  # count -> reader of that many int32s (tensor sizes)
 
     def cache(self, sizes: tuple[int, ...]) -> dict[int, Layout]:
         """The layouts of tables read with field ``sizes``, by vtable position (hot loops hold it)."""
@@ -228,7 +229,8 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
     r = _Reader(data, length)
     out: list[EValue] = []
     append = out.append
-    layouts, ints, tensors = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8), r.row_cache(_TENSOR_CODES)
+    layouts, ints = r.cache(_EVALUE_FIELDS), r.cache(_SLOT8)
+    tensors, allocs = r.row_cache(_TENSOR_CODES), r.row_cache(_ALLOC_CODES)
     row, kinds = _row, EVALUE_KINDS
     for i, off in enumerate(_offsets(data, vector_start, count)):
         pos = vector_start + 4 * i + off
@@ -254,7 +256,7 @@ def decode_values(data: memoryview, length: int, vector_start: int, count: int) 
                 raise Fallback
             append(row(EValue, (kind, _I64(data, body + w)[0] if w else 0)))
         elif kind == "Tensor":
-            append(row(EValue, (kind, _tensor(r, body, tensors))))
+            append(row(EValue, (kind, _tensor(r, body, tensors, allocs))))
         elif kind == "Null":
             r.table(body)  # the general reader validates a Null's (unused) payload table too
             append(_NULL)
@@ -290,7 +292,7 @@ def _payload(r: _Reader, kind: ValueKind, body: int, count: int) -> Payload:
 _ALLOC_CODES = "III"  # memory_id, memory_offset_low, memory_offset_high
 
 
-def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
+def _tensor(r: _Reader, pos: int, rows: dict[int, Row], allocs: dict[int, Row]) -> Tensor:
     data, n = r.data, r.n
     if pos + 4 > n:
         raise Fallback
@@ -308,7 +310,10 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
         k = _U32(data, start)[0]
         if start + 4 + 4 * k > n:
             raise Fallback
-        sizes = struct.unpack_from(f"<{k}i", data, start + 4)
+        unpack_sizes = r.int_vectors.get(k)
+        if unpack_sizes is None:
+            unpack_sizes = r.int_vectors[k] = struct.Struct(f"<{k}i").unpack_from
+        sizes = unpack_sizes(data, start + 4)
         if sizes and min(sizes) < 0:
             raise Fallback
     dim_order: tuple[int, ...] = ()
@@ -329,7 +334,6 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
         a = pos + o_alloc + rel_alloc
         if a + 4 > n:
             raise Fallback
-        allocs = r.row_cache(_ALLOC_CODES)
         _, asize, aunpack, aorder, azeros = allocs.get(a - _I32(data, a)[0]) or r.fill_row(a, _ALLOC_CODES, allocs)
         if a + asize > n:
             raise Fallback
@@ -346,8 +350,11 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row]) -> Tensor:
             device_type=_member(_DEVICES, _small(data, x, xe, 3, _I8, 1)),
             device_index=_small(data, x, xe, 4, _I8, 1),
         )
-    return _row(Tensor, (_member(_SCALAR_TYPES, st), storage_offset, sizes, dim_order, bool(grad), dbi, alloc, layout,
-                         _member(_DYNAMISM, dyn), extra))
+    scalar_type, dynamism = _SCALAR_TYPES.get(st), _DYNAMISM.get(dyn)
+    if scalar_type is None or dynamism is None:
+        raise Fallback
+    return _row(Tensor, (scalar_type, storage_offset, sizes, dim_order, bool(grad), dbi, alloc, layout, dynamism,
+                         extra))
 
 
 def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Unpack, size: int) -> int:

@@ -38,6 +38,7 @@ from pyrt.schema import (
     MoveCall,
     Payload,
     ShapeDynamism,
+    TensorDataLocation,
     ValueKind,
 )
 from pyrt.schema import Tensor as TensorDecl
@@ -198,6 +199,7 @@ def decode_values(plan: ExecutionPlan) -> tuple[list[ValueKind], dict[int, tuple
 
 _REFUSED_TYPES = frozenset(st for st in ScalarType if st.name.startswith(("Q", "BITS"))) | {
     ScalarType.FLOAT8E5M2FNUZ, ScalarType.FLOAT8E4M3FNUZ}
+_STATIC = ShapeDynamism.STATIC
 _CONTIGUOUS = tuple(tuple(range(n)) for n in range(17))  # default dim orders, shared
 
 
@@ -218,12 +220,13 @@ def tensor_infos(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int,
         dim_order = t.dim_order or (_CONTIGUOUS[len(tsizes)] if len(tsizes) < 17 else tuple(range(len(tsizes))))
         if len(dim_order) != len(tsizes):
             raise PteFormatError(f"{_where(plan)}: tensor value {i} has dim_order {t.dim_order} for sizes {t.sizes}")
-        dynamic = t.shape_dynamism != ShapeDynamism.STATIC
-        alloc = t.allocation_info
-        if t.is_external:  # a missing key or a mismatched .ptd entry is reported before any device work
+        dynamic = t.shape_dynamism != _STATIC
+        alloc, extra = t.allocation_info, t.extra_tensor_info
+        external = extra is not None and extra.location == TensorDataLocation.EXTERNAL  # Tensor.is_external
+        if external:  # a missing key or a mismatched .ptd entry is reported before any device work
             plan.program.external_data(t)
         if alloc is None:
-            storage = CONSTANT if t.is_constant else UNPLANNED
+            storage = CONSTANT if external or t.data_buffer_idx > 0 else UNPLANNED  # Tensor.is_constant
             infos[i] = TensorInfo(i, st, tsizes, dim_order, dynamic, storage)
             continue
         mem, off = alloc.memory_id, alloc.memory_offset
