@@ -1,7 +1,7 @@
-"""Bulk decoding of a method's ``values`` and instructions: the load path's hottest loops.
+"""Bulk decoding of a method's ``values``, instructions and operators: the load path's hottest loops.
 
-:meth:`pyrt.pte_reader.ExecutionPlan.values` (and each chain's instructions) decode
-thousands of small tables;
+:meth:`pyrt.pte_reader.ExecutionPlan.values` (and each chain's instructions, and the
+operators) decode thousands of small tables;
 through the general :class:`~pyrt._flatbuffer.Table` reader each field costs several
 method calls. This decoder reads the same fields with the same checks inline
 (every offset bounds-checked before it is read, vtables validated once each,
@@ -10,6 +10,11 @@ thing it does not like; the caller then decodes with the general reader, which
 raises the typed error naming the field. So this module never decides what is
 an error: it only makes the valid case fast, and tests check both decoders
 agree on valid and corrupted files.
+
+Speed comes from doing per vtable what can be done per vtable: a table's field
+layout is validated once and cached by vtable position, and a Tensor's scalar
+slots are read by one ``struct`` compiled for its vtable. Records are the typed
+:mod:`pyrt.schema` classes, built without their argument parsing.
 """
 
 from __future__ import annotations
