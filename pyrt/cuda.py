@@ -81,19 +81,19 @@ class Cuda:
 
         Returns the call's outputs: None, one value, or a tuple of values.
         """
-        driver = self.driver
+        driver = self._driver if self._driver is not None else self.driver
         try:
             result = getattr(driver, name)(*args)
         except DeviceError:
             raise
         except Exception as exc:  # the binding raises for a missing driver library, bad types
             raise DeviceError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
-        code, rest = result[0], tuple(result[1:])
-        if int(code) != 0:
-            raise DeviceError(f"{name} failed with {self.error_name(code)}")
-        if not rest:
+        if result[0]:  # CUresult is an int enum: CUDA_SUCCESS is 0
+            raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
+        n = len(result)
+        if n == 1:
             return None
-        return rest[0] if len(rest) == 1 else rest
+        return result[1] if n == 2 else tuple(result[1:])
 
     def error_name(self, code: Any) -> str:
         """The CUDA error name for a CUresult (works without a loaded driver library)."""

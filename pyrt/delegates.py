@@ -163,7 +163,9 @@ class DeviceContext:
         self._copy_events: dict[int, Any] = {}
         self._copy_marks: dict[int, Any] = {}  # device -> event recorded after its last host -> device copy
         self._end_events: dict[int, Any] = {}
-        self._previous: list[Any] = []  # events at the end of the last run's streams: this run's streams wait
+        # events recorded at the end of the last run's streams: a run's first work on a stream waits for them
+        self.last_run: list[Any] = []
+        self._named: dict[tuple[str, int], Any] = {}  # see named_event()
 
     # streams
     def begin(self, state: Any, inputs: Sequence[Any] = ()) -> None:
@@ -182,15 +184,24 @@ class DeviceContext:
         if s is None:
             s = self._torch_stream(device) if self._torch_caller else None
             if s is None:
-                s = self._own.get(device)
-                if s is None:
-                    s = self._own[device] = self.cuda.stream(device)
+                s = self.own_stream(device)
                 if self._device_caller:  # caller data may still be produced on the legacy stream
                     self._order_streams(self.cuda.borrowed_stream(0, device), s)
                 self._own_used.append(device)
-            for event in self._previous:  # the last run may still read arenas this run will write
+            for event in self.last_run:  # the last run may still read arenas this run will write
                 s.wait(event)
             self._active[device] = s
+        return s
+
+    def caller_stream(self, stream: Any, device: int) -> Any:
+        """The caller's ``stream`` argument as a pyrt Stream, or None when it names another device."""
+        return _caller_streams(stream, self.cuda, self.primary).get(device)
+
+    def own_stream(self, device: int) -> Any:
+        """pyrt's stream of ``device``, for runs whose caller gives none (created once, closed with the context)."""
+        s = self._own.get(device)
+        if s is None:
+            s = self._own[device] = self.cuda.stream(device)
         return s
 
     def consumer_handle(self, device: int) -> int:
@@ -213,6 +224,13 @@ class DeviceContext:
         event = pool.get(device)
         if event is None:
             event = pool[device] = self.cuda.event(device)
+        return event
+
+    def named_event(self, name: str, device: int) -> Any:
+        """An event of ``device`` kept under ``name`` for reuse (each use records it anew), closed with the context."""
+        event = self._named.get((name, device))
+        if event is None:
+            event = self._named[name, device] = self.cuda.event(device)
         return event
 
     def _torch_stream(self, device: int) -> Any:
@@ -253,11 +271,11 @@ class DeviceContext:
             if self._device_caller:
                 for device in self._own_used:
                     self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))
-            self._previous = []
+            self.last_run = []
             for device, stream in self._active.items():  # the next run's streams start after these
                 event = self._event(self._end_events, device)
                 event.record(stream)
-                self._previous.append(event)
+                self.last_run.append(event)
         finally:
             self._active = {}
             self._retired.extend(self._keep)  # freed once their copies' events have passed
@@ -272,11 +290,13 @@ class DeviceContext:
         self._retire_copies()
         for s in self._own.values():
             s.close()
-        for e in [*self._events.values(), *self._copy_events.values(), *self._end_events.values()]:
+        for e in [*self._events.values(), *self._copy_events.values(), *self._end_events.values(),
+                  *self._named.values()]:
             e.close()
+        self._named.clear()
         self._copy_events.clear()
         self._end_events.clear()
-        self._previous = []
+        self.last_run = []
         for a in self._staging:
             a.free()
         self._own.clear()

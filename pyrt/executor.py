@@ -28,6 +28,7 @@ from pyrt.errors import (
     PyrtError,
     UnsupportedOperatorError,
 )
+from pyrt.graph_forward import graph_forward
 from pyrt.graphs import Segment, segment_steps
 from pyrt.kernels import noop
 from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
@@ -81,7 +82,7 @@ class MethodRunner:
     """
 
     def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, graph_outputs: str = "copy") -> None:
         self.plan = plan
         self.cuda = devices.cuda if devices is not None else cuda  # for device inputs of host-only methods
         self.name = plan.name
@@ -119,6 +120,9 @@ class MethodRunner:
         # Dynamic shapes: the chain to run when the inputs' shapes repeat the last run's (pyrt.steady).
         self._steady = None if cuda_graphs else steady_chain(plan)
         self._last_key: tuple[Any, ...] | None = None  # shapes of the last run that completed
+        # device inputs and outputs around one graph: replayed with the least host work (pyrt.graph_forward)
+        self._graph_forward = graph_forward(plan, self._fast, devices, self._flatten, graph_outputs) \
+            if self._segments else None
         self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
 
     def reset_graphs(self) -> None:
@@ -146,6 +150,12 @@ class MethodRunner:
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:
         if self.observer is not None:
             return self.observer.run(self, self._call, inputs, stream)
+        forward = self._graph_forward
+        if forward is not None:  # None back: not captured yet, or not device inputs of the planned shapes
+            with self._lock:
+                outs = None if self.closed else forward(inputs, stream)
+            if outs is not None:
+                return self._build(outs)
         return self._call(inputs, stream)
 
     def _call(self, inputs: Sequence[Any], stream: Any) -> Any:

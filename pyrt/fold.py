@@ -46,7 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
-from pyrt.pte_reader import DelegateCall, ExecutionPlan, JumpFalseCall, KernelCall, MoveCall
+from pyrt.pte_reader import ExecutionPlan
+from pyrt.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
 from pyrt.tensors import TorchHost
 
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take

@@ -49,7 +49,7 @@ def _value_device(plan: ExecutionPlan, i: int) -> str | None:
     v = plan.values[i]
     if v.kind != "Tensor":
         return None
-    alloc = v.value.allocation_info
+    alloc = v.tensor.allocation_info
     if alloc is None:
         return "cpu"
     return _device_name(*plan.buffer_device(alloc.memory_id))
@@ -101,7 +101,7 @@ def _io_label(plan: ExecutionPlan, title: str, indices: tuple[int, ...]) -> str:
     for pos, i in enumerate(indices):
         v = plan.values[i] if 0 <= i < len(plan.values) else None
         if v is not None and v.kind == "Tensor":
-            t = v.value
+            t = v.tensor
             lines.append(f"{pos}: {t.scalar_type.dtype_name}{list(t.sizes)} on {_value_device(plan, i)}")
         else:
             lines.append(f"{pos}: {v.kind if v is not None else '?'}")

@@ -10,7 +10,9 @@ Everything else -- host kernels, host<->device copies, dynamic-shape engines --
 runs eagerly between segments on the same stream, so stream order keeps it
 correct. A budget change recreates execution contexts, so :meth:`reset` drops
 every graph and the next runs capture again. A capture that the driver or
-TensorRT refuses leaves that segment eager for good (logged once).
+TensorRT refuses leaves that segment eager for good (logged once). A method that is
+one segment with its inputs and outputs in device memory is replayed whole for
+device callers, with the least host work per call: see :mod:`pyrt.graph_forward`.
 
 >>> seg = Segment([], device=0)
 >>> seg.state
@@ -49,6 +51,11 @@ class Segment:
         self.state = "eager"
         self._graph: Any = None
         self._exec: Any = None
+
+    @property
+    def graph_exec(self) -> Any:
+        """The instantiated graph (``cuGraphLaunch`` it on any stream of the device), or None before capture."""
+        return self._exec if self.state == "graph" else None
 
     def __call__(self) -> None:
         if self.state == "graph":

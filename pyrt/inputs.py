@@ -59,7 +59,7 @@ def method_inputs(pte: PteFile, method: str) -> list[InputSpec]:
     for pos, i in enumerate(plan.inputs):
         v = plan.values[i]
         if v.kind == "Tensor":
-            t = v.value
+            t = v.tensor
             out.append(InputSpec(pos, "Tensor", t.scalar_type.dtype_name, tuple(t.sizes),
                                  t.shape_dynamism.name != "STATIC"))
         else:

@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyrt.delegates import draft_delegates
 from pyrt.devices import DeviceMap, remap_device
@@ -28,28 +28,34 @@ from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.fold import Folder
 from pyrt.kernels import Kernel, KernelSite, Step, noop
-from pyrt.pte_reader import (
+from pyrt.pte_reader import ExecutionPlan
+from pyrt.pytree import Spec, parse_spec
+from pyrt.schema import (
     DelegateCall,
     DeviceType,
-    ExecutionPlan,
     FreeCall,
     JumpFalseCall,
     KernelCall,
     MoveCall,
+    Payload,
     ShapeDynamism,
+    TensorDataLocation,
+    ValueKind,
 )
-from pyrt.pte_reader import Tensor as TensorDecl
-from pyrt.pytree import Spec, parse_spec
-from pyrt.tensors import DeviceTensor, NumpyHost, TorchHost, dim_order_strides
+from pyrt.schema import Tensor as TensorDecl
+from pyrt.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, dim_order_strides
 
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
 LIST_KINDS = ("IntList", "TensorList", "OptionalTensorList")
 SCALAR_KINDS = ("Int", "Double", "Bool")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TensorInfo:
-    """What the file says about one tensor value, after validation."""
+    """What the file says about one tensor value, after validation; read-only by convention.
+
+    Not ``frozen``: a frozen dataclass costs ~3x as much to build, and a load builds one per tensor.
+    """
 
     index: int
     scalar_type: ScalarType
@@ -77,7 +83,7 @@ class ValueTable:
 
     method: str
     host: NumpyHost | TorchHost
-    kinds: list[str]
+    kinds: list[ValueKind]
     items: dict[int, tuple[int, ...]]
     infos: dict[int, TensorInfo]
     vals: list[Any]
@@ -128,7 +134,7 @@ class ValueTable:
         return new
 
 
-@dataclass
+@dataclass(slots=True)
 class Instr:
     """One instruction after planning: its step, or control flow for the executor."""
 
@@ -171,7 +177,7 @@ class MethodPlan:
 # -- building ----------------------------------------------------------------------------------
 
 
-def decode_values(plan: ExecutionPlan) -> tuple[list[str], dict[int, tuple[int, ...]], list[Any]]:
+def decode_values(plan: ExecutionPlan) -> tuple[list[ValueKind], dict[int, tuple[int, ...]], list[Payload]]:
     """Kinds, list items (validated) and raw payloads of every value."""
     values = plan.values
     kinds = [v.kind for v in values]
@@ -180,60 +186,69 @@ def decode_values(plan: ExecutionPlan) -> tuple[list[str], dict[int, tuple[int, 
         if v.kind not in LIST_KINDS:
             continue
         want = "Int" if v.kind == "IntList" else "Tensor"
-        for j in v.value:
+        indices = cast(tuple[int, ...], v.value)  # IntList, TensorList, OptionalTensorList: value indices
+        for j in indices:
             if v.kind == "OptionalTensorList" and j < 0:
                 continue
             if not 0 <= j < len(values):
                 raise PteFormatError(f"{_where(plan)}: {v.kind} value {i} item {j} out of range ({len(values)} values)")
             if kinds[j] != want and not (v.kind == "OptionalTensorList" and kinds[j] == "Null"):
                 raise PteFormatError(f"{_where(plan)}: {v.kind} value {i} item {j} is a {kinds[j]}, not {want}")
-        items[i] = tuple(v.value)
+        items[i] = indices
     return kinds, items, [v.value for v in values]
 
 
+_REFUSED_TYPES = frozenset(st for st in ScalarType if st.name.startswith(("Q", "BITS"))) | {
+    ScalarType.FLOAT8E5M2FNUZ, ScalarType.FLOAT8E4M3FNUZ}
+_STATIC = ShapeDynamism.STATIC
+_CONTIGUOUS = tuple(tuple(range(n)) for n in range(17))  # default dim orders, shared
+
+
 def tensor_infos(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int, TensorInfo]:
-    """Validated storage of every tensor value (arena bounds, alignment, devices)."""
+    """Validated storage of every tensor value (arena bounds, alignment, devices): one pass, no allocation."""
     sizes = plan.non_const_buffer_sizes
+    arena_device: dict[int, tuple[DeviceType, int]] = {}
+    for bd in plan.non_const_buffer_device:  # the first entry of an arena wins, as in buffer_device()
+        arena_device.setdefault(bd.buffer_idx, (bd.device_type, bd.device_index))
     infos: dict[int, TensorInfo] = {}
     for i, v in enumerate(plan.values):
         if v.kind != "Tensor":
             continue
-        t: TensorDecl = v.value
-        _check_dtype(plan, i, t.scalar_type)
-        dim_order = t.dim_order or tuple(range(len(t.sizes)))
-        if len(dim_order) != len(t.sizes):
+        t = v.tensor
+        st, tsizes = t.scalar_type, t.sizes
+        if st in _REFUSED_TYPES:
+            raise UnsupportedOperatorError(f"{_where(plan)}: tensor value {i} has unsupported scalar type {st.name}")
+        dim_order = t.dim_order or (_CONTIGUOUS[len(tsizes)] if len(tsizes) < 17 else tuple(range(len(tsizes))))
+        if len(dim_order) != len(tsizes):
             raise PteFormatError(f"{_where(plan)}: tensor value {i} has dim_order {t.dim_order} for sizes {t.sizes}")
-        dynamic = t.shape_dynamism != ShapeDynamism.STATIC
-        if t.is_external:  # a missing key or a mismatched .ptd entry is reported before any device work
+        dynamic = t.shape_dynamism != _STATIC
+        alloc, extra = t.allocation_info, t.extra_tensor_info
+        external = extra is not None and extra.location == TensorDataLocation.EXTERNAL  # Tensor.is_external
+        if external:  # a missing key or a mismatched .ptd entry is reported before any device work
             plan.program.external_data(t)
-        if t.is_constant:
-            infos[i] = TensorInfo(i, t.scalar_type, t.sizes, dim_order, dynamic, CONSTANT)
+        if alloc is None:
+            storage = CONSTANT if external or t.data_buffer_idx > 0 else UNPLANNED  # Tensor.is_constant
+            infos[i] = TensorInfo(i, st, tsizes, dim_order, dynamic, storage)
             continue
-        if t.allocation_info is None:
-            infos[i] = TensorInfo(i, t.scalar_type, t.sizes, dim_order, dynamic, UNPLANNED)
-            continue
-        mem, off = t.allocation_info.memory_id, t.allocation_info.memory_offset
+        mem, off = alloc.memory_id, alloc.memory_offset
         if not 0 < mem < len(sizes):
             raise PteFormatError(
                 f"{_where(plan)}: tensor value {i} memory_id {mem} out of range (arenas 1..{len(sizes) - 1})"
             )
-        if off + t.nbytes > sizes[mem]:
+        itemsize = st.itemsize
+        nbytes = math.prod(tsizes) * itemsize
+        if off + nbytes > sizes[mem]:
             raise PteFormatError(
-                f"{_where(plan)}: tensor value {i} at offset {off} size {t.nbytes} overruns arena {mem} "
+                f"{_where(plan)}: tensor value {i} at offset {off} size {nbytes} overruns arena {mem} "
                 f"({sizes[mem]} bytes)"
             )
-        if off % t.scalar_type.itemsize:
+        if off % itemsize:
             raise PteFormatError(f"{_where(plan)}: tensor value {i} offset {off} is not aligned to "
-                                 f"its {t.scalar_type.itemsize}-byte elements")
-        dev_type, dev_index = plan.buffer_device(mem)
-        device = remap_device(dev_index, device_map) if dev_type == DeviceType.CUDA else None
-        infos[i] = TensorInfo(i, t.scalar_type, t.sizes, dim_order, dynamic, PLANNED, device, mem, off)
+                                 f"its {itemsize}-byte elements")
+        dev = arena_device.get(mem)
+        device = remap_device(dev[1], device_map) if dev is not None and dev[0] == DeviceType.CUDA else None
+        infos[i] = TensorInfo(i, st, tsizes, dim_order, dynamic, PLANNED, device, mem, off)
     return infos
-
-
-def _check_dtype(plan: ExecutionPlan, i: int, st: ScalarType) -> None:
-    if st.name.startswith(("Q", "BITS")) or st in (ScalarType.FLOAT8E5M2FNUZ, ScalarType.FLOAT8E4M3FNUZ):
-        raise UnsupportedOperatorError(f"{_where(plan)}: tensor value {i} has unsupported scalar type {st.name}")
 
 
 def arena_devices(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int, int]:
@@ -291,8 +306,9 @@ def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: d
     return arenas, device_allocs
 
 
-def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[str], items: dict[int, tuple[int, ...]],
-                raw: list[Any], infos: dict[int, TensorInfo], arenas: dict[int, Any]) -> list[Any]:
+def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[ValueKind],
+                items: dict[int, tuple[int, ...]], raw: list[Payload], infos: dict[int, TensorInfo],
+                arenas: dict[int, Any]) -> list[Any]:
     """Initial Python object of every value."""
     program = plan.program
     vals: list[Any] = [None] * len(kinds)
@@ -300,11 +316,17 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[st
         if kind in SCALAR_KINDS or kind == "String":
             vals[i] = raw[i]
         elif kind in ("DoubleList", "BoolList"):
-            vals[i] = list(raw[i])
+            vals[i] = list(cast(tuple[float, ...] | tuple[bool, ...], raw[i]))
+    windows: dict[int, list[TensorInfo]] = {}  # host arena -> its planned tensors, viewed in bulk below
+    constants: list[TensorInfo] = []
+    data: list[Constant] = []
     for i, info in infos.items():
-        decl: TensorDecl = raw[i]
-        if info.storage == CONSTANT:
-            vals[i] = host.constant(program.constant_data(decl), info.scalar_type, info.sizes, info.dim_order)
+        decl = cast(TensorDecl, raw[i])
+        if info.storage == PLANNED and info.device is None and not decl.is_external and decl.data_buffer_idx <= 0:
+            windows.setdefault(info.memory_id, []).append(info)
+        elif info.storage == CONSTANT:
+            constants.append(info)
+            data.append((program.constant_data(decl), info.scalar_type, info.sizes, info.dim_order))
         elif info.storage == UNPLANNED:
             vals[i] = None  # bound per run (inputs) or allocated by the plan (see bind_unplanned)
         elif info.device is not None:
@@ -318,6 +340,12 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[st
                 _initialize(vals[i], program.external_data(decl), host)
             elif decl.data_buffer_idx > 0:  # mutable buffer with an initial value in the file
                 _initialize(vals[i], program.mutable_data(decl), host)
+    for info, const in zip(constants, host.constants(data), strict=True):
+        vals[info.index] = const
+    for mem, group in windows.items():
+        views = host.views(arenas[mem], [(info.offset, info.scalar_type, info.sizes, info.dim_order) for info in group])
+        for info, view in zip(group, views, strict=True):
+            vals[info.index] = view
     for i, it in items.items():
         vals[i] = [None if j < 0 else vals[j] for j in it]
     return vals
@@ -376,7 +404,7 @@ def instruction_writes(plan: ExecutionPlan, kernels: list[Kernel]) -> set[int]:
 VIEW_OPS = ("executorch_prim::et_view.default",)  # kernels whose result slot is a view of their first argument
 
 
-def constant_holders(plan: ExecutionPlan, kinds: list[str], items: dict[int, tuple[int, ...]],
+def constant_holders(plan: ExecutionPlan, kinds: list[ValueKind], items: dict[int, tuple[int, ...]],
                      infos: dict[int, TensorInfo]) -> set[int]:
     """Values that may hold constant data from the file at run time (read-only memory: never written).
 
@@ -407,7 +435,7 @@ def constant_holders(plan: ExecutionPlan, kinds: list[str], items: dict[int, tup
     return held
 
 
-def check_constant_writes(plan: ExecutionPlan, kernels: list[Kernel], kinds: list[str],
+def check_constant_writes(plan: ExecutionPlan, kernels: list[Kernel], kinds: list[ValueKind],
                           items: dict[int, tuple[int, ...]], held: set[int]) -> None:
     """PteFormatError for a kernel that writes, or an input that overwrites, a value holding constant data.
 
@@ -431,7 +459,8 @@ def check_constant_writes(plan: ExecutionPlan, kernels: list[Kernel], kinds: lis
                                              f"value {j}, which holds constant data from the file (read-only)")
 
 
-def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[str], raw: list[Any]) -> None:
+def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[ValueKind], items: dict[int, tuple[int, ...]],
+                raw: list[Payload]) -> None:
     """PteFormatError for a backward jump whose condition nothing in the method can change (it never ends).
 
     A condition can change when it is a method input, a MoveCall target, a value a
@@ -440,6 +469,10 @@ def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[str], raw: l
     keeps its load-time value, so jumping back on it loops forever. Other loops run
     as the program says, as in ExecuTorch.
     """
+    backward = [(ci, pc, ins) for ci, chain in enumerate(plan.chains) for pc, ins in enumerate(chain.instructions)
+                if isinstance(ins, JumpFalseCall) and ins.destination_instruction <= pc]
+    if not backward:  # straight-line code, the common case: nothing can loop
+        return
     changing = set(plan.inputs) | rebound
     for chain in plan.chains:
         for ins in chain.instructions:
@@ -447,17 +480,14 @@ def check_loops(plan: ExecutionPlan, rebound: set[int], kinds: list[str], raw: l
                 changing.update(ins.args)
     for i in list(changing):
         if 0 <= i < len(kinds) and kinds[i] in LIST_KINDS:
-            changing.update(j for j in raw[i] if j >= 0)
-    for ci, chain in enumerate(plan.chains):
-        for pc, ins in enumerate(chain.instructions):
-            if not isinstance(ins, JumpFalseCall) or ins.destination_instruction > pc:
-                continue
-            c = ins.cond_value_index
-            if c in changing or (kinds[c] in SCALAR_KINDS and raw[c]) or kinds[c] not in (*SCALAR_KINDS, "Tensor"):
-                continue
-            raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} jumps back to "
-                                 f"{ins.destination_instruction} on value {c} ({kinds[c]}), which nothing in the "
-                                 f"method changes: the loop would never end")
+            changing.update(j for j in items[i] if j >= 0)
+    for ci, pc, ins in backward:
+        c = ins.cond_value_index
+        if c in changing or (kinds[c] in SCALAR_KINDS and raw[c]) or kinds[c] not in (*SCALAR_KINDS, "Tensor"):
+            continue
+        raise PteFormatError(f"{_where(plan)}: chain {ci} instruction {pc} jumps back to "
+                             f"{ins.destination_instruction} on value {c} ({kinds[c]}), which nothing in the "
+                             f"method changes: the loop would never end")
 
 
 def classify(table: ValueTable, rebound: set[int], inputs: Sequence[int]) -> None:
@@ -555,9 +585,9 @@ class MethodDraft:
     """Phase 1 of loading a method: everything validated, nothing allocated."""
 
     xplan: ExecutionPlan
-    kinds: list[str]
+    kinds: list[ValueKind]
     items: dict[int, tuple[int, ...]]
-    raw: list[Any]
+    raw: list[Payload]
     infos: dict[int, TensorInfo]
     arena_devices: dict[int, int]
     kernels: list[Kernel]
@@ -593,7 +623,7 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
              parse_spec(out_text, f"{_where(xplan)}: container_meta_type.encoded_out_str"))
     kernels = resolve(xplan.name, xplan.operators, libraries)
     rebound = instruction_writes(xplan, kernels)
-    check_loops(xplan, rebound, kinds, raw)
+    check_loops(xplan, rebound, kinds, items, raw)
     held = constant_holders(xplan, kinds, items, infos)
     check_constant_writes(xplan, kernels, kinds, items, held)
     delegates: list[Any] = []

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.executor import MethodRunner
+from pyrt.graph_forward import check_graph_outputs
 from pyrt.kernels import ENV_VAR, choose_library, library
 from pyrt.limits import check_host_memory
 from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
@@ -80,7 +81,11 @@ class Program:
     with; later changes of the process default do not reach it. ``cuda_graphs``: replay
     each run of device-only work (static engines reading and writing one device's
     memory) as a CUDA graph after it was captured on the second run (see :mod:`pyrt.graphs`);
-    set_budget captures again.
+    set_budget captures again. A method that is wholly such work, with inputs and outputs
+    planned in device memory, called with device tensors, runs as input copies and one graph
+    launch with no host synchronisation (:mod:`pyrt.graph_forward`); ``graph_outputs``: "copy"
+    (default: fresh device buffers the caller owns) or "static" (views of the method's output
+    buffers that its next run overwrites, as torch's CUDA graphs hand out).
 
     ``mmap``: a path is mapped read-only by default, and constants (and engine
     bytes until TensorRT has deserialized them) are views of that mapping, as
@@ -106,13 +111,15 @@ class Program:
 
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
-                 devices: Any = None, cuda_graphs: bool = False, mmap: bool = True) -> None:
+                 devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
+                 mmap: bool = True) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
         self._data: Any = None
+        check_graph_outputs(graph_outputs)
         if not isinstance(mmap, bool):
             raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
         self._pte = PteFile.open(path, mmap=mmap)
@@ -125,14 +132,14 @@ class Program:
                 self._pte.attach_data(self._data)
             if devices is not None and trt is None:
                 trt = getattr(devices, "tensorrt", None)
-            self._load(budget, device_map, trt, kernels, devices, cuda_graphs)
+            self._load(budget, device_map, trt, kernels, devices, cuda_graphs, graph_outputs)
         except BaseException:
             self._release()
             raise
         self._closed = False
 
     def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
-              devices: Any = None, cuda_graphs: bool = False) -> None:
+              devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy") -> None:
         from pyrt.streaming import validate_budget
 
         validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
@@ -169,7 +176,7 @@ class Program:
             plan = finish_method(draft, host, cuda, ctx)
             self._plans.append(plan)
             self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx, cuda=self._cuda,
-                                                   cuda_graphs=cuda_graphs)
+                                                   cuda_graphs=cuda_graphs, graph_outputs=graph_outputs)
 
     @staticmethod
     def _check_devices(drafts: Sequence[MethodDraft], cuda: Any) -> Any:
@@ -209,7 +216,11 @@ class Program:
 
     def __call__(self, *inputs: Any, stream: Any = None) -> Any:
         """``program(*inputs)`` runs ``forward``."""
-        return self.run(*inputs, method="forward", stream=stream)
+        self._check_open()
+        runner = self._runners.get("forward")
+        if runner is None:  # the error names the methods there are
+            return self.run(*inputs, method="forward", stream=stream)
+        return runner(inputs, stream)
 
     def profile(self, *, device_time: bool = True) -> Profiler:
         """A :class:`pyrt.profile.Profiler` recording the runs made inside ``with prog.profile() as prof:``.

@@ -17,7 +17,6 @@ Layout facts: ``docs/formats.md`` (shared) section 1.
 from __future__ import annotations
 
 import enum
-import math
 import mmap as mmap_mod
 import os
 import stat
@@ -26,11 +25,36 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
+from pyrt import _values
 from pyrt._bounds import Span
 from pyrt._flatbuffer import Table, Vector
 from pyrt._mapped import register, unmap
 from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
+from pyrt.schema import (  # noqa: F401  (re-exported: the reader's public records)
+    EVALUE_KINDS,
+    INSTRUCTION_KINDS,
+    AllocationInfo,
+    Chain,
+    DataLocation,
+    DataSegment,
+    DelegateCall,
+    DeviceType,
+    EValue,
+    ExtendedHeader,
+    ExtraTensorInfo,
+    FreeCall,
+    Instruction,
+    JumpFalseCall,
+    KernelCall,
+    MoveCall,
+    NamedData,
+    Operator,
+    ShapeDynamism,
+    SubsegmentOffsets,
+    Tensor,
+    TensorDataLocation,
+)
 
 if TYPE_CHECKING:
     from pyrt.ptd_reader import ExternalData
@@ -47,182 +71,6 @@ FLATBUFFER_MAX = 2**31  # FlatBuffers cannot address more than 2 GiB
 Source = str | os.PathLike | bytes | bytearray | memoryview
 
 
-class ShapeDynamism(enum.IntEnum):
-    STATIC = 0
-    DYNAMIC_BOUND = 1
-    DYNAMIC_UNBOUND = 2
-
-
-class TensorDataLocation(enum.IntEnum):
-    SEGMENT = 0
-    EXTERNAL = 1
-
-
-class DeviceType(enum.IntEnum):
-    CPU = 0
-    CUDA = 1
-
-
-class DataLocation(enum.IntEnum):
-    INLINE = 0
-    SEGMENT = 1
-
-
-# EValue union tags (program.fbs KernelTypes, NONE = 0).
-EVALUE_KINDS = {
-    1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String",
-    7: "IntList", 8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
-}
-# Instruction union tags (program.fbs InstructionArguments, NONE = 0).
-INSTRUCTION_KINDS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
-
-
-# -- plain records ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExtendedHeader:
-    program_size: int
-    segment_base_offset: int
-    segment_data_size: int | None
-
-
-@dataclass(frozen=True)
-class DataSegment:
-    offset: int
-    size: int
-
-
-@dataclass(frozen=True)
-class SubsegmentOffsets:
-    segment_index: int
-    offsets: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class NamedData:
-    key: str
-    segment_index: int
-
-
-@dataclass(frozen=True)
-class AllocationInfo:
-    memory_id: int
-    memory_offset: int  # low | high << 32
-
-
-@dataclass(frozen=True)
-class ExtraTensorInfo:
-    mutable_data_segments_idx: int
-    fully_qualified_name: str | None
-    location: TensorDataLocation
-    device_type: DeviceType
-    device_index: int
-
-
-@dataclass(frozen=True)
-class Tensor:
-    scalar_type: ScalarType
-    storage_offset: int
-    sizes: tuple[int, ...]
-    dim_order: tuple[int, ...]
-    requires_grad: bool
-    data_buffer_idx: int
-    allocation_info: AllocationInfo | None
-    layout: int
-    shape_dynamism: ShapeDynamism
-    extra_tensor_info: ExtraTensorInfo | None
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.sizes)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensor at its (upper-bound) sizes."""
-        return self.numel * self.scalar_type.itemsize
-
-    @property
-    def is_external(self) -> bool:
-        """Data is a named-data entry keyed by ``fully_qualified_name`` (usually in a .ptd)."""
-        return self.extra_tensor_info is not None and self.extra_tensor_info.location == TensorDataLocation.EXTERNAL
-
-    @property
-    def is_constant(self) -> bool:
-        """Read-only data in the file: the constant segment, or external data without planned memory.
-
-        An external tensor with ``allocation_info`` is a mutable (planned) tensor whose initial
-        value comes from the named data, as in ExecuTorch.
-        """
-        return self.allocation_info is None and (self.is_external or self.data_buffer_idx > 0)
-
-
-@dataclass(frozen=True)
-class EValue:
-    """One value slot; ``kind`` is the union member name, ``value`` its Python payload.
-
-    Payloads: Null -> None, Int -> int, Bool -> bool, Double -> float,
-    Tensor -> :class:`Tensor`, String -> str, IntList / TensorList /
-    OptionalTensorList -> tuple of value indices (-1 = None in optional lists),
-    DoubleList / BoolList -> tuple of literals.
-    """
-
-    kind: str
-    value: Any
-
-
-@dataclass(frozen=True)
-class Operator:
-    name: str
-    overload: str
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.name}.{self.overload}" if self.overload else self.name
-
-
-@dataclass(frozen=True)
-class KernelCall:
-    op_index: int
-    args: tuple[int, ...]
-    kind = "KernelCall"
-
-
-@dataclass(frozen=True)
-class DelegateCall:
-    delegate_index: int
-    args: tuple[int, ...]
-    kind = "DelegateCall"
-
-
-@dataclass(frozen=True)
-class MoveCall:
-    move_from: int
-    move_to: int
-    kind = "MoveCall"
-
-
-@dataclass(frozen=True)
-class JumpFalseCall:
-    cond_value_index: int
-    destination_instruction: int
-    kind = "JumpFalseCall"
-
-
-@dataclass(frozen=True)
-class FreeCall:
-    value_index: int
-    kind = "FreeCall"
-
-
-Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
-
-
-@dataclass(frozen=True)
-class Chain:
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    instructions: tuple[Instruction, ...]
 
 
 @dataclass(frozen=True)
@@ -688,13 +536,11 @@ class ExecutionPlan:
     @cached_property
     def values(self) -> tuple[EValue, ...]:
         """Every value, decoded in bulk (:mod:`pyrt._values`); the general reader names what is malformed."""
-        from pyrt._values import Fallback, decode_values
-
         vec = self._values
         if vec is not None:
             try:
-                return decode_values(vec.span.data, vec.span.length, vec.start, vec.n)
-            except Fallback:
+                return _values.decode_values(vec.span.data, vec.span.length, vec.start, vec.n)
+            except _values.Fallback:
                 pass
         return tuple(self.value(i) for i in range(self.num_values))
 
@@ -735,6 +581,10 @@ class ExecutionPlan:
         vec = self._t.vector(6, "operators", "table")
         if not vec:
             return ()
+        try:  # in bulk; the general reader below names what is malformed
+            return _values.decode_operators(vec.span.data, vec.span.length, vec.start, vec.n)
+        except _values.Fallback:
+            pass
         return tuple(Operator(t.string(0, "name") or "", t.string(1, "overload") or "") for t in vec.tables(_first))
 
     @cached_property
@@ -773,14 +623,13 @@ class ExecutionPlan:
         return DeviceType.CPU, 0
 
     def _chain(self, t: Table, i: int) -> Chain:
-        from pyrt._values import Fallback, decode_instructions
-
         ins = t.vector(2, "instructions", "table")
         instructions: tuple[Instruction, ...] = ()
         if ins:
             try:  # in bulk; the general reader below names what is malformed
-                instructions = decode_instructions(ins.span.data, ins.span.length, ins.start, ins.n, self.num_values)
-            except Fallback:
+                span = ins.span
+                instructions = _values.decode_instructions(span.data, span.length, ins.start, ins.n, self.num_values)
+            except _values.Fallback:
                 instructions = tuple(ins.tables(self._instruction))
         inputs = t.vector(0, "inputs", "i32")
         outputs = t.vector(1, "outputs", "i32")

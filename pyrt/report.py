@@ -27,7 +27,6 @@ from pyrt.pte_reader import (
     KernelCall,
     PteFile,
     Source,
-    Tensor,
 )
 from pyrt.trt_blob import BACKEND_ID, parse_blob
 
@@ -144,7 +143,7 @@ def _stored_tensors(pte: PteFile, plan: ExecutionPlan) -> list[dict[str, Any]]:
     for i, v in enumerate(plan.values):
         if v.kind != "Tensor":
             continue
-        t: Tensor = v.value
+        t = v.tensor
         mutable = t.allocation_info is not None
         if not (t.is_external or t.data_buffer_idx > 0):
             continue

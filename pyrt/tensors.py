@@ -23,6 +23,7 @@ did, or the torch host backend was chosen.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 import warnings
@@ -105,6 +106,24 @@ def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[i
         strides[d] = step
         step *= max(sizes[d], 1)
     return tuple(strides)
+
+
+@functools.lru_cache(maxsize=1024)
+def strides_of(sizes: tuple[int, ...], dim_order: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`dim_order_strides` of hashable arguments, remembered (a model repeats a few layouts)."""
+    return dim_order_strides(sizes, dim_order)
+
+
+# One window of a memory arena: (byte offset, scalar type, sizes, dim order), already validated.
+Window = tuple[int, ScalarType, tuple[int, ...], tuple[int, ...]]
+# One constant: (its bytes in the file, scalar type, sizes, dim order).
+Constant = tuple[memoryview, ScalarType, tuple[int, ...], tuple[int, ...]]
+
+
+def _whole_elements(arena: Any, itemsize: int) -> Any:
+    """The arena's leading bytes that hold whole ``itemsize``-byte elements (a view)."""
+    n = len(arena)
+    return arena[: n - n % itemsize] if n % itemsize else arena
 
 
 def is_contiguous_order(dim_order: Sequence[int]) -> bool:
@@ -395,10 +414,26 @@ class NumpyHost:
         flat = arena[offset: offset + n * dtype.itemsize].view(dtype)
         return _np_layout(flat, sizes, dim_order)
 
+    def views(self, arena: np.ndarray, windows: Sequence[Window]) -> list[np.ndarray]:
+        """:meth:`view` of many windows of one arena (validated), each dtype's flat view made once."""
+        typed: dict[ScalarType, np.ndarray] = {}
+        out = []
+        for offset, st, sizes, dim_order in windows:
+            flat = typed.get(st)
+            if flat is None:
+                flat = typed[st] = _whole_elements(arena, st.itemsize).view(numpy_dtype(st))
+            start = offset // st.itemsize
+            out.append(_np_layout(flat[start: start + math.prod(sizes)], sizes, dim_order))
+        return out
+
     def constant(self, data: memoryview, st: ScalarType, sizes: Sequence[int],
                  dim_order: Sequence[int]) -> np.ndarray:
         flat = np.frombuffer(data, dtype=numpy_dtype(st), count=math.prod(sizes))
         return _np_layout(flat, sizes, dim_order)  # read-only: the mmap is
+
+    def constants(self, items: Sequence[Constant]) -> list[np.ndarray]:
+        """:meth:`constant` of each ``(data, scalar type, sizes, dim order)``."""
+        return [self.constant(*item) for item in items]
 
     def empty(self, st: ScalarType, sizes: Sequence[int], dim_order: Sequence[int] = ()) -> np.ndarray:
         return self.view(self.arena(math.prod(sizes) * st.itemsize), 0, st, sizes, dim_order)
@@ -463,14 +498,33 @@ class TorchHost:
         flat = arena[offset: offset + n * st.itemsize].view(self.dtype(st))
         return flat.as_strided(tuple(sizes), dim_order_strides(sizes, dim_order))
 
+    def views(self, arena: Any, windows: Sequence[Window]) -> list[Any]:
+        """:meth:`view` of many windows of one arena (validated): one ``as_strided`` each."""
+        typed: dict[ScalarType, Any] = {}
+        out = []
+        for offset, st, sizes, dim_order in windows:
+            flat = typed.get(st)
+            if flat is None:
+                flat = typed[st] = _whole_elements(arena, st.itemsize).view(self.dtype(st))
+            out.append(flat.as_strided(sizes, strides_of(sizes, dim_order), offset // st.itemsize))
+        return out
+
     def constant(self, data: memoryview, st: ScalarType, sizes: Sequence[int], dim_order: Sequence[int]) -> Any:
-        n = math.prod(sizes)
-        if n == 0:
-            return self.torch.empty(tuple(sizes), dtype=self.dtype(st))
+        return self.constants([(data, st, tuple(sizes), tuple(dim_order))])[0]
+
+    def constants(self, items: Sequence[Constant]) -> list[Any]:
+        """:meth:`constant` of each ``(data, scalar type, sizes, dim order)``, under one warnings filter."""
+        out = []
         with warnings.catch_warnings():  # read-only mmap: kernels never write constants
             warnings.simplefilter("ignore")
-            flat = self.torch.frombuffer(data, dtype=self.dtype(st), count=n)
-        return flat.as_strided(tuple(sizes), dim_order_strides(sizes, dim_order))
+            for data, st, sizes, dim_order in items:
+                n = math.prod(sizes)
+                if n == 0:
+                    out.append(self.torch.empty(sizes, dtype=self.dtype(st)))
+                    continue
+                flat = self.torch.frombuffer(data, dtype=self.dtype(st), count=n)
+                out.append(flat.as_strided(sizes, strides_of(sizes, dim_order)))
+        return out
 
     def empty(self, st: ScalarType, sizes: Sequence[int], dim_order: Sequence[int] = ()) -> Any:
         t = self.torch.empty(tuple(sizes), dtype=self.dtype(st))

@@ -634,6 +634,7 @@ def prepare(assets: Path) -> None:
     print("programs", sorted(p.name for p in gpu_programs.build_all(folder / "programs").values()))
     for n in (1, 16):  # benchmarks/bench_host_overhead.py --gpu --programs .gpu/assets/programs
         gpu_programs.chain_program(folder / "programs" / f"chain{n}.pte", n)
+        gpu_programs.chain_program(folder / "programs" / f"chain{n}_device_io.pte", n, device_io=True)
 
 
 def _export_program(folder: Path) -> None:

@@ -120,9 +120,10 @@ def load(directory: Path) -> dict[str, Path]:
     return paths
 
 
-def chain_program(path: Path, n: int) -> Path:
+def chain_program(path: Path, n: int, *, device_io: bool = False) -> Path:
     """N engines on cuda:0, each ``y = relu(x) * 2``; the values between them live in a cuda:0 arena,
-    the input and output on the host. The middle engines touch device memory only (CUDA-graph material)."""
+    the input and output on the host. The middle engines touch device memory only (CUDA-graph material).
+    ``device_io``: the input and output live in the cuda:0 arena too (the whole method is one graph)."""
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
@@ -142,7 +143,10 @@ def chain_program(path: Path, n: int) -> Path:
                             RefNode("aten::add.Tensor", [Ref("r"), Ref("r")], {}, ["y"])]).to_bytes()
     bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
     blob = encode_blob(relu, bindings, device_id=0)
-    values = [tensor(1, 0)] + [tensor(2, 16 * (k % 2)) for k in range(n - 1)] + [tensor(1, 16)]
+    if device_io:
+        values = [tensor(2, 16 * (k % 2)) for k in range(n + 1)]
+    else:
+        values = [tensor(1, 0)] + [tensor(2, 16 * (k % 2)) for k in range(n - 1)] + [tensor(1, 16)]
     delegates = [s.BackendDelegate(id="TensorRTBackend",
                                    processed=s.BackendDelegateDataReference(location=s.DataLocation.INLINE, index=0),
                                    compile_specs=[s.CompileSpec("target_device", b"cuda:0")]) for _ in range(n)]

@@ -52,6 +52,18 @@ MUTANTS = [
      "a host kernel reads an et_copy device->host result before the copy has run"),
 ]
 
+# The same for a whole-method graph replay (pyrt.graph_forward), caught by tests/test_graph_forward.py.
+GRAPH_MUTANTS = [
+    ("pyrt/graph_forward.py", "if producer is not None and producer != handle:  # the producer's queued work first"
+     " => if False:", "an input is copied in before the producer's stream has written it"),
+    ("pyrt/graph_forward.py", "if last and (last is not self._ends or handle != self._end_handle): => if False:",
+     "a replay on another stream overwrites planned buffers the last run's work still reads"),
+    ("pyrt/graph_forward.py", "if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy "
+     "stream => if False:", "a caller with no stream uses outputs on the legacy stream before they are written"),
+    ("pyrt/graph_forward.py", "outs = list(self._views) if self.static else self._fresh_outputs(raw)"
+     " => outs = list(self._views)", "an output the caller holds is overwritten by the next replay"),
+]
+
 
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -80,7 +92,9 @@ def _mutate(tree: Path, rel: str, statement: str) -> None:
 
 def test_unmutated_tree_passes(prebuilt: Path, tmp_path: Path) -> None:
     """The harness itself: the copied tree passes the ordering tests unchanged."""
-    assert _run(_copy_tree(tmp_path), prebuilt).returncode == 0
+    tree = _copy_tree(tmp_path)
+    assert _run(tree, prebuilt).returncode == 0
+    assert _run(tree, prebuilt, "test_graph_forward.py").returncode == 0
 
 
 @pytest.mark.parametrize(("rel", "statement", "hazard"), MUTANTS, ids=[f"{m[0]}:{m[1][:40]}" for m in MUTANTS])
@@ -93,6 +107,16 @@ def test_removing_a_statement_is_caught(rel: str, statement: str, hazard: str, p
                                    f"{result.stdout[-2000:]}"
 
 
+@pytest.mark.parametrize(("rel", "statement", "hazard"), GRAPH_MUTANTS,
+                         ids=[f"{m[0]}:{m[1][:40]}" for m in GRAPH_MUTANTS])
+def test_removing_a_graph_replay_statement_is_caught(rel: str, statement: str, hazard: str, prebuilt: Path,
+                                                     tmp_path: Path) -> None:
+    tree = _copy_tree(tmp_path)
+    _mutate(tree, rel, statement)
+    result = _run(tree, prebuilt, "test_graph_forward.py")
+    assert result.returncode != 0, f"mutant survived ({hazard}): {statement!r} in {rel}\n{result.stdout[-2000:]}"
+
+
 def _copy_tree(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
     shutil.copytree(ROOT / "pyrt", tree / "pyrt", ignore=shutil.ignore_patterns("__pycache__"))
@@ -100,9 +124,9 @@ def _copy_tree(tmp_path: Path) -> Path:
     return tree
 
 
-def _run(tree: Path, prebuilt: Path) -> subprocess.CompletedProcess[str]:
+def _run(tree: Path, prebuilt: Path, tests: str = "test_async_ordering.py") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYRT_PREBUILT_PTE": str(prebuilt), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         "--rootdir", str(tree), str(tree / "tests" / "test_async_ordering.py")],
+         "--rootdir", str(tree), str(tree / "tests" / tests)],
         cwd=tree, env=env, capture_output=True, text=True, timeout=600)

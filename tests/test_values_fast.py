@@ -25,12 +25,12 @@ def _general_reader_only() -> Iterator[None]:
     def give_up(*args: Any) -> Any:
         raise _values.Fallback
 
-    saved = _values.decode_values, _values.decode_instructions
-    _values.decode_values = _values.decode_instructions = give_up  # type: ignore[assignment]
+    saved = _values.decode_values, _values.decode_instructions, _values.decode_operators
+    _values.decode_values = _values.decode_instructions = _values.decode_operators = give_up  # type: ignore[assignment]
     try:
         yield
     finally:
-        _values.decode_values, _values.decode_instructions = saved  # type: ignore[assignment]
+        _values.decode_values, _values.decode_instructions, _values.decode_operators = saved  # type: ignore[assignment]
 
 
 def _decode(data: bytes) -> list[object]:
@@ -40,7 +40,7 @@ def _decode(data: bytes) -> list[object]:
     except PyrtError as exc:
         return [type(exc)]
     for plan in plans:
-        for what in ("values", "chains"):
+        for what in ("values", "chains", "operators"):
             try:
                 out.append(repr(getattr(plan, what)))  # repr: a NaN double equals itself
             except PyrtError as exc:
@@ -59,13 +59,15 @@ def test_bulk_decoders_are_used_on_valid_files(any_pte: Path, monkeypatch: pytes
     data = any_pte.read_bytes()
     _agree(data)
     calls: list[str] = []
-    for name in ("decode_values", "decode_instructions"):
+    for name in ("decode_values", "decode_instructions", "decode_operators"):
         real = getattr(_values, name)
         monkeypatch.setattr(_values, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
     plans = PteFile.open(data).program.execution_plan
     has_instructions = any(chain.instructions for plan in plans for chain in plan.chains)
-    assert all(plan.values is not None for plan in plans)
-    assert set(calls) == {"decode_values", "decode_instructions"} if has_instructions else {"decode_values"}
+    assert all(plan.values is not None and plan.operators is not None for plan in plans)
+    has_operators = any(plan.operators for plan in plans)
+    want = {"decode_values"} | ({"decode_instructions"} if has_instructions else set())
+    assert set(calls) == want | ({"decode_operators"} if has_operators else set())
 
 
 def test_bulk_decoders_agree_on_corrupted_files(any_pte: Path) -> None:

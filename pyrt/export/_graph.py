@@ -27,8 +27,10 @@ import torch
 import torch.fx as fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.passes.tools_common import legalize_graph
 
 from pyrt.errors import ExportError
+from pyrt.export._spec import _linear
 
 log = logging.getLogger("pyrt.export")
 _STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -297,6 +299,18 @@ def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
+def finish(gm: fx.GraphModule) -> None:
+    """Topologically order the graph, drop dead nodes and the states only engines used."""
+    legalize_graph(gm)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in list(gm.named_parameters(recurse=False)) + list(gm.named_buffers(recurse=False)):
+        if name not in used:
+            delattr(gm, name)
+    gm.recompile()
+
+
 # -- dynamic shapes for re-export ----------------------------------------------------------------
 
 
@@ -307,8 +321,6 @@ def dynamic_shapes_of(ep: ExportedProgram) -> Any:
     dimension ``a*s + b`` becomes the derived ``a*Dim + b``.
     """
     from torch.export import Dim
-
-    from pyrt.export._spec import _linear
 
     user = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)]
     dims: dict[str, Any] = {}

@@ -30,7 +30,8 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
 from pyrt.export._options import node_op_names
-from pyrt.export._prepare import is_sym_node, label_sizes, materialize
+from pyrt.export._prepare import assertion_ops, is_sym_node, label_sizes, materialize
+from pyrt.export._spec import dim_expr, symbols_from_inputs
 
 FORCED = "forced by torch_executed_ops"
 ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
@@ -201,8 +202,6 @@ def extract(gm: fx.GraphModule, nodes: list[fx.Node], state_inputs: Collection[s
 def _recompute_sizes(graph: fx.Graph, env: dict[fx.Node, Any], inputs: list[fx.Node], sizes: list[fx.Node],
                      inside: set[fx.Node]) -> None:
     """``env[size]`` := FX nodes (or an int) computing each outside SymInt from the inputs' shapes."""
-    from pyrt.export._spec import dim_expr, symbols_from_inputs
-
     shapes = [tuple(a.meta["val"].shape) if is_tensor_node(a) else () for a in inputs]
     symbols = symbols_from_inputs(shapes)
     dims = {name: (env[inputs[i]], d, c, o) for name, (i, d, c, o) in symbols.table.items()}
@@ -284,8 +283,6 @@ def check_outputs_live(gm: fx.GraphModule, parts: list[Extracted]) -> None:
 
 def _live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes the graph's output depends on, and side-effecting calls other than assertions."""
-    from pyrt.export._prepare import assertion_ops
-
     asserts = assertion_ops()
     roots = [n for n in gm.graph.nodes if n.op == "output"
              or (n.op == "call_function" and n.target not in asserts and n.is_impure())]

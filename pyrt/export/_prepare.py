@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export._options import canonical_op_name, node_op_names
+from pyrt.export._spec import dim_expr, symbols_from_inputs
 
 log = logging.getLogger("pyrt.export")
 _OVERLOAD = re.compile(r"[A-Za-z_]\w*\.\w+\.\w+")  # how an OpOverload prints: namespace.op.overload
@@ -179,8 +180,6 @@ def canonicalize_sizes(gm: fx.GraphModule) -> int:
     A SymInt the inputs' shapes cannot express (a data-dependent size) is left as it is.
     Returns how many nodes were replaced.
     """
-    from pyrt.export._spec import dim_expr, symbols_from_inputs
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
     targets = [n for n in gm.graph.nodes if is_sym_node(n) and not _reads_placeholder(n)]
     if not targets or not placeholders:

@@ -21,7 +21,8 @@ from pyrt.errors import ExportError
 from pyrt.export import _options as opt
 from pyrt.export._builders import BuildFailed, Built, make_builder
 from pyrt.export._engines import EngineStore
-from pyrt.export._graph import graph_copy, inline_submodules, unlift
+from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
+from pyrt.export._ops import execute_engine_op
 from pyrt.export._options import node_op_names
 from pyrt.export._partition import (
     NON_COMPUTE,
@@ -331,8 +332,6 @@ def _build_one(builder: Any, part: Any, key: str, store: EngineStore, options: O
 
 def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options: Options,
                      store: EngineStore) -> list[EngineSummary]:
-    from pyrt.export._ops import execute_engine_op
-
     summaries = []
     remap: dict[fx.Node, fx.Node] = {}
     for index, (part, built) in enumerate(parts):
@@ -371,18 +370,4 @@ def _check_bindings(built: Built, part: Any) -> None:
             want = str(n.meta["val"].dtype).removeprefix("torch.")
             if b.dtype != want:
                 raise BuildFailed(f"engine {what[:-1]} {b.name!r} is {b.dtype}, the graph has {want}")
-
-
-def finish(gm: fx.GraphModule) -> None:
-    """Topologically order the graph, drop dead nodes and the states only engines used."""
-    from torch.fx.passes.tools_common import legalize_graph
-
-    legalize_graph(gm)
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    for name, _ in list(gm.named_parameters(recurse=False)) + list(gm.named_buffers(recurse=False)):
-        if name not in used:
-            delattr(gm, name)
-    gm.recompile()
 

@@ -16,7 +16,8 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._graph import resolve_custom_obj
+from pyrt.export._graph import finish, resolve_custom_obj
+from pyrt.export._ops import execute_engine_op
 from pyrt.export._options import PartitionInfo
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export._summary import EngineSummary
@@ -42,9 +43,6 @@ def _is_runtime_module(module: Any) -> bool:
 
 def convert_torchtrt(gm: fx.GraphModule, program: Any, options: Any, store: Any) -> list[EngineSummary]:
     """Replace every engine call of ``gm`` in place; returns the engines in graph order."""
-    from pyrt.export._ops import execute_engine_op
-    from pyrt.export._stage import finish
-
     summaries: list[EngineSummary] = []
     dropped: set[str] = set()
     for node in list(gm.graph.nodes):

@@ -132,7 +132,7 @@ class KernelLibrary(Protocol):
     def lookup(self, op: Operator) -> Kernel | None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class KernelSite:
     """One instruction's view of the value table while its step is built."""
 

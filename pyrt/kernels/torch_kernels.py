@@ -67,7 +67,7 @@ class TorchLibrary:
         return Kernel(
             op.qualified_name,
             build=lambda site: _build(overload, sig, site, fast),
-            rebinds=lambda args: _rebinds(schema, args),
+            rebinds=_rebinds(schema),
             writes=_writes(schema),
             pure=op.name not in RANDOM_OPS and not any("Generator" in str(a.type) for a in schema.arguments),
             view=self._view(op, schema),
@@ -120,11 +120,14 @@ class TorchLibrary:
         return found if found is not None else getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
 
 
-def _rebinds(schema: Any, args: tuple[int, ...]) -> list[int]:
-    """Return slots that are not aliases of an argument (scalar results, fresh tensors)."""
+def _rebinds(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
+    """``args -> slots`` of returns that are not aliases of an argument (scalar results, fresh tensors).
+
+    The positions come from the schema once per operator, not once per instruction.
+    """
     n = len(schema.arguments)
-    return [args[n + j] for j, ret in enumerate(schema.returns)
-            if n + j < len(args) and ret.alias_info is None]
+    plain = [n + j for j, ret in enumerate(schema.returns) if ret.alias_info is None]
+    return lambda args: [args[k] for k in plain if k < len(args)]
 
 
 def _writes(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:

@@ -1,0 +1,252 @@
+"""Whole-method CUDA graphs for device callers (pyrt.graph_forward) on the asynchronous simulated GPU.
+
+The chain program plans its input, output and every value between its N engines
+in cuda:0 memory, so with ``cuda_graphs=True`` a forward called with device
+tensors is: input copy, one graph launch, output. The fake driver runs queued
+work only when something waits for it, so a missing event shows as a wrong
+answer here, as it can on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pyrt.dtypes import ScalarType
+from pyrt.errors import InputError, ProgramClosedError
+from pyrt.program import Program
+from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
+from pyrt.testing import simulated_gpus
+from tests import gpu_programs
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("executorch")
+    return gpu_programs.chain_program(tmp_path_factory.mktemp("graph_forward") / "chain.pte", N, device_io=True)
+
+
+@pytest.fixture
+def sim() -> Iterator[Any]:
+    with simulated_gpus(1) as s:
+        yield s
+        assert s.driver.hazards == []
+
+
+def _want(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0) * 2 ** N
+
+
+def _inputs(runs: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(4).astype(np.float32) for _ in range(runs)]
+
+
+def _device(sim: Any, x: np.ndarray, stream: Any = None) -> OwnedDeviceTensor:
+    """``x`` in cuda:0 memory (copied on ``stream`` when given: queued, not run yet)."""
+    alloc = sim.cuda.alloc(x.nbytes, 0)
+    private = np.array(x)
+    sim.cuda.memcpy_htod(alloc, private, stream=stream)
+    t = OwnedDeviceTensor(alloc, 0, ScalarType.FLOAT, x.shape, x.size)
+    t.keepalive = private  # read when the queued copy runs
+    if stream is not None:
+        t.stream = stream.handle
+    return t
+
+
+def _read(sim: Any, t: DeviceTensor) -> np.ndarray:
+    """A synchronous copy to the host: it does not wait for pyrt's (non-blocking) streams."""
+    out = np.empty(t.shape, np.float32)
+    sim.cuda.memcpy_dtoh(out, t.allocation, src_offset=t.offset)
+    return out
+
+
+class _Counter:
+    """Counts the runs that take the general path."""
+
+    def __init__(self, runner: Any) -> None:
+        self.general = 0
+        self._call = runner._call
+        runner._call = self
+
+    def __call__(self, inputs: Any, stream: Any) -> Any:
+        self.general += 1
+        return self._call(inputs, stream)
+
+
+def test_a_device_forward_is_copies_and_one_graph_launch(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        runner = prog._runners["forward"]
+        assert runner._graph_forward is not None and [len(s.steps) for s in runner._segments] == [N]
+        counter = _Counter(runner)
+        kept = []  # freeing device memory synchronises the device: nothing is freed until the end
+        for x in _inputs(6):
+            x_dev = _device(sim, x)
+            (y,) = prog(x_dev)
+            kept += [x_dev, y]
+            assert isinstance(y, OwnedDeviceTensor)
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)  # ready on the legacy stream
+        assert counter.general == 2  # eager, then capture; the other four replay
+        assert sim.driver.graph_launches == 5
+
+
+def test_outputs_are_fresh_buffers_the_next_replay_leaves_alone(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(6)
+        for x in xs[:2]:
+            prog(_device(sim, x))
+        stream = sim.cuda.stream(0)
+        inputs = [_device(sim, x) for x in xs[2:]]  # kept: freeing device memory synchronises
+        ys = [prog(x, stream=stream)[0] for x in inputs]  # all queued, none run yet
+        assert sim.driver.pending(stream.handle) > 0
+        assert len({y.ptr for y in ys}) == len(ys)
+        stream.synchronize()
+        for x, y in zip(xs[2:], ys, strict=True):
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
+
+
+def test_static_outputs_are_views_the_next_replay_overwrites(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True, graph_outputs="static") as prog:
+        xs = _inputs(5)
+        for x in xs[:2]:
+            prog(_device(sim, x))
+        (y3,) = prog(_device(sim, xs[2]))
+        np.testing.assert_allclose(_read(sim, y3), _want(xs[2]), rtol=1e-6)
+        (y4,) = prog(_device(sim, xs[3]))
+        assert y4 is y3  # the planned output buffer, as torch's CUDA graphs hand out
+        np.testing.assert_allclose(_read(sim, y3), _want(xs[3]), rtol=1e-6)
+
+
+def test_bad_graph_outputs_is_an_input_error(sim: Any, chain: Path) -> None:
+    with pytest.raises(InputError, match="graph_outputs='views'"):
+        Program(chain, cuda_graphs=True, graph_outputs="views")
+
+
+def test_the_callers_stream_carries_the_work(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        stream = sim.cuda.stream(0)
+        for x in xs[:2]:
+            prog(_device(sim, x), stream=stream)
+        stream.synchronize()
+        own = prog._contexts[0].own_stream(0)
+        x = _device(sim, xs[2])
+        (y,) = prog(x, stream=stream)
+        assert sim.driver.pending(stream.handle) > 0 and sim.driver.pending(own.handle) == 0
+        assert y.__cuda_array_interface__["stream"] == stream.handle  # consumers order after it
+        assert not np.allclose(_read(sim, y), _want(xs[2]))  # queued on the caller's stream, not run yet
+        stream.synchronize()
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
+
+
+def test_a_producers_stream_is_waited_for(sim: Any, chain: Path) -> None:
+    """An input whose data is still queued on another stream (its CAI "stream") is read after it."""
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        for x in xs[:2]:
+            prog(_device(sim, x))
+        producer, stream = sim.cuda.stream(0), sim.cuda.stream(0)
+        x = _device(sim, xs[2], stream=producer)  # the copy is queued on ``producer``, not run
+        (y,) = prog(x, stream=stream)
+        stream.synchronize()  # runs the producer's copy first: the replay's stream waits for it
+        assert sim.driver.pending(producer.handle) == 0
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
+
+
+def test_a_run_on_another_stream_waits_for_the_last_one(sim: Any, chain: Path) -> None:
+    """Both runs write the same planned buffers: the second stream's work starts after the first's."""
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        for x in xs[:2]:
+            prog(_device(sim, x))
+        s1, s2 = sim.cuda.stream(0), sim.cuda.stream(0)
+        x1, x2 = _device(sim, xs[2]), _device(sim, xs[3])
+        (y1,) = prog(x1, stream=s1)
+        (y2,) = prog(x2, stream=s2)
+        assert sim.driver.pending(s1.handle) > 0
+        s2.synchronize()
+        assert sim.driver.pending(s1.handle) == 0
+        np.testing.assert_allclose(_read(sim, y1), _want(xs[2]), rtol=1e-6)
+        np.testing.assert_allclose(_read(sim, y2), _want(xs[3]), rtol=1e-6)
+
+
+def test_general_runs_and_replays_mix(sim: Any, chain: Path) -> None:
+    """Host inputs, another shape or dtype take the general path (its results, its typed errors)."""
+    with Program(chain, cuda_graphs=True) as prog:
+        counter = _Counter(prog._runners["forward"])
+        xs = _inputs(6)
+        for x in xs[:3]:
+            prog(_device(sim, x))
+        assert counter.general == 2
+        y = prog(xs[3])[0]  # numpy in: numpy out, through the general path (which replays the graph)
+        np.testing.assert_allclose(y, _want(xs[3]), rtol=1e-6)
+        assert counter.general == 3
+        (y,) = prog(_device(sim, xs[4]))
+        np.testing.assert_allclose(_read(sim, y), _want(xs[4]), rtol=1e-6)
+        assert counter.general == 3
+        with pytest.raises(InputError, match="shape"):
+            prog(_device(sim, np.zeros(5, np.float32)))
+        wrong = _device(sim, xs[5])
+        wrong.scalar_type = ScalarType.INT
+        with pytest.raises(InputError, match="float32|Float"):
+            prog(wrong)
+
+
+def test_a_cuda_array_interface_input(sim: Any, chain: Path) -> None:
+    class Cai:
+        def __init__(self, t: DeviceTensor) -> None:
+            self.t = t
+            self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (t.ptr, False),
+                                             "version": 3, "strides": None}
+
+    with Program(chain, cuda_graphs=True) as prog:
+        counter = _Counter(prog._runners["forward"])
+        for x in _inputs(4):
+            (y,) = prog(Cai(_device(sim, x)))
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
+        assert counter.general == 2
+
+
+def test_set_budget_captures_again(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        counter = _Counter(prog._runners["forward"])
+        xs = _inputs(7)
+        for x in xs[:3]:
+            prog(_device(sim, x))
+        launches = sim.driver.graph_launches
+        prog.set_budget("50%")  # contexts are recreated: the old graph must not be replayed
+        for x in xs[3:]:
+            (y,) = prog(_device(sim, x))
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
+        assert counter.general == 4  # eager and capture again, then replays
+        assert sim.driver.graph_launches == launches + 3
+
+
+def test_a_profiled_method_runs_step_by_step(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(5)
+        for x in xs[:3]:
+            prog(_device(sim, x))
+        launches = sim.driver.graph_launches
+        with prog.profile(device_time=False):
+            (y,) = prog(_device(sim, xs[3]))
+        np.testing.assert_allclose(_read(sim, y), _want(xs[3]), rtol=1e-6)
+        assert sim.driver.graph_launches == launches  # observed: instruction by instruction, no replay
+        prog(_device(sim, xs[4]))
+        assert sim.driver.graph_launches == launches + 1
+
+
+def test_a_closed_program_refuses_replays(sim: Any, chain: Path) -> None:
+    prog = Program(chain, cuda_graphs=True)
+    x = _device(sim, _inputs(1)[0])
+    for _ in range(3):
+        prog(x)
+    prog.close()
+    with pytest.raises(ProgramClosedError):
+        prog(x)
