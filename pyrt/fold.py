@@ -71,11 +71,13 @@ class Folder:
         written_at: list[tuple[int, int]] = []  # (pc, value) of every tensor write, delegates' arguments too
         pinned: set[int] = set(xplan.inputs)  # values folding must never touch
         items = table.items
+        self.outs: dict[int, list[int]] = {}  # pc -> values its kernel call writes or rebinds (first chain)
         for chain in xplan.chains:
             for pc, ins in enumerate(chain.instructions):
                 if isinstance(ins, KernelCall):
                     kernel = kernels[ins.op_index]
-                    out = _outputs(kernel, ins.args)
+                    out = self.outs.setdefault(pc, _outputs(kernel, ins.args)) if chain is xplan.chains[0] \
+                        else _outputs(kernel, ins.args)
                     for j in dict.fromkeys(_expand(out, items)):  # each value once per call
                         writers[j] = writers.get(j, 0) + 1
                         write_pc.setdefault(j, pc)
@@ -127,9 +129,11 @@ class Folder:
         a pure call on data that follows from the input shapes writes private memory and gets
         ``noop`` as its steady variant (steady runs skip it).
         """
+        if not self.enabled:  # jumps or several chains: every call runs as the file says
+            return build()
         if self.fold(pc, args, kernel, build):
             return noop
-        moved = [j for j in _expand(_outputs(kernel, args), self.table.items) if j in self.relocate]
+        moved = [j for j in _expand(self._outputs(pc, kernel, args), self.table.items) if j in self.relocate]
         if moved:
             self._private(moved)
         if self.as_view(pc, args, kernel):
@@ -143,7 +147,7 @@ class Folder:
                     marks.tensor < 0 or marks.tensor in self.key_const):
                 self.key_const.update(marks.rebinds)
             return step
-        out = _outputs(kernel, args)
+        out = self._outputs(pc, kernel, args)
         if not self._all([a for a in args if a not in out], self.key_const):
             return build()
         written = _expand(out, self.table.items)
@@ -169,7 +173,7 @@ class Folder:
         table = self.table
         if kernel.view is None or not self.enabled or not isinstance(table.host, TorchHost) or not args:
             return False
-        out = _outputs(kernel, args)
+        out = self._outputs(pc, kernel, args)
         x = args[0]
         info = table.infos.get(x)
         if (not out or x in out or info is None or info.dynamic or info.device is not None or not table.is_const(x)
@@ -215,11 +219,11 @@ class Folder:
             if view_of is None or not ins.args:
                 continue
             x = ins.args[0]
-            for j in _expand(_outputs(kernel, ins.args), table.items):
+            for j in _expand(self._outputs(pc, kernel, ins.args), table.items):
                 viewed[j] = x
             while x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
                 x = viewed[x]  # the tensor whose bytes a chain of views would read
-            info, outs = table.infos.get(x), _outputs(kernel, ins.args)
+            info, outs = table.infos.get(x), self._outputs(pc, kernel, ins.args)
             if (info is None or info.storage != "planned" or info.dynamic or x in self.pinned
                     or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self.first_read.get(x, -1)
                     or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
@@ -252,6 +256,11 @@ class Folder:
         first = bisect.bisect_right(spans, (pc, INF, INF))  # writes are listed in pc order
         later = itertools.takewhile(lambda s: s[0] <= until, itertools.islice(spans, first, None))
         return not any(a < hi and b > lo for _, a, b in later)
+
+    def _outputs(self, pc: int, kernel: Kernel, args: tuple[int, ...]) -> list[int]:
+        """:func:`_outputs` of the call at ``pc``, worked out once."""
+        out = self.outs.get(pc)
+        return out if out is not None else _outputs(kernel, args)
 
     def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
         """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
@@ -289,7 +298,7 @@ class Folder:
         """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
         if not self.enabled or not kernel.pure or kernel.writes is None:
             return False
-        out = _outputs(kernel, args)
+        out = self._outputs(pc, kernel, args)
         if not out or not self._all([a for a in args if a not in out], self.const):
             return False
         written = _expand(out, self.table.items)
@@ -359,21 +368,24 @@ def _aliased(xplan: ExecutionPlan, table: Any, kernels: list[Kernel], writes: di
             args = [ins.move_from]
         reads.extend((j, pc) for j in _expand(args, items) if j in aliases)
     reads.extend((j, len(chain)) for j in _expand(list(xplan.outputs), items) if j in aliases)
-    by_arena: dict[int, list[int]] = {}
-    for i in writes:
+    by_arena: dict[int, list[tuple[int, int, int, int]]] = {}  # arena -> (write pc, lo, hi, value), by pc
+    for i, at in writes.items():
         info = infos.get(i)
         if info is not None and info.storage == "planned" and info.device is None:
-            by_arena.setdefault(info.memory_id, []).append(i)
+            by_arena.setdefault(info.memory_id, []).append((at, info.offset, info.offset + info.nbytes, i))
+    for spans in by_arena.values():
+        spans.sort()
     out: set[int] = set()
-    for a, pc in reads:
+    for a, pc in dict.fromkeys(reads):
         ai = infos[a]
         lo, hi = ai.offset, ai.offset + ai.nbytes
-        hits = [t for t in by_arena.get(ai.memory_id, ()) if writes[t] < pc
-                and infos[t].offset < hi and infos[t].offset + infos[t].nbytes > lo]
-        for t in sorted(hits, key=lambda t: -writes[t]):
-            out.add(t)
-            if infos[t].offset <= lo and infos[t].offset + infos[t].nbytes >= hi:
-                break  # this write covers every byte the alias reads
+        spans = by_arena.get(ai.memory_id, [])
+        for k in range(bisect.bisect_left(spans, (pc, -1, -1, -1)) - 1, -1, -1):  # latest write first
+            _, t_lo, t_hi, t = spans[k]
+            if t_lo < hi and t_hi > lo:
+                out.add(t)
+                if t_lo <= lo and t_hi >= hi:
+                    break  # this write covers every byte the alias reads
     return out
 
 
