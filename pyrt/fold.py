@@ -72,6 +72,10 @@ class Folder:
         pinned: set[int] = set(xplan.inputs)  # values folding must never touch
         items = table.items
         self.outs: dict[int, list[int]] = {}  # pc -> values its kernel call writes or rebinds (first chain)
+        self.holders: dict[int, list[int]] = {}  # value -> the lists holding it
+        for i, it in items.items():
+            for j in it:
+                self.holders.setdefault(j, []).append(i)
         for chain in xplan.chains:
             for pc, ins in enumerate(chain.instructions):
                 if isinstance(ins, KernelCall):
@@ -333,10 +337,9 @@ class Folder:
 
     def _relist(self, changed: list[int]) -> None:
         """Lists holding a changed value see its object now; lists over stable items become stable."""
-        table, changed_set = self.table, set(changed)
-        for i, it in table.items.items():
-            if changed_set.isdisjoint(it):
-                continue
+        table = self.table
+        for i in dict.fromkeys(i for j in changed for i in self.holders.get(j, ())):
+            it = table.items[i]
             if i in table.unstable and i not in self.writers and not any(j in table.unstable for j in it if j >= 0):
                 table.unstable.discard(i)
             if i not in table.unstable:
