@@ -634,8 +634,8 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
 
 
 def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
-                  devices: Any = None) -> MethodPlan:
-    """Phase 2: allocate arenas, build the value table and every step."""
+                  devices: Any = None, *, fold: bool = True) -> MethodPlan:
+    """Phase 2: allocate arenas, build the value table and every step (``fold``: see :mod:`pyrt.fold`)."""
     xplan = draft.xplan
     arenas, device_allocs = allocate_arenas(xplan, host, draft.arena_devices, cuda)
     try:
@@ -646,7 +646,7 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
         bind_unplanned(table, xplan.inputs)
         delegate_step = devices.step_factory(draft, table) if draft.delegates else None
         chains = build_steps(xplan, table, draft.kernels, delegate_step,
-                             Folder(xplan, table, draft.kernels, draft.raw))
+                             Folder(xplan, table, draft.kernels, draft.raw) if fold else None)
     except BaseException:
         for alloc in device_allocs:
             alloc.free()

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.program import Program  # noqa: E402
+from pyrt.errors import InputError  # noqa: E402
 
 KERNELS = ("torch", "numpy")
 
@@ -74,6 +75,17 @@ def test_weight_transpose_folds(tmp_path: Path, kernels: str) -> None:
         for k in range(3):  # later runs reuse the folded transpose
             xi = x + k
             torch.testing.assert_close(prog(xi), model(xi), rtol=1e-6, atol=1e-6)
+
+
+def test_fold_false_runs_every_instruction(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = Linear(), torch.randn(2, 4)
+    path = _export(model, x, tmp_path / "linear.pte")
+    with Program(path, kernels="torch", fold=False) as prog:
+        assert not _folded(prog)
+        torch.testing.assert_close(prog(x), model(x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(InputError, match="fold='yes'"):
+        Program(path, fold="yes")
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
