@@ -117,9 +117,8 @@ def _describe(program: torch.export.ExportedProgram) -> Delegated:
     call = program.call_spec
     _require(call.in_spec is not None and call.in_spec.num_leaves == len(inputs))
     _require(call.out_spec is not None and call.out_spec.num_leaves == len(outs))
-    engine = program.state_dict.get(sig.inputs_to_buffers.get(engine_arg.name, ""))
-    if engine is None:
-        engine = program.constants.get(sig.inputs_to_lifted_tensor_constants.get(engine_arg.name, ""))
+    fqn = sig.inputs_to_buffers.get(engine_arg.name) or sig.inputs_to_lifted_tensor_constants.get(engine_arg.name)
+    engine = program.state_dict[fqn] if fqn in program.state_dict else program.constants.get(fqn)
     _require(isinstance(engine, torch.Tensor) and engine.dtype == torch.uint8 and engine.dim() == 1)
     return Delegated(spec, tuple(_tensor(p.meta.get("val")) for p in inputs),
                      tuple(_tensor(o.meta.get("val")) for o in outs), call.in_spec, call.out_spec, engine.numel())
