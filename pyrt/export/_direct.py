@@ -130,7 +130,11 @@ def _require(condition: bool) -> None:
 
 
 def _tensor(value: Any) -> TensorInfo:
-    _require(isinstance(value, torch.Tensor) and value.layout == torch.strided and value.is_contiguous())
+    _require(isinstance(value, torch.Tensor) and value.layout == torch.strided)
+    try:
+        _require(bool(value.is_contiguous()))  # ExecuTorch keeps another dim order: left to it
+    except RuntimeError:  # a data-dependent (unbacked) size
+        raise _NotPlain from None
     try:
         dtype = scalar_type_from_name(str(value.dtype))
     except PyrtError:
