@@ -15,7 +15,7 @@ its ``table``.
 
 >>> data = finish(Table(1, [(0, "str", "hi")]), b"TEST")
 >>> data[4:8], len(data)
-(b'TEST', 24)
+(b'TEST', 32)
 """
 
 from __future__ import annotations
