@@ -175,13 +175,19 @@ def test_only_fully_delegated_programs_take_the_direct_path(tmp_path: Path,
     assert EMITTED not in caplog.text and "lowering with ExecuTorch" in caplog.text
 
 
-def test_state_and_passthrough_take_the_full_lowering(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_state_passthrough_and_unused_inputs_take_the_full_lowering(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     class Passthrough(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return x * 2, x
 
+    class Unused(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
     caplog.set_level(logging.INFO, logger="pyrt.export")
     to_pte(Passthrough(), tmp_path / "p.pte", (torch.randn(3, 4),), builder="reference", progress=False)
+    assert EMITTED not in caplog.text
+    to_pte(Unused(), tmp_path / "u.pte", (torch.randn(3, 4), torch.randn(2)), builder="reference", progress=False)
     assert EMITTED not in caplog.text
     from pyrt.testing import archs
 

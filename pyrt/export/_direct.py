@@ -99,13 +99,14 @@ def _describe(program: torch.export.ExportedProgram) -> Delegated:
     node = engines[0]
     sig = program.graph_signature
     _require(all(s.kind == OutputKind.USER_OUTPUT for s in sig.output_specs))
-    user = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    user = [getattr(s.arg, "name", None) for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
     placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
     engine_arg = node.args[1]
-    for s in sig.input_specs:
-        if s.kind != InputKind.USER_INPUT:  # the engine's own bytes, and nothing else
-            _require(s.arg.name == getattr(engine_arg, "name", None) and list(placeholders[s.arg.name].users) == [node])
-    inputs = [placeholders[name] for name in user]
+    _require(isinstance(engine_arg, torch.fx.Node) and list(engine_arg.users) == [node])
+    for s in sig.input_specs:  # besides user inputs, the engine's own bytes and nothing else
+        _require(s.kind == InputKind.USER_INPUT or getattr(s.arg, "name", None) == engine_arg.name)
+    _require(all(name in placeholders for name in user))
+    inputs = [placeholders[str(name)] for name in user]
     _require(list(node.args[0]) == inputs and all(list(p.users) == [node] for p in inputs))
     spec = parse_spec(node.args[2])
     outs = list(next(n for n in nodes if n.op == "output").args[0])

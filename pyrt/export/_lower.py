@@ -63,8 +63,8 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
     delegated = _direct.describe(program) if DIRECT and options.writer == "pyrt" else None
-    if delegated is not None:
-        return _write_direct(delegated, store, target, options)
+    if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
+        return _write_direct(delegated, store.records[delegated.spec.key], target, options)
     with options.progress.task("importing ExecuTorch"):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
@@ -97,11 +97,9 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     return _write(manager, session, config, target, options, weights if external else None, fallback)
 
 
-def _write_direct(delegated: _direct.Delegated, store: Any, target: Path, options: Any) -> Lowered:
-    record = store.records.get(delegated.spec.key)
-    if record is None or record.size != delegated.engine_size:
-        raise ExportError(f"engine {delegated.spec.key!r}: its file holds "
-                          f"{'no bytes' if record is None else f'{record.size} bytes'}, "
+def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, options: Any) -> Lowered:
+    if record.size != delegated.engine_size:
+        raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
                           f"the graph's tensor {delegated.engine_size}")
     with options.progress.task("emitting the program (one engine, fully delegated)"):
         total, write = _direct.writer(delegated, options.extra_specs, record.path)
