@@ -175,7 +175,8 @@ def test_only_fully_delegated_programs_take_the_direct_path(tmp_path: Path,
     assert EMITTED not in caplog.text and "lowering with ExecuTorch" in caplog.text
 
 
-def test_state_passthrough_and_unused_inputs_take_the_full_lowering(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_state_passthrough_and_unused_inputs_take_the_full_lowering(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     class Passthrough(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return x * 2, x
