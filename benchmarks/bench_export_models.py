@@ -14,7 +14,8 @@ Every run is a fresh subprocess with one thread (``OMP_NUM_THREADS=1``,
 ``torch.set_num_threads(1)``) that imports torch, transformers, onnx and
 tensorrt_rtx and builds the model before the clock starts. It then exports twice:
 ``cold`` (the first export in the process, so each route's own lazy imports count:
-torch.onnx's exporter for both, ExecuTorch for pyrt) and ``warm`` (a second export
+torch.onnx's exporter for both; ExecuTorch's lowering for pyrt only when a program is
+not one engine, which it writes directly) and ``warm`` (a second export
 of the same model). Peak RSS is the child's ``ru_maxrss`` over the cold export
 (reset to the current RSS before it through ``/proc/self/clear_refs``), plus that
 baseline.
@@ -164,7 +165,8 @@ def report(rows: list, args: argparse.Namespace, env_note: str) -> str:
             f"Command: `{command_line()}` ({machine()}; {env_note} and `torch.set_num_threads(1)` in every child; "
             f"{args.runs} fresh subprocesses per cell, raw and pyrt alternating; times are the median, best in "
             "parentheses; worst peak). cold = the first export in a process (each route's lazy imports "
-            "included: torch.onnx's exporter for both, ExecuTorch for pyrt); warm = a second export of the "
+            "included: torch.onnx's exporter for both; pyrt writes a one-engine program without importing "
+            "ExecuTorch's lowering); warm = a second export of the "
             "same model in that process. Peak RSS = `ru_maxrss` over the cold export (reset before it) in a "
             "child that already holds torch, transformers, onnx, tensorrt_rtx and the model. pyrt's output is "
             "a whole .pte (engine + ExecuTorch program); raw writes the engine only.\n\n"

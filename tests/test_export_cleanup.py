@@ -3,6 +3,10 @@ and every bad target path is an ExportError naming it.
 
 Interrupted exports run in child processes that stall half-way through
 writing the .pte (as in tests/test_export_write.py) and are then signalled.
+
+The exports here keep a fallback op (``torch_executed_ops``), so they go through ExecuTorch's
+lowering and pyrt's streaming writer, which the tests interrupt; a fully delegated program is
+written by pyrt.export._direct (tests/test_export_direct.py), through the same atomic write.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ OLD = b"previous export, must survive"
 
 
 def _export(target: Path) -> None:
-    to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False)
+    to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False,
+           torch_executed_ops=["aten.sigmoid.default"])
 
 
 def _others(directory: Path, keep: str = "m.pte") -> list[str]:
@@ -50,7 +55,8 @@ def _start_stalled_export(target: Path) -> subprocess.Popen:
             time.sleep(120)
 
         _writer.write_cord = stall
-        to_pte(TwoLinears(), {str(target)!r}, (torch.randn(3, 4),), builder="reference", progress=False)
+        to_pte(TwoLinears(), {str(target)!r}, (torch.randn(3, 4),), builder="reference", progress=False,
+               torch_executed_ops=["aten.sigmoid.default"])
     """)
     return subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)

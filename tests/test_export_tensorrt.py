@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +19,20 @@ pytest.importorskip("tensorrt_rtx")
 
 
 @pytest.fixture(scope="module")
-def rtx_pte(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+def rtx_pte(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, object, object]]:
+    from pyrt.export import trt_builder
+
     path = tmp_path_factory.mktemp("rtx") / "rtx.pte"
-    torch.manual_seed(0)
-    model = TwoLinears().eval()
-    summary = to_pte(model, path, (torch.randn(3, 4),), builder="tensorrt_rtx",
-                     torch_executed_ops=["aten.sigmoid.default"], weight_streaming=True,
-                     weight_streaming_budget=1 << 20, progress=False)
-    return path, summary, model
+    previous, trt_builder.STREAM_MIN = trt_builder.STREAM_MIN, 0  # stream these small engines too
+    try:
+        torch.manual_seed(0)
+        model = TwoLinears().eval()
+        summary = to_pte(model, path, (torch.randn(3, 4),), builder="tensorrt_rtx",
+                         torch_executed_ops=["aten.sigmoid.default"], weight_streaming=True,
+                         weight_streaming_budget=1 << 20, progress=False)
+    finally:
+        trt_builder.STREAM_MIN = previous
+    yield path, summary, model
 
 
 def test_rtx_engines_in_the_pte(rtx_pte: tuple) -> None:

@@ -1,4 +1,9 @@
-"""The .pte is written atomically: a failed or interrupted export leaves the target as it was."""
+"""The .pte is written atomically: a failed or interrupted export leaves the target as it was.
+
+The exports here keep a fallback op (``torch_executed_ops``), so they go through ExecuTorch's
+lowering and pyrt's streaming writer, which the tests interrupt; a fully delegated program is
+written by pyrt.export._direct (tests/test_export_direct.py), through the same atomic write.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,8 @@ def test_failure_while_lowering_keeps_the_old_file(tmp_path: Path, monkeypatch: 
     target = tmp_path / "m.pte"
     target.write_bytes(OLD)
     with pytest.raises(RuntimeError, match="lowering failed"):
-        to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False)
+        to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False,
+               torch_executed_ops=["aten.sigmoid.default"])
     assert target.read_bytes() == OLD and _leftovers(tmp_path) == []  # spilled engines removed too
 
 
@@ -51,10 +57,12 @@ def test_interrupted_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytes
     target = tmp_path / "m.pte"
     target.write_bytes(OLD)
     with pytest.raises(type(error)):
-        to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False)
+        to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False,
+               torch_executed_ops=["aten.sigmoid.default"])
     assert target.read_bytes() == OLD and _leftovers(tmp_path) == []
     monkeypatch.setattr(_writer, "write_cord", real)
-    to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False)
+    to_pte(TwoLinears(), target, (torch.randn(3, 4),), builder="reference", progress=False,
+           torch_executed_ops=["aten.sigmoid.default"])
     assert pyrt.inspect(target)["methods"][0]["delegates"][0]["id"] == "TensorRTBackend"
 
 
@@ -82,7 +90,8 @@ def test_killed_mid_write_never_leaves_a_partial_target(tmp_path: Path) -> None:
             time.sleep(60)
 
         _writer.write_cord = stall
-        to_pte(TwoLinears(), {str(target)!r}, (torch.randn(3, 4),), builder="reference", progress=False)
+        to_pte(TwoLinears(), {str(target)!r}, (torch.randn(3, 4),), builder="reference", progress=False,
+               torch_executed_ops=["aten.sigmoid.default"])
     """)
     proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
     try:

@@ -222,7 +222,10 @@ def _tensorrt10_like() -> types.ModuleType:
     return fake
 
 
-def test_tensorrt10_gets_a_strongly_typed_network_for_weight_streaming(mlp_onnx: Path) -> None:
+def test_tensorrt10_gets_a_strongly_typed_network_for_weight_streaming(mlp_onnx: Path, monkeypatch) -> None:
+    from pyrt.export import trt_builder
+
+    monkeypatch.setattr(trt_builder, "STREAM_MIN", 0)  # stream even this small engine
     built = build_engine_from_onnx(mlp_onnx, flavour=_tensorrt10_like(), weight_streaming=True)
     assert (built.flavour, built.streamable_weights) == ("tensorrt", True)
     assert built.engine.nbytes > 0
@@ -273,7 +276,12 @@ def test_streamed_build_writes_the_in_memory_engine_in_bounded_chunks(mlp_onnx: 
     from pyrt.export import trt_builder
 
     in_memory = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
+    small = Recorder()
+    kept = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=small)
+    assert (kept.route, kept.engine, bytes(small.data)) == ("memory", None, bytes(in_memory.engine)), \
+        "an engine under STREAM_MIN is built in memory (a streamed build holds ~64 MiB), then written"
     monkeypatch.setattr(trt_builder, "OUT_CHUNK", 4096)
+    monkeypatch.setattr(trt_builder, "STREAM_MIN", 0)
     out = Recorder()
     streamed = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=out)
     assert (streamed.route, streamed.engine, streamed.size) == ("stream", None, len(out.data))

@@ -26,9 +26,12 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
+from pyrt.export import _direct
+from pyrt.export._atomic import atomic_write_all
 from pyrt.export._graph import dynamic_shapes_of
 
 log = logging.getLogger("pyrt.export")
+DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
 
 
 @dataclass
@@ -54,8 +57,14 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
           options: Any) -> Lowered:
     """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's.
 
+    A program that is one engine call between its inputs and outputs is written directly
+    (:mod:`pyrt.export._direct`, the same file without importing ExecuTorch's lowering) unless
+    ``DIRECT`` is off or ``options.writer`` asks for ExecuTorch's serializer.
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
+    delegated = _direct.describe(program) if DIRECT and options.writer == "pyrt" else None
+    if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
+        return _write_direct(delegated, store.records[delegated.spec.key], target, options)
     with options.progress.task("importing ExecuTorch"):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
@@ -88,9 +97,22 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     return _write(manager, session, config, target, options, weights if external else None, fallback)
 
 
+def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, options: Any) -> Lowered:
+    if record.size != delegated.engine_size:
+        raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
+                          f"the graph's tensor {delegated.engine_size}")
+    with options.progress.task("emitting the program (one engine, fully delegated)"):
+        total, write = _direct.writer(delegated, options.extra_specs, record.path)
+    with options.progress.task(f"writing {target.name}", total=total, unit="B") as task:
+        (size,) = atomic_write_all([(target, lambda f: write(f, task.update))])
+    if options.external_weights:
+        log.info("external_weights: no weights run outside the engines, so no .ptd was written")
+    return Lowered(size, Counter())
+
+
 def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, weights: Any,
            fallback: Counter[str]) -> Lowered:
-    from pyrt.export._writer import atomic_write_all, streaming_program_cord, write_cord
+    from pyrt.export._writer import streaming_program_cord, write_cord
 
     ptd = _ptd_cord(manager, weights) if weights is not None else None
     data_path = target.with_suffix(".ptd") if ptd is not None else None

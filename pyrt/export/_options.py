@@ -233,3 +233,12 @@ def node_op_names(target: Any) -> tuple[str, str] | None:
     if schema is None or not hasattr(target, "_overloadname"):
         return None
     return f"{schema.name}.{target._overloadname}", schema.name
+
+
+def delegate_compile_specs(device: str, budget: int | None, extra: tuple[tuple[str, bytes], ...] = ()
+                           ) -> list[tuple[str, bytes]]:
+    """An engine delegate's compile specs, in order: ``target_device``, its budget when set, then ``extra``."""
+    specs = [(SPEC_DEVICE, device.encode("ascii"))]
+    if budget is not None:
+        specs.append((SPEC_BUDGET, str(budget).encode("ascii")))
+    return specs + [(k, bytes(v)) for k, v in extra]

@@ -5,7 +5,9 @@ one engine per partition, spilled to disk -> a graph whose engine nodes read
 their engine from a uint8 tensor attribute (``get_attr``) -> torch.export
 again -> ExecuTorch ``to_edge_transform_and_lower`` with
 :class:`~pyrt.export.backend.TensorRTPartitioner` -> ``to_executorch``
-(delegate blobs in segments) -> atomic write.
+(delegate blobs in segments) -> atomic write. A program that is one engine
+call between its inputs and outputs skips ExecuTorch's lowering: the same
+file is written by :mod:`pyrt.export._direct`.
 
 >>> import torch
 >>> summary = to_pte(torch.nn.Linear(4, 2), "lin.pte", (torch.randn(3, 4),),

@@ -37,7 +37,7 @@ from torch.export import ExportedProgram
 
 from pyrt.errors import ExportError
 from pyrt.export._ops import is_engine_call, parse_spec
-from pyrt.export._options import SPEC_BUDGET, SPEC_DEVICE, parse_budget_spec
+from pyrt.export._options import SPEC_BUDGET, SPEC_DEVICE, delegate_compile_specs, parse_budget_spec
 from pyrt.export._spec import EngineSpec
 from pyrt.trt_blob import BACKEND_ID, IOBinding, encode_header, encode_metadata
 
@@ -105,11 +105,7 @@ class TensorRTPartitioner(Partitioner):
 
 def compile_specs_for(spec: EngineSpec, extra: tuple[tuple[str, bytes], ...] = ()) -> list[CompileSpec]:
     """``target_device`` from the engine's own device, then its budget, then extra raw specs."""
-    specs = [CompileSpec(SPEC_DEVICE, spec.device.encode("ascii"))]
-    if spec.budget is not None:
-        specs.append(CompileSpec(SPEC_BUDGET, str(spec.budget).encode("ascii")))
-    specs.extend(CompileSpec(k, v) for k, v in extra)
-    return specs
+    return [CompileSpec(k, v) for k, v in delegate_compile_specs(spec.device, spec.budget, extra)]
 
 
 class TensorRTBackend(BackendDetails):

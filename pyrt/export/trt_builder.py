@@ -5,8 +5,11 @@ The route is torch -> ONNX (``torch.onnx.export(dynamo=True)``) -> the flavour's
 (anything with ``write``), the engine goes there while TensorRT serializes it
 (``build_serialized_network_to_stream`` with an ``IStreamWriter``), so no whole
 engine is ever held in host memory; a flavour without it falls back to
-``build_serialized_network``. torch, onnx and tensorrt are imported only inside
-the functions that need them. See docs/engine_building.md for why the ONNX
+``build_serialized_network``. A streamed build holds a fixed buffer of about
+64 MiB (TensorRT-RTX 1.7), more than a small engine in memory, so an engine whose
+weights are under :data:`STREAM_MIN` is built in memory and then written to
+``out``. torch, onnx and tensorrt are imported only inside the functions that
+need them. See docs/engine_building.md for why the ONNX
 parser and what it cannot do.
 
 >>> import torch
@@ -47,6 +50,7 @@ ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (min, o
 BUILDER_FLAVOURS = ("tensorrt", "tensorrt_rtx")  # the order "auto" tries them in
 STREAM, MEMORY = "stream", "memory"  # BuiltEngine.route: to_stream + IStreamWriter, or IHostMemory
 OUT_CHUNK = 64 << 20  # most bytes one out.write() call gets
+STREAM_MIN = 64 << 20  # weights (bytes) from which a streamed build holds less than an in-memory one
 RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")
 STAGES = ("export_onnx", "parse_onnx", "build_engine", "done")  # what progress() is called with
 
@@ -285,7 +289,8 @@ def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
     _stage(progress, "build_engine")
     started = time.perf_counter()
     inputs, outputs = _bindings(network, True), _bindings(network, False)
-    writer = _stream_writer(trt, out) if out is not None and _can_stream(builder) else None
+    streams = _can_stream(builder) and _weight_bytes(path, weights) >= STREAM_MIN
+    writer = _stream_writer(trt, out) if out is not None and streams else None
     if writer is not None:
         size = _build_to_stream(session, network, config, writer, path, options)
         engine, route = None, STREAM
@@ -293,7 +298,7 @@ def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
         engine = _build_in_memory(session, network, config, path, options)
         size, route = engine.nbytes, MEMORY
         if out is not None:
-            _write_chunks(out, engine)
+            _write_out(session, out, engine, path)
             engine = None  # the last reference to IHostMemory: TensorRT frees the engine now
     log.info("%s engine build took %.2f s (%s)", session.name, time.perf_counter() - started, route)
     return BuiltEngine(engine, inputs, outputs, options.weight_streaming, session.name, 0.0, size, route)
@@ -305,6 +310,14 @@ def _build_in_memory(session: _Session, network: Any, config: Any, path: Path, o
         raise ExportError(f"{session.name} build_serialized_network returned no engine for {path.name}"
                           f"{_errors(session.logger)}{_hint(options)}")
     return memoryview(serialized).cast("B")
+
+
+def _weight_bytes(path: Path, weights: Mapping[str, Any] | None) -> int:
+    """The engine's weights, roughly its size: the module's tensors, else the ONNX model's folder
+    (the model and its external data; a shared folder only overestimates, which streams)."""
+    if weights:
+        return sum(int(getattr(t, "nbytes", 0)) for t in weights.values())
+    return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
 
 
 def _can_stream(builder: Any) -> bool:
@@ -382,6 +395,19 @@ def _written_bytes(data: Any, rest: tuple[Any, ...]) -> memoryview:
 def _write_chunks(out: Writable, view: memoryview) -> None:
     for start in range(0, view.nbytes, OUT_CHUNK):
         out.write(view[start : start + OUT_CHUNK])
+
+
+def _write_out(session: _Session, out: Writable, engine: memoryview, path: Path) -> None:
+    """An in-memory engine to ``out``; a failure is an ExportError as in the streamed build."""
+    written = 0
+    try:
+        for start in range(0, engine.nbytes, OUT_CHUNK):
+            piece = engine[start : start + OUT_CHUNK]
+            out.write(piece)
+            written += piece.nbytes
+    except Exception as exc:  # whatever out raises (OSError: disk full)
+        raise ExportError(f"writing the {session.name} engine for {path.name} failed after {written} bytes: "
+                          f"{type(exc).__name__}: {exc}") from exc
 
 
 def _hint(options: _Options) -> str:
