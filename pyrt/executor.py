@@ -211,14 +211,7 @@ class MethodRunner:
     def _execute(self, state: RunState | None) -> None:
         for ci, steps in enumerate(self._steps):
             if self._straight:
-                pc = 0
-                try:
-                    for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
-                        step()
-                except PyrtError:
-                    raise
-                except Exception as exc:
-                    raise self._failure(ci, self._step_pcs[ci][pc], exc) from exc
+                self._run_straight(ci, steps, self._step_pcs[ci])
             else:
                 self._run_jumping(ci, self.plan.chains[ci], steps)
 
@@ -229,16 +222,19 @@ class MethodRunner:
         if key != last or self._steady is None:
             self._execute(state)
         else:
-            steps, pcs = self._steady
-            pc = 0
-            try:
-                for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
-                    step()
-            except PyrtError:
-                raise
-            except Exception as exc:
-                raise self._failure(0, pcs[pc], exc) from exc
+            self._run_straight(0, *self._steady)
         self._last_key = key
+
+    def _run_straight(self, ci: int, steps: Sequence[Callable[[], Any]], pcs: Sequence[int]) -> None:
+        """Run chain ``ci``'s straight-line ``steps``; a failure names instruction ``pcs[i]`` of step i."""
+        pc = 0
+        try:
+            for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
+                step()
+        except PyrtError:
+            raise
+        except Exception as exc:
+            raise self._failure(ci, pcs[pc], exc) from exc
 
     def _run_jumping(self, ci: int, chain: list[Instr], steps: list[Any]) -> None:
         vals, pc, n = self._vals, 0, len(chain)

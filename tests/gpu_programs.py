@@ -164,3 +164,15 @@ def chain_program(path: Path, n: int, *, device_io: bool = False) -> Path:
     serialize_program(program).write_to_file(buf)
     path.write_bytes(buf.getvalue())
     return path
+
+
+def chain_expected(x: np.ndarray, n: int) -> np.ndarray:
+    """What :func:`chain_program` of ``n`` engines computes from ``x``: relu, then doubled ``n`` times."""
+    return np.maximum(x, 0) * 2 ** n
+
+
+def chain_inputs(runs: int) -> list[np.ndarray]:
+    """``runs`` seeded random float32 inputs of the chain programs' shape (4,)."""
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(4).astype(np.float32) for _ in range(runs)]
+

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt.program import Program  # noqa: E402
 from pyrt.errors import InputError  # noqa: E402
+from pyrt.program import Program  # noqa: E402
 
 KERNELS = ("torch", "numpy")
 
