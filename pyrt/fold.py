@@ -180,15 +180,16 @@ class Folder:
         """
         if not self.enabled:  # jumps or several chains: every call runs as the file says
             return build()
-        if self.fold(pc, args, kernel, build):
+        pure = kernel.pure and kernel.writes is not None
+        if pure and self.fold(pc, args, kernel, build):
             return noop
         if self.relocate:
             moved = [j for j in self.written[pc] if j in self.relocate]
             if moved:
                 self._private(moved)
-        if self.as_view(pc, args, kernel):
+        if kernel.view is not None and self.as_view(pc, args, kernel):
             return noop
-        if not self.keyed or not kernel.pure or kernel.writes is None:
+        if not self.keyed or not pure:
             return build()
         if not kernel.writes(args):  # shape-only prims and scalar-returning calls
             step = build()
