@@ -43,6 +43,7 @@ import bisect
 import functools
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,6 +56,7 @@ MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may ta
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
 LISTS = ("IntList", "TensorList", "OptionalTensorList")
 INF = float("inf")
+_CONST_SCALARS = frozenset(CONST_SCALARS)
 
 
 class Folder:
@@ -86,8 +88,10 @@ class Folder:
         self.written = all_written = dict[int, list[int]]()
         self.reads = all_reads = dict[int, list[int]]()
         read_items: dict[int, list[int]] = {}
-        writers: dict[int, int] = {}
-        last_read: dict[int, int] = {}
+        read_vals: list[int] = []  # every read of a kernel call, in chain order, with its pc
+        read_pcs: list[int] = []
+        write_vals: list[int] = []  # every write of a kernel call, in chain order, with its pc
+        write_pcs: list[int] = []
         pinned: set[int] = set(xplan.inputs)  # values folding must never touch
         others: list[tuple[int, list[int]]] = []  # (pc, values) a move or a delegate writes
         positions: dict[tuple[int, int], tuple[int, ...]] = {}  # (operator, arity) -> what its calls write
@@ -109,9 +113,10 @@ class Folder:
                     written = out
                 all_written[pc] = written
                 read_items[pc] = reads
-                for j in written:
-                    writers[j] = writers.get(j, 0) + 1
-                last_read.update(dict.fromkeys(reads, pc))
+                write_vals += written
+                write_pcs += [pc] * len(written)
+                read_vals += reads
+                read_pcs += [pc] * len(reads)
             elif isinstance(ins, MoveCall):
                 pinned.update(_expand((ins.move_from, ins.move_to), lists))
                 others.append((pc, [ins.move_to]))
@@ -121,13 +126,11 @@ class Folder:
                 pinned.update(delegated)
                 others.append((pc, delegated))
                 read_items[pc] = delegated
-        first_read: dict[int, int] = {}
-        write_pc: dict[int, int] = {}  # value -> pc of its first kernel-call writer (inputs: -1)
-        for pc in reversed(all_written):  # later pcs overwritten by earlier ones
-            write_pc.update(dict.fromkeys(all_written[pc], pc))
-        for pc in reversed(all_reads):  # kernel calls only
-            first_read.update(dict.fromkeys(read_items[pc], pc))
-        write_pc.update(dict.fromkeys(xplan.inputs, -1))
+        writers = dict(Counter(write_vals))  # value -> how many kernel calls write it
+        write_pc = dict(zip(reversed(write_vals), reversed(write_pcs)))  # value -> its first writer's pc
+        write_pc.update(dict.fromkeys(xplan.inputs, -1))  # inputs: written before pc 0
+        first_read = dict(zip(reversed(read_vals), reversed(read_pcs)))
+        last_read = dict(zip(read_vals, read_pcs))
         end = len(instrs)
         last_read.update(dict.fromkeys(_expand(xplan.outputs, lists), end))  # read by the copy-out after the chain
         # One pass over the tensors: dynamic ones, pinned ones, arena bytes, constants.
@@ -166,7 +169,7 @@ class Folder:
                       and not {kernels[ins.op_index].name.partition(".")[0] for ins in instrs
                                if isinstance(ins, KernelCall)} & DATA_DEPENDENT_OPS)
         self.const: set[int] = {i for i, k in enumerate(table.kinds)
-                                if k in CONST_SCALARS and i not in writers and i not in pinned}
+                                if k in _CONST_SCALARS and i not in writers and i not in pinned}
         self.const.update(i for i in constants if i not in pinned and i not in writers)
         self.key_const = set(self.const)  # data that follows from the run's input shapes (keyed methods)
         self.relocate = self._relocations(xplan, kernels, write_pc)
