@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -127,10 +126,10 @@ class Folder:
                 others.append((pc, delegated))
                 read_items[pc] = delegated
         writers = dict(Counter(write_vals))  # value -> how many kernel calls write it
-        write_pc = dict(zip(reversed(write_vals), reversed(write_pcs)))  # value -> its first writer's pc
+        write_pc = dict(zip(reversed(write_vals), reversed(write_pcs), strict=True))  # value -> its first writer's pc
         write_pc.update(dict.fromkeys(xplan.inputs, -1))  # inputs: written before pc 0
-        first_read = dict(zip(reversed(read_vals), reversed(read_pcs)))
-        last_read = dict(zip(read_vals, read_pcs))
+        first_read = dict(zip(reversed(read_vals), reversed(read_pcs), strict=True))
+        last_read = dict(zip(read_vals, read_pcs, strict=True))
         end = len(instrs)
         last_read.update(dict.fromkeys(_expand(xplan.outputs, lists), end))  # read by the copy-out after the chain
         # One pass over the tensors: dynamic ones, pinned ones, arena bytes, constants.
@@ -192,7 +191,7 @@ class Folder:
                 self._private(moved)
         if kernel.view is not None and self.as_view(pc, args, kernel):
             return noop
-        if not self.keyed or not pure:
+        if not self.keyed or not pure or kernel.writes is None:  # (writes: narrowed for mypy)
             return build()
         if not kernel.writes(args):  # shape-only prims and scalar-returning calls
             step = build()
@@ -307,9 +306,13 @@ class Folder:
             return False
         mem, lo, hi = info.memory_id, info.offset, info.offset + info.nbytes
         spans = self.spans.get(mem, [])
-        first = bisect.bisect_right(spans, (pc, INF, INF))  # writes are listed in pc order
-        later = itertools.takewhile(lambda s: s[0] <= until, itertools.islice(spans, first, None))
-        return not any(a < hi and b > lo for _, a, b in later)
+        for k in range(bisect.bisect_right(spans, (pc, INF, INF)), len(spans)):  # writes are listed in pc order
+            at, a, b = spans[k]
+            if at > until:
+                break
+            if a < hi and b > lo:
+                return False
+        return True
 
     def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
         """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
