@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
-from collections.abc import Callable
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
@@ -54,6 +55,7 @@ MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may ta
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
 LISTS = ("IntList", "TensorList", "OptionalTensorList")
 INF = float("inf")
+_CONST_SCALARS = frozenset(CONST_SCALARS)
 
 
 class Folder:
@@ -64,67 +66,112 @@ class Folder:
         self.budget = MAX_FOLDED_BYTES
         self.enabled = len(xplan.chains) == 1 and not any(
             isinstance(ins, JumpFalseCall) for ins in xplan.chains[0].instructions)
-        writers: dict[int, int] = {}
-        write_pc: dict[int, int] = {i: -1 for i in xplan.inputs}
-        first_read: dict[int, int] = {}
-        last_read: dict[int, int] = {}
-        written_at: list[tuple[int, int]] = []  # (pc, value) of every tensor write, delegates' arguments too
-        pinned: set[int] = set(xplan.inputs)  # values folding must never touch
-        items = table.items
-        self.outs: dict[int, list[int]] = {}  # pc -> values its kernel call writes or rebinds (first chain)
+        self.base: dict[int, int] = {}  # value turned into a view -> the value whose bytes it views
+        self.private: set[int] = set()  # tensors moved to private memory (folded or per-key)
+        self.relocate: set[int] = set()
+        self.keyed = False
+        if not self.enabled:  # every call runs as the file says: nothing to work out
+            return
+        items, infos = table.items, table.infos
+        self.lists = lists = {i: (i, *[j for j in it if j >= 0]) for i, it in items.items()}  # list -> it and its items
         self.holders: dict[int, list[int]] = {}  # value -> the lists holding it
         for i, it in items.items():
             for j in it:
                 self.holders.setdefault(j, []).append(i)
-        for chain in xplan.chains:
-            for pc, ins in enumerate(chain.instructions):
-                if isinstance(ins, KernelCall):
-                    kernel = kernels[ins.op_index]
-                    out = self.outs.setdefault(pc, _outputs(kernel, ins.args)) if chain is xplan.chains[0] \
-                        else _outputs(kernel, ins.args)
-                    for j in dict.fromkeys(_expand(out, items)):  # each value once per call
-                        writers[j] = writers.get(j, 0) + 1
-                        write_pc.setdefault(j, pc)
-                        written_at.append((pc, j))
-                    for j in _expand([a for a in ins.args if a not in out], items):
-                        first_read.setdefault(j, pc)
-                        last_read[j] = pc
-                elif isinstance(ins, MoveCall):
-                    pinned.update(_expand([ins.move_from, ins.move_to], items))
-                    written_at.append((pc, ins.move_to))
-                elif isinstance(ins, DelegateCall):
-                    pinned.update(_expand(list(ins.args), items))
-                    written_at.extend((pc, j) for j in _expand(list(ins.args), items))
-        end = len(xplan.chains[0].instructions) if xplan.chains else 0
-        for j in _expand(list(xplan.outputs), items):
-            last_read[j] = end  # read by the copy-out after the chain
-        for i, info in table.infos.items():
-            decl = raw[i]
-            buffer = info.storage != "constant" and (decl.data_buffer_idx > 0 or decl.is_external)
-            if info.device is not None or buffer:  # device memory, mutable buffer
+        # One pass over the chain; per kernel call, worked out once: what it writes or
+        # rebinds (``outs``), those with list items, each once (``written``), the arguments
+        # it only reads (``reads``); per instruction, what it reads, list items included
+        # (``read_items``).
+        instrs = xplan.chains[0].instructions
+        self.outs = outs = dict[int, list[int]]()
+        self.written = all_written = dict[int, list[int]]()
+        self.reads = all_reads = dict[int, list[int]]()
+        read_items: dict[int, list[int]] = {}
+        read_vals: list[int] = []  # every read of a kernel call, in chain order, with its pc
+        read_pcs: list[int] = []
+        write_vals: list[int] = []  # every write of a kernel call, in chain order, with its pc
+        write_pcs: list[int] = []
+        pinned: set[int] = set(xplan.inputs)  # values folding must never touch
+        others: list[tuple[int, list[int]]] = []  # (pc, values) a move or a delegate writes
+        positions: dict[tuple[int, int], tuple[int, ...]] = {}  # (operator, arity) -> what its calls write
+        for pc, ins in enumerate(instrs):
+            if isinstance(ins, KernelCall):
+                args = ins.args
+                key = (ins.op_index, len(args))
+                if (at := positions.get(key)) is None:  # once per operator and arity
+                    at = positions[key] = tuple(_outputs(kernels[ins.op_index], tuple(range(len(args)))))
+                out = [args[k] for k in at]
+                if len(out) > 1:
+                    out = list(dict.fromkeys(out))
+                outs[pc] = out
+                reads = all_reads[pc] = [a for a in args if a not in out]
+                if lists and not lists.keys().isdisjoint(args):
+                    written = list(dict.fromkeys(_expand(out, lists)))  # each value once per call
+                    reads = _expand(reads, lists)
+                else:
+                    written = out
+                all_written[pc] = written
+                read_items[pc] = reads
+                write_vals += written
+                write_pcs += [pc] * len(written)
+                read_vals += reads
+                read_pcs += [pc] * len(reads)
+            elif isinstance(ins, MoveCall):
+                pinned.update(_expand((ins.move_from, ins.move_to), lists))
+                others.append((pc, [ins.move_to]))
+                read_items[pc] = _expand((ins.move_from,), lists)
+            elif isinstance(ins, DelegateCall):
+                delegated = _expand(ins.args, lists)
+                pinned.update(delegated)
+                others.append((pc, delegated))
+                read_items[pc] = delegated
+        writers = dict(Counter(write_vals))  # value -> how many kernel calls write it
+        write_pc = dict(zip(reversed(write_vals), reversed(write_pcs), strict=True))  # value -> its first writer's pc
+        write_pc.update(dict.fromkeys(xplan.inputs, -1))  # inputs: written before pc 0
+        first_read = dict(zip(reversed(read_vals), reversed(read_pcs), strict=True))
+        last_read = dict(zip(read_vals, read_pcs, strict=True))
+        end = len(instrs)
+        last_read.update(dict.fromkeys(_expand(xplan.outputs, lists), end))  # read by the copy-out after the chain
+        # One pass over the tensors: dynamic ones, pinned ones, arena bytes, constants.
+        self.dynamic: set[int] = set()
+        bounds: dict[int, tuple[int, int, int]] = {}  # planned tensor -> (arena, lo, hi)
+        aliases: set[int] = set()  # host planned tensors no kernel call writes (see _aliased)
+        constants: list[int] = []
+        for i, info in infos.items():
+            if info.dynamic:
+                self.dynamic.add(i)
+            storage = info.storage
+            if storage == "constant":
+                constants.append(i)
+            elif raw[i].data_buffer_idx > 0 or raw[i].is_external:  # mutable buffer
                 pinned.add(i)
-        if self.enabled:
-            pinned.update(_aliased(xplan, table, kernels, write_pc))
+            if info.device is not None:
+                pinned.add(i)
+            if storage == "planned":
+                lo = info.offset
+                bounds[i] = (info.memory_id, lo, lo + math.prod(info.sizes) * info.scalar_type.itemsize)
+                if info.device is None and i not in write_pc:
+                    aliases.add(i)
+        if aliases:
+            pinned.update(_aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists),
+                                   {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None}))
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
         self.last_read = last_read
         self.spans: dict[int, list[tuple[int, int, int]]] = {}  # arena -> (pc, lo, hi) of writes, by pc
-        for pc, j in written_at:
-            if (info := table.infos.get(j)) is not None and info.storage == "planned":
-                self.spans.setdefault(info.memory_id, []).append((pc, info.offset, info.offset + info.nbytes))
-        self.base: dict[int, int] = {}  # value turned into a view -> the value whose bytes it views
-        self.private: set[int] = set()  # tensors moved to private memory (folded or per-key)
-        self.dynamic = {i for i, info in table.infos.items() if info.dynamic}
-        ops = {kernels[ins.op_index].name.partition(".")[0] for ins in xplan.chains[0].instructions
-               if isinstance(ins, KernelCall)} if self.enabled else set()
-        self.keyed = (self.enabled and isinstance(table.host, TorchHost) and not ops & DATA_DEPENDENT_OPS
-                      and any(table.infos[i].dynamic for i in xplan.inputs if i in table.infos)
-                      and not any(isinstance(ins, (DelegateCall, MoveCall)) for ins in xplan.chains[0].instructions))
+        for pc, values in sorted([*all_written.items(), *others]):
+            for j in values:
+                if (b := bounds.get(j)) is not None:
+                    self.spans.setdefault(b[0], []).append((pc, b[1], b[2]))
+        self.keyed = (isinstance(table.host, TorchHost)
+                      and any(infos[i].dynamic for i in xplan.inputs if i in infos)
+                      and not others
+                      and not {kernels[ins.op_index].name.partition(".")[0] for ins in instrs
+                               if isinstance(ins, KernelCall)} & DATA_DEPENDENT_OPS)
         self.const: set[int] = {i for i, k in enumerate(table.kinds)
-                                if k in CONST_SCALARS and i not in writers and i not in pinned}
-        self.const.update(i for i, info in table.infos.items()
-                          if info.storage == "constant" and i not in pinned and i not in writers)
+                                if k in _CONST_SCALARS and i not in writers and i not in pinned}
+        self.const.update(i for i in constants if i not in pinned and i not in writers)
         self.key_const = set(self.const)  # data that follows from the run's input shapes (keyed methods)
-        self.relocate = self._relocations(xplan, kernels, write_pc) if self.enabled else set()
+        self.relocate = self._relocations(xplan, kernels, write_pc)
 
     def step(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> Step:
         """The step of the kernel call at ``pc``: :func:`noop` when it folded, else ``build()``'s.
@@ -135,14 +182,16 @@ class Folder:
         """
         if not self.enabled:  # jumps or several chains: every call runs as the file says
             return build()
-        if self.fold(pc, args, kernel, build):
+        pure = kernel.pure and kernel.writes is not None
+        if pure and self.fold(pc, args, kernel, build):
             return noop
-        moved = [j for j in _expand(self._outputs(pc, kernel, args), self.table.items) if j in self.relocate]
-        if moved:
-            self._private(moved)
-        if self.as_view(pc, args, kernel):
+        if self.relocate:
+            moved = [j for j in self.written[pc] if j in self.relocate]
+            if moved:
+                self._private(moved)
+        if kernel.view is not None and self.as_view(pc, args, kernel):
             return noop
-        if not self.keyed or not kernel.pure or kernel.writes is None:
+        if not self.keyed or not pure or kernel.writes is None:  # (writes: narrowed for mypy)
             return build()
         if not kernel.writes(args):  # shape-only prims and scalar-returning calls
             step = build()
@@ -151,10 +200,9 @@ class Folder:
                     marks.tensor < 0 or marks.tensor in self.key_const):
                 self.key_const.update(marks.rebinds)
             return step
-        out = self._outputs(pc, kernel, args)
-        if not self._all([a for a in args if a not in out], self.key_const):
+        if not self._all(self.reads[pc], self.key_const):
             return build()
-        written = _expand(out, self.table.items)
+        written = self.written[pc]
         if not all(self._free(j, pc, dynamic=True) for j in written):
             return build()
         size = self._private(self._writes(kernel, args))
@@ -177,13 +225,13 @@ class Folder:
         table = self.table
         if kernel.view is None or not self.enabled or not isinstance(table.host, TorchHost) or not args:
             return False
-        out = self._outputs(pc, kernel, args)
+        out = self.outs[pc]
         x = args[0]
         info = table.infos.get(x)
         if (not out or x in out or info is None or info.dynamic or info.device is not None or not table.is_const(x)
                 or not self._all([a for a in args[1:] if a not in out], self.const)):
             return False
-        written = _expand(out, table.items)
+        written = _expand(out, self.lists)
         tensors = [j for j in written if j in table.infos]
         if not tensors or not all(self._free(j, pc) for j in written):
             return False
@@ -223,16 +271,17 @@ class Folder:
             if view_of is None or not ins.args:
                 continue
             x = ins.args[0]
-            for j in _expand(self._outputs(pc, kernel, ins.args), table.items):
+            outs = self.outs[pc]
+            for j in _expand(outs, self.lists):
                 viewed[j] = x
             while x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
                 x = viewed[x]  # the tensor whose bytes a chain of views would read
-            info, outs = table.infos.get(x), self._outputs(pc, kernel, ins.args)
+            info = table.infos.get(x)
             if (info is None or info.storage != "planned" or info.dynamic or x in self.pinned
                     or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self.first_read.get(x, -1)
                     or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
                 continue
-            written = _expand(outs, table.items)
+            written = _expand(outs, self.lists)
             tensors = [j for j in written if j in table.infos]
             if not tensors or not all(self._free(j, pc) for j in written):
                 continue
@@ -257,14 +306,13 @@ class Folder:
             return False
         mem, lo, hi = info.memory_id, info.offset, info.offset + info.nbytes
         spans = self.spans.get(mem, [])
-        first = bisect.bisect_right(spans, (pc, INF, INF))  # writes are listed in pc order
-        later = itertools.takewhile(lambda s: s[0] <= until, itertools.islice(spans, first, None))
-        return not any(a < hi and b > lo for _, a, b in later)
-
-    def _outputs(self, pc: int, kernel: Kernel, args: tuple[int, ...]) -> list[int]:
-        """:func:`_outputs` of the call at ``pc``, worked out once."""
-        out = self.outs.get(pc)
-        return out if out is not None else _outputs(kernel, args)
+        for k in range(bisect.bisect_right(spans, (pc, INF, INF)), len(spans)):  # writes are listed in pc order
+            at, a, b = spans[k]
+            if at > until:
+                break
+            if a < hi and b > lo:
+                return False
+        return True
 
     def _all(self, values: list[int] | tuple[int, ...], known: set[int]) -> bool:
         """Are all ``values`` in ``known`` (a list by its items, when nothing rebinds the list)?"""
@@ -281,7 +329,7 @@ class Folder:
     def _writes(self, kernel: Kernel, args: tuple[int, ...]) -> list[int]:
         """The tensors a call writes (list items included)."""
         writes = kernel.writes(args) if kernel.writes is not None else args
-        return [j for j in _expand(list(writes), self.table.items) if j in self.table.infos]
+        return [j for j in _expand(writes, self.lists) if j in self.table.infos]
 
     def _private(self, tensors: list[int]) -> int:
         """Give ``tensors`` private memory (within the budget): bytes taken, -1 if over."""
@@ -302,10 +350,9 @@ class Folder:
         """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
         if not self.enabled or not kernel.pure or kernel.writes is None:
             return False
-        out = self._outputs(pc, kernel, args)
-        if not out or not self._all([a for a in args if a not in out], self.const):
+        if not self.outs[pc] or not self._all(self.reads[pc], self.const):
             return False
-        written = _expand(out, self.table.items)
+        written = self.written[pc]
         if not all(self._free(j, pc) for j in written):
             return False
         vals, saved, budget = self.table.vals, {j: self.table.vals[j] for j in written}, self.budget
@@ -346,43 +393,34 @@ class Folder:
                 table.vals[i] = [None if j < 0 else table.vals[j] for j in it]
 
 
-def _aliased(xplan: ExecutionPlan, table: Any, kernels: list[Kernel], writes: dict[int, int]) -> set[int]:
+def _aliased(aliases: set[int], bounds: dict[int, tuple[int, int, int]], reads: dict[int, list[int]],
+             end: int, outputs: list[int], writes: dict[int, int]) -> set[int]:
     """Planned tensors whose bytes an alias reads: a tensor value no instruction writes.
 
     A static ``view_copy`` becomes such an alias (a second tensor value over the same
     bytes, no instruction). Moving the tensor it views to private memory would leave
     the alias reading stale arena bytes, so each tensor written before a read of an
     alias and overlapping it is kept, back to the last write that covers the alias.
-    ``writes``: value -> pc of its (first) writer; inputs count as written before pc 0.
+    ``aliases``: host planned tensors no kernel call writes; ``bounds``: planned tensor ->
+    (arena, lo, hi); ``reads``: pc -> the values the instruction reads (list items
+    included); ``outputs``: the method's outputs, read at ``end``; ``writes``: host planned
+    tensor -> pc of its (first) writer, inputs count as written before pc 0.
     """
-    infos, items = table.infos, table.items
-    aliases = {i for i, info in infos.items()
-               if info.storage == "planned" and info.device is None and i not in writes}
-    if not aliases:
-        return set()
-    reads: list[tuple[int, int]] = []  # (alias, pc of a read)
-    chain = xplan.chains[0].instructions
-    for pc, ins in enumerate(chain):
-        args = list(getattr(ins, "args", ()))
-        if isinstance(ins, KernelCall):
-            written = set(_outputs(kernels[ins.op_index], ins.args))
-            args = [a for a in args if a not in written]
-        elif isinstance(ins, MoveCall):
-            args = [ins.move_from]
-        reads.extend((j, pc) for j in _expand(args, items) if j in aliases)
-    reads.extend((j, len(chain)) for j in _expand(list(xplan.outputs), items) if j in aliases)
+    found: list[tuple[int, int]] = []  # (alias, pc of a read)
+    for pc, read in reads.items():
+        if not aliases.isdisjoint(read):
+            found.extend((j, pc) for j in read if j in aliases)
+    found.extend((j, end) for j in outputs if j in aliases)
     by_arena: dict[int, list[tuple[int, int, int, int]]] = {}  # arena -> (write pc, lo, hi, value), by pc
     for i, at in writes.items():
-        info = infos.get(i)
-        if info is not None and info.storage == "planned" and info.device is None:
-            by_arena.setdefault(info.memory_id, []).append((at, info.offset, info.offset + info.nbytes, i))
+        mem, lo, hi = bounds[i]
+        by_arena.setdefault(mem, []).append((at, lo, hi, i))
     for spans in by_arena.values():
         spans.sort()
     out: set[int] = set()
-    for a, pc in dict.fromkeys(reads):
-        ai = infos[a]
-        lo, hi = ai.offset, ai.offset + ai.nbytes
-        spans = by_arena.get(ai.memory_id, [])
+    for a, pc in dict.fromkeys(found):
+        mem, lo, hi = bounds[a]
+        spans = by_arena.get(mem, [])
         for k in range(bisect.bisect_left(spans, (pc, -1, -1, -1)) - 1, -1, -1):  # latest write first
             _, t_lo, t_hi, t = spans[k]
             if t_lo < hi and t_hi > lo:
@@ -410,12 +448,15 @@ def _outputs(kernel: Kernel, args: tuple[int, ...]) -> list[int]:
     return list(dict.fromkeys([*written, *kernel.rebinds(args)]))
 
 
-def _expand(values: list[int], items: dict[int, tuple[int, ...]]) -> list[int]:
-    """Values plus the items of the lists among them."""
+def _expand(values: Iterable[int], lists: dict[int, tuple[int, ...]]) -> list[int]:
+    """Values plus the items of the lists among them (``lists``: list -> itself and its items, see ``Folder.lists``)."""
     out: list[int] = []
     for v in values:
-        out.append(v)
-        out.extend(j for j in items.get(v, ()) if j >= 0)
+        found = lists.get(v)
+        if found is None:
+            out.append(v)
+        else:
+            out.extend(found)
     return out
 
 

@@ -79,3 +79,25 @@ def test_dynamic_gpt2_matches_executorch(exported: Any, seq: int) -> None:
     path, _ = exported("gpt2", True)
     tokens = (torch.randint(0, 96, (1, seq), generator=torch.Generator().manual_seed(seq)),)
     _check(path, tokens)
+
+
+# Which kernel calls of the tiny Llama fold (or bind as views) at load: pinned so that
+# work on pyrt.fold's analysis cannot change its decisions unnoticed. Torch kernels
+# also bind five ``*_copy`` results as views of their inputs (pcs 57, 60, 139, 142:
+# unsqueeze_copy; 197: view_copy).
+_LLAMA_FOLDED_COMMON = [*range(1, 24), 30, 33, 36, 39, 40, 63, 64, 65, 87, 96, 100, 103, 112, 115, 118, 121, 122,
+                        145, 146, 147, 169, 178, 182, 185, 195]
+LLAMA_FOLDED = {"numpy": _LLAMA_FOLDED_COMMON,
+                "torch": sorted([*_LLAMA_FOLDED_COMMON, 57, 60, 139, 142, 197])}
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "torch"])
+def test_llama_folding_decisions(exported: Any, kernels: str) -> None:
+    path, inputs = exported("llama")
+    with pyrt.Program(path, kernels=kernels) as prog:
+        chain = prog._runners["forward"].plan.chains[0]
+        folded = [pc for pc, ins in enumerate(chain) if ins.what.endswith("(folded at load)")]
+        assert len(chain) == 198
+        assert folded == LLAMA_FOLDED[kernels]
+    with pyrt.Program(path, kernels=kernels, fold=False) as plain:
+        assert not any(ins.what.endswith("(folded at load)") for ins in plain._runners["forward"].plan.chains[0])

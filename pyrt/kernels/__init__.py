@@ -65,6 +65,8 @@ class Kernel:
     ``rebinds(args)`` lists the value indices the step stores new objects into
     (scalar results, views); ``writes(args)`` the arguments whose memory it may
     write in place (out tensors, ``self`` of in-place ops; None: any argument).
+    Both pick arguments by position: which positions may depend on ``len(args)``, never
+    on the value indices themselves (:mod:`pyrt.fold` works them out once per operator).
     The plan refuses a file whose kernel writes constant data (read-only file
     memory). ``build(site)`` returns the step closure for one instruction.
     ``pure``: the result depends only on the arguments and nothing else changes (no
