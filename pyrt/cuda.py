@@ -185,6 +185,28 @@ class Cuda:
         return int(free), int(total)
 
     # -- memory ----------------------------------------------------------
+    def free_memory(self, ptr: int, device: int) -> None:
+        """``cuMemFree(ptr)`` with device ``device``'s context current: every owned allocation's free.
+
+        The same calls and errors as ``set_device(device)`` then ``call("cuMemFree", ptr)``, without
+        their indirection: outputs freed by the caller's drop run this once per forward.
+        """
+        driver = self._driver if self._driver is not None else self.driver
+        ctx = self._contexts.get(device)
+        if ctx is None:
+            ctx = self.context(device)
+        name = "cuCtxSetCurrent"
+        try:
+            if not (result := driver.cuCtxSetCurrent(ctx))[0]:
+                name = "cuMemFree"
+                result = driver.cuMemFree(ptr)
+        except DeviceError:
+            raise
+        except Exception as exc:  # the binding raises for a missing driver library, bad types
+            raise DeviceError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+        if result[0]:
+            raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
+
     def alloc(self, nbytes: int, device: int) -> DeviceAllocation:
         """Allocate ``nbytes`` of device memory on ``device`` (free it, or use ``with``)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -301,6 +323,8 @@ class DeviceAllocation:
     (256, 0, True)
     """
 
+    __slots__ = ("_cuda", "ptr", "nbytes", "device", "_owned", "freed", "__weakref__")
+
     def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, *, owned: bool) -> None:
         self._cuda = cuda
         self.ptr = ptr
@@ -308,6 +332,19 @@ class DeviceAllocation:
         self.device = device
         self._owned = owned
         self.freed = False
+
+    @classmethod
+    def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
+        """An owned allocation of what ``cuMemAlloc`` just returned (the constructor without its keyword
+        argument: a graph replay makes one per output per forward)."""
+        a = cls.__new__(cls)
+        a._cuda = cuda
+        a.ptr = ptr
+        a.nbytes = nbytes
+        a.device = device
+        a._owned = True
+        a.freed = False
+        return a
 
     def span(self, offset: int, nbytes: int, role: str = "span") -> int:
         """Address of ``[offset, offset + nbytes)``, bounds-checked against this allocation."""
@@ -329,8 +366,7 @@ class DeviceAllocation:
             return
         self.freed = True
         if self._owned:
-            self._cuda.set_device(self.device)
-            self._cuda.call("cuMemFree", self.ptr)
+            self._cuda.free_memory(self.ptr, self.device)
 
     def __enter__(self) -> DeviceAllocation:
         return self

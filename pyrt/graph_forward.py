@@ -87,7 +87,8 @@ class GraphForward:
         self._flatten = flatten
         # per input: planned address, bytes, dtype, shape, dim order -- the shape key is fixed at load
         self._in = [(t.ptr, t.nbytes, t.scalar_type, t.shape, t.dim_order) for t in inputs]
-        self._out = [(t.ptr, t.nbytes, t) for t in outputs]
+        # per output: planned address, bytes, bytes a fresh copy allocates (never 0), the planned tensor
+        self._out = [(t.ptr, t.nbytes, max(t.nbytes, 1), t) for t in outputs]
         self._views = [DeviceTensor(t.allocation, t.offset, t.scalar_type, t.shape, t.capacity, t.dim_order)
                        for t in outputs]
         cuda = self.cuda = ctx.cuda
@@ -179,13 +180,14 @@ class GraphForward:
     def _fresh_outputs(self, raw: Any) -> list[DeviceTensor]:
         """New device buffers the caller owns, filled from the planned outputs on the run's stream."""
         outs: list[DeviceTensor] = []
-        for src, nbytes, t in self._out:
-            size = max(nbytes, 1)
-            if (r := self._alloc(size))[0]:
+        alloc, copy, cuda, device = self._alloc, self._copy, self.cuda, self.device
+        adopt, like = DeviceAllocation.adopt, OwnedDeviceTensor.like
+        for src, nbytes, size, t in self._out:
+            if (r := alloc(size))[0]:
                 raise _error("cuMemAlloc", r)
-            alloc = DeviceAllocation(self.cuda, int(r[1]), size, self.device, owned=True)
-            outs.append(OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, t.capacity, t.dim_order))
-            if nbytes and (r := self._copy(alloc.ptr, src, nbytes, raw))[0]:
+            ptr = int(r[1])
+            outs.append(like(adopt(cuda, ptr, size, device), 0, t))
+            if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
                 raise _error("cuMemcpyDtoDAsync", r)
         return outs
 

@@ -248,3 +248,21 @@ def test_a_closed_program_refuses_replays(sim: Any, chain: Path) -> None:
     prog.close()
     with pytest.raises(ProgramClosedError):
         prog(x)
+
+
+def test_a_replayed_output_carries_the_stream_and_is_freed_on_drop(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        x_devs = [_device(sim, x) for x in xs]  # kept: only the outputs are dropped
+        for x in x_devs[:2]:
+            prog(x)
+        stream = sim.cuda.stream(0)
+        (y,) = prog(x_devs[2], stream=stream)
+        assert isinstance(y, OwnedDeviceTensor) and not y.allocation.freed
+        assert y.__cuda_array_interface__["stream"] == stream.handle
+        stream.synchronize()
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
+        free = sim.cuda.mem_info(0)[0]
+        alloc = y.allocation
+        del y
+        assert alloc.freed and sim.cuda.mem_info(0)[0] == free + alloc.nbytes
