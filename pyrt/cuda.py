@@ -335,16 +335,8 @@ class DeviceAllocation:
 
     @classmethod
     def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
-        """An owned allocation of what ``cuMemAlloc`` just returned (the constructor without its keyword
-        argument: a graph replay makes one per output per forward)."""
-        a = cls.__new__(cls)
-        a._cuda = cuda
-        a.ptr = ptr
-        a.nbytes = nbytes
-        a.device = device
-        a._owned = True
-        a.freed = False
-        return a
+        """An owned allocation of what ``cuMemAlloc`` just returned (one per output per graph replay)."""
+        return cls(cuda, ptr, nbytes, device, owned=True)
 
     def span(self, offset: int, nbytes: int, role: str = "span") -> int:
         """Address of ``[offset, offset + nbytes)``, bounds-checked against this allocation."""
