@@ -13,11 +13,13 @@ temporary directory (see ``tests/ptefixtures.py`` for what each holds):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pyrt.testing import simulated_gpus
 from tests import ptefixtures
 
 
@@ -98,3 +100,14 @@ def delegated_inline_pte(pte_file: Callable[[str], Path]) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_pte(pte_file: Callable[[str], Path]) -> Path:
     return pte_file("synthetic")
+
+
+# -- the simulated GPU -------------------------------------------------------------------------------
+@pytest.fixture
+def sim() -> Iterator[Any]:
+    """One simulated GPU (``pyrt.testing.simulated_gpus(1)``) that must end the test without a hazard.
+
+    Test files that need more GPUs or memory limits define their own ``sim``."""
+    with simulated_gpus(1) as s:
+        yield s
+        assert s.driver.hazards == []

@@ -9,7 +9,6 @@ capture: the simulated driver records it) and launches, later runs launch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 
 from pyrt.program import Program
-from pyrt.testing import simulated_gpus
 from pyrt.testing.fake_cuda import CUresult
 from tests import gpu_programs
 
@@ -28,13 +26,6 @@ N = 6
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("executorch")
     return gpu_programs.chain_program(tmp_path_factory.mktemp("graphs") / "chain.pte", N)
-
-
-@pytest.fixture
-def sim() -> Iterator[Any]:
-    with simulated_gpus(1) as s:
-        yield s
-        assert s.driver.hazards == []
 
 
 def _want(x: np.ndarray) -> np.ndarray:

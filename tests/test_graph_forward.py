@@ -9,7 +9,6 @@ answer here, as it can on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.program import Program
 from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
-from pyrt.testing import simulated_gpus
 from tests import gpu_programs
 
 N = 6
@@ -30,13 +28,6 @@ N = 6
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("executorch")
     return gpu_programs.chain_program(tmp_path_factory.mktemp("graph_forward") / "chain.pte", N, device_io=True)
-
-
-@pytest.fixture
-def sim() -> Iterator[Any]:
-    with simulated_gpus(1) as s:
-        yield s
-        assert s.driver.hazards == []
 
 
 def _want(x: np.ndarray) -> np.ndarray:
