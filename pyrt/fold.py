@@ -125,6 +125,13 @@ class Folder:
                 pinned.update(delegated)
                 others.append((pc, delegated))
                 read_items[pc] = delegated
+        self.readers: dict[int, list[int]] = {}  # value -> the instructions reading it (list items included)
+        for pc, values in read_items.items():
+            for j in values:
+                self.readers.setdefault(j, []).append(pc)
+        self.strided_pcs = {pc for pc, ins in enumerate(instrs)
+                            if isinstance(ins, KernelCall) and kernels[ins.op_index].strided}
+        self.outputs = set(_expand(xplan.outputs, lists))
         writers = dict(Counter(write_vals))  # value -> how many kernel calls write it
         write_pc = dict(zip(reversed(write_vals), reversed(write_pcs), strict=True))  # value -> its first writer's pc
         write_pc.update(dict.fromkeys(xplan.inputs, -1))  # inputs: written before pc 0
@@ -232,7 +239,7 @@ class Folder:
                 or not self._all([a for a in args[1:] if a not in out], self.const)):
             return False
         written = _expand(out, self.lists)
-        tensors = [j for j in written if j in table.infos]
+        tensors = list(dict.fromkeys(j for j in written if j in table.infos))  # split_copy: out and return list
         if not tensors or not all(self._free(j, pc) for j in written):
             return False
         base = self.base.get(x, x)
@@ -243,10 +250,9 @@ class Folder:
         except Exception:  # left to the kernel (and its error) at run time
             return False
         views = list(view) if isinstance(view, (list, tuple)) else [view]
-        outs = [j for j in written if j in table.infos]
-        if len(views) != len(outs) or not all(_same_layout(v, table.vals[j]) for v, j in zip(views, outs, strict=True)):
+        if not self._layouts_fit(views, tensors):
             return False
-        for v, j in zip(views, outs, strict=True):
+        for v, j in zip(views, tensors, strict=True):
             table.vals[j] = v
             self.base[j] = base
         table.unstable.difference_update(written)
@@ -282,7 +288,7 @@ class Folder:
                     or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
                 continue
             written = _expand(outs, self.lists)
-            tensors = [j for j in written if j in table.infos]
+            tensors = list(dict.fromkeys(j for j in written if j in table.infos))
             if not tensors or not all(self._free(j, pc) for j in written):
                 continue
             if self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
@@ -292,10 +298,28 @@ class Folder:
             except Exception:  # left to the kernel at run time
                 continue
             views = list(view) if isinstance(view, (list, tuple)) else [view]
-            if len(views) == len(tensors) and all(
-                    _same_layout(v, table.vals[j]) for v, j in zip(views, tensors, strict=True)):
+            if self._layouts_fit(views, tensors):
                 out.add(x)
         return out
+
+    def _layouts_fit(self, views: list[Any], tensors: list[int]) -> bool:
+        """May ``views`` stand for the planned ``tensors``: same dtype and shape, and the same
+        strides (or both contiguous) unless every reader takes strided tensors (:meth:`_strided_ok`)."""
+        vals = self.table.vals
+        return len(views) == len(tensors) and all(
+            _same_layout(v, vals[j]) or (_same_values(v, vals[j]) and self._strided_ok(j))
+            for v, j in zip(views, tensors, strict=True))
+
+    def _strided_ok(self, j: int) -> bool:
+        """Can value ``j`` be a strided view: read only by kernel calls that read values whatever
+        the strides (``Kernel.strided``; never a delegate, a move, ``et_view`` or an output, which
+        must stay planned contiguous tensors), itself and every list holding it."""
+        for v in (j, *self.holders.get(j, ())):
+            if v in self.outputs or v in self.pinned:
+                return False
+            if not all(pc in self.strided_pcs for pc in self.readers.get(v, ())):
+                return False
+        return True
 
     def _outlives(self, base: int, pc: int, until: int) -> bool:
         """Do ``base``'s bytes stay unwritten after ``pc`` up to ``until`` (inclusive)?"""
@@ -435,6 +459,11 @@ def _same_layout(view: Any, planned: Any) -> bool:
     if view.dtype != planned.dtype or view.shape != planned.shape:
         return False
     return view.stride() == planned.stride() or (view.is_contiguous() and planned.is_contiguous())
+
+
+def _same_values(view: Any, planned: Any) -> bool:
+    """Do ``view`` and the planned tensor hold values of the same dtype and shape (strides aside)?"""
+    return view.dtype == planned.dtype and view.shape == planned.shape
 
 
 def vals_restore(vals: list[Any], saved: dict[int, Any]) -> None:

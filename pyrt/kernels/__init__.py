@@ -74,7 +74,10 @@ class Kernel:
     (:mod:`pyrt.fold`). ``view(vals, args)``: for a ``*_copy`` op whose result torch can
     also give as a view of its input (``permute_copy`` -> ``permute``), that view (a list for
     ``split_copy`` and the like), computed from the load-time values; :mod:`pyrt.fold` uses it
-    where the input's bytes provably outlive the result.
+    where the input's bytes provably outlive the result. ``strided``: the kernel reads its
+    tensor arguments by their logical values whatever their strides (torch's out-variants,
+    copies), so :mod:`pyrt.fold` may hand it a strided view where the file planned a
+    contiguous tensor; False for kernels that reinterpret bytes (``et_view``, ``as_strided_copy``).
     """
 
     name: str
@@ -84,6 +87,7 @@ class Kernel:
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     pure: bool = False
     view: Callable[[list[Any], tuple[int, ...]], Any] | None = None
+    strided: bool = False
 
 
 RANDOM_OPS = frozenset({"aten::native_dropout", "aten::rand", "aten::randn", "aten::bernoulli",
