@@ -159,9 +159,19 @@ class Folder:
                 bounds[i] = (info.memory_id, lo, lo + math.prod(info.sizes) * info.scalar_type.itemsize)
                 if info.device is None and i not in write_pc:
                     aliases.add(i)
+        # tensor -> the aliases that read exactly its bytes while it holds them (rebound with it, see _follow)
+        self.alias_of: dict[int, list[int]] = {}
+        self.alias_src: dict[int, int] = {}  # alias -> the tensor whose bytes it reads
         if aliases:
-            pinned.update(_aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists),
-                                   {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None}))
+            held, exact = _aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists),
+                                   {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None})
+            pinned.update(held)
+            for a, t in exact.items():
+                if self._rebindable(a, t, pinned, writers, xplan.outputs):
+                    self.alias_of.setdefault(t, []).append(a)
+                    self.alias_src[a] = t
+                else:
+                    pinned.add(t)
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
         self.last_read = last_read
         self.spans: dict[int, list[tuple[int, int, int]]] = {}  # arena -> (pc, lo, hi) of writes, by pc
@@ -243,8 +253,6 @@ class Folder:
         if not tensors or not all(self._free(j, pc) for j in written):
             return False
         base = self.base.get(x, x)
-        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in tensors)):
-            return False
         try:
             view = kernel.view(table.vals, args)
         except Exception:  # left to the kernel (and its error) at run time
@@ -252,9 +260,16 @@ class Folder:
         views = list(view) if isinstance(view, (list, tuple)) else [view]
         if not self._layouts_fit(views, tensors):
             return False
+        followers = [self._follow(j, v, commit=False) for v, j in zip(views, tensors, strict=True)]
+        if any(f is None for f in followers):
+            return False
+        readers = [*tensors, *(a for f in followers for a, _ in f or ())]
+        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in readers)):
+            return False
         for v, j in zip(views, tensors, strict=True):
             table.vals[j] = v
             self.base[j] = base
+            self._follow(j, v)
         table.unstable.difference_update(written)
         self._relist(written)
         return True
@@ -280,18 +295,24 @@ class Folder:
             outs = self.outs[pc]
             for j in _expand(outs, self.lists):
                 viewed[j] = x
-            while x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
-                x = viewed[x]  # the tensor whose bytes a chain of views would read
+            while True:  # the tensor whose bytes a chain of views (and aliases) would read
+                if x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
+                    x = viewed[x]
+                elif x in self.alias_src:
+                    x = self.alias_src[x]
+                else:
+                    break
             info = table.infos.get(x)
             if (info is None or info.storage != "planned" or info.dynamic or x in self.pinned
-                    or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self.first_read.get(x, -1)
+                    or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self._first_read(x)
                     or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
                 continue
             written = _expand(outs, self.lists)
             tensors = list(dict.fromkeys(j for j in written if j in table.infos))
             if not tensors or not all(self._free(j, pc) for j in written):
                 continue
-            if self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
+            until = max(self.last_read.get(v, pc) for j in tensors for v in (j, *self.alias_of.get(j, ())))
+            if self._outlives(x, pc, until):
                 continue  # a view needs no move
             try:
                 view = view_of(table.vals, ins.args)
@@ -301,6 +322,11 @@ class Folder:
             if self._layouts_fit(views, tensors):
                 out.add(x)
         return out
+
+    def _first_read(self, t: int) -> float:
+        """The first instruction reading ``t``, directly or through its aliases (-1: none)."""
+        first = min((self.first_read[v] for v in (t, *self.alias_of.get(t, ())) if v in self.first_read), default=-1)
+        return first
 
     def _layouts_fit(self, views: list[Any], tensors: list[int]) -> bool:
         """May ``views`` stand for the planned ``tensors``: same dtype and shape, and the same
@@ -320,6 +346,38 @@ class Folder:
             if not all(pc in self.strided_pcs for pc in self.readers.get(v, ())):
                 return False
         return True
+
+    def _rebindable(self, a: int, t: int, pinned: set[int], writers: dict[int, int], outputs: Any) -> bool:
+        """Can alias ``a`` (a static ``view_copy`` over exactly ``t``'s bytes) follow ``t`` into private
+        memory or a view: torch host, both static contiguous host tensors of one dtype, ``t`` written
+        by one kernel call, ``a`` no input, output, buffer or delegate/move argument."""
+        infos = self.table.infos
+        ia, it = infos[a], infos[t]
+        return (isinstance(self.table.host, TorchHost) and a not in pinned and t not in pinned
+                and writers.get(t) == 1 and a not in outputs and t not in outputs
+                and not ia.dynamic and not it.dynamic and ia.scalar_type == it.scalar_type
+                and ia.dim_order == tuple(range(len(ia.sizes))) and it.dim_order == tuple(range(len(it.sizes))))
+
+    def _follow(self, t: int, value: Any, commit: bool = True) -> list[tuple[int, Any]] | None:
+        """(alias, its new value) for each alias of ``t`` when ``t`` becomes ``value``; None when one
+        cannot follow (its shape is no view of ``value``, or strided where a reader needs bytes).
+        ``commit``: bind them now."""
+        found = []
+        for a in self.alias_of.get(t, ()):
+            try:
+                v = value.view(self.table.infos[a].sizes)
+            except RuntimeError:
+                return None
+            if not (_same_layout(v, self.table.vals[a]) or self._strided_ok(a)):
+                return None
+            found.append((a, v))
+        if commit:
+            for a, v in found:
+                self.table.vals[a] = v
+                self.base[a] = self.base.get(t, t)
+            if found:
+                self._relist([a for a, _ in found])
+        return found
 
     def _outlives(self, base: int, pc: int, until: int) -> bool:
         """Do ``base``'s bytes stay unwritten after ``pc`` up to ``until`` (inclusive)?"""
@@ -365,6 +423,8 @@ class Folder:
         for j in tensors:
             info = self.table.infos[j]
             vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+            if j in self.alias_of:  # contiguous private memory: each alias is a contiguous view of it
+                self._follow(j, vals[j])
         self.private.update(tensors)
         self.budget -= size
         self._relist(tensors)
@@ -379,15 +439,19 @@ class Folder:
         written = self.written[pc]
         if not all(self._free(j, pc) for j in written):
             return False
-        vals, saved, budget = self.table.vals, {j: self.table.vals[j] for j in written}, self.budget
+        followers = [a for j in written for a in self.alias_of.get(j, ())]
+        vals, budget, private = self.table.vals, self.budget, set(self.private)
+        saved = {j: vals[j] for j in (*written, *followers)}
         if any(j in self.dynamic for j in written) or self._private(self._writes(kernel, args)) < 0:
             return False
         try:
             build()()
         except Exception:  # left to run (and raise, with its instruction named) at run time
             vals_restore(vals, saved)
-            self._relist(written)
-            self.budget = budget
+            self._relist([*written, *followers])
+            self.budget, self.private = budget, private
+            for a in followers:
+                self.base.pop(a, None)
             return False
         self.const.update(written)
         self.table.unstable.difference_update(written)
@@ -418,13 +482,16 @@ class Folder:
 
 
 def _aliased(aliases: set[int], bounds: dict[int, tuple[int, int, int]], reads: dict[int, list[int]],
-             end: int, outputs: list[int], writes: dict[int, int]) -> set[int]:
+             end: int, outputs: list[int], writes: dict[int, int]) -> tuple[set[int], dict[int, int]]:
     """Planned tensors whose bytes an alias reads: a tensor value no instruction writes.
 
     A static ``view_copy`` becomes such an alias (a second tensor value over the same
     bytes, no instruction). Moving the tensor it views to private memory would leave
     the alias reading stale arena bytes, so each tensor written before a read of an
     alias and overlapping it is kept, back to the last write that covers the alias.
+    Returns (tensors kept, alias -> tensor) where an alias reads, every time, the bytes
+    of one tensor with exactly its bounds: those are left to the caller, who may move the
+    alias along with the tensor instead (:meth:`Folder._follow`).
     ``aliases``: host planned tensors no kernel call writes; ``bounds``: planned tensor ->
     (arena, lo, hi); ``reads``: pc -> the values the instruction reads (list items
     included); ``outputs``: the method's outputs, read at ``end``; ``writes``: host planned
@@ -442,16 +509,29 @@ def _aliased(aliases: set[int], bounds: dict[int, tuple[int, int, int]], reads: 
     for spans in by_arena.values():
         spans.sort()
     out: set[int] = set()
+    sources: dict[int, set[int]] = {}  # alias -> the tensors its reads see
+    mixed: set[int] = set()  # aliases some read of which sees more than one tensor, or part of one
     for a, pc in dict.fromkeys(found):
         mem, lo, hi = bounds[a]
         spans = by_arena.get(mem, [])
+        seen = sources.setdefault(a, set())
         for k in range(bisect.bisect_left(spans, (pc, -1, -1, -1)) - 1, -1, -1):  # latest write first
             _, t_lo, t_hi, t = spans[k]
             if t_lo < hi and t_hi > lo:
-                out.add(t)
+                seen.add(t)
+                if (t_lo, t_hi) != (lo, hi):
+                    mixed.add(a)
                 if t_lo <= lo and t_hi >= hi:
                     break  # this write covers every byte the alias reads
-    return out
+        else:
+            mixed.add(a)  # bytes nothing wrote before the read
+    exact: dict[int, int] = {}
+    for a, seen in sources.items():
+        if a in mixed or len(seen) != 1:
+            out.update(seen)
+        else:
+            exact[a] = next(iter(seen))
+    return out, exact
 
 
 def _same_layout(view: Any, planned: Any) -> bool:

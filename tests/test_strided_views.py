@@ -60,6 +60,49 @@ class PermuteOfReusedBytes(torch.nn.Module):
         return p * c.permute(1, 0) + b.sum()
 
 
+class CloneThenReshape(torch.nn.Module):
+    """A static view_copy of a clone's result: an arena alias, no instruction, that must follow the view."""
+
+    def forward(self, x: Any) -> Any:
+        y = (x * 2.0).permute(1, 0, 2).sin()
+        return y.reshape(3, 8) * 3.0 + 1.0
+
+
+class CloneThenReshapeLater(torch.nn.Module):
+    """The alias of a clone's result is read after the cloned tensor's bytes were reused."""
+
+    def forward(self, x: Any) -> Any:
+        y = (x * 2.0).permute(1, 0, 2).sin()
+        z = y.reshape(3, 8)
+        a = (x * 3.0).cos()
+        b = (a * a).exp()
+        c = (b + a).tanh()
+        return z * c.reshape(3, 8) + 1.0
+
+
+class PermuteThenReshape(torch.nn.Module):
+    """The clone ExecuTorch puts before reshaping a permuted tensor: its alias is no view of a strided view."""
+
+    def forward(self, x: Any) -> Any:
+        p = (x * 2.0).permute(1, 0, 2)
+        return p.reshape(3, 8) * 3.0 + 1.0
+
+
+class PermuteThenReshapeOutput(torch.nn.Module):
+    """The alias of the permuted tensor is the method's output."""
+
+    def forward(self, x: Any) -> Any:
+        return (x * 2.0).permute(1, 0, 2).reshape(3, 8)
+
+
+class PermuteThenReshapeAsStrided(torch.nn.Module):
+    """The alias of the permuted tensor is read by as_strided_copy."""
+
+    def forward(self, x: Any) -> Any:
+        r = (x * 2.0).permute(1, 0, 2).reshape(3, 8)
+        return torch.as_strided(r, (2, 2), (1, 1)) + 0.0
+
+
 def _export(module: torch.nn.Module, x: Any, path: Path) -> Path:
     from executorch.exir import to_edge
 
@@ -119,3 +162,33 @@ def test_strided_view_of_reused_bytes(tmp_path: Path) -> None:
     model, x = PermuteOfReusedBytes(), torch.randn(3, 4)
     with Program(_export(model, x, tmp_path / "m.pte"), kernels="torch") as prog:
         _check(prog, model, x)
+
+
+@pytest.mark.parametrize("model", [CloneThenReshape(), CloneThenReshapeLater()])
+def test_alias_follows_its_view(tmp_path: Path, model: torch.nn.Module) -> None:
+    x = torch.randn(2, 3, 4)
+    with Program(_export(model, x, tmp_path / "m.pte"), kernels="torch") as prog:
+        assert _views(prog, "dim_order_ops::_clone_dim_order") == 1
+        _check(prog, model, x)
+
+
+def test_alias_of_a_strided_view_keeps_its_copy(tmp_path: Path) -> None:
+    model, x = PermuteThenReshape(), torch.randn(2, 3, 4)
+    with Program(_export(model, x, tmp_path / "m.pte"), kernels="torch") as prog:
+        assert _views(prog, "aten::permute_copy") == 1
+        assert _views(prog, "dim_order_ops::_clone_dim_order") == 0
+        _check(prog, model, x)
+
+
+@pytest.mark.parametrize("model", [PermuteThenReshapeOutput(), PermuteThenReshapeAsStrided()])
+def test_reshaped_views_match_executorch(tmp_path: Path, model: torch.nn.Module) -> None:
+    from executorch.runtime import Runtime
+
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    path = _export(model, x, tmp_path / "m.pte")
+    method = Runtime.get().load_program(path).load_method("forward")
+    with Program(path, kernels="torch") as prog:
+        for k in range(3):
+            got = prog(x + k)
+            assert got.is_contiguous()
+            torch.testing.assert_close(got, method.execute([x + k])[0], rtol=0, atol=0)
