@@ -232,6 +232,17 @@ class Folder:
         except AttributeError:  # a callable without attributes (a builtin): wrapped
             return with_steady(functools.partial(step), noop)
 
+    def unread(self, pc: int) -> frozenset[int]:
+        """Tensors the kernel call at ``pc`` writes that nothing reads: no instruction, no output,
+        no alias over their bytes, no input, buffer or device tensor (empty when folding is off)."""
+        if not self.enabled or pc not in self.written:
+            return frozenset()
+        infos = self.table.infos
+        return frozenset(j for j in self.written[pc]
+                         if j in infos and infos[j].storage == "planned" and infos[j].device is None
+                         and j not in self.readers and j not in self.outputs and j not in self.pinned
+                         and j not in self.alias_of and j not in self.alias_src)
+
     def as_view(self, pc: int, args: tuple[int, ...], kernel: Kernel) -> bool:
         """Bind a ``*_copy`` call's results, once, as views of its input; True when it did.
 

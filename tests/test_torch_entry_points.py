@@ -88,3 +88,42 @@ def test_fill_like_steps_aside_when_out_differs() -> None:
     with pytest.raises(TypeError):
         impls[0](torch.randn(2, 3), 1.5, out=out)
     assert not out.any()
+
+
+class LayerNormStats(torch.nn.Module):
+    """native_layer_norm with its mean and rstd outs read: as an output, and through a static view_copy."""
+
+    def forward(self, x: Any) -> Any:
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, [6], None, None, 1e-5)
+        return out * 2.0, mean, rstd.reshape(-1) * 3.0
+
+
+class LayerNormOnly(torch.nn.Module):
+    """nn.LayerNorm: ExecuTorch's native_layer_norm writes mean and rstd, which nothing reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(6)
+
+    def forward(self, x: Any) -> Any:
+        return self.norm(x) + 1.0
+
+
+@pytest.mark.parametrize("model", [LayerNormStats(), LayerNormOnly()])
+def test_unread_outs_are_skipped_and_read_ones_written(tmp_path: Any, model: torch.nn.Module) -> None:
+    """Outs nothing reads may stay unwritten (``KernelSite.unread``); outputs and aliased outs never."""
+    from executorch.exir import to_edge
+
+    from pyrt.program import Program
+
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        ep = torch.export.export(model.eval(), (x,))
+    path = tmp_path / "ln.pte"
+    path.write_bytes(to_edge(ep).to_executorch().buffer)
+    with Program(path, kernels="torch") as prog:
+        for k in range(3):
+            got, want = prog(x + k), model(x + k)
+            for g, w in zip(got if isinstance(got, (list, tuple)) else [got],
+                            want if isinstance(want, tuple) else [want], strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

@@ -140,13 +140,19 @@ class KernelLibrary(Protocol):
 
 @dataclass(slots=True)
 class KernelSite:
-    """One instruction's view of the value table while its step is built."""
+    """One instruction's view of the value table while its step is built.
+
+    ``unread``: tensors the call writes that nothing reads afterwards (no instruction,
+    no output, no alias over their bytes, see :meth:`pyrt.fold.Folder.unread`); a kernel
+    may leave them unwritten.
+    """
 
     method: str
     instruction: int
     operator: str
     args: tuple[int, ...]
     table: ValueTable
+    unread: frozenset[int] = frozenset()
 
     @property
     def where(self) -> str:

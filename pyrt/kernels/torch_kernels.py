@@ -146,12 +146,15 @@ def _fill_like(x: Any, fill_value: Any, *, memory_format: Any = None, out: Any) 
     return out.fill_(fill_value)
 
 
-def _functional_out(fn: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
-    """``fn(*args, **kwargs, <names>=outs)`` through the functional ``fn``, results copied into the outs.
+def _functional_out(fn: Callable[..., Any], names: list[str], skip: frozenset[str] = frozenset()) -> Callable[..., Any]:
+    """``fn(*args, **kwargs, <names>=outs)`` through the functional ``fn``, results copied into the outs
+    (those named in ``skip``, which nothing reads, left alone).
 
     Raises TypeError, before writing anything, where a result's dtype is not its out's.
+    ``call.functional`` keeps ``(fn, names)`` for :func:`_skipping`.
     """
     single = len(names) == 1
+    keep = [k for k, n in enumerate(names) if n not in skip]
 
     def call(*args: Any, **kwargs: Any) -> Any:
         kw = kwargs.copy()
@@ -161,13 +164,27 @@ def _functional_out(fn: Callable[..., Any], names: list[str]) -> Callable[..., A
             results = (results,)
         if len(results) != len(outs) or any(o.dtype != r.dtype for o, r in zip(outs, results, strict=True)):
             raise TypeError(f"{fn.__name__}: results do not match the out tensors")
-        for o, r in zip(outs, results, strict=True):
+        for k in keep:
+            o, r = outs[k], results[k]
             if o.shape != r.shape:
                 o.resize_(r.shape)
             o.copy_(r)
         return outs[0] if single else tuple(outs)
 
+    call.functional = (fn, names)  # type: ignore[attr-defined]
     return call
+
+
+def _skipping(impls: Sequence[Callable[..., Any]], sig: _Signature, site: KernelSite) -> list[Callable[..., Any]]:
+    """``impls`` with the functional entry point copying no result into an out nothing reads."""
+    skip = frozenset(name for name, k in sig.kw if k in sig.out_args and site.args[k] in site.unread)
+    if not skip:
+        return list(impls)
+    out = []
+    for f in impls:
+        functional = getattr(f, "functional", None)
+        out.append(f if functional is None else _functional_out(functional[0], functional[1], skip))
+    return out
 
 
 def _rebinds(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
@@ -222,7 +239,7 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Call
         _reject_device(site, k)
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
     dyn_outs = _dynamic_outs(sig.out_args, site)
-    call = _bind_call(fn, site, sig.pos_idx, sig.kw, fast)
+    call = _bind_call(fn, site, sig.pos_idx, sig.kw, _skipping(fast, sig, site) if site.unread else fast)
     if not returns and not dyn_outs:
         return call
     where = site.where
