@@ -254,7 +254,7 @@ class Folder:
         if kernel.view is None or not self.enabled or not isinstance(table.host, TorchHost) or not args:
             return False
         out = self.outs[pc]
-        x = args[0]
+        x = self._viewed(args[0])
         info = table.infos.get(x)
         if (not out or x in out or info is None or info.dynamic or info.device is not None or not table.is_const(x)
                 or not self._all([a for a in args[1:] if a not in out], self.const)):
@@ -302,7 +302,7 @@ class Folder:
             view_of = kernel.view
             if view_of is None or not ins.args:
                 continue
-            x = ins.args[0]
+            x = self._viewed(ins.args[0])
             outs = self.outs[pc]
             for j in _expand(outs, self.lists):
                 viewed[j] = x
@@ -333,6 +333,14 @@ class Folder:
             if self._layouts_fit(views, tensors):
                 out.add(x)
         return out
+
+    def _viewed(self, x: int) -> int:
+        """The tensor a view-able call's first argument names: itself, or the one item of a list
+        nothing rebinds (``cat`` of one tensor)."""
+        items = self.table.items.get(x)
+        if items is not None and len(items) == 1 and items[0] >= 0 and x not in self.writers and x not in self.pinned:
+            return items[0]
+        return x
 
     def _first_read(self, t: int) -> float:
         """The first instruction reading ``t``, directly or through its aliases (-1: none)."""

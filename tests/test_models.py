@@ -96,7 +96,8 @@ LLAMA_FOLDED = {"numpy": _LLAMA_FOLDED_COMMON,
                                  # their rotary slices, the expands before bmm, the attention-output
                                  # permute/clone/permute
                                  32, 35, 38, 42, 43, 69, 70, 80, 81, 83, 84, 85,
-                                 114, 117, 120, 124, 125, 151, 152, 162, 163, 165, 166, 167, 194])}
+                                 114, 117, 120, 124, 125, 151, 152, 162, 163, 165, 166, 167, 194,
+                                 55, 56, 137, 138])}  # cat of one tensor (the empty KV cache)
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "torch"])

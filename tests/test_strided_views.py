@@ -34,6 +34,14 @@ class SplitThenMath(torch.nn.Module):
         return a.sigmoid() * b.tanh()
 
 
+class CatOfOne(torch.nn.Module):
+    """cat of a one-tensor list (a KV cache with nothing cached): a view of that tensor."""
+
+    def forward(self, x: Any) -> Any:
+        k = torch.cat([(x * 2.0).permute(1, 0)], dim=0)
+        return k * 3.0 + (x * 5.0).permute(1, 0)
+
+
 class PermuteOutput(torch.nn.Module):
     """The permuted tensor is a method output: outputs stay contiguous planned tensors."""
 
@@ -127,7 +135,8 @@ def _check(prog: Program, model: torch.nn.Module, x: Any) -> None:
 
 
 @pytest.mark.parametrize(("model", "op"), [(PermuteThenMath(), "aten::permute_copy"),
-                                           (SplitThenMath(), "aten::split_with_sizes_copy")])
+                                           (SplitThenMath(), "aten::split_with_sizes_copy"),
+                                           (CatOfOne(), "aten::cat")])
 def test_strided_view_feeds_torch_kernels(tmp_path: Path, model: torch.nn.Module, op: str) -> None:
     x = torch.randn(3, 4)
     with Program(_export(model, x, tmp_path / "m.pte"), kernels="torch") as prog:

@@ -80,6 +80,8 @@ class TorchLibrary:
 
     def _view(self, op: Operator, schema: Any) -> Callable[[list[Any], tuple[int, ...]], Any] | None:
         """``(vals, args) -> view`` of a ``*_copy`` out-variant through its view op (``VIEW_OPS``)."""
+        if op.qualified_name == "aten::cat.out":
+            return _cat_of_one
         base = VIEW_OPS.get(op.name)
         if base is None:
             return None
@@ -137,6 +139,14 @@ class TorchLibrary:
         if all(str(a.type) == "Tensor" for a in outs) and len(schema.returns) == len(outs):
             return [found, _functional_out(found, [a.name for a in outs])]
         return [found]
+
+
+def _cat_of_one(vals: list[Any], args: tuple[int, ...]) -> Any:
+    """``cat.out`` of a one-tensor list as a view of that tensor (ValueError for longer lists)."""
+    tensors = vals[args[0]]
+    if len(tensors) != 1:
+        raise ValueError("cat of several tensors is no view")
+    return tensors[0][...]
 
 
 def _fill_like(x: Any, fill_value: Any, *, memory_format: Any = None, out: Any) -> Any:
