@@ -201,3 +201,4 @@ def test_reshaped_views_match_executorch(tmp_path: Path, model: torch.nn.Module)
             got = prog(x + k)
             assert got.is_contiguous()
             torch.testing.assert_close(got, method.execute([x + k])[0], rtol=0, atol=0)
+
