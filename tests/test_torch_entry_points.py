@@ -127,3 +127,36 @@ def test_unread_outs_are_skipped_and_read_ones_written(tmp_path: Any, model: tor
             for g, w in zip(got if isinstance(got, (list, tuple)) else [got],
                             want if isinstance(want, tuple) else [want], strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+class Alphas(torch.nn.Module):
+    """add/sub/addmm with default and non-default alpha and beta (defaults are left out of the call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.randn(5), persistent=False)
+        self.register_buffer("w", torch.randn(3, 5), persistent=False)
+
+    def forward(self, x: Any, y: Any) -> Any:
+        a = torch.add(x, y) + torch.add(x, y, alpha=2) - torch.sub(x, y, alpha=0.5)
+        return torch.addmm(self.b, a, self.w), torch.addmm(self.b, a, self.w, beta=3, alpha=-1)
+
+
+def test_default_arguments_left_out_only_when_exactly_default(tmp_path: Any) -> None:
+    from executorch.exir import to_edge
+
+    from pyrt.kernels.torch_kernels import _is_default
+    from pyrt.program import Program
+
+    assert _is_default(1, 1) and _is_default(None, None) and _is_default("none", "none")
+    assert not _is_default(1.0, 1) and not _is_default(True, 1) and not _is_default(2, 1)
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    with torch.no_grad():
+        ep = torch.export.export(Alphas().eval(), (x, y))
+    path = tmp_path / "alphas.pte"
+    path.write_bytes(to_edge(ep).to_executorch().buffer)
+    with Program(path, kernels="torch") as prog:
+        got = prog(x, y)
+    want = ep.module()(x, y)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

@@ -227,7 +227,7 @@ def _is_tensor_type(type_str: str) -> bool:
 class _Signature:
     """What every step of one operator needs from its schema, worked out once per operator."""
 
-    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args")
+    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args", "defaults")
 
     def __init__(self, schema: Any) -> None:
         args = schema.arguments
@@ -239,6 +239,20 @@ class _Signature:
         self.n_returns = len(schema.returns)
         self.out_args = [k for k, a in enumerate(args)
                          if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        # keyword-only arguments with a default (``alpha=1``, ``dtype=None``): a call passing
+        # exactly the default may leave them out (torch's argument parser is faster without them)
+        self.defaults = {k: a.default_value for k, a in enumerate(args)
+                         if a.kwarg_only and a.has_default_value() and k not in self.out_args}
+
+    def kwargs(self, site: KernelSite) -> list[tuple[str, int]]:
+        """The keyword arguments to pass at ``site``: constants equal to their default are left out."""
+        return [(name, k) for name, k in self.kw
+                if not (k in self.defaults and site.is_const(k) and _is_default(site.value(k), self.defaults[k]))]
+
+
+def _is_default(v: Any, default: Any) -> bool:
+    """Is ``v`` exactly the schema default (same type and value: ``1`` is not ``1.0`` or ``True``)?"""
+    return type(v) is type(default) and v == default
 
 
 def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = ()) -> Step:
@@ -249,7 +263,7 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Call
         _reject_device(site, k)
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
     dyn_outs = _dynamic_outs(sig.out_args, site)
-    call = _bind_call(fn, site, sig.pos_idx, sig.kw, _skipping(fast, sig, site) if site.unread else fast)
+    call = _bind_call(fn, site, sig.pos_idx, sig.kwargs(site), _skipping(fast, sig, site) if site.unread else fast)
     if not returns and not dyn_outs:
         return call
     where = site.where
