@@ -163,8 +163,12 @@ class Folder:
         self.alias_of: dict[int, list[int]] = {}
         self.alias_src: dict[int, int] = {}  # alias -> the tensor whose bytes it reads
         if aliases:
-            held, exact = _aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists),
-                                   {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None})
+            writes = {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None}
+            for pc, values in others:  # moves and delegates write arena bytes too (their values are pinned)
+                for j in values:
+                    if j in bounds and infos[j].device is None:
+                        writes.setdefault(j, pc)
+            held, exact = _aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists), writes)
             pinned.update(held)
             for a, t in exact.items():
                 if self._rebindable(a, t, pinned, writers, xplan.outputs):
@@ -342,10 +346,9 @@ class Folder:
             return items[0]
         return x
 
-    def _first_read(self, t: int) -> float:
+    def _first_read(self, t: int) -> int:
         """The first instruction reading ``t``, directly or through its aliases (-1: none)."""
-        first = min((self.first_read[v] for v in (t, *self.alias_of.get(t, ())) if v in self.first_read), default=-1)
-        return first
+        return min((self.first_read[v] for v in (t, *self.alias_of.get(t, ())) if v in self.first_read), default=-1)
 
     def _layouts_fit(self, views: list[Any], tensors: list[int]) -> bool:
         """May ``views`` stand for the planned ``tensors``: same dtype and shape, and the same
