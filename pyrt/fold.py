@@ -23,11 +23,16 @@ Two relatives, torch host only:
 * *per-key* calls (dynamic-shape methods, see :mod:`pyrt.steady`): pure calls on data
   that follows from the input shapes alone (``arange(seq_len)``, a causal mask) write
   private memory and are skipped by runs whose shapes repeat the last run's;
-* *views*: a ``*_copy`` call (``Kernel.view``) whose input's bytes provably stay
-  unwritten until the result's last read binds, once, torch's view of the input in
-  place of the copy, where the view has the planned result's layout (shape, dtype,
-  strides), so every later kernel sees the same bytes laid out the same way. An input
-  whose arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
+* *views*: a ``*_copy`` call (``Kernel.view``; ``cat`` of one tensor and dim-order
+  copies too) whose input's bytes provably stay unwritten until the result's last read
+  binds, once, torch's view of the input in place of the copy, where the view has the
+  planned result's layout (shape, dtype, strides), or where every reader of the result
+  takes strided tensors by value (``Kernel.strided``: torch out-variants and copies; no
+  output, delegate, move or byte reinterpretation such as ``et_view``). An input whose
+  arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
+  A static ``view_copy`` alias (a second tensor over exactly the same arena bytes, no
+  instruction) follows its tensor into private memory or a view (:meth:`Folder._follow`)
+  instead of pinning it.
 
 Methods with jumps or more than one chain are left alone. Private memory is capped per
 method (:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
