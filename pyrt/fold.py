@@ -61,6 +61,7 @@ CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolL
 LISTS = ("IntList", "TensorList", "OptionalTensorList")
 INF = float("inf")
 _CONST_SCALARS = frozenset(CONST_SCALARS)
+SHAPE_READ_OPS = frozenset({"aten::full_like.out"})  # read their first argument's shape and dtype only
 
 
 class Folder:
@@ -461,7 +462,10 @@ class Folder:
         """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
         if not self.enabled or not kernel.pure or kernel.writes is None:
             return False
-        if not self.outs[pc] or not self._all(self.reads[pc], self.const):
+        reads = self.reads[pc]
+        if kernel.name in SHAPE_READ_OPS and args and self._static_host(args[0]):
+            reads = [a for a in reads if a != args[0]]  # only its (static) shape and dtype are read
+        if not self.outs[pc] or not self._all(reads, self.const):
             return False
         written = self.written[pc]
         if not all(self._free(j, pc) for j in written):
@@ -484,6 +488,11 @@ class Folder:
         self.table.unstable.difference_update(written)
         self._relist(written)
         return True
+
+    def _static_host(self, j: int) -> bool:
+        """Is ``j`` a host tensor whose shape never changes (nothing resizes it)?"""
+        info = self.table.infos.get(j)
+        return info is not None and not info.dynamic and info.device is None and j not in self.pinned
 
     def _free(self, j: int, pc: int, dynamic: bool = False) -> bool:
         """May folding write value ``j`` at ``pc``: its only writer, unread before, no input or buffer."""
