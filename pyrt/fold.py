@@ -274,6 +274,9 @@ class Folder:
         if not tensors or not all(self._free(j, pc) for j in written):
             return False
         base = self.base.get(x, x)
+        until = max(self.last_read.get(v, pc) for j in tensors for v in (j, *self.alias_of.get(j, ())))
+        if not self._outlives(base, pc, until):  # the results and the aliases following them
+            return False
         try:
             view = kernel.view(table.vals, args)
         except Exception:  # left to the kernel (and its error) at run time
@@ -281,11 +284,7 @@ class Folder:
         views = list(view) if isinstance(view, (list, tuple)) else [view]
         if not self._layouts_fit(views, tensors):
             return False
-        followers = [self._follow(j, v, commit=False) for v, j in zip(views, tensors, strict=True)]
-        if any(f is None for f in followers):
-            return False
-        readers = [*tensors, *(a for f in followers for a, _ in f or ())]
-        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in readers)):
+        if any(self._follow(j, v, commit=False) is None for v, j in zip(views, tensors, strict=True)):
             return False
         for v, j in zip(views, tensors, strict=True):
             table.vals[j] = v
