@@ -186,10 +186,10 @@ class Cuda:
 
     # -- memory ----------------------------------------------------------
     def free_memory(self, ptr: int, device: int) -> None:
-        """``cuMemFree(ptr)`` with device ``device``'s context current: every owned allocation's free.
+        """``cuMemFree(ptr)`` with device ``device``'s context current (it synchronises the device).
 
         The same calls and errors as ``set_device(device)`` then ``call("cuMemFree", ptr)``, without
-        their indirection: outputs freed by the caller's drop run this once per forward.
+        their indirection.
         """
         driver = self._driver if self._driver is not None else self.driver
         ctx = self._contexts.get(device)
@@ -207,6 +207,28 @@ class Cuda:
         if result[0]:
             raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
 
+    def free_async(self, ptr: int, device: int, stream: Any) -> None:
+        """``cuMemFreeAsync(ptr, stream)``: a stream-ordered free, no host synchronisation.
+
+        The memory is released when ``stream`` reaches the free, so work queued on ``stream``
+        before it still reads valid memory; work on other streams must be ordered before it
+        by the caller. A stream other than the legacy default one (0) names its own context;
+        for the legacy stream device ``device``'s context is made current first.
+        """
+        driver = self._driver if self._driver is not None else self.driver
+        name, result = "cuCtxSetCurrent", None
+        try:
+            if int(stream) in _LEGACY_STREAMS:
+                result = driver.cuCtxSetCurrent(self.context(device))
+            if result is None or not result[0]:
+                name, result = "cuMemFreeAsync", driver.cuMemFreeAsync(ptr, stream)
+        except DeviceError:
+            raise
+        except Exception as exc:  # the binding raises for a missing driver library, bad types
+            raise DeviceError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+        if result[0]:
+            raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
+
     def alloc(self, nbytes: int, device: int) -> DeviceAllocation:
         """Allocate ``nbytes`` of device memory on ``device`` (free it, or use ``with``)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -216,6 +238,21 @@ class Cuda:
             return DeviceAllocation(self, 0, 0, device, owned=False)
         ptr = self.call("cuMemAlloc", nbytes)
         return DeviceAllocation(self, int(ptr), nbytes, device, owned=True)
+
+    def alloc_async(self, nbytes: int, stream: Stream, free_on: Stream | None = None) -> StreamAllocation:
+        """``nbytes`` of device memory on ``stream``'s device, allocated and freed in stream order.
+
+        ``cuMemAllocAsync`` on ``stream``: work queued on ``stream`` after this call may use it
+        (other streams must wait for ``stream`` first). ``free()`` -- or dropping the tensor that owns
+        it -- queues ``cuMemFreeAsync`` on ``free_on`` (default ``stream``) without synchronising the
+        host; whoever uses the memory on another stream orders that stream before ``free_on``.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        stream.check_open()
+        self.set_device(stream.device)
+        ptr = self.call("cuMemAllocAsync", max(nbytes, 1), stream.raw)
+        return StreamAllocation(self, int(ptr), nbytes, stream.device, (free_on or stream).raw)
 
     def borrow(self, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
         """Wrap memory someone else owns (e.g. a torch CUDA tensor); ``free()`` leaves it alone."""
@@ -309,6 +346,7 @@ class Cuda:
 
 
 _CU_STREAM_NON_BLOCKING = 1
+_LEGACY_STREAMS = (0, 1, 2)  # the legacy default stream (0, CU_STREAM_LEGACY) and the per-thread one
 _CU_EVENT_DEFAULT = 0
 _CU_EVENT_DISABLE_TIMING = 2
 
@@ -323,7 +361,7 @@ class DeviceAllocation:
     (256, 0, True)
     """
 
-    __slots__ = ("_cuda", "ptr", "nbytes", "device", "_owned", "freed", "__weakref__")
+    __slots__ = ("_cuda", "ptr", "nbytes", "device", "_owned", "freed", "_free_on", "__weakref__")
 
     def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, *, owned: bool) -> None:
         self._cuda = cuda
@@ -332,6 +370,7 @@ class DeviceAllocation:
         self.device = device
         self._owned = owned
         self.freed = False
+        self._free_on: Any = None  # the stream a stream-ordered free is queued on; None: cuMemFree
 
     @classmethod
     def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
@@ -358,7 +397,13 @@ class DeviceAllocation:
             return
         self.freed = True
         if self._owned:
-            self._cuda.free_memory(self.ptr, self.device)
+            if self._free_on is None:
+                self._cuda.free_memory(self.ptr, self.device)
+                return
+            try:
+                self._cuda.free_async(self.ptr, self.device, self._free_on)
+            except DeviceError:  # the stream is gone: the synchronous free (it waits for the device)
+                self._cuda.free_memory(self.ptr, self.device)
 
     def __enter__(self) -> DeviceAllocation:
         return self
@@ -369,6 +414,25 @@ class DeviceAllocation:
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"DeviceAllocation(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device}{state})"
+
+
+class StreamAllocation(DeviceAllocation):
+    """Owned memory from ``cuMemAllocAsync``; ``free()`` queues ``cuMemFreeAsync`` on stream ``free_on``.
+
+    Built positionally (one per output per graph replay): ``StreamAllocation(cuda, ptr, nbytes, device, free_on)``
+    with ``free_on`` the raw stream the free goes on (see :meth:`Cuda.alloc_async`).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, free_on: Any) -> None:
+        self._cuda = cuda
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self._owned = True
+        self.freed = False
+        self._free_on = free_on
 
 
 _H = TypeVar("_H", bound="_Handle")

@@ -24,7 +24,17 @@ Outputs, chosen at load by ``graph_outputs``:
 
 * ``"copy"`` (default): each output is a fresh device buffer the caller owns,
   filled on the run's stream from the planned output buffer; later runs never
-  touch it.
+  touch it. The buffers come from CUDA's stream-ordered allocator
+  (``cuMemAllocAsync`` on the run's stream) and dropping an output frees it
+  with ``cuMemFreeAsync`` -- no host or device synchronisation -- on the stream
+  the outputs are ready on: the caller's ``stream``, torch's current stream,
+  or the legacy default stream when pyrt used its own. This is the contract of
+  torch's caching allocator: work queued on that stream before the drop still
+  reads valid memory; a consumer on another stream must order that stream
+  before the drop (an event the output's stream waits for, or a sync), as
+  ``Tensor.record_stream`` does for torch. Keep that stream alive until its
+  outputs are dropped (a free whose stream is gone falls back to
+  ``cuMemFree``, which synchronises the device).
 * ``"static"``: each output is the same view of the method's planned output
   buffer on every run, as ``torch.cuda.graphs`` hands out static outputs: the
   next run of the method overwrites it, and it is valid only while the program
@@ -40,10 +50,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyrt.cuda import DeviceAllocation
+from pyrt.cuda import StreamAllocation
 from pyrt.errors import DeviceError, InputError
 from pyrt.graphs import Segment
-from pyrt.tensors import TORCH, DeviceTensor, OwnedDeviceTensor, device_input, device_output
+from pyrt.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
 
 GRAPH_OUTPUTS = ("copy", "static")
 
@@ -87,15 +97,16 @@ class GraphForward:
         self._flatten = flatten
         # per input: planned address, bytes, dtype, shape, dim order -- the shape key is fixed at load
         self._in = [(t.ptr, t.nbytes, t.scalar_type, t.shape, t.dim_order) for t in inputs]
-        # per output: planned address, bytes, bytes a fresh copy allocates (never 0), the planned tensor
-        self._out = [(t.ptr, t.nbytes, max(t.nbytes, 1), t) for t in outputs]
+        # per output: planned address, bytes, bytes a fresh copy allocates (never 0), and its layout
+        self._out = [(t.ptr, t.nbytes, max(t.nbytes, 1), t.scalar_type, t.shape, t.capacity, t.dim_order)
+                     for t in outputs]
         self._views = [DeviceTensor(t.allocation, t.offset, t.scalar_type, t.shape, t.capacity, t.dim_order)
                        for t in outputs]
         cuda = self.cuda = ctx.cuda
         self._cu_ctx = cuda.context(self.device)
         driver = cuda.driver  # looked up once: each call below is checked where it is made
         self._set_ctx, self._copy, self._launch = driver.cuCtxSetCurrent, driver.cuMemcpyDtoDAsync, driver.cuGraphLaunch
-        self._alloc, self._record, self._wait = driver.cuMemAlloc, driver.cuEventRecord, driver.cuStreamWaitEvent
+        self._alloc, self._record, self._wait = driver.cuMemAllocAsync, driver.cuEventRecord, driver.cuStreamWaitEvent
         self._ends: list[Any] = []  # [end event]: what this path last set as the context's last run
         self._end_handle: int | None = None  # the stream that run used
         self._arg: Any = None  # the last ``stream`` argument and its (raw, handle)
@@ -137,10 +148,13 @@ class GraphForward:
             self._ev_end = self._ends[0].raw
         try:
             self._enqueue(graph, sources, raw, handle, own)
-            outs = list(self._views) if self.static else self._fresh_outputs(raw)
             stream_out = handle or None  # CAI v3 "stream" of the outputs (none for the legacy stream's 0)
-            for t in outs:
-                t.stream = stream_out
+            if self.static:
+                outs = list(self._views)
+                for t in outs:
+                    t.stream = stream_out
+            else:  # freed on the stream the caller gets them on: the legacy one where pyrt used its own
+                outs = self._fresh_outputs(raw, 0 if own else raw, stream_out)
             if (r := self._record(self._ev_end, raw))[0]:  # the next run, on another stream, waits for it
                 raise _error("cuEventRecord", r)
             if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy stream
@@ -177,16 +191,16 @@ class GraphForward:
         if (r := self._launch(graph, raw))[0]:
             raise _error("cuGraphLaunch", r)
 
-    def _fresh_outputs(self, raw: Any) -> list[DeviceTensor]:
-        """New device buffers the caller owns, filled from the planned outputs on the run's stream."""
+    def _fresh_outputs(self, raw: Any, free_on: Any, stream: int | None) -> list[DeviceTensor]:
+        """New stream-ordered buffers the caller owns, filled from the planned outputs on the run's stream."""
         outs: list[DeviceTensor] = []
         alloc, copy, cuda, device = self._alloc, self._copy, self.cuda, self.device
-        adopt, like = DeviceAllocation.adopt, OwnedDeviceTensor.like
-        for src, nbytes, size, t in self._out:
-            if (r := alloc(size))[0]:
-                raise _error("cuMemAlloc", r)
+        for src, nbytes, size, scalar_type, shape, capacity, dim_order in self._out:
+            if (r := alloc(size, raw))[0]:
+                raise _error("cuMemAllocAsync", r)
             ptr = int(r[1])
-            outs.append(like(adopt(cuda, ptr, size, device), 0, t))
+            outs.append(OutputTensor(StreamAllocation(cuda, ptr, size, device, free_on), scalar_type, shape,
+                                     capacity, dim_order, stream))
             if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
                 raise _error("cuMemcpyDtoDAsync", r)
         return outs

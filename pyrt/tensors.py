@@ -226,6 +226,27 @@ class OwnedDeviceTensor(DeviceTensor):
             pass
 
 
+class OutputTensor(OwnedDeviceTensor):
+    """An owned device tensor made positionally, in one step: one per output per graph replay.
+
+    ``OutputTensor(allocation, scalar_type, shape, capacity, dim_order, stream)`` takes the
+    fields as they are (a planned output's, already normalised) at offset 0 of ``allocation``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, allocation: Any, scalar_type: ScalarType, shape: tuple[int, ...],
+                 capacity: int, dim_order: tuple[int, ...], stream: int | None) -> None:
+        self.allocation = allocation
+        self.offset = 0
+        self.scalar_type = scalar_type
+        self.shape = shape
+        self.capacity = capacity
+        self.dim_order = dim_order
+        self.keepalive = None
+        self.stream = stream
+
+
 # -- caller inputs -----------------------------------------------------------------------------------
 
 TORCH, NUMPY, DLPACK, CAI = "torch", "numpy", "dlpack", "cai"

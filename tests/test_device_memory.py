@@ -11,6 +11,7 @@ from pyrt.dtypes import ScalarType
 from pyrt.errors import DeviceError
 from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
 from pyrt.testing import simulated_gpus
+from pyrt.testing.fake_cuda import CUresult
 
 
 def test_an_adopted_allocation_is_owned_and_freed_once() -> None:
@@ -53,3 +54,77 @@ def test_like_copies_a_templates_layout_and_owns_the_new_memory() -> None:
         gc.collect()
         assert sim.cuda.mem_info(0)[0] == free  # freed on drop
         template.allocation.free()
+
+
+# -- stream-ordered memory (cuMemAllocAsync / cuMemFreeAsync) on the asynchronous fake ----------------
+def test_a_stream_ordered_free_releases_memory_when_its_stream_reaches_it() -> None:
+    with simulated_gpus(1) as sim:
+        s = sim.cuda.stream(0)
+        free = sim.cuda.mem_info(0)[0]
+        buf = sim.cuda.alloc_async(64, s)
+        sim.cuda.memcpy_htod(buf, bytes(range(64)), stream=s)
+        out = bytearray(64)
+        sim.cuda.memcpy_dtoh(out, buf, stream=s)
+        buf.free()
+        assert sim.driver.pending(s.handle) == 4  # alloc, two copies, free: nothing ran, nothing waited
+        assert sim.cuda.mem_info(0)[0] == free - 64
+        s.synchronize()
+        assert bytes(out) == bytes(range(64)) and sim.cuda.mem_info(0)[0] == free
+        assert sim.driver.hazards == []
+
+
+def test_unordered_use_before_the_allocation_or_after_the_free_is_a_hazard() -> None:
+    with simulated_gpus(1) as sim:
+        s, other = sim.cuda.stream(0), sim.cuda.stream(0)
+        buf = sim.cuda.alloc_async(16, s)
+        sim.cuda.memcpy_htod(buf, bytes(16), stream=other)  # nothing orders it after the allocation
+        with pytest.raises(DeviceError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            other.synchronize()
+        assert any("before its stream reached cuMemAllocAsync" in h for h in sim.driver.hazards)
+        sim.driver.hazards.clear()
+        s.synchronize()
+        out = bytearray(16)
+        sim.cuda.memcpy_dtoh(out, buf, stream=other)  # queued, unordered with the free below
+        buf.free()
+        s.synchronize()  # the free runs first
+        with pytest.raises(DeviceError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            other.synchronize()
+        assert any("after its stream reached cuMemFreeAsync" in h for h in sim.driver.hazards)
+
+
+def test_stream_ordered_calls_fail_as_the_driver_does() -> None:
+    with simulated_gpus(1) as sim:
+        drv, s = sim.driver, sim.cuda.stream(0)
+        err, ptr = drv.cuMemAllocAsync(32, s.raw)
+        assert err == CUresult.CUDA_SUCCESS
+        assert drv.cuMemAllocAsync(32, 0xBAD)[0] == CUresult.CUDA_ERROR_INVALID_HANDLE
+        assert drv.cuMemAllocAsync(0, s.raw)[0] == CUresult.CUDA_ERROR_INVALID_VALUE
+        assert drv.cuMemAllocAsync(1 << 50, s.raw)[0] == CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        assert drv.cuMemFreeAsync(ptr, 0xBAD)[0] == CUresult.CUDA_ERROR_INVALID_HANDLE
+        assert drv.cuMemFreeAsync(0xDEAD0, s.raw)[0] == CUresult.CUDA_ERROR_INVALID_VALUE
+        assert drv.cuMemFreeAsync(ptr, s.raw)[0] == CUresult.CUDA_SUCCESS
+        assert drv.cuMemFreeAsync(ptr, s.raw)[0] == CUresult.CUDA_ERROR_INVALID_VALUE  # a double free
+        assert drv.cuMemFree(ptr)[0] == CUresult.CUDA_ERROR_INVALID_VALUE
+        drv.cuCtxSetCurrent(None)
+        assert drv.cuMemAllocAsync(32, 0)[0] == CUresult.CUDA_ERROR_INVALID_CONTEXT  # the legacy stream needs one
+        assert drv.cuMemAllocAsync(32, s.raw)[0] == CUresult.CUDA_SUCCESS  # another stream names its own
+
+
+def test_a_stream_ordered_free_fails_a_capture() -> None:
+    with simulated_gpus(1) as sim:
+        drv, s = sim.driver, sim.cuda.stream(0)
+        ptr = drv.cuMemAllocAsync(32, s.raw)[1]
+        assert drv.cuStreamBeginCapture(s.raw, 0)[0] == CUresult.CUDA_SUCCESS
+        assert drv.cuMemFreeAsync(ptr, s.raw)[0] == CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        assert drv.cuStreamEndCapture(s.raw)[0] == CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        assert drv.cuMemFreeAsync(ptr, s.raw)[0] == CUresult.CUDA_SUCCESS  # the refused free left it live
+
+
+def test_a_stream_allocation_outliving_its_stream_falls_back_to_a_synchronous_free() -> None:
+    with simulated_gpus(1) as sim:
+        s = sim.cuda.stream(0)
+        free = sim.cuda.mem_info(0)[0]
+        buf = sim.cuda.alloc_async(16, s)
+        s.close()
+        buf.free()
+        assert buf.freed and sim.cuda.mem_info(0)[0] == free
