@@ -207,27 +207,25 @@ class Cuda:
         if result[0]:
             raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
 
-    def free_async(self, ptr: int, device: int, stream: Any) -> None:
-        """``cuMemFreeAsync(ptr, stream)``: a stream-ordered free, no host synchronisation.
+    def free_async(self, ptr: int, device: int, stream: int) -> None:
+        """``cuMemFreeAsync(ptr, stream)``: a stream-ordered free of the memory at ``ptr``, no host synchronisation.
 
-        The memory is released when ``stream`` reaches the free, so work queued on ``stream``
-        before it still reads valid memory; work on other streams must be ordered before it
-        by the caller. A stream other than the legacy default one (0) names its own context;
-        for the legacy stream device ``device``'s context is made current first.
+        The memory is released when stream handle ``stream`` reaches the free, so work queued on
+        it before still reads valid memory; work on other streams must be ordered before it by
+        the caller. A stream other than the legacy default ones (handles 0-2) names its own
+        context; for those, device ``device``'s context is made current first.
         """
         driver = self._driver if self._driver is not None else self.driver
-        name, result = "cuCtxSetCurrent", None
         try:
-            if int(stream) in _LEGACY_STREAMS:
-                result = driver.cuCtxSetCurrent(self.context(device))
-            if result is None or not result[0]:
-                name, result = "cuMemFreeAsync", driver.cuMemFreeAsync(ptr, stream)
+            if stream < _LEGACY_STREAMS and (result := driver.cuCtxSetCurrent(self.context(device)))[0]:
+                raise DeviceError(f"cuCtxSetCurrent failed with {self.error_name(result[0])}")
+            result = driver.cuMemFreeAsync(ptr, stream)
         except DeviceError:
             raise
         except Exception as exc:  # the binding raises for a missing driver library, bad types
-            raise DeviceError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+            raise DeviceError(f"cuMemFreeAsync failed: {type(exc).__name__}: {exc}") from exc
         if result[0]:
-            raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
+            raise DeviceError(f"cuMemFreeAsync failed with {self.error_name(result[0])}")
 
     def alloc(self, nbytes: int, device: int) -> DeviceAllocation:
         """Allocate ``nbytes`` of device memory on ``device`` (free it, or use ``with``)."""
@@ -252,7 +250,7 @@ class Cuda:
         stream.check_open()
         self.set_device(stream.device)
         ptr = self.call("cuMemAllocAsync", max(nbytes, 1), stream.raw)
-        return StreamAllocation(self, int(ptr), nbytes, stream.device, (free_on or stream).raw)
+        return StreamAllocation(self, int(ptr), nbytes, stream.device, (free_on or stream).handle)
 
     def borrow(self, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
         """Wrap memory someone else owns (e.g. a torch CUDA tensor); ``free()`` leaves it alone."""
@@ -346,7 +344,7 @@ class Cuda:
 
 
 _CU_STREAM_NON_BLOCKING = 1
-_LEGACY_STREAMS = (0, 1, 2)  # the legacy default stream (0, CU_STREAM_LEGACY) and the per-thread one
+_LEGACY_STREAMS = 3  # handles below: the legacy default stream (0, CU_STREAM_LEGACY = 1), the per-thread one (2)
 _CU_EVENT_DEFAULT = 0
 _CU_EVENT_DISABLE_TIMING = 2
 
@@ -361,7 +359,7 @@ class DeviceAllocation:
     (256, 0, True)
     """
 
-    __slots__ = ("_cuda", "ptr", "nbytes", "device", "_owned", "freed", "_free_on", "__weakref__")
+    __slots__ = ("_cuda", "ptr", "nbytes", "device", "_owned", "freed", "__weakref__")
 
     def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, *, owned: bool) -> None:
         self._cuda = cuda
@@ -370,7 +368,6 @@ class DeviceAllocation:
         self.device = device
         self._owned = owned
         self.freed = False
-        self._free_on: Any = None  # the stream a stream-ordered free is queued on; None: cuMemFree
 
     @classmethod
     def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
@@ -397,13 +394,7 @@ class DeviceAllocation:
             return
         self.freed = True
         if self._owned:
-            if self._free_on is None:
-                self._cuda.free_memory(self.ptr, self.device)
-                return
-            try:
-                self._cuda.free_async(self.ptr, self.device, self._free_on)
-            except DeviceError:  # the stream is gone: the synchronous free (it waits for the device)
-                self._cuda.free_memory(self.ptr, self.device)
+            self._cuda.free_memory(self.ptr, self.device)
 
     def __enter__(self) -> DeviceAllocation:
         return self
@@ -417,15 +408,15 @@ class DeviceAllocation:
 
 
 class StreamAllocation(DeviceAllocation):
-    """Owned memory from ``cuMemAllocAsync``; ``free()`` queues ``cuMemFreeAsync`` on stream ``free_on``.
+    """Owned memory from ``cuMemAllocAsync``; ``free()`` queues ``cuMemFreeAsync`` on stream handle ``free_on``.
 
     Built positionally (one per output per graph replay): ``StreamAllocation(cuda, ptr, nbytes, device, free_on)``
-    with ``free_on`` the raw stream the free goes on (see :meth:`Cuda.alloc_async`).
+    (see :meth:`Cuda.alloc_async`).
     """
 
-    __slots__ = ()
+    __slots__ = ("_free_on",)
 
-    def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, free_on: Any) -> None:
+    def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, free_on: int) -> None:
         self._cuda = cuda
         self.ptr = ptr
         self.nbytes = nbytes
@@ -433,6 +424,16 @@ class StreamAllocation(DeviceAllocation):
         self._owned = True
         self.freed = False
         self._free_on = free_on
+
+    def free(self) -> None:
+        """Queue the free on its stream (idempotent); if that stream is gone, ``cuMemFree`` (it waits for the device)."""
+        if self.freed:
+            return
+        self.freed = True
+        try:
+            self._cuda.free_async(self.ptr, self.device, self._free_on)
+        except DeviceError:
+            self._cuda.free_memory(self.ptr, self.device)
 
 
 _H = TypeVar("_H", bound="_Handle")

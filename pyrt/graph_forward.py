@@ -115,10 +115,9 @@ class GraphForward:
         self._ev_end: Any = None
 
     def __call__(self, inputs: Sequence[Any], stream: Any) -> list[Any] | None:
-        segment = self.segment
-        if segment.state != "graph":  # not captured yet, or dropped (set_budget)
+        graph = self.segment.graph_exec
+        if graph is None:  # not captured yet, or dropped (set_budget)
             return None
-        graph = segment.graph_exec
         flat = self._flatten(inputs)
         if len(flat) != len(self._in):
             return None
@@ -135,8 +134,8 @@ class GraphForward:
         sources = []
         for x, spec in zip(flat, self._in, strict=True):  # all read and checked before any work is queued
             if (isinstance(x, DeviceTensor) and x.scalar_type is spec[2] and x.shape == spec[3]
-                    and x.dim_order == spec[4] and x.allocation.device == device and not x.allocation.freed):
-                sources.append((x.allocation.ptr + x.offset, x.stream))
+                    and x.dim_order == spec[4] and (a := x.allocation).device == device and not a.freed):
+                sources.append((a.ptr + x.offset, x.stream))
                 continue
             source = self._foreign(x, spec, handle)
             if source is None:
@@ -147,18 +146,7 @@ class GraphForward:
             self._ev_in = self.ctx.named_event("graph forward inputs", device).raw
             self._ev_end = self._ends[0].raw
         try:
-            self._enqueue(graph, sources, raw, handle, own)
-            stream_out = handle or None  # CAI v3 "stream" of the outputs (none for the legacy stream's 0)
-            if self.static:
-                outs = list(self._views)
-                for t in outs:
-                    t.stream = stream_out
-            else:  # freed on the stream the caller gets them on: the legacy one where pyrt used its own
-                outs = self._fresh_outputs(raw, 0 if own else raw, stream_out)
-            if (r := self._record(self._ev_end, raw))[0]:  # the next run, on another stream, waits for it
-                raise _error("cuEventRecord", r)
-            if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy stream
-                raise _error("cuStreamWaitEvent", r)
+            outs = self._enqueue(graph, sources, raw, handle, own)
         except DeviceError:
             raise
         except Exception as exc:  # the driver binding raises for bad types
@@ -168,9 +156,11 @@ class GraphForward:
             return [device_output(t, TORCH) for t in outs]
         return outs
 
-    def _enqueue(self, graph: Any, sources: list[tuple[int, int | None]], raw: Any, handle: int, own: bool) -> None:
-        """Order the run's stream after what it must follow, copy the inputs in, launch the graph."""
-        record, wait, copy, ev_in = self._record, self._wait, self._copy, self._ev_in
+    def _enqueue(self, graph: Any, sources: list[tuple[int, int | None]], raw: Any, handle: int,
+                 own: bool) -> list[DeviceTensor]:
+        """Everything a forward queues on the run's stream: ordering after what it must follow, the input
+        copies, the graph, the outputs (fresh buffers filled from the planned ones, or those), the end event."""
+        record, wait, copy, ev_in, ev_end = self._record, self._wait, self._copy, self._ev_in, self._ev_end
         if (r := self._set_ctx(self._cu_ctx))[0]:
             raise _error("cuCtxSetCurrent", r)
         if own:  # device callers that name no stream may still be producing on the legacy stream
@@ -182,27 +172,34 @@ class GraphForward:
                 if (r := wait(raw, event.raw, 0))[0]:
                     raise _error("cuStreamWaitEvent", r)
         for (src, producer), spec in zip(sources, self._in, strict=True):
-            dst, nbytes = spec[0], spec[1]
             if producer is not None and producer != handle:  # the producer's queued work first
                 if (r := record(ev_in, producer))[0] or (r := wait(raw, ev_in, 0))[0]:
                     raise _error(f"ordering after producer stream {producer:#x}", r)
-            if nbytes and (r := copy(dst, src, nbytes, raw))[0]:
+            if spec[1] and (r := copy(spec[0], src, spec[1], raw))[0]:
                 raise _error("cuMemcpyDtoDAsync", r)
         if (r := self._launch(graph, raw))[0]:
             raise _error("cuGraphLaunch", r)
-
-    def _fresh_outputs(self, raw: Any, free_on: Any, stream: int | None) -> list[DeviceTensor]:
-        """New stream-ordered buffers the caller owns, filled from the planned outputs on the run's stream."""
-        outs: list[DeviceTensor] = []
-        alloc, copy, cuda, device = self._alloc, self._copy, self.cuda, self.device
-        for src, nbytes, size, scalar_type, shape, capacity, dim_order in self._out:
-            if (r := alloc(size, raw))[0]:
-                raise _error("cuMemAllocAsync", r)
-            ptr = int(r[1])
-            outs.append(OutputTensor(StreamAllocation(cuda, ptr, size, device, free_on), scalar_type, shape,
-                                     capacity, dim_order, stream))
-            if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
-                raise _error("cuMemcpyDtoDAsync", r)
+        stream_out = handle or None  # CAI v3 "stream" of the outputs (none for the legacy stream's 0)
+        if self.static:
+            outs = list(self._views)
+            for t in outs:
+                t.stream = stream_out
+        else:  # fresh stream-ordered buffers, freed on the stream the caller gets them on (see the module doc)
+            outs = []
+            alloc, cuda, device = self._alloc, self.cuda, self.device
+            free_on = 0 if own else handle  # the legacy stream where pyrt used its own
+            for src, nbytes, size, scalar_type, shape, capacity, dim_order in self._out:
+                if (r := alloc(size, raw))[0]:
+                    raise _error("cuMemAllocAsync", r)
+                ptr = int(r[1])
+                outs.append(OutputTensor(StreamAllocation(cuda, ptr, size, device, free_on), scalar_type, shape,
+                                         capacity, dim_order, stream_out))
+                if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
+                    raise _error("cuMemcpyDtoDAsync", r)
+        if (r := record(ev_end, raw))[0]:  # the next run, on another stream, waits for it
+            raise _error("cuEventRecord", r)
+        if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy stream
+            raise _error("cuStreamWaitEvent", r)
         return outs
 
     def _stream(self, stream: Any, torch_in: bool) -> tuple[Any, int, bool] | None:

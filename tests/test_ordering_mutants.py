@@ -60,13 +60,13 @@ GRAPH_MUTANTS = [
      "a replay on another stream overwrites planned buffers the last run's work still reads"),
     ("pyrt/graph_forward.py", "if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy "
      "stream => if False:", "a caller with no stream uses outputs on the legacy stream before they are written"),
-    ("pyrt/graph_forward.py", "outs = self._fresh_outputs(raw, 0 if own else raw, stream_out)"
-     " => outs = list(self._views)", "an output the caller holds is overwritten by the next replay"),
-    ("pyrt/graph_forward.py", "outs = self._fresh_outputs(raw, 0 if own else raw, stream_out)"
-     " => outs = self._fresh_outputs(raw, 0, stream_out)",
+    ("pyrt/graph_forward.py", "if self.static: => if True:",
+     "an output the caller holds is overwritten by the next replay"),
+    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+     " => free_on = 0",
      "a dropped output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
-    ("pyrt/graph_forward.py", "outs = self._fresh_outputs(raw, 0 if own else raw, stream_out)"
-     " => outs = self._fresh_outputs(raw, raw, stream_out)",
+    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+     " => free_on = handle",
      "without a stream, an output the caller uses on the legacy stream is freed on pyrt's stream"),
     ("pyrt/cuda.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
      " => self._cuda.free_memory(self.ptr, self.device)",

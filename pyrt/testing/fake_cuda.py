@@ -90,7 +90,9 @@ class CUpointer_attribute(enum.IntEnum):
 
 
 class _Handle:
-    """An opaque driver handle that converts to int, like cuda-python's CUstream etc."""
+    """An opaque driver handle that converts to int, like cuda-python's CUstream etc. (fixed fields, as theirs)."""
+
+    __slots__ = ("_value", "device")
 
     def __init__(self, value: int, device: int) -> None:
         self._value = value
@@ -104,19 +106,21 @@ class _Handle:
 
 
 class CUdevice(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUcontext(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUstream(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUevent(_Handle):
     """An event; ``timing`` unless created with CU_EVENT_DISABLE_TIMING, ``recorded_at`` in host ns."""
+
+    __slots__ = ("timing", "recorded_at")
 
     def __init__(self, value: int, device: int, timing: bool = False) -> None:
         super().__init__(value, device)
@@ -125,15 +129,15 @@ class CUevent(_Handle):
 
 
 class CUdeviceptr(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUgraph(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUgraphExec(_Handle):
-    pass
+    __slots__ = ()
 
 
 @dataclass
