@@ -426,7 +426,7 @@ class StreamAllocation(DeviceAllocation):
         self._free_on = free_on
 
     def free(self) -> None:
-        """Queue the free on its stream (idempotent); if that stream is gone, ``cuMemFree`` (it waits for the device)."""
+        """Queue the free on its stream (idempotent); a stream that is gone: ``cuMemFree`` (it waits for the device)."""
         if self.freed:
             return
         self.freed = True
