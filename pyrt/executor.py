@@ -351,7 +351,7 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     table, i = plan.table, info.index
     host = table.host
     static = not info.dynamic
-    dst = table.vals[i]
+    dst: Any = table.vals[i]  # the host's tensor (numpy or torch) this input is copied into
     want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
     try:
         dst_np = host.to_numpy(dst) if static else None  # set exactly when static
@@ -459,7 +459,7 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
 
     def set_device(x: Any, run: RunState | None) -> None:
         state = _device_state(run)
-        dst: DeviceTensor = table.vals[i]
+        dst: DeviceTensor = table.vals[i]  # type: ignore[assignment]  # planned in device memory
         seam = state.ctx.cuda
         stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
         dev = _caller_device_input(x, what, state)

@@ -29,12 +29,15 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, Union
 
 import numpy as np
 
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
+
+if TYPE_CHECKING:  # annotations only: the runtime path never imports torch itself
+    import torch
 
 # -- dtypes ----------------------------------------------------------------------------------------
 
@@ -245,6 +248,15 @@ class OutputTensor(OwnedDeviceTensor):
         self.dim_order = dim_order
         self.keepalive = None
         self.stream = stream
+
+
+# -- what a value slot holds ----------------------------------------------------------------------
+
+# A host tensor: a numpy array, or a torch tensor when torch kernels run (torch named in annotations only).
+HostTensor: TypeAlias = Union[np.ndarray, "torch.Tensor"]
+# One slot of a method's value table (``ValueTable.vals``): a host or device tensor, a scalar, a
+# string, None (unset, or an absent optional), or a list of those (int/bool/double/tensor lists).
+Value: TypeAlias = HostTensor | DeviceTensor | int | float | bool | str | None | list["Value"]
 
 
 # -- caller inputs -----------------------------------------------------------------------------------
