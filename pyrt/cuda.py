@@ -237,20 +237,21 @@ class Cuda:
         ptr = self.call("cuMemAlloc", nbytes)
         return DeviceAllocation(self, int(ptr), nbytes, device, owned=True)
 
-    def alloc_async(self, nbytes: int, stream: Stream, free_on: Stream | None = None) -> StreamAllocation:
+    def alloc_async(self, nbytes: int, stream: Stream, free_on: int | None = None) -> StreamAllocation:
         """``nbytes`` of device memory on ``stream``'s device, allocated and freed in stream order.
 
         ``cuMemAllocAsync`` on ``stream``: work queued on ``stream`` after this call may use it
         (other streams must wait for ``stream`` first). ``free()`` -- or dropping the tensor that owns
-        it -- queues ``cuMemFreeAsync`` on ``free_on`` (default ``stream``) without synchronising the
-        host; whoever uses the memory on another stream orders that stream before ``free_on``.
+        it -- queues ``cuMemFreeAsync`` on stream handle ``free_on`` (default ``stream``'s) without
+        synchronising the host; whoever uses the memory on another stream orders that stream before
+        ``free_on``.
         """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise InputError(f"allocation size must be a non-negative int, got {nbytes!r}")
         stream.check_open()
         self.set_device(stream.device)
         ptr = self.call("cuMemAllocAsync", max(nbytes, 1), stream.raw)
-        return StreamAllocation(self, int(ptr), nbytes, stream.device, (free_on or stream).handle)
+        return StreamAllocation(self, int(ptr), nbytes, stream.device, stream.handle if free_on is None else free_on)
 
     def borrow(self, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
         """Wrap memory someone else owns (e.g. a torch CUDA tensor); ``free()`` leaves it alone."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrt.cuda import DeviceAllocation
 from pyrt.errors import (
     ExecutionError,
     InputError,
@@ -558,7 +559,10 @@ def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
         if stream is not None:
             stream.synchronize()  # the caller gets the host copy next
         return host_output(out, kind) if kind == TORCH else out
-    alloc = seam.alloc(max(t.nbytes, 1), t.device)
+    if stream is None:
+        alloc: DeviceAllocation = seam.alloc(max(t.nbytes, 1), t.device)
+    else:  # stream-ordered: dropping it frees it on the stream the caller gets it on, with no sync
+        alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))
     out_t = OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, math.prod(t.shape), t.dim_order)
     if t.nbytes:
         seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)

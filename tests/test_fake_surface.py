@@ -454,7 +454,7 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
                 cuda.memcpy_dtod(a, b, x.nbytes)
                 cuda.memcpy_dtoh(out, b)
                 cuda.alloc_async(x.nbytes, stream).free()  # stream-ordered: on ``stream``
-                cuda.alloc_async(x.nbytes, stream, free_on=cuda.borrowed_stream(0, 0)).free()  # on the legacy one
+                cuda.alloc_async(x.nbytes, stream, free_on=0).free()  # on the legacy one
                 stream.synchronize()
                 event.synchronize()
             cuda.synchronize(0)

@@ -50,6 +50,14 @@ MUTANTS = [
      "a device input is copied into its arena before the producer's stream has written it"),
     ("pyrt/kernels/prim_kernels.py", "stream.synchronize()  # host kernels read it next",
      "a host kernel reads an et_copy device->host result before the copy has run"),
+    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+     " => alloc = seam.alloc_async(t.nbytes, stream)",
+     "without a stream, a device output the caller uses on the legacy stream is freed on pyrt's stream"),
+    ("pyrt/delegates.py", "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
+     "a dropped device output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
+    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+     " => alloc = seam.alloc(max(t.nbytes, 1), t.device)",
+     "dropping a device output frees it with cuMemFree, which synchronises the device"),
 ]
 
 # The same for a whole-method graph replay (pyrt.graph_forward), caught by tests/test_graph_forward.py.
