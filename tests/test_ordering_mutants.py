@@ -66,7 +66,7 @@ GRAPH_MUTANTS = [
      " => if False:", "an input is copied in before the producer's stream has written it"),
     ("pyrt/graph_forward.py", "if last and (last is not self._ends or handle != self._end_handle): => if False:",
      "a replay on another stream overwrites planned buffers the last run's work still reads"),
-    ("pyrt/graph_forward.py", "if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy "
+    ("pyrt/graph_forward.py", "if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy "
      "stream => if False:", "a caller with no stream uses outputs on the legacy stream before they are written"),
     ("pyrt/graph_forward.py", "if self.static: => if True:",
      "an output the caller holds is overwritten by the next replay"),

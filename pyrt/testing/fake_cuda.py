@@ -235,7 +235,6 @@ class FakeDriver:
         self._graph_execs: dict[int, tuple[_Op, ...]] = {}
         self.graph_launches = 0  # cuGraphLaunch calls that succeeded
         self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
-        self._running = 0  # > 0 while queued work runs (device memory is read and written then)
         self._freed_async: dict[int, int] = {}  # base -> bytes of allocations a stream-ordered free released
         self._events: dict[int, CUevent] = {}
         self._next_handle = 0x1000
@@ -277,16 +276,21 @@ class FakeDriver:
         with self._lock:
             found = self._find(int(ptr), nbytes)
         if found is None or found[0].device != device:
-            if found is None and self._running:
+            if found is None and self._is_running():
                 self._note_freed(int(ptr))
             return None
         alloc, offset = found
-        if self._running and not alloc.ready:
+        running = self._is_running()
+        if running and not alloc.ready:
             self.hazards.append(f"memory at {alloc.base:#x} used before its stream reached cuMemAllocAsync")
             return None
-        if not self._running and alloc.freeing:
+        if not running and alloc.freeing:
             return None
         return alloc.data[offset : offset + nbytes]
+
+    def _is_running(self) -> int:
+        """How deep this thread is in running queued work (0: it is queueing, or outside the driver)."""
+        return getattr(self._local, "running", 0)
 
     def _note_freed(self, ptr: int) -> None:
         """Record a hazard if running work touches memory that a stream-ordered free released."""
@@ -340,11 +344,11 @@ class FakeDriver:
                 return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
             if after is not None:
                 self._drain(*after)
-            self._running += 1
+            self._local.running = self._is_running() + 1
             try:
                 self._note(fn(), what)
             finally:
-                self._running -= 1
+                self._local.running -= 1
             return CUresult.CUDA_SUCCESS
         queue = self._queues[handle]
         if queue.capture is not None:
@@ -379,11 +383,11 @@ class FakeDriver:
             queue.done += 1
             if op.after is not None:
                 self._drain(*op.after)
-            self._running += 1
+            self._local.running = self._is_running() + 1
             try:
                 code = op.fn()
             finally:
-                self._running -= 1
+                self._local.running -= 1
             if code != CUresult.CUDA_SUCCESS:
                 queue.fault = queue.fault or code
         if queue.fault:
