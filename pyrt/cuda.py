@@ -370,11 +370,6 @@ class DeviceAllocation:
         self._owned = owned
         self.freed = False
 
-    @classmethod
-    def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
-        """An owned allocation of what ``cuMemAlloc`` just returned (one per output per graph replay)."""
-        return cls(cuda, ptr, nbytes, device, owned=True)
-
     def span(self, offset: int, nbytes: int, role: str = "span") -> int:
         """Address of ``[offset, offset + nbytes)``, bounds-checked against this allocation."""
         if self.freed:

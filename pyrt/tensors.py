@@ -29,7 +29,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import numpy as np
 
@@ -136,9 +136,6 @@ def is_contiguous_order(dim_order: Sequence[int]) -> bool:
 # -- device tensors --------------------------------------------------------------------------------
 
 
-_T = TypeVar("_T", bound="DeviceTensor")
-
-
 class DeviceTensor:
     """A typed, resizable window ``[offset, offset + capacity bytes)`` of device memory.
 
@@ -159,24 +156,6 @@ class DeviceTensor:
         self.dim_order = dim_order or tuple(range(len(shape)))
         self.keepalive = keepalive
         self.stream: int | None = None  # the stream that last wrote it, when consumers must wait
-
-    @classmethod
-    def like(cls: type[_T], allocation: Any, offset: int, template: DeviceTensor) -> _T:
-        """A tensor with ``template``'s dtype, shape, capacity and dim order at ``offset`` of ``allocation``.
-
-        Copies the fields as they are (already normalised by ``template``'s construction): the per-forward
-        outputs of a graph replay are made this way.
-        """
-        t = cls.__new__(cls)
-        t.allocation = allocation
-        t.offset = offset
-        t.scalar_type = template.scalar_type
-        t.shape = template.shape
-        t.capacity = template.capacity
-        t.dim_order = template.dim_order
-        t.keepalive = None
-        t.stream = None
-        return t
 
     @property
     def device(self) -> int:

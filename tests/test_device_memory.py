@@ -1,4 +1,4 @@
-"""Owned device memory on the simulated GPU: adopting what cuMemAlloc returned, freeing it, typed errors."""
+"""Owned device memory on the simulated GPU: owning what cuMemAlloc returned, freeing it, typed errors."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import pytest
 from pyrt.cuda import DeviceAllocation
 from pyrt.dtypes import ScalarType
 from pyrt.errors import DeviceError
-from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
+from pyrt.tensors import OutputTensor, OwnedDeviceTensor
 from pyrt.testing import simulated_gpus
 from pyrt.testing.fake_cuda import CUresult
 
 
-def test_an_adopted_allocation_is_owned_and_freed_once() -> None:
+def test_an_owned_allocation_is_freed_once() -> None:
     with simulated_gpus(1) as sim:
         free = sim.cuda.mem_info(0)[0]
         ptr = int(sim.cuda.call("cuMemAlloc", 256))
-        a = DeviceAllocation.adopt(sim.cuda, ptr, 256, 0)
+        a = DeviceAllocation(sim.cuda, ptr, 256, 0, owned=True)
         assert (a.ptr, a.nbytes, a.device, a.freed) == (ptr, 256, 0, False)
         assert sim.cuda.mem_info(0)[0] == free - 256
         a.free()
@@ -29,7 +29,7 @@ def test_an_adopted_allocation_is_owned_and_freed_once() -> None:
 def test_freeing_memory_the_driver_does_not_know_is_a_device_error() -> None:
     with simulated_gpus(1) as sim:
         with pytest.raises(DeviceError, match="cuMemFree failed with CUDA_ERROR_INVALID_VALUE"):
-            DeviceAllocation.adopt(sim.cuda, 0xDEAD0, 16, 0).free()
+            DeviceAllocation(sim.cuda, 0xDEAD0, 16, 0, owned=True).free()
         with pytest.raises(DeviceError, match="cuMemFree failed with CUDA_ERROR_INVALID_VALUE"):
             sim.cuda.free_memory(0xDEAD0, 0)
 
@@ -39,21 +39,19 @@ def test_a_device_without_a_context_is_refused_before_freeing() -> None:
         sim.cuda.free_memory(0xDEAD0, 3)
 
 
-def test_like_copies_a_templates_layout_and_owns_the_new_memory() -> None:
+def test_an_output_tensor_takes_a_layout_as_is_and_owns_its_stream_ordered_memory() -> None:
     with simulated_gpus(1) as sim:
-        template = DeviceTensor(sim.cuda.alloc(64, 0), 0, ScalarType.FLOAT, [2, 3], 8, (1, 0))
-        template.stream = 7
+        s = sim.cuda.stream(0)
         free = sim.cuda.mem_info(0)[0]
-        t = OwnedDeviceTensor.like(DeviceAllocation.adopt(sim.cuda, int(sim.cuda.call("cuMemAlloc", 32)), 32, 0), 0,
-                                   template)
-        assert type(t) is OwnedDeviceTensor
+        t = OutputTensor(sim.cuda.alloc_async(32, s), ScalarType.FLOAT, (2, 3), 8, (1, 0), s.handle)
+        assert isinstance(t, OwnedDeviceTensor)
         assert (t.scalar_type, t.shape, t.capacity, t.dim_order) == (ScalarType.FLOAT, (2, 3), 8, (1, 0))
-        assert (t.offset, t.stream, t.keepalive) == (0, None, None)
+        assert (t.offset, t.stream, t.keepalive) == (0, s.handle, None)
         assert sim.cuda.mem_info(0)[0] == free - 32
         del t
         gc.collect()
-        assert sim.cuda.mem_info(0)[0] == free  # freed on drop
-        template.allocation.free()
+        s.synchronize()
+        assert sim.cuda.mem_info(0)[0] == free  # freed on drop, once its stream reached the free
 
 
 # -- stream-ordered memory (cuMemAllocAsync / cuMemFreeAsync) on the asynchronous fake ----------------
