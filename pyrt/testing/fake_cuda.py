@@ -55,6 +55,7 @@ _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of 
 _LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+_FREED_REMEMBERED = 1 << 16  # stream-ordered frees whose later use is still named as such (older: "no allocation")
 
 
 class CUresult(enum.IntEnum):
@@ -235,7 +236,8 @@ class FakeDriver:
         self._graph_execs: dict[int, tuple[_Op, ...]] = {}
         self.graph_launches = 0  # cuGraphLaunch calls that succeeded
         self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
-        self._freed_async: dict[int, int] = {}  # base -> bytes of allocations a stream-ordered free released
+        # base -> bytes of the latest allocations a stream-ordered free released (addresses are never reused)
+        self._freed_async: dict[int, int] = {}
         self._events: dict[int, CUevent] = {}
         self._next_handle = 0x1000
         self._initialized = False
@@ -684,6 +686,8 @@ class FakeDriver:
             alloc.data[:] = _POISON
             with self._lock:
                 self._release(alloc.base)
+                if len(self._freed_async) >= _FREED_REMEMBERED:  # the oldest first (dicts keep insertion order)
+                    del self._freed_async[next(iter(self._freed_async))]
                 self._freed_async[alloc.base] = alloc.data.nbytes
             return CUresult.CUDA_SUCCESS
 
