@@ -63,6 +63,7 @@ class Cuda:
         self._devices: list[DeviceInfo] | None = None
         self._handles: dict[int, Any] = {}
         self._contexts: dict[int, Any] = {}
+        self._pools: dict[int, bool] = {}
 
     # -- driver plumbing -------------------------------------------------
     @property
@@ -168,6 +169,15 @@ class Cuda:
                 self._contexts.setdefault(index, ctx)
                 ctx = self._contexts[index]
         return ctx
+
+    def memory_pools(self, index: int) -> bool:
+        """Whether device ``index`` has the stream-ordered allocator (``cuMemAllocAsync``; asked once)."""
+        found = self._pools.get(index)
+        if found is None:
+            self.require_device(index)
+            attr = self.driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+            found = self._pools[index] = bool(self.call("cuDeviceGetAttribute", attr, self._handle(index)))
+        return found
 
     def set_device(self, index: int) -> None:
         """Make device ``index``'s primary context current on this thread."""

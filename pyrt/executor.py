@@ -559,7 +559,7 @@ def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
         if stream is not None:
             stream.synchronize()  # the caller gets the host copy next
         return host_output(out, kind) if kind == TORCH else out
-    if stream is None:
+    if stream is None or not seam.memory_pools(t.device):
         alloc: DeviceAllocation = seam.alloc(max(t.nbytes, 1), t.device)
     else:  # stream-ordered: dropping it frees it on the stream the caller gets it on, with no sync
         alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))

@@ -34,7 +34,8 @@ Outputs, chosen at load by ``graph_outputs``:
   before the drop (an event the output's stream waits for, or a sync), as
   ``Tensor.record_stream`` does for torch. Keep that stream alive until its
   outputs are dropped (a free whose stream is gone falls back to
-  ``cuMemFree``, which synchronises the device).
+  ``cuMemFree``, which synchronises the device). A device without the
+  stream-ordered allocator gets ``cuMemAlloc`` buffers, freed by ``cuMemFree``.
 * ``"static"``: each output is the same view of the method's planned output
   buffer on every run, as ``torch.cuda.graphs`` hands out static outputs: the
   next run of the method overwrites it, and it is valid only while the program
@@ -50,7 +51,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyrt.cuda import StreamAllocation
+from pyrt.cuda import DeviceAllocation, StreamAllocation
 from pyrt.errors import DeviceError, InputError
 from pyrt.graphs import Segment
 from pyrt.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
@@ -106,7 +107,12 @@ class GraphForward:
         self._cu_ctx = cuda.context(self.device)
         driver = cuda.driver  # looked up once: each call below is checked where it is made
         self._set_ctx, self._copy, self._launch = driver.cuCtxSetCurrent, driver.cuMemcpyDtoDAsync, driver.cuGraphLaunch
-        self._alloc, self._record, self._wait = driver.cuMemAllocAsync, driver.cuEventRecord, driver.cuStreamWaitEvent
+        self._record, self._wait = driver.cuEventRecord, driver.cuStreamWaitEvent
+        self._owned: Callable[[Any, int, int, int, int], DeviceAllocation]
+        if cuda.memory_pools(self.device):  # stream-ordered outputs: StreamAllocation(cuda, ptr, size, device, free_on)
+            self._alloc, self._owned, self._alloc_name = driver.cuMemAllocAsync, StreamAllocation, "cuMemAllocAsync"
+        else:  # a device without the stream-ordered allocator: cuMemAlloc, and cuMemFree (a device sync) on drop
+            self._alloc, self._owned, self._alloc_name = _sync_alloc(driver), _sync_owned, "cuMemAlloc"
         self._ends: list[Any] = []  # [end event]: what this path last set as the context's last run
         self._end_handle: int | None = None  # the stream that run used
         self._arg: Any = None  # the last ``stream`` argument and its (raw, handle)
@@ -186,14 +192,14 @@ class GraphForward:
                 t.stream = stream_out
         else:  # fresh stream-ordered buffers, freed on the stream the caller gets them on (see the module doc)
             outs = []
-            alloc, cuda, device = self._alloc, self.cuda, self.device
+            alloc, owned, cuda, device = self._alloc, self._owned, self.cuda, self.device
             free_on = 0 if own else handle  # the legacy stream where pyrt used its own
             for src, nbytes, size, scalar_type, shape, capacity, dim_order in self._out:
                 if (r := alloc(size, raw))[0]:
-                    raise _error("cuMemAllocAsync", r)
+                    raise _error(self._alloc_name, r)
                 ptr = int(r[1])
-                outs.append(OutputTensor(StreamAllocation(cuda, ptr, size, device, free_on), scalar_type, shape,
-                                         capacity, dim_order, stream_out))
+                outs.append(OutputTensor(owned(cuda, ptr, size, device, free_on), scalar_type, shape, capacity,
+                                         dim_order, stream_out))
                 if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
                     raise _error("cuMemcpyDtoDAsync", r)
         if (r := record(ev_end, raw))[0]:  # the next run, on another stream, waits for it
@@ -228,6 +234,19 @@ class GraphForward:
         if dev is None or dev.device != self.device or dev.scalar_type is not spec[2] or dev.shape != spec[3]:
             return None
         return dev.ptr, dev.stream
+
+
+def _sync_alloc(driver: Any) -> Callable[[int, Any], Any]:
+    """``cuMemAlloc`` with ``cuMemAllocAsync``'s arguments (the stream is not used)."""
+    def alloc(size: int, stream: Any) -> Any:
+        return driver.cuMemAlloc(size)
+
+    return alloc
+
+
+def _sync_owned(cuda: Any, ptr: int, size: int, device: int, free_on: int) -> DeviceAllocation:
+    """An owned ``cuMemAlloc`` allocation, freed by ``cuMemFree`` (``free_on`` is not used)."""
+    return DeviceAllocation(cuda, ptr, size, device, owned=True)
 
 
 def _error(name: str, result: Any) -> DeviceError:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pyrt.cuda import DeviceAllocation
 from pyrt.dtypes import ScalarType
 from pyrt.program import Program
 from pyrt.tensors import DeviceTensor
@@ -187,6 +188,17 @@ def test_without_a_stream_a_device_output_is_freed_on_the_legacy_stream(sim: Any
         free, alloc = sim.cuda.mem_info(out.device)[0], out.allocation
         del out
         assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes  # the legacy stream had reached it
+
+
+def test_without_the_stream_ordered_allocator_device_outputs_are_plain_allocations(
+        sim: Any, programs: dict[str, Path]) -> None:
+    sim.driver.memory_pools = False
+    with Program(programs["device_out"]) as prog, sim.cuda.stream(1) as stream:
+        x = _inputs(12, runs=1)[0]
+        (out,) = prog.run(_device_tensor(sim, x), stream=stream)
+        assert type(out.allocation) is DeviceAllocation  # cuMemAlloc; dropping it is cuMemFree
+        stream.synchronize()
+        np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
 
 
 def test_host_input_into_a_device_arena_is_kept_until_copied(sim: Any, programs: dict[str, Path]) -> None:

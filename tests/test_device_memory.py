@@ -126,3 +126,15 @@ def test_a_stream_allocation_outliving_its_stream_falls_back_to_a_synchronous_fr
         s.close()
         buf.free()
         assert buf.freed and sim.cuda.mem_info(0)[0] == free
+
+
+def test_a_device_without_the_stream_ordered_allocator_says_so() -> None:
+    with simulated_gpus(1) as sim:
+        sim.driver.memory_pools = False
+        s = sim.cuda.stream(0)
+        assert sim.cuda.memory_pools(0) is False
+        assert sim.driver.cuMemAllocAsync(16, s.raw)[0] == CUresult.CUDA_ERROR_NOT_SUPPORTED
+        with pytest.raises(DeviceError, match="cuMemAllocAsync failed with CUDA_ERROR_NOT_SUPPORTED"):
+            sim.cuda.alloc_async(16, s)
+    with simulated_gpus(1) as sim:
+        assert sim.cuda.memory_pools(0) is True

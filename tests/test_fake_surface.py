@@ -100,6 +100,7 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "pending": "operations queued and not yet run (tests of the asynchronous fake)",
         "hazards": "use-after-free of host buffers and asynchronous faults the fake saw (empty in correct code)",
         "graph_launches": "cuGraphLaunch calls that succeeded (tests of CUDA graph replay)",
+        "memory_pools": "False simulates devices without the stream-ordered allocator (cuMemAllocAsync)",
         "allocate_internal": "memory a fake engine holds, without touching the current context",
         "free_internal": "frees allocate_internal's memory",
     },

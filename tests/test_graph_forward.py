@@ -294,3 +294,22 @@ def test_an_output_outliving_its_stream_is_still_freed(sim: Any, chain: Path) ->
         free, alloc = sim.cuda.mem_info(0)[0], y.allocation
         del y
         assert alloc.freed and sim.cuda.mem_info(0)[0] == free + alloc.nbytes
+
+
+def test_without_the_stream_ordered_allocator_outputs_are_plain_allocations(sim: Any, chain: Path) -> None:
+    """A device without memory pools: each output from cuMemAlloc, freed by cuMemFree (a device sync) on drop."""
+    sim.driver.memory_pools = False
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        x_devs = [_device(sim, x) for x in xs]
+        for x in x_devs[:2]:
+            prog(x)
+        stream = sim.cuda.stream(0)
+        ys = [prog(x, stream=stream)[0] for x in x_devs[2:]]
+        assert sim.driver.graph_launches == 3 and len({y.ptr for y in ys}) == 2
+        stream.synchronize()
+        for x, y in zip(xs[2:], ys, strict=True):
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
+        free, alloc = sim.cuda.mem_info(0)[0], ys[0].allocation
+        del ys[0]
+        assert alloc.freed and sim.cuda.mem_info(0)[0] == free + alloc.nbytes

@@ -72,6 +72,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_NOT_SUPPORTED = 801
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
     CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905
@@ -82,6 +83,7 @@ class CUdevice_attribute(enum.IntEnum):
 
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 
 
 class CUpointer_attribute(enum.IntEnum):
@@ -235,6 +237,8 @@ class FakeDriver:
         self._graphs: dict[int, list[_Op]] = {}
         self._graph_execs: dict[int, tuple[_Op, ...]] = {}
         self.graph_launches = 0  # cuGraphLaunch calls that succeeded
+        self.memory_pools = True  # False: devices without the stream-ordered allocator (cuMemAllocAsync and
+        # cuMemFreeAsync fail with CUDA_ERROR_NOT_SUPPORTED, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0)
         self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
         # base -> bytes of the latest allocations a stream-ordered free released (addresses are never reused)
         self._freed_async: dict[int, int] = {}
@@ -565,6 +569,8 @@ class FakeDriver:
             return (CUresult.CUDA_SUCCESS, device.capability[0])
         if int(attrib) == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
             return (CUresult.CUDA_SUCCESS, device.capability[1])
+        if int(attrib) == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+            return (CUresult.CUDA_SUCCESS, int(self.memory_pools))
         return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
 
     def cuDeviceTotalMem(self, dev: Any) -> tuple[CUresult, int | None]:
@@ -701,6 +707,8 @@ class FakeDriver:
         current context, another stream must be live (its own context is used)."""
         if not self._initialized:
             return CUresult.CUDA_ERROR_NOT_INITIALIZED
+        if not self.memory_pools:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
         handle = int(stream) if stream is not None else 0
         if handle in _LEGACY:
             return self._ready() or self._context_device()
