@@ -164,7 +164,7 @@ def measure_gpu(n: int, forwards: int, samples: int, path: Path, case: Case, clo
     trt = reference_tensorrt(cuda)
     context = fake_tensorrt.FakeExecutionContext
     saved = context.execute_async_v3
-    context.execute_async_v3 = lambda self, stream: True  # type: ignore[method-assign]  # an empty engine
+    context.execute_async_v3 = lambda self, stream_handle: True  # type: ignore[method-assign]  # an empty engine
     try:
         with case.program(path, trt, cuda) as prog:
             return _time_forwards(prog, case, cuda, proxy, forwards, samples)
