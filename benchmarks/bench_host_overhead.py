@@ -9,7 +9,8 @@ proxy, and its time is subtracted: the table reports pyrt's own time per
 forward and per delegate call. N = 1 and N = 16 separate the per-run cost
 (input and output copies, stream setup) from the per-delegate cost (slope).
 The timing proxy's own Python per call (measured on a no-op at start) is
-taken out too.
+taken out too. A second column times the same forwards with every seam call
+stubbed (answered at once with its last real result), nothing subtracted.
 
 Two kinds of program: "host" takes a numpy input and gives a numpy output
 (with CUDA graphs only the middle engines replay as a graph); "device" plans
@@ -54,6 +55,7 @@ class TimedDriver:
         self.clock = clock
         self.seconds = 0.0
         self.calls = 0
+        self.stub = False  # True: every wrapped call returns its last real result at once (see ``wrap``)
 
     def overhead(self, rounds: int = 100_000, repeats: int = 9) -> float:
         """Seconds per call that the proxy adds outside its timed window, over a direct call of a no-op
@@ -87,12 +89,18 @@ class TimedDriver:
         return wrapped
 
     def wrap(self, target: Any) -> Any:
+        """``target`` timed; with ``stub`` set, a call returns ``target``'s last result without calling it
+        (nothing timed or subtracted: the stub's own Python is billed to pyrt)."""
         clock = self.clock
+        last: list[Any] = [None]
 
         def timed(*args: Any) -> Any:
+            if self.stub:
+                return last[0]
             t0 = clock()
             try:
-                return target(*args)
+                last[0] = result = target(*args)
+                return result
             finally:
                 self.seconds += clock() - t0
                 self.calls += 1
@@ -156,7 +164,7 @@ def measure_gpu(n: int, forwards: int, samples: int, path: Path, case: Case, clo
     trt = reference_tensorrt(cuda)
     context = fake_tensorrt.FakeExecutionContext
     saved = context.execute_async_v3
-    context.execute_async_v3 = lambda self, stream: True  # type: ignore[method-assign]  # an empty engine
+    context.execute_async_v3 = lambda self, stream_handle: True  # type: ignore[method-assign]  # an empty engine
     try:
         with case.program(path, trt, cuda) as prog:
             return _time_forwards(prog, case, cuda, proxy, forwards, samples)
@@ -212,8 +220,23 @@ def _time_forwards(prog: Any, case: Case, cuda: Any, proxy: TimedDriver, forward
         per_forward.append((total - proxy.seconds - proxy.calls * overhead) / forwards)
         seam.append(proxy.seconds / forwards)
     cuda.synchronize(0)
+    calls = proxy.calls / forwards
+    stubbed = []  # the same forwards with every seam call answered by its stub (see TimedDriver.wrap)
+    proxy.stub = True
+    try:
+        for _ in range(samples):
+            gc.collect()
+            gc.disable()
+            t0 = proxy.clock()
+            for _ in range(forwards):
+                prog(x, **kwargs)
+            stubbed.append((proxy.clock() - t0) / forwards)
+            gc.enable()
+    finally:
+        proxy.stub = False
+    cuda.synchronize(0)
     return {"pyrt_us": statistics.median(per_forward) * 1e6, "seam_us": statistics.median(seam) * 1e6,
-            "driver_calls": proxy.calls / forwards, "proxy_us": overhead * 1e6}
+            "driver_calls": calls, "proxy_us": overhead * 1e6, "stub_us": statistics.median(stubbed) * 1e6}
 
 
 def main() -> None:
@@ -234,12 +257,14 @@ def main() -> None:
                                             _program(n, Path(tmp), args.programs, case.io), case, args.clock)
                 for case in CASES for n in (1, 16)}
     slope = (rows["host", "eager", 16]["pyrt_us"] - rows["host", "eager", 1]["pyrt_us"]) / 15
-    body = [[io, mode, str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['seam_us']:.1f}",
-             f"{r['driver_calls']:.0f}"] for (io, mode, n), r in rows.items()]
+    body = [[io, mode, str(n), f"{r['pyrt_us']:.1f}", f"{r['pyrt_us'] / n:.1f}", f"{r['stub_us']:.1f}",
+             f"{r['seam_us']:.1f}", f"{r['driver_calls']:.0f}"] for (io, mode, n), r in rows.items()]
     seam = "real CUDA driver" if args.gpu else "simulated seams"
     table = markdown_table(["I/O", "mode", "delegates", "pyrt us / forward", "pyrt us / delegate",
-                            f"{seam} us / forward", f"{seam} calls / forward"], body)
+                            "pyrt us / forward, stubbed seams", f"{seam} us / forward", f"{seam} calls / forward"],
+                           body)
     graphed = [r["pyrt_us"] for (io, mode, _), r in rows.items() if io == "device" and mode.startswith("cuda")]
+    stubbed = {mode: r["stub_us"] for (io, mode, _), r in rows.items() if io == "device" and mode.startswith("cuda")}
     proxy = statistics.median(r["proxy_us"] for r in rows.values())
     text = (f"`{command_line()}` ({machine()}; medians of {args.samples} samples of {args.forwards} forwards, "
             f"{'CPU time of the thread' if args.clock == 'thread' else 'wall-clock time'}; "
@@ -250,9 +275,16 @@ def main() -> None:
             f"with a fresh output buffer (copy) or the planned one (static))\n\n{table}\n\n"
             f"Per additional delegate call (slope from 1 to 16, host I/O, eager): **{slope:.1f} us** of "
             f"pyrt's own Python (goal <= 10 us). Per forward with CUDA graphs and device I/O: "
-            f"**{min(graphed):.1f}-{max(graphed):.1f} us** (goal <= 5 us). Time inside the seams (the {seam}'s calls"
+            f"**{min(graphed):.1f}-{max(graphed):.1f} us** (goal <= 5 us); stubbed seams: "
+            + ", ".join(f"{mode.removeprefix('cuda graphs, ')} {min(v for m, v in stubbed.items() if m == mode):.1f} us"
+                        for mode in dict.fromkeys(stubbed)) +
+            f". Time inside the seams (the {seam}'s calls"
             f"{'' if args.gpu else ' and the fake TensorRT context'}) is measured through timing wrappers and "
-            f"excluded, and so is the wrappers' own cost ({proxy:.2f} us per call, measured on a no-op); the garbage "
+            f"excluded, and so is the wrappers' own cost ({proxy:.2f} us per call, measured on a no-op). The stubbed "
+            f"column is a second method with nothing subtracted: the same forwards again, every seam call answered "
+            f"at once by its wrapper with that call's last real result, the wrapper's own Python billed to pyrt. "
+            f"The two bracket pyrt's own time: the subtraction also bills pyrt for what the simulator's heavy Python "
+            f"does to caches around each call, the stubs leave caches warmer than real driver calls would. The garbage "
             f"collector is off while timing, as in timeit"
             f"{'; engines are empty (execute_async_v3 returns at once)' if args.gpu else ''}.")
     print(text)

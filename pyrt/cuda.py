@@ -63,6 +63,7 @@ class Cuda:
         self._devices: list[DeviceInfo] | None = None
         self._handles: dict[int, Any] = {}
         self._contexts: dict[int, Any] = {}
+        self._pools: dict[int, bool] = {}
 
     # -- driver plumbing -------------------------------------------------
     @property
@@ -169,6 +170,15 @@ class Cuda:
                 ctx = self._contexts[index]
         return ctx
 
+    def memory_pools(self, index: int) -> bool:
+        """Whether device ``index`` has the stream-ordered allocator (``cuMemAllocAsync``; asked once)."""
+        found = self._pools.get(index)
+        if found is None:
+            self.require_device(index)
+            attr = self.driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+            found = self._pools[index] = bool(self.call("cuDeviceGetAttribute", attr, self._handle(index)))
+        return found
+
     def set_device(self, index: int) -> None:
         """Make device ``index``'s primary context current on this thread."""
         self.call("cuCtxSetCurrent", self.context(index))
@@ -186,10 +196,10 @@ class Cuda:
 
     # -- memory ----------------------------------------------------------
     def free_memory(self, ptr: int, device: int) -> None:
-        """``cuMemFree(ptr)`` with device ``device``'s context current: every owned allocation's free.
+        """``cuMemFree(ptr)`` with device ``device``'s context current (it synchronises the device).
 
         The same calls and errors as ``set_device(device)`` then ``call("cuMemFree", ptr)``, without
-        their indirection: outputs freed by the caller's drop run this once per forward.
+        their indirection.
         """
         driver = self._driver if self._driver is not None else self.driver
         ctx = self._contexts.get(device)
@@ -207,6 +217,26 @@ class Cuda:
         if result[0]:
             raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
 
+    def free_async(self, ptr: int, device: int, stream: int) -> None:
+        """``cuMemFreeAsync(ptr, stream)``: a stream-ordered free of the memory at ``ptr``, no host synchronisation.
+
+        The memory is released when stream handle ``stream`` reaches the free, so work queued on
+        it before still reads valid memory; work on other streams must be ordered before it by
+        the caller. A stream other than the legacy default ones (handles 0-2) names its own
+        context; for those, device ``device``'s context is made current first.
+        """
+        driver = self._driver if self._driver is not None else self.driver
+        try:
+            if stream < _LEGACY_STREAMS and (result := driver.cuCtxSetCurrent(self.context(device)))[0]:
+                raise DeviceError(f"cuCtxSetCurrent failed with {self.error_name(result[0])}")
+            result = driver.cuMemFreeAsync(ptr, stream)
+        except DeviceError:
+            raise
+        except Exception as exc:  # the binding raises for a missing driver library, bad types
+            raise DeviceError(f"cuMemFreeAsync failed: {type(exc).__name__}: {exc}") from exc
+        if result[0]:
+            raise DeviceError(f"cuMemFreeAsync failed with {self.error_name(result[0])}")
+
     def alloc(self, nbytes: int, device: int) -> DeviceAllocation:
         """Allocate ``nbytes`` of device memory on ``device`` (free it, or use ``with``)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -216,6 +246,22 @@ class Cuda:
             return DeviceAllocation(self, 0, 0, device, owned=False)
         ptr = self.call("cuMemAlloc", nbytes)
         return DeviceAllocation(self, int(ptr), nbytes, device, owned=True)
+
+    def alloc_async(self, nbytes: int, stream: Stream, free_on: int | None = None) -> StreamAllocation:
+        """``nbytes`` of device memory on ``stream``'s device, allocated and freed in stream order.
+
+        ``cuMemAllocAsync`` on ``stream``: work queued on ``stream`` after this call may use it
+        (other streams must wait for ``stream`` first). ``free()`` -- or dropping the tensor that owns
+        it -- queues ``cuMemFreeAsync`` on stream handle ``free_on`` (default ``stream``'s) without
+        synchronising the host; whoever uses the memory on another stream orders that stream before
+        ``free_on``.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        stream.check_open()
+        self.set_device(stream.device)
+        ptr = self.call("cuMemAllocAsync", max(nbytes, 1), stream.raw)
+        return StreamAllocation(self, int(ptr), nbytes, stream.device, stream.handle if free_on is None else free_on)
 
     def borrow(self, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
         """Wrap memory someone else owns (e.g. a torch CUDA tensor); ``free()`` leaves it alone."""
@@ -309,6 +355,7 @@ class Cuda:
 
 
 _CU_STREAM_NON_BLOCKING = 1
+_LEGACY_STREAMS = 3  # handles below: the legacy default stream (0, CU_STREAM_LEGACY = 1), the per-thread one (2)
 _CU_EVENT_DEFAULT = 0
 _CU_EVENT_DISABLE_TIMING = 2
 
@@ -332,11 +379,6 @@ class DeviceAllocation:
         self.device = device
         self._owned = owned
         self.freed = False
-
-    @classmethod
-    def adopt(cls, cuda: Cuda, ptr: int, nbytes: int, device: int) -> DeviceAllocation:
-        """An owned allocation of what ``cuMemAlloc`` just returned (one per output per graph replay)."""
-        return cls(cuda, ptr, nbytes, device, owned=True)
 
     def span(self, offset: int, nbytes: int, role: str = "span") -> int:
         """Address of ``[offset, offset + nbytes)``, bounds-checked against this allocation."""
@@ -369,6 +411,35 @@ class DeviceAllocation:
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"DeviceAllocation(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device}{state})"
+
+
+class StreamAllocation(DeviceAllocation):
+    """Owned memory from ``cuMemAllocAsync``; ``free()`` queues ``cuMemFreeAsync`` on stream handle ``free_on``.
+
+    Built positionally (one per output per graph replay): ``StreamAllocation(cuda, ptr, nbytes, device, free_on)``
+    (see :meth:`Cuda.alloc_async`).
+    """
+
+    __slots__ = ("_free_on",)
+
+    def __init__(self, cuda: Cuda, ptr: int, nbytes: int, device: int, free_on: int) -> None:
+        self._cuda = cuda
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self._owned = True
+        self.freed = False
+        self._free_on = free_on
+
+    def free(self) -> None:
+        """Queue the free on its stream (idempotent); a stream that is gone: ``cuMemFree`` (it waits for the device)."""
+        if self.freed:
+            return
+        self.freed = True
+        try:
+            self._cuda.free_async(self.ptr, self.device, self._free_on)
+        except DeviceError:
+            self._cuda.free_memory(self.ptr, self.device)
 
 
 _H = TypeVar("_H", bound="_Handle")

@@ -193,6 +193,11 @@ class DeviceContext:
             self._active[device] = s
         return s
 
+    def ready_handle(self, device: int) -> int:
+        """The handle of the stream this run's device outputs on ``device`` are ready on for the caller: the
+        run's stream, or the legacy default stream (0) where that is pyrt's own (``end`` orders it after)."""
+        return 0 if device in self._own_used else int(self.stream(device).handle)
+
     def caller_stream(self, stream: Any, device: int) -> Any:
         """The caller's ``stream`` argument as a pyrt Stream, or None when it names another device."""
         return _caller_streams(stream, self.cuda, self.primary).get(device)

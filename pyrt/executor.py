@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrt.cuda import DeviceAllocation
 from pyrt.errors import (
     ExecutionError,
     InputError,
@@ -352,7 +353,7 @@ def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     table, i = plan.table, info.index
     host = table.host
     static = not info.dynamic
-    dst = table.vals[i]
+    dst: Any = table.vals[i]  # the host's tensor (numpy or torch) this input is copied into
     want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
     try:
         dst_np = host.to_numpy(dst) if static else None  # set exactly when static
@@ -460,7 +461,7 @@ def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Sette
 
     def set_device(x: Any, run: RunState | None) -> None:
         state = _device_state(run)
-        dst: DeviceTensor = table.vals[i]
+        dst: DeviceTensor = table.vals[i]  # type: ignore[assignment]  # planned in device memory
         seam = state.ctx.cuda
         stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
         dev = _caller_device_input(x, what, state)
@@ -559,7 +560,10 @@ def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
         if stream is not None:
             stream.synchronize()  # the caller gets the host copy next
         return host_output(out, kind) if kind == TORCH else out
-    alloc = seam.alloc(max(t.nbytes, 1), t.device)
+    if stream is None or not seam.memory_pools(t.device):
+        alloc: DeviceAllocation = seam.alloc(max(t.nbytes, 1), t.device)
+    else:  # stream-ordered: dropping it frees it on the stream the caller gets it on, with no sync
+        alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))
     out_t = OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, math.prod(t.shape), t.dim_order)
     if t.nbytes:
         seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)

@@ -54,7 +54,7 @@ from typing import Any
 from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
 from pyrt.pte_reader import ExecutionPlan
 from pyrt.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
-from pyrt.tensors import TorchHost
+from pyrt.tensors import TorchHost, Value
 
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
@@ -581,7 +581,7 @@ def _same_values(view: Any, planned: Any) -> bool:
     return view.dtype == planned.dtype and view.shape == planned.shape
 
 
-def vals_restore(vals: list[Any], saved: dict[int, Any]) -> None:
+def vals_restore(vals: list[Value], saved: dict[int, Value]) -> None:
     for j, v in saved.items():
         vals[j] = v
 

@@ -24,7 +24,18 @@ Outputs, chosen at load by ``graph_outputs``:
 
 * ``"copy"`` (default): each output is a fresh device buffer the caller owns,
   filled on the run's stream from the planned output buffer; later runs never
-  touch it.
+  touch it. The buffers come from CUDA's stream-ordered allocator
+  (``cuMemAllocAsync`` on the run's stream) and dropping an output frees it
+  with ``cuMemFreeAsync`` -- no host or device synchronisation -- on the stream
+  the outputs are ready on: the caller's ``stream``, torch's current stream,
+  or the legacy default stream when pyrt used its own. This is the contract of
+  torch's caching allocator: work queued on that stream before the drop still
+  reads valid memory; a consumer on another stream must order that stream
+  before the drop (an event the output's stream waits for, or a sync), as
+  ``Tensor.record_stream`` does for torch. Keep that stream alive until its
+  outputs are dropped (a free whose stream is gone falls back to
+  ``cuMemFree``, which synchronises the device). A device without the
+  stream-ordered allocator gets ``cuMemAlloc`` buffers, freed by ``cuMemFree``.
 * ``"static"``: each output is the same view of the method's planned output
   buffer on every run, as ``torch.cuda.graphs`` hands out static outputs: the
   next run of the method overwrites it, and it is valid only while the program
@@ -40,10 +51,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyrt.cuda import DeviceAllocation
+from pyrt.cuda import DeviceAllocation, StreamAllocation
 from pyrt.errors import DeviceError, InputError
 from pyrt.graphs import Segment
-from pyrt.tensors import TORCH, DeviceTensor, OwnedDeviceTensor, device_input, device_output
+from pyrt.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
 
 GRAPH_OUTPUTS = ("copy", "static")
 
@@ -87,15 +98,21 @@ class GraphForward:
         self._flatten = flatten
         # per input: planned address, bytes, dtype, shape, dim order -- the shape key is fixed at load
         self._in = [(t.ptr, t.nbytes, t.scalar_type, t.shape, t.dim_order) for t in inputs]
-        # per output: planned address, bytes, bytes a fresh copy allocates (never 0), the planned tensor
-        self._out = [(t.ptr, t.nbytes, max(t.nbytes, 1), t) for t in outputs]
+        # per output: planned address, bytes, bytes a fresh copy allocates (never 0), and its layout
+        self._out = [(t.ptr, t.nbytes, max(t.nbytes, 1), t.scalar_type, t.shape, t.capacity, t.dim_order)
+                     for t in outputs]
         self._views = [DeviceTensor(t.allocation, t.offset, t.scalar_type, t.shape, t.capacity, t.dim_order)
                        for t in outputs]
         cuda = self.cuda = ctx.cuda
         self._cu_ctx = cuda.context(self.device)
         driver = cuda.driver  # looked up once: each call below is checked where it is made
         self._set_ctx, self._copy, self._launch = driver.cuCtxSetCurrent, driver.cuMemcpyDtoDAsync, driver.cuGraphLaunch
-        self._alloc, self._record, self._wait = driver.cuMemAlloc, driver.cuEventRecord, driver.cuStreamWaitEvent
+        self._record, self._wait = driver.cuEventRecord, driver.cuStreamWaitEvent
+        self._owned: Callable[[Any, int, int, int, int], DeviceAllocation]
+        if cuda.memory_pools(self.device):  # stream-ordered outputs: StreamAllocation(cuda, ptr, size, device, free_on)
+            self._alloc, self._owned, self._alloc_name = driver.cuMemAllocAsync, StreamAllocation, "cuMemAllocAsync"
+        else:  # a device without the stream-ordered allocator: cuMemAlloc, and cuMemFree (a device sync) on drop
+            self._alloc, self._owned, self._alloc_name = _sync_alloc(driver), _sync_owned, "cuMemAlloc"
         self._ends: list[Any] = []  # [end event]: what this path last set as the context's last run
         self._end_handle: int | None = None  # the stream that run used
         self._arg: Any = None  # the last ``stream`` argument and its (raw, handle)
@@ -104,10 +121,9 @@ class GraphForward:
         self._ev_end: Any = None
 
     def __call__(self, inputs: Sequence[Any], stream: Any) -> list[Any] | None:
-        segment = self.segment
-        if segment.state != "graph":  # not captured yet, or dropped (set_budget)
+        graph = self.segment.graph_exec
+        if graph is None:  # not captured yet, or dropped (set_budget)
             return None
-        graph = segment.graph_exec
         flat = self._flatten(inputs)
         if len(flat) != len(self._in):
             return None
@@ -124,8 +140,8 @@ class GraphForward:
         sources = []
         for x, spec in zip(flat, self._in, strict=True):  # all read and checked before any work is queued
             if (isinstance(x, DeviceTensor) and x.scalar_type is spec[2] and x.shape == spec[3]
-                    and x.dim_order == spec[4] and x.allocation.device == device and not x.allocation.freed):
-                sources.append((x.allocation.ptr + x.offset, x.stream))
+                    and x.dim_order == spec[4] and (a := x.allocation).device == device and not a.freed):
+                sources.append((a.ptr + x.offset, x.stream))
                 continue
             source = self._foreign(x, spec, handle)
             if source is None:
@@ -136,15 +152,7 @@ class GraphForward:
             self._ev_in = self.ctx.named_event("graph forward inputs", device).raw
             self._ev_end = self._ends[0].raw
         try:
-            self._enqueue(graph, sources, raw, handle, own)
-            outs = list(self._views) if self.static else self._fresh_outputs(raw)
-            stream_out = handle or None  # CAI v3 "stream" of the outputs (none for the legacy stream's 0)
-            for t in outs:
-                t.stream = stream_out
-            if (r := self._record(self._ev_end, raw))[0]:  # the next run, on another stream, waits for it
-                raise _error("cuEventRecord", r)
-            if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy stream
-                raise _error("cuStreamWaitEvent", r)
+            outs = self._enqueue(graph, sources, raw, handle, own)
         except DeviceError:
             raise
         except Exception as exc:  # the driver binding raises for bad types
@@ -154,9 +162,11 @@ class GraphForward:
             return [device_output(t, TORCH) for t in outs]
         return outs
 
-    def _enqueue(self, graph: Any, sources: list[tuple[int, int | None]], raw: Any, handle: int, own: bool) -> None:
-        """Order the run's stream after what it must follow, copy the inputs in, launch the graph."""
-        record, wait, copy, ev_in = self._record, self._wait, self._copy, self._ev_in
+    def _enqueue(self, graph: Any, sources: list[tuple[int, int | None]], raw: Any, handle: int,
+                 own: bool) -> list[DeviceTensor]:
+        """Everything a forward queues on the run's stream: ordering after what it must follow, the input
+        copies, the graph, the outputs (fresh buffers filled from the planned ones, or those), the end event."""
+        record, wait, copy, ev_in, ev_end = self._record, self._wait, self._copy, self._ev_in, self._ev_end
         if (r := self._set_ctx(self._cu_ctx))[0]:
             raise _error("cuCtxSetCurrent", r)
         if own:  # device callers that name no stream may still be producing on the legacy stream
@@ -168,27 +178,34 @@ class GraphForward:
                 if (r := wait(raw, event.raw, 0))[0]:
                     raise _error("cuStreamWaitEvent", r)
         for (src, producer), spec in zip(sources, self._in, strict=True):
-            dst, nbytes = spec[0], spec[1]
             if producer is not None and producer != handle:  # the producer's queued work first
                 if (r := record(ev_in, producer))[0] or (r := wait(raw, ev_in, 0))[0]:
                     raise _error(f"ordering after producer stream {producer:#x}", r)
-            if nbytes and (r := copy(dst, src, nbytes, raw))[0]:
+            if spec[1] and (r := copy(spec[0], src, spec[1], raw))[0]:
                 raise _error("cuMemcpyDtoDAsync", r)
         if (r := self._launch(graph, raw))[0]:
             raise _error("cuGraphLaunch", r)
-
-    def _fresh_outputs(self, raw: Any) -> list[DeviceTensor]:
-        """New device buffers the caller owns, filled from the planned outputs on the run's stream."""
-        outs: list[DeviceTensor] = []
-        alloc, copy, cuda, device = self._alloc, self._copy, self.cuda, self.device
-        adopt, like = DeviceAllocation.adopt, OwnedDeviceTensor.like
-        for src, nbytes, size, t in self._out:
-            if (r := alloc(size))[0]:
-                raise _error("cuMemAlloc", r)
-            ptr = int(r[1])
-            outs.append(like(adopt(cuda, ptr, size, device), 0, t))
-            if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
-                raise _error("cuMemcpyDtoDAsync", r)
+        stream_out = handle or None  # CAI v3 "stream" of the outputs (none for the legacy stream's 0)
+        if self.static:
+            outs = list(self._views)
+            for t in outs:
+                t.stream = stream_out
+        else:  # fresh stream-ordered buffers, freed on the stream the caller gets them on (see the module doc)
+            outs = []
+            alloc, owned, cuda, device = self._alloc, self._owned, self.cuda, self.device
+            free_on = 0 if own else handle  # the legacy stream where pyrt used its own
+            for src, nbytes, size, scalar_type, shape, capacity, dim_order in self._out:
+                if (r := alloc(size, raw))[0]:
+                    raise _error(self._alloc_name, r)
+                ptr = int(r[1])
+                outs.append(OutputTensor(owned(cuda, ptr, size, device, free_on), scalar_type, shape, capacity,
+                                         dim_order, stream_out))
+                if nbytes and (r := copy(ptr, src, nbytes, raw))[0]:
+                    raise _error("cuMemcpyDtoDAsync", r)
+        if (r := record(ev_end, raw))[0]:  # the next run, on another stream, waits for it
+            raise _error("cuEventRecord", r)
+        if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy stream
+            raise _error("cuStreamWaitEvent", r)
         return outs
 
     def _stream(self, stream: Any, torch_in: bool) -> tuple[Any, int, bool] | None:
@@ -217,6 +234,19 @@ class GraphForward:
         if dev is None or dev.device != self.device or dev.scalar_type is not spec[2] or dev.shape != spec[3]:
             return None
         return dev.ptr, dev.stream
+
+
+def _sync_alloc(driver: Any) -> Callable[[int, Any], Any]:
+    """``cuMemAlloc`` with ``cuMemAllocAsync``'s arguments (the stream is not used)."""
+    def alloc(size: int, stream: Any) -> Any:
+        return driver.cuMemAlloc(size)
+
+    return alloc
+
+
+def _sync_owned(cuda: Any, ptr: int, size: int, device: int, free_on: int) -> DeviceAllocation:
+    """An owned ``cuMemAlloc`` allocation, freed by ``cuMemFree`` (``free_on`` is not used)."""
+    return DeviceAllocation(cuda, ptr, size, device, owned=True)
 
 
 def _error(name: str, result: Any) -> DeviceError:

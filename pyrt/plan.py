@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.delegates import draft_delegates
 from pyrt.devices import DeviceMap, remap_device
@@ -43,7 +43,10 @@ from pyrt.schema import (
     ValueKind,
 )
 from pyrt.schema import Tensor as TensorDecl
-from pyrt.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, dim_order_strides
+from pyrt.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, Value, dim_order_strides
+
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
 LIST_KINDS = ("IntList", "TensorList", "OptionalTensorList")
@@ -79,14 +82,15 @@ class TensorInfo:
 
 @dataclass
 class ValueTable:
-    """The method's values at run time (``vals``) plus what the plan knows about each."""
+    """The method's values at run time (``vals``, one :data:`~pyrt.tensors.Value` per slot) plus what the plan
+    knows about each."""
 
     method: str
     host: NumpyHost | TorchHost
     kinds: list[ValueKind]
     items: dict[int, tuple[int, ...]]
     infos: dict[int, TensorInfo]
-    vals: list[Any]
+    vals: list[Value]
     unstable: set[int] = field(default_factory=set)
     arenas: dict[int, Any] = field(default_factory=dict)
     devices: Any = None  # pyrt.delegates.DeviceContext when the method touches CUDA
@@ -95,7 +99,7 @@ class ValueTable:
     def is_const(self, i: int) -> bool:
         return i not in self.unstable
 
-    def getter(self, i: int) -> Callable[[], Any]:
+    def getter(self, i: int) -> Callable[[], Value]:
         """Zero-argument callable returning value ``i`` as kernels see it at run time."""
         if self.is_const(i):
             v = self.vals[i]
@@ -122,9 +126,10 @@ class ValueTable:
             t.resize(shape, f"method {self.method!r} value {i}")
             return t
         if isinstance(self.host, TorchHost):
-            if tuple(t.shape) != shape:
-                t.as_strided_(shape, dim_order_strides(shape, info.dim_order))
-            return t
+            tt: torch.Tensor = t  # type: ignore[assignment]  # the torch host's tensor slots hold torch tensors
+            if tuple(tt.shape) != shape:
+                tt.as_strided_(shape, dim_order_strides(shape, info.dim_order))
+            return tt
         arena = self.arenas.get(info.memory_id)
         if info.storage != PLANNED or arena is None:
             new = self.host.empty(info.scalar_type, shape, info.dim_order)
@@ -308,13 +313,13 @@ def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: d
 
 def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[ValueKind],
                 items: dict[int, tuple[int, ...]], raw: list[Payload], infos: dict[int, TensorInfo],
-                arenas: dict[int, Any]) -> list[Any]:
+                arenas: dict[int, Any]) -> list[Value]:
     """Initial Python object of every value."""
     program = plan.program
-    vals: list[Any] = [None] * len(kinds)
+    vals: list[Value] = [None] * len(kinds)
     for i, kind in enumerate(kinds):
         if kind in SCALAR_KINDS or kind == "String":
-            vals[i] = raw[i]
+            vals[i] = cast(Value, raw[i])
         elif kind in ("DoubleList", "BoolList"):
             vals[i] = list(cast(tuple[float, ...] | tuple[bool, ...], raw[i]))
     windows: dict[int, list[TensorInfo]] = {}  # host arena -> its planned tensors, viewed in bulk below
@@ -330,10 +335,10 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[Va
         elif info.storage == UNPLANNED:
             vals[i] = None  # bound per run (inputs) or allocated by the plan (see bind_unplanned)
         elif info.device is not None:
-            vals[i] = DeviceTensor(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes,
-                                   info.capacity, info.dim_order)
+            vals[i] = dev = DeviceTensor(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes,
+                                         info.capacity, info.dim_order)
             if decl.data_buffer_idx > 0:  # a mutable buffer kept in device memory (a KV cache)
-                _initialize_device(vals[i], program.mutable_data(decl))
+                _initialize_device(dev, program.mutable_data(decl))
         else:
             vals[i] = host.view(arenas[info.memory_id], info.offset, info.scalar_type, info.sizes, info.dim_order)
             if decl.is_external:  # mutable buffer whose initial value is named data (a .ptd)

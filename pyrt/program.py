@@ -84,7 +84,8 @@ class Program:
     set_budget captures again. A method that is wholly such work, with inputs and outputs
     planned in device memory, called with device tensors, runs as input copies and one graph
     launch with no host synchronisation (:mod:`pyrt.graph_forward`); ``graph_outputs``: "copy"
-    (default: fresh device buffers the caller owns) or "static" (views of the method's output
+    (default: fresh stream-ordered device buffers the caller owns, freed on drop with no sync on
+    the stream they are ready on; see :mod:`pyrt.graph_forward`) or "static" (views of the method's output
     buffers that its next run overwrites, as torch's CUDA graphs hand out).
     ``fold``: run each method's pure kernel calls on constant data once at load instead
     of on every run (weight transposes, rotary tables, static masks; see :mod:`pyrt.fold`):

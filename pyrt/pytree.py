@@ -107,6 +107,8 @@ def output_builder(spec: Spec | None, n: int) -> Callable[[list[Any]], Any]:
         return tuple
     if spec.get("type") is None:
         return lambda outs: outs[0]
+    if all(k.get("type") is None for k in spec["children_spec"]):  # a flat tuple or list: its constructor
+        return _SEQ_TYPES[spec["type"]]
 
     def build(outs: list[Any]) -> Any:
         return _unflatten(spec, iter(outs))

@@ -27,7 +27,7 @@ from typing import Any
 
 from pyrt.kernels import DATA_DEPENDENT_OPS, ShapeOnly, Step, noop
 from pyrt.plan import MethodPlan
-from pyrt.tensors import TorchHost
+from pyrt.tensors import TorchHost, Value
 
 
 def steady_chain(plan: MethodPlan) -> tuple[list[Step], list[int]] | None:
@@ -68,7 +68,7 @@ def _skippable(marks: ShapeOnly, stable: set[int]) -> bool:
     return marks.tensor < 0 or marks.tensor in stable
 
 
-def shape_key(vals: list[Any], inputs: tuple[int, ...]) -> tuple[Any, ...]:
+def shape_key(vals: list[Value], inputs: tuple[int, ...]) -> tuple[Any, ...]:
     """The shapes of the inputs' tensors (None for non-tensors), as bound for this run."""
     return tuple(getattr(vals[i], "shape", None) for i in inputs)
 

@@ -29,12 +29,15 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import numpy as np
 
 from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
+
+if TYPE_CHECKING:  # annotations only: the runtime path never imports torch itself
+    import torch
 
 # -- dtypes ----------------------------------------------------------------------------------------
 
@@ -133,9 +136,6 @@ def is_contiguous_order(dim_order: Sequence[int]) -> bool:
 # -- device tensors --------------------------------------------------------------------------------
 
 
-_T = TypeVar("_T", bound="DeviceTensor")
-
-
 class DeviceTensor:
     """A typed, resizable window ``[offset, offset + capacity bytes)`` of device memory.
 
@@ -156,24 +156,6 @@ class DeviceTensor:
         self.dim_order = dim_order or tuple(range(len(shape)))
         self.keepalive = keepalive
         self.stream: int | None = None  # the stream that last wrote it, when consumers must wait
-
-    @classmethod
-    def like(cls: type[_T], allocation: Any, offset: int, template: DeviceTensor) -> _T:
-        """A tensor with ``template``'s dtype, shape, capacity and dim order at ``offset`` of ``allocation``.
-
-        Copies the fields as they are (already normalised by ``template``'s construction): the per-forward
-        outputs of a graph replay are made this way.
-        """
-        t = cls.__new__(cls)
-        t.allocation = allocation
-        t.offset = offset
-        t.scalar_type = template.scalar_type
-        t.shape = template.shape
-        t.capacity = template.capacity
-        t.dim_order = template.dim_order
-        t.keepalive = None
-        t.stream = None
-        return t
 
     @property
     def device(self) -> int:
@@ -224,6 +206,36 @@ class OwnedDeviceTensor(DeviceTensor):
             self.allocation.free()
         except Exception:  # interpreter shutdown or a closed fake driver: nothing to report to
             pass
+
+
+class OutputTensor(OwnedDeviceTensor):
+    """An owned device tensor made positionally, in one step: one per output per graph replay.
+
+    ``OutputTensor(allocation, scalar_type, shape, capacity, dim_order, stream)`` takes the
+    fields as they are (a planned output's, already normalised) at offset 0 of ``allocation``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, allocation: Any, scalar_type: ScalarType, shape: tuple[int, ...],
+                 capacity: int, dim_order: tuple[int, ...], stream: int | None) -> None:
+        self.allocation = allocation
+        self.offset = 0
+        self.scalar_type = scalar_type
+        self.shape = shape
+        self.capacity = capacity
+        self.dim_order = dim_order
+        self.keepalive = None
+        self.stream = stream
+
+
+# -- what a value slot holds ----------------------------------------------------------------------
+
+# A host tensor: a numpy array, or a torch tensor when torch kernels run (torch named in annotations only).
+HostTensor: TypeAlias = Union[np.ndarray, "torch.Tensor"]
+# One slot of a method's value table (``ValueTable.vals``): a host or device tensor, a scalar, a
+# string, None (unset, or an absent optional), or a list of those (int/bool/double/tensor lists).
+Value: TypeAlias = HostTensor | DeviceTensor | int | float | bool | str | None | list["Value"]
 
 
 # -- caller inputs -----------------------------------------------------------------------------------

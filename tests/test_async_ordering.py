@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pyrt.cuda import DeviceAllocation
 from pyrt.dtypes import ScalarType
 from pyrt.program import Program
 from pyrt.tensors import DeviceTensor
@@ -159,6 +160,45 @@ def test_back_to_back_runs_on_one_device_and_a_caller_stream(sim: Any, programs:
         stream.synchronize()
         for x, out in outs:
             np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
+
+
+def test_a_dropped_device_output_is_freed_on_the_callers_stream_without_a_sync(sim: Any,
+                                                                            programs: dict[str, Path]) -> None:
+    """Device outputs come from the stream-ordered allocator: dropping one queues its free behind the
+    caller's own work on that stream (cuMemFreeAsync), the host waits for nothing."""
+    with Program(programs["device_out"]) as prog, sim.cuda.stream(1) as stream:
+        x = _inputs(10, runs=1)[0]
+        (out,) = prog.run(_device_tensor(sim, x), stream=stream)
+        got = np.empty(x.shape, np.float32)
+        sim.cuda.memcpy_dtoh(got, out.allocation, src_offset=out.offset, stream=stream)  # the caller's use
+        free, queued, alloc = sim.cuda.mem_info(out.device)[0], sim.driver.pending(stream.handle), out.allocation
+        del out
+        assert alloc.freed and sim.driver.pending(stream.handle) == queued + 1
+        assert sim.cuda.mem_info(alloc.device)[0] == free  # not yet: the stream has not reached the free
+        stream.synchronize()
+        np.testing.assert_allclose(got, _want(x), rtol=1e-6)
+        assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes
+
+
+def test_without_a_stream_a_device_output_is_freed_on_the_legacy_stream(sim: Any, programs: dict[str, Path]) -> None:
+    with Program(programs["device_out"]) as prog:
+        x = _inputs(11, runs=1)[0]
+        (out,) = prog(_device_tensor(sim, x))
+        np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
+        free, alloc = sim.cuda.mem_info(out.device)[0], out.allocation
+        del out
+        assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes  # the legacy stream had reached it
+
+
+def test_without_the_stream_ordered_allocator_device_outputs_are_plain_allocations(
+        sim: Any, programs: dict[str, Path]) -> None:
+    sim.driver.memory_pools = False
+    with Program(programs["device_out"]) as prog, sim.cuda.stream(1) as stream:
+        x = _inputs(12, runs=1)[0]
+        (out,) = prog.run(_device_tensor(sim, x), stream=stream)
+        assert type(out.allocation) is DeviceAllocation  # cuMemAlloc; dropping it is cuMemFree
+        stream.synchronize()
+        np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
 
 
 def test_host_input_into_a_device_arena_is_kept_until_copied(sim: Any, programs: dict[str, Path]) -> None:

@@ -172,6 +172,37 @@ def test_device_to_device_and_async_copies(cuda: Cuda) -> None:
         np.testing.assert_array_equal(out, np.concatenate([_pattern(128, 3)[:64]] * 2))
 
 
+def test_stream_ordered_memory_is_used_and_freed_in_stream_order(cuda: Cuda) -> None:
+    with cuda.stream(0) as s, cuda.stream(0) as other, cuda.event(0) as ready:
+        buf = cuda.alloc_async(64, s)
+        assert (buf.nbytes, buf.device) == (64, 0)
+        src = _pattern(64, 9)
+        cuda.memcpy_htod(buf, src, stream=s)  # after the allocation on its stream
+        ready.record(s)
+        other.wait(ready)  # another stream uses it once ordered after the allocation
+        out = np.empty(64, np.uint8)
+        cuda.memcpy_dtoh(out, buf, stream=other)
+        ready.record(other)
+        s.wait(ready)  # ... and before the free, which goes on ``s``
+        buf.free()
+        buf.free()  # idempotent
+        s.synchronize()
+        np.testing.assert_array_equal(out, _pattern(64, 9))
+        with pytest.raises(DeviceError, match="was freed"):
+            cuda.memcpy_htod(buf, bytes(4), stream=s)
+
+
+def test_stream_ordered_memory_refuses_bad_sizes_closed_streams_and_too_much(cuda: Cuda) -> None:
+    s = cuda.stream(0)
+    with pytest.raises(InputError, match="non-negative int"):
+        cuda.alloc_async(-1, s)
+    with pytest.raises(DeviceError, match="cuMemAllocAsync failed with CUDA_ERROR_OUT_OF_MEMORY"):
+        cuda.alloc_async(1 << 60, s)
+    s.close()
+    with pytest.raises(DeviceError, match="closed"):
+        cuda.alloc_async(16, s)
+
+
 def test_peer_copies_between_devices(cuda: Cuda) -> None:
     if cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")

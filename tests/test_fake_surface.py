@@ -26,7 +26,7 @@ machine without a GPU, so their surfaces can be compared here, in CI:
    exist on the real binding (a set needs a settable property, a call needs
    an argument count some real overload accepts), and on the fake unless
    listed below. CUDA calls elsewhere in pyrt (tensors, gpu_reference) are
-   found statically: every ``"cu..."`` name in pyrt's source, with the
+   found statically: every ``"cu..."`` name (and ``driver.cu...`` attribute) in pyrt's source, with the
    argument count of each ``.call("cu...", ...)`` / ``._copy(...)`` site.
 5. **Callbacks.** ``ILogger.log`` and ``IStreamReaderV2.read/seek`` are
    called *by* TensorRT; their Python arity is the one the real classes
@@ -100,6 +100,7 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "pending": "operations queued and not yet run (tests of the asynchronous fake)",
         "hazards": "use-after-free of host buffers and asynchronous faults the fake saw (empty in correct code)",
         "graph_launches": "cuGraphLaunch calls that succeeded (tests of CUDA graph replay)",
+        "memory_pools": "False simulates devices without the stream-ordered allocator (cuMemAllocAsync)",
         "allocate_internal": "memory a fake engine holds, without touching the current context",
         "free_internal": "frees allocate_internal's memory",
     },
@@ -453,6 +454,8 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
                 cuda.memcpy_htod(a, x)
                 cuda.memcpy_dtod(a, b, x.nbytes)
                 cuda.memcpy_dtoh(out, b)
+                cuda.alloc_async(x.nbytes, stream).free()  # stream-ordered: on ``stream``
+                cuda.alloc_async(x.nbytes, stream, free_on=0).free()  # on the legacy one
                 stream.synchronize()
                 event.synchronize()
             cuda.synchronize(0)
@@ -518,6 +521,7 @@ def test_what_pyrt_calls_on_the_cuda_driver_is_real(rdrv: Any, monkeypatch: pyte
     assert not problems, "\n".join(problems)
     assert set(FAKE_ONLY_PROBED) <= probes, "a FAKE_ONLY_PROBED entry is no longer probed: drop it"
     assert ("cuMemcpyPeerAsync", 6) in uses | arities and "cuPointerGetAttribute" in static
+    assert {("cuMemAllocAsync", 2), ("cuMemFreeAsync", 2)} <= uses and "cuGraphLaunch" in static
 
 
 def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, str]]]:
@@ -540,8 +544,8 @@ def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, 
                     probes.add((group, node.args[1].value))
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.match(r"^cu[A-Z]\w+$", node.value):
                 names.add(node.value)
-            elif isinstance(node, ast.Attribute) and re.match(r"^CU[a-z]\w*$", node.attr):
-                names.add(node.attr)
+            elif isinstance(node, ast.Attribute) and re.match(r"^(CU[a-z]\w*|cu[A-Z]\w+)$", node.attr):
+                names.add(node.attr)  # enums, and driver functions looked up once (``driver.cuGraphLaunch``)
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
                     and not any(isinstance(a, ast.Starred) for a in node.args)):

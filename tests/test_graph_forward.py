@@ -129,7 +129,9 @@ def test_the_callers_stream_carries_the_work(sim: Any, chain: Path) -> None:
         (y,) = prog(x, stream=stream)
         assert sim.driver.pending(stream.handle) > 0 and sim.driver.pending(own.handle) == 0
         assert y.__cuda_array_interface__["stream"] == stream.handle  # consumers order after it
-        assert not np.allclose(_read(sim, y), _want(xs[2]))  # queued on the caller's stream, not run yet
+        _read(sim, y)  # unordered: the caller's stream has not even reached the output's allocation yet
+        assert [h for h in sim.driver.hazards if "before its stream reached cuMemAllocAsync" in h]
+        sim.driver.hazards.clear()
         stream.synchronize()
         np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
 
@@ -241,19 +243,73 @@ def test_a_closed_program_refuses_replays(sim: Any, chain: Path) -> None:
         prog(x)
 
 
-def test_a_replayed_output_carries_the_stream_and_is_freed_on_drop(sim: Any, chain: Path) -> None:
+def test_a_dropped_output_is_freed_on_its_stream_without_a_sync(sim: Any, chain: Path) -> None:
+    """cuMemFreeAsync on the output's stream: work the caller queued there first still reads it; nothing waits."""
     with Program(chain, cuda_graphs=True) as prog:
-        xs = _inputs(4)
-        x_devs = [_device(sim, x) for x in xs]  # kept: only the outputs are dropped
+        xs = _inputs(3)
+        x_devs = [_device(sim, x) for x in xs]  # kept: only the output is dropped
         for x in x_devs[:2]:
             prog(x)
         stream = sim.cuda.stream(0)
         (y,) = prog(x_devs[2], stream=stream)
         assert isinstance(y, OwnedDeviceTensor) and not y.allocation.freed
         assert y.__cuda_array_interface__["stream"] == stream.handle
-        stream.synchronize()
-        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
-        free = sim.cuda.mem_info(0)[0]
-        alloc = y.allocation
+        out = np.empty(4, np.float32)
+        sim.cuda.memcpy_dtoh(out, y.allocation, stream=stream)  # the caller's own use, on the output's stream
+        free, queued, alloc = sim.cuda.mem_info(0)[0], sim.driver.pending(stream.handle), y.allocation
         del y
+        assert alloc.freed and sim.driver.pending(stream.handle) == queued + 1  # the free is queued behind it
+        assert sim.cuda.mem_info(0)[0] == free  # nothing ran: the host did not wait, the memory is still held
+        stream.synchronize()
+        np.testing.assert_allclose(out, _want(xs[2]), rtol=1e-6)  # read before the stream reached the free
+        assert sim.cuda.mem_info(0)[0] == free + alloc.nbytes
+
+
+def test_without_a_stream_an_output_is_freed_on_the_legacy_stream(sim: Any, chain: Path) -> None:
+    """pyrt's own stream made the legacy stream wait for the outputs: the caller uses them, and frees them, there."""
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(3)
+        x_devs = [_device(sim, x) for x in xs]
+        for x in x_devs[:2]:
+            prog(x)
+        (y,) = prog(x_devs[2])
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)  # the legacy stream: ready
+        own = prog._contexts[0].own_stream(0)
+        free, alloc = sim.cuda.mem_info(0)[0], y.allocation
+        del y
+        assert sim.driver.pending(own.handle) == 0  # nothing queued on pyrt's stream: the legacy stream frees it
+        assert sim.cuda.mem_info(0)[0] == free + alloc.nbytes
+
+
+def test_an_output_outliving_its_stream_is_still_freed(sim: Any, chain: Path) -> None:
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(3)
+        x_devs = [_device(sim, x) for x in xs]
+        for x in x_devs[:2]:
+            prog(x)
+        stream = sim.cuda.stream(0)
+        (y,) = prog(x_devs[2], stream=stream)
+        stream.close()  # its work completes; the output's free falls back to cuMemFree
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
+        free, alloc = sim.cuda.mem_info(0)[0], y.allocation
+        del y
+        assert alloc.freed and sim.cuda.mem_info(0)[0] == free + alloc.nbytes
+
+
+def test_without_the_stream_ordered_allocator_outputs_are_plain_allocations(sim: Any, chain: Path) -> None:
+    """A device without memory pools: each output from cuMemAlloc, freed by cuMemFree (a device sync) on drop."""
+    sim.driver.memory_pools = False
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        x_devs = [_device(sim, x) for x in xs]
+        for x in x_devs[:2]:
+            prog(x)
+        stream = sim.cuda.stream(0)
+        ys = [prog(x, stream=stream)[0] for x in x_devs[2:]]
+        assert sim.driver.graph_launches == 3 and len({y.ptr for y in ys}) == 2
+        stream.synchronize()
+        for x, y in zip(xs[2:], ys, strict=True):
+            np.testing.assert_allclose(_read(sim, y), _want(x), rtol=1e-6)
+        free, alloc = sim.cuda.mem_info(0)[0], ys[0].allocation
+        del ys[0]
         assert alloc.freed and sim.cuda.mem_info(0)[0] == free + alloc.nbytes

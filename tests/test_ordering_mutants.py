@@ -50,6 +50,14 @@ MUTANTS = [
      "a device input is copied into its arena before the producer's stream has written it"),
     ("pyrt/kernels/prim_kernels.py", "stream.synchronize()  # host kernels read it next",
      "a host kernel reads an et_copy device->host result before the copy has run"),
+    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+     " => alloc = seam.alloc_async(t.nbytes, stream)",
+     "without a stream, a device output the caller uses on the legacy stream is freed on pyrt's stream"),
+    ("pyrt/delegates.py", "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
+     "a dropped device output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
+    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+     " => alloc = seam.alloc(max(t.nbytes, 1), t.device)",
+     "dropping a device output frees it with cuMemFree, which synchronises the device"),
 ]
 
 # The same for a whole-method graph replay (pyrt.graph_forward), caught by tests/test_graph_forward.py.
@@ -58,10 +66,19 @@ GRAPH_MUTANTS = [
      " => if False:", "an input is copied in before the producer's stream has written it"),
     ("pyrt/graph_forward.py", "if last and (last is not self._ends or handle != self._end_handle): => if False:",
      "a replay on another stream overwrites planned buffers the last run's work still reads"),
-    ("pyrt/graph_forward.py", "if own and (r := self._wait(0, self._ev_end, 0))[0]:  # results ready on the legacy "
+    ("pyrt/graph_forward.py", "if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy "
      "stream => if False:", "a caller with no stream uses outputs on the legacy stream before they are written"),
-    ("pyrt/graph_forward.py", "outs = list(self._views) if self.static else self._fresh_outputs(raw)"
-     " => outs = list(self._views)", "an output the caller holds is overwritten by the next replay"),
+    ("pyrt/graph_forward.py", "if self.static: => if True:",
+     "an output the caller holds is overwritten by the next replay"),
+    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+     " => free_on = 0",
+     "a dropped output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
+    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+     " => free_on = handle",
+     "without a stream, an output the caller uses on the legacy stream is freed on pyrt's stream"),
+    ("pyrt/cuda.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
+     " => self._cuda.free_memory(self.ptr, self.device)",
+     "dropping an output frees it with cuMemFree, which synchronises the device"),
 ]
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
+from pyrt.tensors import Value
 
 if TYPE_CHECKING:
     from pyrt.plan import ValueTable
@@ -86,7 +87,7 @@ class Kernel:
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     pure: bool = False
-    view: Callable[[list[Any], tuple[int, ...]], Any] | None = None
+    view: Callable[[list[Value], tuple[int, ...]], Any] | None = None
     strided: bool = False
 
 

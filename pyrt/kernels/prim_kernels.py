@@ -30,7 +30,7 @@ import numpy as np
 from pyrt.errors import InputError
 from pyrt.kernels import Kernel, KernelSite, Step, shape_only
 from pyrt.pte_reader import Operator
-from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
+from pyrt.tensors import DeviceTensor, HostTensor, TorchHost, numpy_dtype
 
 
 def _floordiv(a: Any, b: Any) -> Any:
@@ -237,7 +237,7 @@ def _copy_index(site: KernelSite) -> Step:
 
     def copy() -> None:
         src, i = get_from(), int(get_index())
-        dst = table.vals[idx]
+        dst: HostTensor = table.vals[idx]  # type: ignore[assignment]  # a host tensor list's arena tensor
         if dst.shape[0] <= i or tuple(dst.shape[1:]) != tuple(src.shape):
             dst = table.resize(idx, (i + 1, *src.shape))
         _copy_into(dst[i], src, torch_host)

@@ -26,6 +26,7 @@ from typing import Any
 from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators, with_steady
 from pyrt.pte_reader import Operator
+from pyrt.tensors import Value
 
 _FOUND: dict[str, Kernel] = {}
 VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a view of the input
@@ -78,7 +79,7 @@ class TorchLibrary:
             strided=op.name not in BYTE_VIEW_OPS,
         )
 
-    def _view(self, op: Operator, schema: Any) -> Callable[[list[Any], tuple[int, ...]], Any] | None:
+    def _view(self, op: Operator, schema: Any) -> Callable[[list[Value], tuple[int, ...]], Any] | None:
         """``(vals, args) -> view`` of a ``*_copy`` out-variant through its view op (``VIEW_OPS``)."""
         if op.qualified_name == "aten::cat.out":
             return _cat_of_one
@@ -95,7 +96,7 @@ class TorchLibrary:
         pos = [k for k, a in enumerate(schema.arguments) if a in ins and not a.kwarg_only]
         kw = [(a.name, k) for k, a in enumerate(schema.arguments) if a in ins and a.kwarg_only]
 
-        def view(vals: list[Any], args: tuple[int, ...]) -> Any:
+        def view(vals: list[Value], args: tuple[int, ...]) -> Any:
             return view_op(*[vals[args[k]] for k in pos], **{n: vals[args[k]] for n, k in kw})
 
         return view

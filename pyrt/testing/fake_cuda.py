@@ -22,6 +22,11 @@ CUDA. Host memory handed to an asynchronous copy is treated as pinned (the
 copy reads or writes it when it runs): if the buffer's owner has been freed
 by then, the copy writes poison instead and the hazard is recorded in
 :attr:`FakeDriver.hazards`.
+Stream-ordered memory (``cuMemAllocAsync`` / ``cuMemFreeAsync``) follows the
+same queues: the allocation may be named by work queued after it but touched
+only once its stream has reached it, and a free releases (and poisons) the
+memory only when its stream reaches it; work that runs on another stream,
+unordered, before the allocation or after the free is a hazard too.
 
 >>> drv = FakeDriver(gpus=1, memory=1 << 20)
 >>> drv.cuInit(0)[0] == CUresult.CUDA_SUCCESS
@@ -50,6 +55,7 @@ _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of 
 _LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+_FREED_REMEMBERED = 1 << 16  # stream-ordered frees whose later use is still named as such (older: "no allocation")
 
 
 class CUresult(enum.IntEnum):
@@ -66,6 +72,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_NOT_SUPPORTED = 801
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
     CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905
@@ -76,6 +83,7 @@ class CUdevice_attribute(enum.IntEnum):
 
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 
 
 class CUpointer_attribute(enum.IntEnum):
@@ -85,7 +93,9 @@ class CUpointer_attribute(enum.IntEnum):
 
 
 class _Handle:
-    """An opaque driver handle that converts to int, like cuda-python's CUstream etc."""
+    """An opaque driver handle that converts to int, like cuda-python's CUstream etc. (fixed fields, as theirs)."""
+
+    __slots__ = ("_value", "device")
 
     def __init__(self, value: int, device: int) -> None:
         self._value = value
@@ -99,19 +109,21 @@ class _Handle:
 
 
 class CUdevice(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUcontext(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUstream(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUevent(_Handle):
     """An event; ``timing`` unless created with CU_EVENT_DISABLE_TIMING, ``recorded_at`` in host ns."""
+
+    __slots__ = ("timing", "recorded_at")
 
     def __init__(self, value: int, device: int, timing: bool = False) -> None:
         super().__init__(value, device)
@@ -120,15 +132,15 @@ class CUevent(_Handle):
 
 
 class CUdeviceptr(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUgraph(_Handle):
-    pass
+    __slots__ = ()
 
 
 class CUgraphExec(_Handle):
-    pass
+    __slots__ = ()
 
 
 @dataclass
@@ -174,6 +186,8 @@ class _Allocation:
     base: int
     device: int
     data: np.ndarray
+    ready: bool = True  # False until its stream reaches a stream-ordered allocation (cuMemAllocAsync)
+    freeing: bool = False  # a stream-ordered free (cuMemFreeAsync) is queued: no new work may use it
 
 
 @dataclass
@@ -223,7 +237,11 @@ class FakeDriver:
         self._graphs: dict[int, list[_Op]] = {}
         self._graph_execs: dict[int, tuple[_Op, ...]] = {}
         self.graph_launches = 0  # cuGraphLaunch calls that succeeded
+        self.memory_pools = True  # False: devices without the stream-ordered allocator (cuMemAllocAsync and
+        # cuMemFreeAsync fail with CUDA_ERROR_NOT_SUPPORTED, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0)
         self.hazards: list[str] = []  # use-after-free of host memory, async faults: empty in correct code
+        # base -> bytes of the latest allocations a stream-ordered free released (addresses are never reused)
+        self._freed_async: dict[int, int] = {}
         self._events: dict[int, CUevent] = {}
         self._next_handle = 0x1000
         self._initialized = False
@@ -255,13 +273,37 @@ class FakeDriver:
         return None if ctx is None else ctx.device
 
     def view(self, ptr: int, nbytes: int, device: int) -> np.ndarray | None:
-        """Writable uint8 view of ``[ptr, ptr + nbytes)`` on ``device``, or None if invalid."""
+        """Writable uint8 view of ``[ptr, ptr + nbytes)`` on ``device``, or None if invalid.
+
+        Stream-ordered memory: work being queued may name an allocation its stream has not
+        reached yet, but not one whose free is queued; work running may not touch memory
+        whose allocation has not run yet (a hazard) or that a stream-ordered free released.
+        """
         with self._lock:
             found = self._find(int(ptr), nbytes)
         if found is None or found[0].device != device:
+            if found is None and self._is_running():
+                self._note_freed(int(ptr))
             return None
         alloc, offset = found
+        running = self._is_running()
+        if running and not alloc.ready:
+            self.hazards.append(f"memory at {alloc.base:#x} used before its stream reached cuMemAllocAsync")
+            return None
+        if not running and alloc.freeing:
+            return None
         return alloc.data[offset : offset + nbytes]
+
+    def _is_running(self) -> int:
+        """How deep this thread is in running queued work (0: it is queueing, or outside the driver)."""
+        return getattr(self._local, "running", 0)
+
+    def _note_freed(self, ptr: int) -> None:
+        """Record a hazard if running work touches memory that a stream-ordered free released."""
+        for base, nbytes in self._freed_async.items():
+            if base <= ptr < base + max(nbytes, 1):
+                self.hazards.append(f"memory at {base:#x} used after its stream reached cuMemFreeAsync")
+                return
 
     def owner(self, ptr: int) -> int | None:
         """The device that owns address ``ptr``, or None."""
@@ -308,7 +350,11 @@ class FakeDriver:
                 return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
             if after is not None:
                 self._drain(*after)
-            self._note(fn(), what)
+            self._local.running = self._is_running() + 1
+            try:
+                self._note(fn(), what)
+            finally:
+                self._local.running -= 1
             return CUresult.CUDA_SUCCESS
         queue = self._queues[handle]
         if queue.capture is not None:
@@ -343,7 +389,11 @@ class FakeDriver:
             queue.done += 1
             if op.after is not None:
                 self._drain(*op.after)
-            code = op.fn()
+            self._local.running = self._is_running() + 1
+            try:
+                code = op.fn()
+            finally:
+                self._local.running -= 1
             if code != CUresult.CUDA_SUCCESS:
                 queue.fault = queue.fault or code
         if queue.fault:
@@ -519,6 +569,8 @@ class FakeDriver:
             return (CUresult.CUDA_SUCCESS, device.capability[0])
         if int(attrib) == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
             return (CUresult.CUDA_SUCCESS, device.capability[1])
+        if int(attrib) == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+            return (CUresult.CUDA_SUCCESS, int(self.memory_pools))
         return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
 
     def cuDeviceTotalMem(self, dev: Any) -> tuple[CUresult, int | None]:
@@ -588,10 +640,84 @@ class FakeDriver:
             return (error,)
         if self._capturing():  # it synchronises the device: unsafe while a capture is under way
             return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
+        found = self._allocations.get(int(dptr))
+        if found is not None and found.freeing:  # a stream-ordered free of it is queued: a double free
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         self._note(self._drain_device(self._context_device()), "work before cuMemFree")  # it synchronises
         with self._lock:
             ok = self._release(int(dptr))
         return (CUresult.CUDA_SUCCESS if ok else CUresult.CUDA_ERROR_INVALID_VALUE,)
+
+    def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
+        """Stream-ordered allocation: the address now, usable by work that ``hStream``'s order puts after it."""
+        device = self._ordered_device(hStream)
+        if isinstance(device, CUresult):
+            return (device, None)
+        if int(bytesize) <= 0:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        if self._captured(hStream):  # graph memory nodes are not modelled: the capture fails
+            return (self._invalidate(self._queues[int(hStream)], CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), None)
+        with self._lock:
+            base = self._alloc(int(bytesize), device)
+        if base is None:
+            return (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        alloc = self._allocations[base]
+        alloc.ready = False
+
+        def run() -> CUresult:  # the stream reaches the allocation: its (poisoned) memory is usable
+            alloc.ready = True
+            return CUresult.CUDA_SUCCESS
+
+        code = self._enqueue(hStream, run, "cuMemAllocAsync")
+        if code:  # the legacy stream while a capture is under way
+            with self._lock:
+                self._release(base)
+            return (code, None)
+        return (CUresult.CUDA_SUCCESS, CUdeviceptr(base, device))
+
+    def cuMemFreeAsync(self, dptr: Any, hStream: Any) -> tuple[CUresult]:
+        """Stream-ordered free: the memory stays valid until ``hStream`` reaches the free, then is poisoned
+        and released (its bytes count as free again); no new work may use it from now on."""
+        device = self._ordered_device(hStream)
+        if isinstance(device, CUresult):
+            return (device,)
+        alloc = self._allocations.get(int(dptr))
+        if alloc is None or alloc.freeing:  # unknown, already freed, or a free already queued
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        if self._captured(hStream):
+            return (self._invalidate(self._queues[int(hStream)], CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
+        alloc.freeing = True
+
+        def run() -> CUresult:
+            alloc.data[:] = _POISON
+            with self._lock:
+                self._release(alloc.base)
+                if len(self._freed_async) >= _FREED_REMEMBERED:  # the oldest first (dicts keep insertion order)
+                    del self._freed_async[next(iter(self._freed_async))]
+                self._freed_async[alloc.base] = alloc.data.nbytes
+            return CUresult.CUDA_SUCCESS
+
+        code = self._enqueue(hStream, run, "cuMemFreeAsync")
+        if code:
+            alloc.freeing = False
+        return (code,)
+
+    def _ordered_device(self, stream: Any) -> int | CUresult:
+        """The device of a stream-ordered memory call on ``stream``, or its error: the legacy stream needs a
+        current context, another stream must be live (its own context is used)."""
+        if not self._initialized:
+            return CUresult.CUDA_ERROR_NOT_INITIALIZED
+        if not self.memory_pools:
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        handle = int(stream) if stream is not None else 0
+        if handle in _LEGACY:
+            return self._ready() or self._context_device()
+        found = self._streams.get(handle)
+        return CUresult.CUDA_ERROR_INVALID_HANDLE if found is None else found.device
+
+    def _captured(self, stream: Any) -> bool:
+        queue = self._queues.get(int(stream) if stream is not None else 0)
+        return queue is not None and queue.capture is not None
 
     def cuPointerGetAttribute(self, attribute: Any, ptr: Any) -> tuple[CUresult, int | None]:
         if int(attribute) != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
