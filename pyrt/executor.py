@@ -14,6 +14,7 @@ arranged like the method's pytree output when that is a plain tuple/list.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -228,14 +229,14 @@ class MethodRunner:
 
     def _run_straight(self, ci: int, steps: Sequence[Callable[[], Any]], pcs: Sequence[int]) -> None:
         """Run chain ``ci``'s straight-line ``steps``; a failure names instruction ``pcs[i]`` of step i."""
-        pc = 0
+        it = iter(steps)
         try:
-            for pc, step in enumerate(steps):  # noqa: B007 (pc is read by the handler below)
+            for step in it:  # no enumerate on the hot path: the failing position follows from what is left
                 step()
         except PyrtError:
             raise
         except Exception as exc:
-            raise self._failure(ci, pcs[pc], exc) from exc
+            raise self._failure(ci, pcs[len(steps) - operator.length_hint(it) - 1], exc) from exc
 
     def _run_jumping(self, ci: int, chain: list[Instr], steps: list[Any]) -> None:
         vals, pc, n = self._vals, 0, len(chain)

@@ -23,11 +23,16 @@ Two relatives, torch host only:
 * *per-key* calls (dynamic-shape methods, see :mod:`pyrt.steady`): pure calls on data
   that follows from the input shapes alone (``arange(seq_len)``, a causal mask) write
   private memory and are skipped by runs whose shapes repeat the last run's;
-* *views*: a ``*_copy`` call (``Kernel.view``) whose input's bytes provably stay
-  unwritten until the result's last read binds, once, torch's view of the input in
-  place of the copy, where the view has the planned result's layout (shape, dtype,
-  strides), so every later kernel sees the same bytes laid out the same way. An input
-  whose arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
+* *views*: a ``*_copy`` call (``Kernel.view``; ``cat`` of one tensor and dim-order
+  copies too) whose input's bytes provably stay unwritten until the result's last read
+  binds, once, torch's view of the input in place of the copy, where the view has the
+  planned result's layout (shape, dtype, strides), or where every reader of the result
+  takes strided tensors by value (``Kernel.strided``: torch out-variants and copies; no
+  output, delegate, move or byte reinterpretation such as ``et_view``). An input whose
+  arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
+  A static ``view_copy`` alias (a second tensor over exactly the same arena bytes, no
+  instruction) follows its tensor into private memory or a view (:meth:`Folder._follow`)
+  instead of pinning it.
 
 Methods with jumps or more than one chain are left alone. Private memory is capped per
 method (:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
@@ -56,6 +61,7 @@ CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolL
 LISTS = ("IntList", "TensorList", "OptionalTensorList")
 INF = float("inf")
 _CONST_SCALARS = frozenset(CONST_SCALARS)
+SHAPE_READ_OPS = frozenset({"aten::full_like.out"})  # read their first argument's shape and dtype only
 
 
 class Folder:
@@ -125,6 +131,13 @@ class Folder:
                 pinned.update(delegated)
                 others.append((pc, delegated))
                 read_items[pc] = delegated
+        self.readers: dict[int, list[int]] = {}  # value -> the instructions reading it (list items included)
+        for pc, values in read_items.items():
+            for j in values:
+                self.readers.setdefault(j, []).append(pc)
+        self.strided_pcs = {pc for pc, ins in enumerate(instrs)
+                            if isinstance(ins, KernelCall) and kernels[ins.op_index].strided}
+        self.outputs = set(_expand(xplan.outputs, lists))
         writers = dict(Counter(write_vals))  # value -> how many kernel calls write it
         write_pc = dict(zip(reversed(write_vals), reversed(write_pcs), strict=True))  # value -> its first writer's pc
         write_pc.update(dict.fromkeys(xplan.inputs, -1))  # inputs: written before pc 0
@@ -152,9 +165,23 @@ class Folder:
                 bounds[i] = (info.memory_id, lo, lo + math.prod(info.sizes) * info.scalar_type.itemsize)
                 if info.device is None and i not in write_pc:
                     aliases.add(i)
+        # tensor -> the aliases that read exactly its bytes while it holds them (rebound with it, see _follow)
+        self.alias_of: dict[int, list[int]] = {}
+        self.alias_src: dict[int, int] = {}  # alias -> the tensor whose bytes it reads
         if aliases:
-            pinned.update(_aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists),
-                                   {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None}))
+            writes = {i: at for i, at in write_pc.items() if i in bounds and infos[i].device is None}
+            for pc, values in others:  # moves and delegates write arena bytes too (their values are pinned)
+                for j in values:
+                    if j in bounds and infos[j].device is None:
+                        writes.setdefault(j, pc)
+            held, exact = _aliased(aliases, bounds, read_items, end, _expand(xplan.outputs, lists), writes)
+            pinned.update(held)
+            for a, t in exact.items():
+                if self._rebindable(a, t, pinned, writers, xplan.outputs):
+                    self.alias_of.setdefault(t, []).append(a)
+                    self.alias_src[a] = t
+                else:
+                    pinned.add(t)
         self.writers, self.first_read, self.pinned = writers, first_read, pinned
         self.last_read = last_read
         self.spans: dict[int, list[tuple[int, int, int]]] = {}  # arena -> (pc, lo, hi) of writes, by pc
@@ -215,6 +242,17 @@ class Folder:
         except AttributeError:  # a callable without attributes (a builtin): wrapped
             return with_steady(functools.partial(step), noop)
 
+    def unread(self, pc: int) -> frozenset[int]:
+        """Tensors the kernel call at ``pc`` writes that nothing reads: no instruction, no output,
+        no alias over their bytes, no input, buffer or device tensor (empty when folding is off)."""
+        if not self.enabled or pc not in self.written:
+            return frozenset()
+        infos = self.table.infos
+        return frozenset(j for j in self.written[pc]
+                         if j in infos and infos[j].storage == "planned" and infos[j].device is None
+                         and j not in self.readers and j not in self.outputs and j not in self.pinned
+                         and j not in self.alias_of and j not in self.alias_src)
+
     def as_view(self, pc: int, args: tuple[int, ...], kernel: Kernel) -> bool:
         """Bind a ``*_copy`` call's results, once, as views of its input; True when it did.
 
@@ -226,29 +264,32 @@ class Folder:
         if kernel.view is None or not self.enabled or not isinstance(table.host, TorchHost) or not args:
             return False
         out = self.outs[pc]
-        x = args[0]
+        x = self._viewed(args[0])
         info = table.infos.get(x)
         if (not out or x in out or info is None or info.dynamic or info.device is not None or not table.is_const(x)
                 or not self._all([a for a in args[1:] if a not in out], self.const)):
             return False
         written = _expand(out, self.lists)
-        tensors = [j for j in written if j in table.infos]
+        tensors = list(dict.fromkeys(j for j in written if j in table.infos))  # split_copy: out and return list
         if not tensors or not all(self._free(j, pc) for j in written):
             return False
         base = self.base.get(x, x)
-        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in tensors)):
+        until = max(self.last_read.get(v, pc) for j in tensors for v in (j, *self.alias_of.get(j, ())))
+        if not self._outlives(base, pc, until):  # the results and the aliases following them
             return False
         try:
             view = kernel.view(table.vals, args)
         except Exception:  # left to the kernel (and its error) at run time
             return False
         views = list(view) if isinstance(view, (list, tuple)) else [view]
-        outs = [j for j in written if j in table.infos]
-        if len(views) != len(outs) or not all(_same_layout(v, table.vals[j]) for v, j in zip(views, outs, strict=True)):
+        if not self._layouts_fit(views, tensors):
             return False
-        for v, j in zip(views, outs, strict=True):
+        if any(self._follow(j, v, commit=False) is None for v, j in zip(views, tensors, strict=True)):
+            return False
+        for v, j in zip(views, tensors, strict=True):
             table.vals[j] = v
             self.base[j] = base
+            self._follow(j, v)
         table.unstable.difference_update(written)
         self._relist(written)
         return True
@@ -270,32 +311,100 @@ class Folder:
             view_of = kernel.view
             if view_of is None or not ins.args:
                 continue
-            x = ins.args[0]
+            x = self._viewed(ins.args[0])
             outs = self.outs[pc]
             for j in _expand(outs, self.lists):
                 viewed[j] = x
-            while x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
-                x = viewed[x]  # the tensor whose bytes a chain of views would read
+            while True:  # the tensor whose bytes a chain of views (and aliases) would read
+                if x in viewed and viewed[x] in table.infos and not table.infos[viewed[x]].dynamic:
+                    x = viewed[x]
+                elif x in self.alias_src:
+                    x = self.alias_src[x]
+                else:
+                    break
             info = table.infos.get(x)
             if (info is None or info.storage != "planned" or info.dynamic or x in self.pinned
-                    or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self.first_read.get(x, -1)
+                    or self.writers.get(x) != 1 or not 0 <= write_pc.get(x, -1) < self._first_read(x)
                     or not table.is_const(x) or not self._all([a for a in ins.args[1:] if a not in outs], self.const)):
                 continue
             written = _expand(outs, self.lists)
-            tensors = [j for j in written if j in table.infos]
+            tensors = list(dict.fromkeys(j for j in written if j in table.infos))
             if not tensors or not all(self._free(j, pc) for j in written):
                 continue
-            if self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
+            until = max(self.last_read.get(v, pc) for j in tensors for v in (j, *self.alias_of.get(j, ())))
+            if self._outlives(x, pc, until):
                 continue  # a view needs no move
             try:
                 view = view_of(table.vals, ins.args)
             except Exception:  # left to the kernel at run time
                 continue
             views = list(view) if isinstance(view, (list, tuple)) else [view]
-            if len(views) == len(tensors) and all(
-                    _same_layout(v, table.vals[j]) for v, j in zip(views, tensors, strict=True)):
+            if self._layouts_fit(views, tensors):
                 out.add(x)
         return out
+
+    def _viewed(self, x: int) -> int:
+        """The tensor a view-able call's first argument names: itself, or the one item of a list
+        nothing rebinds (``cat`` of one tensor)."""
+        items = self.table.items.get(x)
+        if items is not None and len(items) == 1 and items[0] >= 0 and x not in self.writers and x not in self.pinned:
+            return items[0]
+        return x
+
+    def _first_read(self, t: int) -> int:
+        """The first instruction reading ``t``, directly or through its aliases (-1: none)."""
+        return min((self.first_read[v] for v in (t, *self.alias_of.get(t, ())) if v in self.first_read), default=-1)
+
+    def _layouts_fit(self, views: list[Any], tensors: list[int]) -> bool:
+        """May ``views`` stand for the planned ``tensors``: same dtype and shape, and the same
+        strides (or both contiguous) unless every reader takes strided tensors (:meth:`_strided_ok`)."""
+        vals = self.table.vals
+        return len(views) == len(tensors) and all(
+            _same_layout(v, vals[j]) or (_same_values(v, vals[j]) and self._strided_ok(j))
+            for v, j in zip(views, tensors, strict=True))
+
+    def _strided_ok(self, j: int) -> bool:
+        """Can value ``j`` be a strided view: read only by kernel calls that read values whatever
+        the strides (``Kernel.strided``; never a delegate, a move, ``et_view`` or an output, which
+        must stay planned contiguous tensors), itself and every list holding it."""
+        for v in (j, *self.holders.get(j, ())):
+            if v in self.outputs or v in self.pinned:
+                return False
+            if not all(pc in self.strided_pcs for pc in self.readers.get(v, ())):
+                return False
+        return True
+
+    def _rebindable(self, a: int, t: int, pinned: set[int], writers: dict[int, int], outputs: Any) -> bool:
+        """Can alias ``a`` (a static ``view_copy`` over exactly ``t``'s bytes) follow ``t`` into private
+        memory or a view: torch host, both static contiguous host tensors of one dtype, ``t`` written
+        by one kernel call, ``a`` no input, output, buffer or delegate/move argument."""
+        infos = self.table.infos
+        ia, it = infos[a], infos[t]
+        return (isinstance(self.table.host, TorchHost) and a not in pinned and t not in pinned
+                and writers.get(t) == 1 and a not in outputs and t not in outputs
+                and not ia.dynamic and not it.dynamic and ia.scalar_type == it.scalar_type
+                and ia.dim_order == tuple(range(len(ia.sizes))) and it.dim_order == tuple(range(len(it.sizes))))
+
+    def _follow(self, t: int, value: Any, commit: bool = True) -> list[tuple[int, Any]] | None:
+        """(alias, its new value) for each alias of ``t`` when ``t`` becomes ``value``; None when one
+        cannot follow (its shape is no view of ``value``, or strided where a reader needs bytes).
+        ``commit``: bind them now."""
+        found = []
+        for a in self.alias_of.get(t, ()):
+            try:
+                v = value.view(self.table.infos[a].sizes)
+            except RuntimeError:
+                return None
+            if not (_same_layout(v, self.table.vals[a]) or self._strided_ok(a)):
+                return None
+            found.append((a, v))
+        if commit:
+            for a, v in found:
+                self.table.vals[a] = v
+                self.base[a] = self.base.get(t, t)
+            if found:
+                self._relist([a for a, _ in found])
+        return found
 
     def _outlives(self, base: int, pc: int, until: int) -> bool:
         """Do ``base``'s bytes stay unwritten after ``pc`` up to ``until`` (inclusive)?"""
@@ -341,6 +450,8 @@ class Folder:
         for j in tensors:
             info = self.table.infos[j]
             vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+            if j in self.alias_of:  # contiguous private memory: each alias is a contiguous view of it
+                self._follow(j, vals[j])
         self.private.update(tensors)
         self.budget -= size
         self._relist(tensors)
@@ -350,25 +461,37 @@ class Folder:
         """Run the call at ``pc`` now if it folds (``build`` makes its step); True when it did."""
         if not self.enabled or not kernel.pure or kernel.writes is None:
             return False
-        if not self.outs[pc] or not self._all(self.reads[pc], self.const):
+        reads = self.reads[pc]
+        if kernel.name in SHAPE_READ_OPS and args and self._static_host(args[0]):
+            reads = [a for a in reads if a != args[0]]  # only its (static) shape and dtype are read
+        if not self.outs[pc] or not self._all(reads, self.const):
             return False
         written = self.written[pc]
         if not all(self._free(j, pc) for j in written):
             return False
-        vals, saved, budget = self.table.vals, {j: self.table.vals[j] for j in written}, self.budget
+        followers = [a for j in written for a in self.alias_of.get(j, ())]
+        vals, budget, private = self.table.vals, self.budget, set(self.private)
+        saved = {j: vals[j] for j in (*written, *followers)}
         if any(j in self.dynamic for j in written) or self._private(self._writes(kernel, args)) < 0:
             return False
         try:
             build()()
         except Exception:  # left to run (and raise, with its instruction named) at run time
             vals_restore(vals, saved)
-            self._relist(written)
-            self.budget = budget
+            self._relist([*written, *followers])
+            self.budget, self.private = budget, private
+            for a in followers:
+                self.base.pop(a, None)
             return False
         self.const.update(written)
         self.table.unstable.difference_update(written)
         self._relist(written)
         return True
+
+    def _static_host(self, j: int) -> bool:
+        """Is ``j`` a host tensor whose shape never changes (nothing resizes it)?"""
+        info = self.table.infos.get(j)
+        return info is not None and not info.dynamic and info.device is None and j not in self.pinned
 
     def _free(self, j: int, pc: int, dynamic: bool = False) -> bool:
         """May folding write value ``j`` at ``pc``: its only writer, unread before, no input or buffer."""
@@ -394,13 +517,16 @@ class Folder:
 
 
 def _aliased(aliases: set[int], bounds: dict[int, tuple[int, int, int]], reads: dict[int, list[int]],
-             end: int, outputs: list[int], writes: dict[int, int]) -> set[int]:
+             end: int, outputs: list[int], writes: dict[int, int]) -> tuple[set[int], dict[int, int]]:
     """Planned tensors whose bytes an alias reads: a tensor value no instruction writes.
 
     A static ``view_copy`` becomes such an alias (a second tensor value over the same
     bytes, no instruction). Moving the tensor it views to private memory would leave
     the alias reading stale arena bytes, so each tensor written before a read of an
     alias and overlapping it is kept, back to the last write that covers the alias.
+    Returns (tensors kept, alias -> tensor) where an alias reads, every time, the bytes
+    of one tensor with exactly its bounds: those are left to the caller, who may move the
+    alias along with the tensor instead (:meth:`Folder._follow`).
     ``aliases``: host planned tensors no kernel call writes; ``bounds``: planned tensor ->
     (arena, lo, hi); ``reads``: pc -> the values the instruction reads (list items
     included); ``outputs``: the method's outputs, read at ``end``; ``writes``: host planned
@@ -418,16 +544,29 @@ def _aliased(aliases: set[int], bounds: dict[int, tuple[int, int, int]], reads: 
     for spans in by_arena.values():
         spans.sort()
     out: set[int] = set()
+    sources: dict[int, set[int]] = {}  # alias -> the tensors its reads see
+    mixed: set[int] = set()  # aliases some read of which sees more than one tensor, or part of one
     for a, pc in dict.fromkeys(found):
         mem, lo, hi = bounds[a]
         spans = by_arena.get(mem, [])
+        seen = sources.setdefault(a, set())
         for k in range(bisect.bisect_left(spans, (pc, -1, -1, -1)) - 1, -1, -1):  # latest write first
             _, t_lo, t_hi, t = spans[k]
             if t_lo < hi and t_hi > lo:
-                out.add(t)
+                seen.add(t)
+                if (t_lo, t_hi) != (lo, hi):
+                    mixed.add(a)
                 if t_lo <= lo and t_hi >= hi:
                     break  # this write covers every byte the alias reads
-    return out
+        else:
+            mixed.add(a)  # bytes nothing wrote before the read
+    exact: dict[int, int] = {}
+    for a, seen in sources.items():
+        if a in mixed or len(seen) != 1:
+            out.update(seen)
+        else:
+            exact[a] = next(iter(seen))
+    return out, exact
 
 
 def _same_layout(view: Any, planned: Any) -> bool:
@@ -435,6 +574,11 @@ def _same_layout(view: Any, planned: Any) -> bool:
     if view.dtype != planned.dtype or view.shape != planned.shape:
         return False
     return view.stride() == planned.stride() or (view.is_contiguous() and planned.is_contiguous())
+
+
+def _same_values(view: Any, planned: Any) -> bool:
+    """Do ``view`` and the planned tensor hold values of the same dtype and shape (strides aside)?"""
+    return view.dtype == planned.dtype and view.shape == planned.shape
 
 
 def vals_restore(vals: list[Value], saved: dict[int, Value]) -> None:

@@ -533,7 +533,8 @@ def build_steps(plan: ExecutionPlan, table: ValueTable, kernels: list[Kernel],
         for pc, ins in enumerate(chain.instructions):
             if isinstance(ins, KernelCall):
                 op = ops[ins.op_index].qualified_name
-                site = KernelSite(table.method, pc, op, ins.args, table)
+                site = KernelSite(table.method, pc, op, ins.args, table,
+                                  folder.unread(pc) if folder is not None else frozenset())
                 kernel = kernels[ins.op_index]
                 if folder is None:
                     out.append(Instr("KernelCall", kernel.build(site), what=op))

@@ -106,3 +106,21 @@ def test_random_ops_never_fold(tmp_path: Path, kernels: str) -> None:
         assert not _folded(prog)
         a, b = prog(torch.zeros(3, 4)), prog(torch.zeros(3, 4))
         assert not torch.equal(a, b)
+
+
+class FullLike(torch.nn.Module):
+    """full_like of a computed tensor reads only its (static) shape: folded, its zeros reused by where."""
+
+    def forward(self, x: Any) -> Any:
+        y = x.softmax(-1)
+        return torch.where(x > 0, torch.full_like(y, 0.5), y)
+
+
+def test_full_like_of_a_static_tensor_folds(tmp_path: Path) -> None:
+    model, x = FullLike(), torch.randn(3, 4)
+    path = _export(model, x, tmp_path / "full_like.pte")
+    with Program(path, kernels="torch") as prog:
+        assert any("full_like" in w for w in _folded(prog))
+        for k in range(3):
+            xi = x * (k + 1) - k
+            torch.testing.assert_close(prog(xi), model(xi), rtol=1e-6, atol=1e-6)

@@ -75,7 +75,10 @@ class Kernel:
     (:mod:`pyrt.fold`). ``view(vals, args)``: for a ``*_copy`` op whose result torch can
     also give as a view of its input (``permute_copy`` -> ``permute``), that view (a list for
     ``split_copy`` and the like), computed from the load-time values; :mod:`pyrt.fold` uses it
-    where the input's bytes provably outlive the result.
+    where the input's bytes provably outlive the result. ``strided``: the kernel reads its
+    tensor arguments by their logical values whatever their strides (torch's out-variants,
+    copies), so :mod:`pyrt.fold` may hand it a strided view where the file planned a
+    contiguous tensor; False for kernels that reinterpret bytes (``et_view``, ``as_strided_copy``).
     """
 
     name: str
@@ -85,6 +88,7 @@ class Kernel:
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     pure: bool = False
     view: Callable[[list[Value], tuple[int, ...]], Any] | None = None
+    strided: bool = False
 
 
 RANDOM_OPS = frozenset({"aten::native_dropout", "aten::rand", "aten::randn", "aten::bernoulli",
@@ -137,13 +141,19 @@ class KernelLibrary(Protocol):
 
 @dataclass(slots=True)
 class KernelSite:
-    """One instruction's view of the value table while its step is built."""
+    """One instruction's view of the value table while its step is built.
+
+    ``unread``: tensors the call writes that nothing reads afterwards (no instruction,
+    no output, no alias over their bytes, see :meth:`pyrt.fold.Folder.unread`); a kernel
+    may leave them unwritten.
+    """
 
     method: str
     instruction: int
     operator: str
     args: tuple[int, ...]
     table: ValueTable
+    unread: frozenset[int] = frozenset()
 
     @property
     def where(self) -> str:

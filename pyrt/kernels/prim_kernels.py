@@ -19,6 +19,7 @@ plan chose); every kernel here handles both.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -164,6 +165,10 @@ def _to_dim_order_copy(site: KernelSite) -> Step:
     site.require_args(4)
     get_src, out_for = site.getter(0), _resizing_out(site, 3)
     torch_host = isinstance(site.table.host, TorchHost)
+    src_info, out_info = site.info(0), site.info(3)
+    if (torch_host and site.is_const(0) and site.is_const(3) and src_info is not None and out_info is not None
+            and not src_info.dynamic and not out_info.dynamic and src_info.device is None and out_info.device is None):
+        return functools.partial(site.value(3).copy_, site.value(0))  # the same tensors every run
 
     def copy() -> None:
         src = get_src()
@@ -338,6 +343,17 @@ _WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors 
 }
 
 
+_COPIES = frozenset({"dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out"})
+
+
+def _same_tensor(vals: list[Any], args: tuple[int, ...]) -> Any:
+    """A copy's result as a view of its input (torch hosts; :mod:`pyrt.fold` checks dtype and layout)."""
+    return vals[args[0]][...]
+
+
+_VIEWS: dict[str, Callable[[list[Any], tuple[int, ...]], Any]] = dict.fromkeys(_COPIES, _same_tensor)
+
+
 _PURE = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_numel.default",
                    "executorch_prim::et_view.default", "dim_order_ops::_to_dim_order_copy.out",
                    "dim_order_ops::_clone_dim_order.out", "dim_order_ops::_empty_dim_order.out"})
@@ -352,7 +368,8 @@ class PrimLibrary:
         q = op.qualified_name
         if q in _SPECIAL:
             return Kernel(q, _SPECIAL[q], rebinds=_REBINDS.get(q, _tensor_alias), needs_library=False,
-                          writes=_WRITES.get(q, _tensor_alias), pure=q in _PURE)
+                          writes=_WRITES.get(q, _tensor_alias), pure=q in _PURE, view=_VIEWS.get(q),
+                          strided=q in _COPIES)
         ns, _, base = op.name.partition("::")
         if ns != "executorch_prim" or op.overload not in ("Scalar", "int", "float", "default"):
             return None

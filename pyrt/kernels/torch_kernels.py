@@ -20,7 +20,7 @@ checked against their memory-planned bound afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
@@ -37,6 +37,10 @@ VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a
     "aten::t_copy": "t", "aten::diagonal_copy": "diagonal", "aten::narrow_copy": "narrow",
     "aten::detach_copy": "detach",
 }
+
+BYTE_VIEW_OPS = frozenset({  # operators whose result depends on the input's strides, not only its values
+    "aten::as_strided_copy", "aten::as_strided", "aten::_unsafe_view", "aten::set_", "aten::view",
+    "aten::_reshape_alias", "aten::_reshape_alias_copy", "aten::as_strided_scatter"})
 
 
 class TorchLibrary:
@@ -63,7 +67,7 @@ class TorchLibrary:
         if overload is None:
             return None
         schema = overload._schema
-        fast = self._binding(op, schema)
+        fast = self._bindings(op, schema)
         sig = _Signature(schema)
         return Kernel(
             op.qualified_name,
@@ -72,10 +76,13 @@ class TorchLibrary:
             writes=_writes(schema),
             pure=op.name not in RANDOM_OPS and not any("Generator" in str(a.type) for a in schema.arguments),
             view=self._view(op, schema),
+            strided=op.name not in BYTE_VIEW_OPS,
         )
 
     def _view(self, op: Operator, schema: Any) -> Callable[[list[Value], tuple[int, ...]], Any] | None:
         """``(vals, args) -> view`` of a ``*_copy`` out-variant through its view op (``VIEW_OPS``)."""
+        if op.qualified_name == "aten::cat.out":
+            return _cat_of_one
         base = VIEW_OPS.get(op.name)
         if base is None:
             return None
@@ -106,19 +113,89 @@ class TorchLibrary:
         except (AttributeError, RuntimeError):
             return None
 
-    def _binding(self, op: Operator, schema: Any) -> Callable[..., Any] | None:
-        """torch's Python binding of an ``aten`` out-variant (faster to call than ``torch.ops``): ``torch.<op>``
-        or, for NN ops, ``torch._C._nn.<op>``."""
+    def _bindings(self, op: Operator, schema: Any) -> list[Callable[..., Any]]:
+        """Faster entry points than ``torch.ops`` for an ``aten`` out-variant, to try in order.
+
+        torch's Python binding called with ``out=`` (``torch.<op>`` or, for NN ops,
+        ``torch._C._nn.<op>``); then, for operators whose binding has no ``out=``
+        (``native_layer_norm``, ``embedding``, ``convolution``...), the functional binding
+        with its results copied into the outs (what ATen's generated out wrappers do).
+        Each raises TypeError before writing anything where it does not apply.
+        """
         ns, _, name = op.name.partition("::")
-        writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
-                         for a in schema.arguments)
-        if ns != "aten" or not writes_out or any(r.alias_info is None for r in schema.returns):
-            return None
+        outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        if ns != "aten" or not outs or any(r.alias_info is None for r in schema.returns):
+            return []
+        vf = self.torch._C._VariableFunctions
         if op.qualified_name == "aten::relu.out":  # ATen's relu is clamp_min(self, 0); its binding has no out=
-            clamp_min = self.torch._C._VariableFunctions.clamp_min
-            return lambda x, *, out: clamp_min(x, 0, out=out)
-        found = getattr(self.torch._C._VariableFunctions, name, None)
-        return found if found is not None else getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
+            clamp_min = vf.clamp_min
+            return [lambda x, *, out: clamp_min(x, 0, out=out)]
+        if op.qualified_name == "aten::full_like.out":
+            return [_fill_like]
+        found = getattr(vf, name, None)
+        if found is None:
+            found = getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
+        if found is None:
+            return []
+        if all(str(a.type) == "Tensor" for a in outs) and len(schema.returns) == len(outs):
+            return [found, _functional_out(found, [a.name for a in outs])]
+        return [found]
+
+
+def _cat_of_one(vals: list[Any], args: tuple[int, ...]) -> Any:
+    """``cat.out`` of a one-tensor list as a view of that tensor (ValueError for longer lists)."""
+    tensors = vals[args[0]]
+    if len(tensors) != 1:
+        raise ValueError("cat of several tensors is no view")
+    return tensors[0][...]
+
+
+def _fill_like(x: Any, fill_value: Any, *, memory_format: Any = None, out: Any) -> Any:
+    """``full_like.out`` as ``out.fill_``: the same bytes where out has ``x``'s dtype and shape."""
+    if out.dtype != x.dtype or out.shape != x.shape:
+        raise TypeError("full_like: out differs from self in dtype or shape")
+    return out.fill_(fill_value)
+
+
+def _functional_out(fn: Callable[..., Any], names: list[str], skip: frozenset[str] = frozenset()) -> Callable[..., Any]:
+    """``fn(*args, **kwargs, <names>=outs)`` through the functional ``fn``, results copied into the outs
+    (those named in ``skip``, which nothing reads, left alone).
+
+    Raises TypeError, before writing anything, where a result's dtype is not its out's.
+    ``call.functional`` keeps ``(fn, names)`` for :func:`_skipping`.
+    """
+    single = len(names) == 1
+    keep = [k for k, n in enumerate(names) if n not in skip]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        kw = kwargs.copy()
+        outs = [kw.pop(n) for n in names]
+        results = fn(*args, **kw)
+        if single:
+            results = (results,)
+        if len(results) != len(outs) or any(o.dtype != r.dtype for o, r in zip(outs, results, strict=True)):
+            raise TypeError(f"{fn.__name__}: results do not match the out tensors")
+        for k in keep:
+            o, r = outs[k], results[k]
+            if o.shape != r.shape:
+                o.resize_(r.shape)
+            o.copy_(r)
+        return outs[0] if single else tuple(outs)
+
+    call.functional = (fn, names)  # type: ignore[attr-defined]
+    return call
+
+
+def _skipping(impls: Sequence[Callable[..., Any]], sig: _Signature, site: KernelSite) -> list[Callable[..., Any]]:
+    """``impls`` with the functional entry point copying no result into an out nothing reads."""
+    skip = frozenset(name for name, k in sig.kw if k in sig.out_args and site.args[k] in site.unread)
+    if not skip:
+        return list(impls)
+    out = []
+    for f in impls:
+        functional = getattr(f, "functional", None)
+        out.append(f if functional is None else _functional_out(functional[0], functional[1], skip))
+    return out
 
 
 def _rebinds(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
@@ -151,7 +228,7 @@ def _is_tensor_type(type_str: str) -> bool:
 class _Signature:
     """What every step of one operator needs from its schema, worked out once per operator."""
 
-    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args")
+    __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args", "defaults")
 
     def __init__(self, schema: Any) -> None:
         args = schema.arguments
@@ -163,9 +240,23 @@ class _Signature:
         self.n_returns = len(schema.returns)
         self.out_args = [k for k, a in enumerate(args)
                          if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        # keyword-only arguments with a default (``alpha=1``, ``dtype=None``): a call passing
+        # exactly the default may leave them out (torch's argument parser is faster without them)
+        self.defaults = {k: a.default_value for k, a in enumerate(args)
+                         if a.kwarg_only and a.has_default_value() and k not in self.out_args}
+
+    def kwargs(self, site: KernelSite) -> list[tuple[str, int]]:
+        """The keyword arguments to pass at ``site``: constants equal to their default are left out."""
+        return [(name, k) for name, k in self.kw
+                if not (k in self.defaults and site.is_const(k) and _is_default(site.value(k), self.defaults[k]))]
 
 
-def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[..., Any] | None = None) -> Step:
+def _is_default(v: Any, default: Any) -> bool:
+    """Is ``v`` exactly the schema default (same type and value: ``1`` is not ``1.0`` or ``True``)?"""
+    return type(v) is type(default) and v == default
+
+
+def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = ()) -> Step:
     n = sig.n
     site.require_args(n)
     fn = overload._op
@@ -173,7 +264,7 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Callable[...,
         _reject_device(site, k)
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
     dyn_outs = _dynamic_outs(sig.out_args, site)
-    call = _bind_call(fn, site, sig.pos_idx, sig.kw, fast)
+    call = _bind_call(fn, site, sig.pos_idx, sig.kwargs(site), _skipping(fast, sig, site) if site.unread else fast)
     if not returns and not dyn_outs:
         return call
     where = site.where
@@ -247,29 +338,35 @@ def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[
 
 
 def _bind_call(fn: Callable[..., Any], site: KernelSite, pos_idx: list[int],
-               kw: list[tuple[str, int]], fast: Callable[..., Any] | None = None) -> Callable[[], Any]:
+               kw: list[tuple[str, int]], fast: Sequence[Callable[..., Any]] = ()) -> Callable[[], Any]:
     """A closure calling ``fn`` with the instruction's arguments, constants captured now.
 
-    With ``fast`` (torch's Python binding of the same out-variant) the closure
-    calls that instead; if its argument parser rejects the call (TypeError, raised
-    before any work is done) the closure falls back to ``fn`` for good.
+    With ``fast`` (faster entry points of the same out-variant, see ``TorchLibrary._bindings``)
+    the closure calls the first; if it raises TypeError (its argument parser rejects the call,
+    raised before any work is done) the closure moves on to the next, then to ``fn``, for good.
     """
     ks = pos_idx + [k for _, k in kw]
-    impl = [fast or fn]
+    impls = [*fast, fn]
+    impl = [impls[0]]
+
+    def fall_back() -> Callable[..., Any]:
+        impl[0] = impls[impls.index(impl[0]) + 1]
+        return impl[0]
+
     if all(site.is_const(k) for k in ks):
         pos = tuple(site.value(k) for k in pos_idx)
         kwargs = {name: site.value(k) for name, k in kw}
-        if fast is None:
+        if not fast:
             return lambda: fn(*pos, **kwargs)
 
         def call_const() -> Any:
-            try:
-                return impl[0](*pos, **kwargs)
-            except TypeError:
-                if impl[0] is fn:
-                    raise
-                impl[0] = fn
-                return fn(*pos, **kwargs)
+            while True:
+                try:
+                    return impl[0](*pos, **kwargs)
+                except TypeError:
+                    if impl[0] is fn:
+                        raise
+                    fall_back()
 
         return call_const
     # Constants are placed once; only the slots rebound at run time are read per call.
@@ -283,12 +380,12 @@ def _bind_call(fn: Callable[..., Any], site: KernelSite, pos_idx: list[int],
         for n, g in pos_get:
             args[n] = g()
         kwargs = kw_const if not kw_get else {**kw_const, **{name: g() for name, g in kw_get}}
-        try:
-            return impl[0](*args, **kwargs)
-        except TypeError:
-            if impl[0] is fn:
-                raise
-            impl[0] = fn
-            return fn(*args, **kwargs)
+        while True:
+            try:
+                return impl[0](*args, **kwargs)
+            except TypeError:
+                if impl[0] is fn:
+                    raise
+                fall_back()
 
     return call
