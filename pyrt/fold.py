@@ -32,7 +32,12 @@ Two relatives, torch host only:
   arena bytes are reused too early gets private memory first (:meth:`Folder._relocations`).
   A static ``view_copy`` alias (a second tensor over exactly the same arena bytes, no
   instruction) follows its tensor into private memory or a view (:meth:`Folder._follow`)
-  instead of pinning it.
+  instead of pinning it;
+* *shape views* (per-key methods): a ``*_copy`` call on a dynamic tensor, under the same
+  conditions with shapes aside (readers take strided tensors, dynamic results, the
+  input's bytes at a fixed place: planned memory, directly or through ``et_view``),
+  makes its results views of the input at run time (``Tensor.set_`` on the objects the
+  readers hold); runs whose shapes repeat the last run's skip it (:meth:`Folder.shape_view`).
 
 Methods with jumps or more than one chain are left alone. Private memory is capped per
 method (:data:`MAX_FOLDED_BYTES`); past the cap, calls run as the file says.
@@ -51,6 +56,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pyrt.errors import InputError
 from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
 from pyrt.pte_reader import ExecutionPlan
 from pyrt.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
@@ -135,6 +141,9 @@ class Folder:
         for pc, values in read_items.items():
             for j in values:
                 self.readers.setdefault(j, []).append(pc)
+        self.et_view_of = {ins.args[2]: ins.args[0] for ins in instrs  # et_view result -> the tensor it views
+                           if isinstance(ins, KernelCall) and len(ins.args) == 3
+                           and kernels[ins.op_index].name == "executorch_prim::et_view.default"}
         self.strided_pcs = {pc for pc, ins in enumerate(instrs)
                             if isinstance(ins, KernelCall) and kernels[ins.op_index].strided}
         self.outputs = set(_expand(xplan.outputs, lists))
@@ -218,6 +227,8 @@ class Folder:
                 self._private(moved)
         if kernel.view is not None and self.as_view(pc, args, kernel):
             return noop
+        if kernel.view is not None and self.keyed and (viewing := self.shape_view(pc, args, kernel)) is not None:
+            return viewing
         if not self.keyed or not pure or kernel.writes is None:  # (writes: narrowed for mypy)
             return build()
         if not kernel.writes(args):  # shape-only prims and scalar-returning calls
@@ -294,6 +305,77 @@ class Folder:
         self._relist(written)
         return True
 
+    def shape_view(self, pc: int, args: tuple[int, ...], kernel: Kernel) -> Step | None:
+        """In a keyed method (see :mod:`pyrt.steady`), a ``*_copy`` call on a dynamic tensor as a step that
+        makes the planned results views of the input (``Tensor.set_``), skipped by steady runs; None when
+        it may not.
+
+        Same conditions as :meth:`as_view`, shapes aside: results read only by kernels that take strided
+        tensors (:meth:`_strided_ok`), written by no other instruction, no aliases over their bytes; the
+        input is the same tensor object every run, its bytes unwritten until the results' last read;
+        the other arguments follow from the input shapes. A run with the last run's shapes would
+        compute the same views over the same bytes, so its steady variant is :func:`noop`.
+        """
+        table = self.table
+        out, x = self.outs[pc], args[0]
+        info = table.infos.get(x)
+        if (not out or x in out or info is None or not info.dynamic or info.device is not None
+                or not self._all([a for a in args[1:] if a not in out], self.key_const)):
+            return None
+        root = self._fixed_root(x)
+        if root is None:
+            return None
+        written = _expand(out, self.lists)
+        tensors = list(dict.fromkeys(j for j in written if j in table.infos))
+        if not tensors or not all(self._free(j, pc, dynamic=True) for j in written):
+            return None
+        if not all(table.is_const(j) and self._strided_ok(j) and not self.alias_of.get(j)
+                   and table.infos[j].scalar_type is info.scalar_type  # a view keeps the dtype
+                   and table.infos[j].dynamic  # never a static tensor: load-time views of it would see old bytes
+                   for j in tensors):
+            return None
+        base = self.base.get(root, root)
+        if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in tensors)):
+            return None
+        results = [table.vals[j] for j in tensors]  # the objects every reader holds: they become the views
+        caps = [table.infos[j].capacity for j in tensors]
+        view, where = kernel.view, f"method {table.method!r}, instruction {pc}"
+        assert view is not None  # (narrowed for mypy)
+        getters = [table.getter(a) for a in args]  # lists of sym sizes are rebuilt from their items per run
+        positions = tuple(range(len(args)))
+
+        def shape_view() -> None:
+            found = view([g() for g in getters], positions)
+            views = found if isinstance(found, (list, tuple)) else (found,)
+            if len(views) != len(results):
+                raise InputError(f"{where}: {len(views)} views for {len(results)} results")
+            for t, v, cap in zip(results, views, caps, strict=True):
+                if v.numel() > cap:
+                    raise InputError(f"{where}: output of shape {tuple(v.shape)} exceeds its memory-planned "
+                                     f"bound of {cap} elements")
+                t.set_(v)
+
+        for j in tensors:
+            self.base[j] = base
+        return with_steady(shape_view, noop)
+
+    def _fixed_root(self, x: int) -> int | None:
+        """The tensor whose bytes ``x`` shows at the same place in every run with the same shapes: ``x``
+        itself when its slot always holds one object over planned, constant or private memory, else
+        through ``et_view`` results (reshapes of such a tensor, the view's only writer); None otherwise."""
+        table = self.table
+        for _ in range(len(table.kinds)):
+            info = table.infos.get(x)
+            if info is None or info.device is not None:
+                return None
+            if table.is_const(x):
+                return x if info.storage in ("planned", "constant") or x in self.private else None
+            viewed = self.et_view_of.get(x)
+            if viewed is None or self.writers.get(x) != 1:
+                return None
+            x = viewed
+        return None
+
     def _relocations(self, xplan: ExecutionPlan, kernels: list[Kernel], write_pc: dict[int, int]) -> set[int]:
         """Inputs of view-able ``*_copy`` calls whose arena bytes are reused while the result lives.
 
@@ -340,6 +422,34 @@ class Folder:
                 continue
             views = list(view) if isinstance(view, (list, tuple)) else [view]
             if self._layouts_fit(views, tensors):
+                out.add(x)
+        if self.keyed:
+            out.update(self._shape_relocations(xplan, kernels, write_pc))
+        return out
+
+    def _shape_relocations(self, xplan: ExecutionPlan, kernels: list[Kernel], write_pc: dict[int, int]) -> set[int]:
+        """The same for :meth:`shape_view`: dynamic tensors (seen directly or through ``et_view``
+        results) whose arena bytes are reused while a view of them would live."""
+        table, out = self.table, set[int]()
+        for pc, ins in enumerate(xplan.chains[0].instructions):
+            if not isinstance(ins, KernelCall) or kernels[ins.op_index].view is None or not ins.args:
+                continue
+            x = ins.args[0]
+            while x in self.et_view_of and self.writers.get(x) == 1:
+                x = self.et_view_of[x]
+            info = table.infos.get(x)
+            if (info is None or info.storage != "planned" or not info.dynamic or info.device is not None
+                    or x in self.pinned or self.writers.get(x) != 1 or not table.is_const(x)
+                    or not 0 <= write_pc.get(x, -1) < self._first_read(x)):
+                continue
+            outs = self.outs[pc]
+            tensors = list(dict.fromkeys(j for j in _expand(outs, self.lists) if j in table.infos))
+            if (not tensors or x in outs or not all(self._free(j, pc, dynamic=True) for j in _expand(outs, self.lists))
+                    or not all(table.is_const(j) and self._strided_ok(j) and not self.alias_of.get(j)
+                               and table.infos[j].scalar_type is info.scalar_type and table.infos[j].dynamic
+                               for j in tensors)):
+                continue
+            if not self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
                 out.add(x)
         return out
 

@@ -81,6 +81,30 @@ def test_dynamic_gpt2_matches_executorch(exported: Any, seq: int) -> None:
     _check(path, tokens)
 
 
+def test_dynamic_gpt2_shape_views(exported: Any) -> None:
+    """Dynamic GPT-2: ``*_copy`` calls on dynamic tensors run as views (pyrt.fold.Folder.shape_view),
+    skipped by steady runs; lengths alternate between full and steady runs, and every output is
+    bitwise the unfolded program's (which copies), and ExecuTorch's within tolerance."""
+    import torch
+
+    path, _ = exported("gpt2", True)
+    g = torch.Generator().manual_seed(0)
+    with pyrt.Program(path, kernels="torch") as prog, pyrt.Program(path, kernels="torch", fold=False) as plain:
+        runner = prog._runners["forward"]
+        chain = runner.plan.chains[0]
+        viewed = [pc for pc, ins in enumerate(chain) if getattr(ins.step, "__name__", "") == "shape_view"]
+        assert len(viewed) >= 10, viewed
+        assert runner._steady is not None and not set(viewed) & set(runner._steady[1])
+        for seq in (8, 8, 8, 3, 3, 16, 16, 8, 1, 1, 5, 5):
+            tokens = torch.randint(0, 96, (1, seq), generator=g)
+            got, want = prog(tokens), plain(tokens)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), seq
+            if seq in (3, 16):
+                np.testing.assert_allclose(got[0].numpy(), _executorch(path, (tokens,)), rtol=1e-4, atol=1e-5)
+
+
 # Which kernel calls of the tiny Llama fold (or bind as views) at load: pinned so that
 # work on pyrt.fold's analysis cannot change its decisions unnoticed. Torch kernels
 # also bind five ``*_copy`` results as views of their inputs (pcs 57, 60, 139, 142:
