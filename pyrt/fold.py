@@ -238,7 +238,11 @@ class Folder:
                     marks.tensor < 0 or marks.tensor in self.key_const):
                 self.key_const.update(marks.rebinds)
             return step
-        if not self._all(self.reads[pc], self.key_const):
+        reads = self.reads[pc]
+        if kernel.name in SHAPE_READ_OPS and args and (first := self.table.infos.get(args[0])) is not None \
+                and first.device is None:
+            reads = [a for a in reads if a != args[0]]  # its shape follows from the input shapes here
+        if not self._all(reads, self.key_const):
             return build()
         written = self.written[pc]
         if not all(self._free(j, pc, dynamic=True) for j in written):
