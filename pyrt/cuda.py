@@ -196,26 +196,9 @@ class Cuda:
 
     # -- memory ----------------------------------------------------------
     def free_memory(self, ptr: int, device: int) -> None:
-        """``cuMemFree(ptr)`` with device ``device``'s context current (it synchronises the device).
-
-        The same calls and errors as ``set_device(device)`` then ``call("cuMemFree", ptr)``, without
-        their indirection.
-        """
-        driver = self._driver if self._driver is not None else self.driver
-        ctx = self._contexts.get(device)
-        if ctx is None:
-            ctx = self.context(device)
-        name = "cuCtxSetCurrent"
-        try:
-            if not (result := driver.cuCtxSetCurrent(ctx))[0]:
-                name = "cuMemFree"
-                result = driver.cuMemFree(ptr)
-        except DeviceError:
-            raise
-        except Exception as exc:  # the binding raises for a missing driver library, bad types
-            raise DeviceError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
-        if result[0]:
-            raise DeviceError(f"{name} failed with {self.error_name(result[0])}")
+        """``cuMemFree(ptr)`` with device ``device``'s context current (it synchronises the device)."""
+        self.set_device(device)
+        self.call("cuMemFree", ptr)
 
     def free_async(self, ptr: int, device: int, stream: int) -> None:
         """``cuMemFreeAsync(ptr, stream)``: a stream-ordered free of the memory at ``ptr``, no host synchronisation.
@@ -223,7 +206,8 @@ class Cuda:
         The memory is released when stream handle ``stream`` reaches the free, so work queued on
         it before still reads valid memory; work on other streams must be ordered before it by
         the caller. A stream other than the legacy default ones (handles 0-2) names its own
-        context; for those, device ``device``'s context is made current first.
+        context; for those, device ``device``'s context is made current first. The same calls and
+        errors as ``set_device`` and ``call``, inlined: this runs once per dropped output of every forward.
         """
         driver = self._driver if self._driver is not None else self.driver
         try:
