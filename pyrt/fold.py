@@ -327,16 +327,8 @@ class Folder:
                 or not self._all([a for a in args[1:] if a not in out], self.key_const)):
             return None
         root = self._fixed_root(x)
-        if root is None:
-            return None
-        written = _expand(out, self.lists)
-        tensors = list(dict.fromkeys(j for j in written if j in table.infos))
-        if not tensors or not all(self._free(j, pc, dynamic=True) for j in written):
-            return None
-        if not all(table.is_const(j) and self._strided_ok(j) and not self.alias_of.get(j)
-                   and table.infos[j].scalar_type is info.scalar_type  # a view keeps the dtype
-                   and table.infos[j].dynamic  # never a static tensor: load-time views of it would see old bytes
-                   for j in tensors):
+        tensors = None if root is None else self._shape_view_results(pc, info.scalar_type)
+        if root is None or tensors is None:
             return None
         base = self.base.get(root, root)
         if not self._outlives(base, pc, max(self.last_read.get(j, pc) for j in tensors)):
@@ -362,6 +354,21 @@ class Folder:
         for j in tensors:
             self.base[j] = base
         return with_steady(shape_view, noop)
+
+    def _shape_view_results(self, pc: int, dtype: Any) -> list[int] | None:
+        """The tensors the ``*_copy`` call at ``pc`` writes, if :meth:`shape_view` may make them views of
+        a ``dtype`` tensor: each written only there and unread before, a dynamic tensor of that dtype
+        (never a static one: load-time views of it would see old bytes), one object every run, read
+        only by kernels taking strided tensors, no alias over its bytes; else None."""
+        table = self.table
+        written = _expand(self.outs[pc], self.lists)
+        tensors = list(dict.fromkeys(j for j in written if j in table.infos))
+        if not tensors or not all(self._free(j, pc, dynamic=True) for j in written):
+            return None
+        if not all(table.infos[j].dynamic and table.infos[j].scalar_type is dtype and table.is_const(j)
+                   and self._strided_ok(j) and not self.alias_of.get(j) for j in tensors):
+            return None
+        return tensors
 
     def _fixed_root(self, x: int) -> int | None:
         """The tensor whose bytes ``x`` shows at the same place in every run with the same shapes: ``x``
@@ -438,20 +445,16 @@ class Folder:
         for pc, ins in enumerate(xplan.chains[0].instructions):
             if not isinstance(ins, KernelCall) or kernels[ins.op_index].view is None or not ins.args:
                 continue
-            x = ins.args[0]
-            while x in self.et_view_of and self.writers.get(x) == 1:
-                x = self.et_view_of[x]
-            info = table.infos.get(x)
-            if (info is None or info.storage != "planned" or not info.dynamic or info.device is not None
-                    or x in self.pinned or self.writers.get(x) != 1 or not table.is_const(x)
-                    or not 0 <= write_pc.get(x, -1) < self._first_read(x)):
+            x = self._fixed_root(ins.args[0])
+            if x is None:
                 continue
-            outs = self.outs[pc]
-            tensors = list(dict.fromkeys(j for j in _expand(outs, self.lists) if j in table.infos))
-            if (not tensors or x in outs or not all(self._free(j, pc, dynamic=True) for j in _expand(outs, self.lists))
-                    or not all(table.is_const(j) and self._strided_ok(j) and not self.alias_of.get(j)
-                               and table.infos[j].scalar_type is info.scalar_type and table.infos[j].dynamic
-                               for j in tensors)):
+            info = table.infos[x]
+            if (info.storage != "planned" or not info.dynamic or x in self.pinned or self.writers.get(x) != 1
+                    or not 0 <= write_pc.get(x, -1) < self._first_read(x)
+                    or x in self.outs[pc]):
+                continue
+            tensors = self._shape_view_results(pc, info.scalar_type)
+            if tensors is None:
                 continue
             if not self._outlives(x, pc, max(self.last_read.get(j, pc) for j in tensors)):
                 out.add(x)

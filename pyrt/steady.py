@@ -55,7 +55,7 @@ def steady_chain(plan: MethodPlan) -> tuple[list[Step], list[int]] | None:
             stable.update(marks.rebinds)
             continue
         steady = getattr(step, "steady", step)
-        if steady is noop:  # data that follows from the shapes (pyrt.fold): already in private memory
+        if steady is noop:  # pyrt.fold: data that follows from the shapes (in private memory), or shape views
             continue
         steps.append(steady)
         pcs.append(pc)
@@ -71,7 +71,6 @@ def _skippable(marks: ShapeOnly, stable: set[int]) -> bool:
 def shape_key(vals: list[Value], inputs: tuple[int, ...]) -> tuple[Any, ...]:
     """The shapes of the inputs' tensors (None for non-tensors), as bound for this run."""
     return tuple(getattr(vals[i], "shape", None) for i in inputs)
-
 
 
 __all__ = ["steady_chain", "shape_key"]
