@@ -54,7 +54,8 @@ def steady_chain(plan: MethodPlan) -> tuple[list[Step], list[int]] | None:
         if marks is not None and _skippable(marks, stable):
             stable.update(marks.rebinds)
             continue
-        steady = getattr(step, "steady", step)
+        pick = getattr(step, "steady_if", None)  # a variant that needs the slots it reads left alone
+        steady = pick(stable) if pick is not None else getattr(step, "steady", step)
         if steady is noop:  # pyrt.fold: data that follows from the shapes (in private memory), or shape views
             continue
         steps.append(steady)

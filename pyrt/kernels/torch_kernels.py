@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators, with_steady
+from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators, small_kernels, with_steady
 from pyrt.pte_reader import Operator
 from pyrt.tensors import Value
 
-_FOUND: dict[str, Kernel] = {}
+_FOUND: dict[tuple[str, int], Kernel] = {}
 VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a view of the input
     "aten::permute_copy": "permute", "aten::squeeze_copy": "squeeze", "aten::unsqueeze_copy": "unsqueeze",
     "aten::view_copy": "view", "aten::alias_copy": "alias", "aten::slice_copy": "slice",
@@ -44,22 +44,29 @@ BYTE_VIEW_OPS = frozenset({  # operators whose result depends on the input's str
 
 
 class TorchLibrary:
-    """Resolve ``ns::name.overload`` to ``torch.ops.ns.name.overload``."""
+    """Resolve ``ns::name.overload`` to ``torch.ops.ns.name.overload``.
+
+    ``small_numel``: instructions whose tensors are static, fixed and at most this many
+    elements each run through numpy views of the same memory where numpy computes what
+    torch does (:mod:`pyrt.kernels.small_kernels`); 0 calls torch for everything.
+    """
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, small_numel: int = small_kernels.SMALL_NUMEL) -> None:
         import torch
 
         self.torch = torch
+        self.small_numel = small_numel
 
     def lookup(self, op: Operator) -> Kernel | None:
         """The kernel of ``op``; found kernels are kept for the process (they hold no program state)."""
-        kernel = _FOUND.get(op.qualified_name)
+        key = (op.qualified_name, self.small_numel)
+        kernel = _FOUND.get(key)
         if kernel is None:
             kernel = self._lookup(op)
             if kernel is not None:
-                _FOUND[op.qualified_name] = kernel
+                _FOUND[key] = kernel
         return kernel
 
     def _lookup(self, op: Operator) -> Kernel | None:
@@ -69,9 +76,13 @@ class TorchLibrary:
         schema = overload._schema
         fast = self._bindings(op, schema)
         sig = _Signature(schema)
+        names = [a.name for a in schema.arguments]
+        tensors = [a.name for a in schema.arguments if _is_tensor_type(str(a.type))]
+        small = small_kernels.builder(op.qualified_name, names, tensors, self.small_numel)
+        later = small_kernels.rebinder(op.qualified_name, names, tensors, self.small_numel)
         return Kernel(
             op.qualified_name,
-            build=lambda site: _build(overload, sig, site, fast),
+            build=lambda site: _build(overload, sig, site, fast, small, later),
             rebinds=_rebinds(schema),
             writes=_writes(schema),
             pure=op.name not in RANDOM_OPS and not any("Generator" in str(a.type) for a in schema.arguments),
@@ -256,12 +267,51 @@ def _is_default(v: Any, default: Any) -> bool:
     return type(v) is type(default) and v == default
 
 
-def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = ()) -> Step:
+def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = (),
+           small: Callable[[KernelSite], Step | None] | None = None,
+           later: Callable[[KernelSite], small_kernels.Rebind | None] | None = None) -> Step:
+    """The step of one call: numpy on small static tensors (``small``), else torch, with steady runs
+    of dynamic calls on numpy where ``later`` can bind their tensors (:mod:`pyrt.kernels.small_kernels`)."""
     n = sig.n
     site.require_args(n)
-    fn = overload._op
     for k in sig.tensor_args:
         _reject_device(site, k)
+    if small is not None and (step := small(site)) is not None:
+        return step
+    step = _build_torch(overload, sig, site, fast)
+    rebind = later(site) if later is not None and not sig.plain_returns else None
+    return step if rebind is None else _rebinding(step, rebind)
+
+
+def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
+    """``step`` with a steady variant on numpy, bound at the first steady run after each full run.
+
+    A steady run repeats the last full run's shapes (:mod:`pyrt.steady`). Where the call reads
+    slots a run rebinds, the steady chain asks ``step.steady_if(stable)``: numpy only when those
+    slots are among the ones its steady runs leave alone, else the torch call.
+    """
+    torch_steady = getattr(step, "steady", step)
+    bound: list[Step | None] = [None]
+
+    def full() -> None:
+        bound[0] = None
+        step()
+
+    def numpy_steady() -> None:
+        s = bound[0]
+        if s is None:
+            s = bound[0] = rebind.bind() or torch_steady
+        s()
+
+    numpy_steady.bound = bound  # type: ignore[attr-defined]  # what the steady runs now call (tests)
+    slots = rebind.slots
+    full.steady_if = lambda stable: numpy_steady if slots <= stable else torch_steady  # type: ignore[attr-defined]
+    return with_steady(full, torch_steady if slots else numpy_steady)
+
+
+def _build_torch(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]]) -> Step:
+    n = sig.n
+    fn = overload._op
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
     dyn_outs = _dynamic_outs(sig.out_args, site)
     call = _bind_call(fn, site, sig.pos_idx, sig.kwargs(site), _skipping(fast, sig, site) if site.unread else fast)

@@ -1,0 +1,486 @@
+"""Small static tensors through numpy: the torch library's path where call overhead dominates.
+
+A torch out-variant called from Python costs about 1 us before it does any work
+(argument parsing, dispatch, TensorIterator set-up); a numpy ufunc on arrays bound
+once costs about 0.3 us. Real models full of tiny tensors (an LSTM step on a
+(1, 16) state, a small decoder's norms and rotary products) spend most of their
+run time there. So, for an instruction whose tensors all sit in fixed slots, have
+static shapes and at most ``SMALL_NUMEL`` elements, the torch library binds numpy
+views of those very tensors once at load and runs the numpy equivalent: the same
+memory is written, so the torch steps before and after see the results.
+
+A numpy step is built only where numpy computes what the torch out-variant computes:
+
+* every tensor has one floating dtype (float32 or float64), shared with the out
+  (comparisons: a bool out); no type promotion, no casting;
+* scalars are Python ``int``/``float`` numpy treats as weak (NEP 50), finite in the
+  tensors' dtype; ``alpha``/``beta`` are 1;
+* the out has the shape torch would give it (no resize) and overlaps no input;
+* the operands are CPU tensors numpy can view (no autograd, no conjugate/negative bit).
+
+Anything else is left to torch. Elementwise arithmetic, negation, squares,
+reciprocal square roots and comparisons give torch's bits; ``sqrt`` (torch's float32
+one is not correctly rounded, numpy's is), ``tanh``/``exp``, sums and matrix products
+may differ in the last bit (another SIMD math library, another BLAS, another
+summation order), as they do between torch builds.
+
+>>> import torch
+>>> from pyrt.kernels.small_kernels import bind
+>>> x, out = torch.tensor([1.0, 4.0]), torch.empty(2)
+>>> step = bind("aten::sqrt.out", {"self": x, "out": out}, tensors={"self", "out"})
+>>> _ = step(); out.tolist()
+[1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pyrt.kernels import KernelSite, Step
+
+SMALL_NUMEL = 4096  # elements per tensor; above this the work, not the call, dominates
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+Args = Mapping[str, Any]  # argument name -> value (numpy arrays in place of the tensors)
+Builder = Callable[[Args], "Step | None"]
+
+
+# -- what numpy may see --------------------------------------------------------------------------
+
+
+def _view(t: Any, limit: int) -> np.ndarray | None:
+    """A numpy view of CPU tensor ``t`` sharing its memory, or None (too big, autograd, conj/neg bit...)."""
+    try:
+        if t.requires_grad or t.device.type != "cpu" or t.numel() > limit:
+            return None
+        a = t.numpy()
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    return a
+
+
+def _tensor_arg(site: KernelSite, k: int, limit: int) -> np.ndarray | None:
+    """Argument ``k`` as a numpy view, where its slot and shape never change; else None."""
+    if not site.is_const(k) or site.kind(k) != "Tensor":
+        return None
+    info = site.info(k)
+    if info is None or info.dynamic or info.device is not None:
+        return None
+    return _view(site.value(k), limit)
+
+
+def _tensor_slots(site: KernelSite, k: int) -> Sequence[int]:
+    """The value slots of argument ``k``'s tensors: itself, a list's items, or none."""
+    kind = site.kind(k)
+    if kind == "Tensor":
+        return [site.args[k]]
+    return site.table.items[site.args[k]] if kind == "TensorList" else []
+
+
+def _list_arg(site: KernelSite, k: int, limit: int) -> list[np.ndarray] | None:
+    """A constant ``Tensor[]`` argument as numpy views, or None."""
+    if not site.is_const(k) or site.kind(k) != "TensorList":
+        return None
+    out = []
+    for j in _tensor_slots(site, k):
+        info = site.table.infos.get(j)
+        if j < 0 or info is None or info.dynamic or info.device is not None or not site.table.is_const(j):
+            return None
+        a = _view(site.table.vals[j], limit)
+        if a is None:
+            return None
+        out.append(a)
+    return out
+
+
+def site_args(site: KernelSite, names: Sequence[str], tensors: Collection[str],
+              limit: int = SMALL_NUMEL) -> dict[str, Any] | None:
+    """``name -> value`` of the instruction's arguments (schema ``names``), tensors as numpy views.
+
+    None when any tensor argument (``tensors``: the names the schema types ``Tensor`` or
+    ``Tensor[]``) may not go to numpy (see the module docstring), or is not a tensor in the
+    file, or any argument is rebound at run time.
+    """
+    if len(site.args) < len(names):
+        return None
+    args: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        kind = site.kind(k)
+        if (name in tensors) != (kind in ("Tensor", "TensorList")):
+            return None  # torch will name the mismatch
+        a: Any
+        if kind == "Tensor":
+            a = _tensor_arg(site, k, limit)
+        elif kind == "TensorList":
+            a = _list_arg(site, k, limit)
+        elif not site.is_const(k):
+            return None
+        else:
+            a = site.value(k)
+            if kind in ("Null", "None"):
+                a = None
+        if a is None and kind in ("Tensor", "TensorList"):
+            return None
+        args[name] = a
+    return args
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast shape, or None where the shapes do not broadcast (torch raises then)."""
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        return None
+
+
+def _floats(*arrays: np.ndarray) -> bool:
+    """One floating dtype for all."""
+    return arrays[0].dtype in FLOATS and all(a.dtype == arrays[0].dtype for a in arrays)
+
+
+def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
+    """A Python number numpy applies in ``dtype`` as torch does (weak, finite in that dtype, or nan)."""
+    if type(v) not in (int, float):
+        return False
+    return math.isnan(v) or abs(v) <= float(np.finfo(dtype).max)
+
+
+def _is_one(v: Any) -> bool:
+    return type(v) in (int, float) and v == 1
+
+
+def _apart(out: np.ndarray, *ins: Any) -> bool:
+    """``out`` shares no memory with any array in ``ins`` (torch rejects partial overlap; numpy would not)."""
+    return not any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in ins)
+
+
+def _apart_or_same(out: np.ndarray, *ins: Any) -> bool:
+    """Like :func:`_apart`, but an input that is exactly ``out`` (an in-place call) is fine for ufuncs."""
+    return all(not isinstance(a, np.ndarray) or not np.may_share_memory(out, a)
+               or (a.__array_interface__ == out.__array_interface__) for a in ins)
+
+
+# -- builders: args -> step or None ----------------------------------------------------------------
+
+
+def _binary(ufunc: np.ufunc) -> Builder:
+    """``op(self, other[, alpha])`` -> ``ufunc(self, other, out)``; ``other`` a tensor or a weak scalar."""
+
+    def build(a: Args) -> Step | None:
+        x, y, out = a["self"], a["other"], a["out"]
+        if not _is_one(a.get("alpha", 1)) or not _floats(x, out):
+            return None
+        if isinstance(y, np.ndarray):
+            if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
+                return None
+        elif not _weak_scalar(y, x.dtype) or x.shape != out.shape:
+            return None
+        if not _apart_or_same(out, x, y):
+            return None
+        return functools.partial(ufunc, x, y, out)
+
+    return build
+
+
+def _compare(ufunc: np.ufunc) -> Builder:
+    """``eq``/``lt``/...: tensor against tensor or weak scalar, a bool out."""
+
+    def build(a: Args) -> Step | None:
+        x, y, out = a["self"], a["other"], a["out"]
+        if out.dtype != np.bool_ or x.dtype not in FLOATS:
+            return None
+        if isinstance(y, np.ndarray):
+            if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
+                return None
+        elif not _weak_scalar(y, x.dtype) or x.shape != out.shape:
+            return None
+        if not _apart(out, x, y):
+            return None
+        return functools.partial(ufunc, x, y, out)
+
+    return build
+
+
+def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], Any]) -> Builder:
+    """``op(self)`` -> the first ufunc into out, the others in place on out."""
+
+    def build(a: Args) -> Step | None:
+        x, out = a["self"], a["out"]
+        if not _floats(x, out) or x.shape != out.shape or not _apart_or_same(out, x):
+            return None
+        first = functools.partial(ufuncs[0], x, out)
+        if len(ufuncs) == 1:
+            return first
+        rest = [functools.partial(u, out, out) for u in ufuncs[1:]]
+
+        def step() -> None:
+            first()
+            for r in rest:
+                r()
+
+        return step
+
+    return build
+
+
+def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> Any:
+    return np.divide(1.0, x, out)
+
+
+def _logical_not(a: Args) -> Step | None:
+    x, out = a["self"], a["out"]
+    if x.dtype != np.bool_ or out.dtype != np.bool_ or x.shape != out.shape or not _apart_or_same(out, x):
+        return None
+    return functools.partial(np.logical_not, x, out)
+
+
+_POWERS = {2: np.square, 0.5: np.sqrt}  # exponents torch special-cases to exactly these
+
+
+def _pow_scalar(a: Args) -> Step | None:
+    e = a["exponent"]
+    if type(e) not in (int, float) or e not in _POWERS:
+        return None
+    return _unary(_POWERS[e])(a)
+
+
+def _mean(a: Args) -> Step | None:
+    """``mean.out`` over a dim list: a sum, then one division by the count (what ATen does)."""
+    x, out, dims = a["self"], a["out"], a["dim"]
+    if a.get("dtype") is not None or not isinstance(dims, list) or not dims or not _floats(x, out):
+        return None
+    nd = x.ndim
+    if any(type(d) is not int or not -nd <= d < nd for d in dims):
+        return None
+    axis = tuple(sorted({d % nd for d in dims}))
+    if len(axis) != len(dims):
+        return None
+    keep = a.get("keepdim", False)
+    if type(keep) is not bool:
+        return None
+    shape = tuple(1 if i in axis else s for i, s in enumerate(x.shape) if keep or i not in axis)
+    count = math.prod(x.shape[i] for i in axis)
+    if shape != out.shape or count == 0 or not _apart(out, x):
+        return None
+    add_reduce: Any = np.add.reduce  # positional (array, axis, dtype, out, keepdims): the fastest call
+    divide = np.divide
+
+    def step() -> None:
+        add_reduce(x, axis, None, out, keep)
+        divide(out, count, out)
+
+    return step
+
+
+def _matmul_shapes(x: np.ndarray, y: np.ndarray, out: np.ndarray, nd: int) -> bool:
+    return (x.ndim == y.ndim == out.ndim == nd and x.shape[-1] == y.shape[-2]
+            and out.shape == (*x.shape[:-1], y.shape[-1]) and x.shape[:-2] == y.shape[:-2])
+
+
+def _mm(a: Args) -> Step | None:
+    x, y, out = a["self"], a["mat2"], a["out"]
+    if not _floats(x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
+        return None
+    if not _apart(out, x, y):
+        return None
+    return functools.partial(np.dot, x, y, out)
+
+
+def _addmm(a: Args) -> Step | None:
+    """``addmm`` with beta = alpha = 1: ``dot`` into out, then the bias added in place."""
+    bias, x, y, out = a["self"], a["mat1"], a["mat2"], a["out"]
+    if not (_is_one(a.get("beta", 1)) and _is_one(a.get("alpha", 1))):
+        return None
+    if not _floats(bias, x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
+        return None
+    if _broadcast(bias.shape, out.shape) != out.shape or not _apart(out, bias, x, y):
+        return None
+    dot, add = np.dot, np.add
+
+    def step() -> None:
+        dot(x, y, out)
+        add(out, bias, out)
+
+    return step
+
+
+def _bmm(a: Args) -> Step | None:
+    x, y, out = a["self"], a["mat2"], a["out"]
+    if not _floats(x, y, out) or not _matmul_shapes(x, y, out, 3) or not _apart(out, x, y):
+        return None
+    return functools.partial(np.matmul, x, y, out=out)
+
+
+def _cat(a: Args) -> Step | None:
+    parts, out, dim = a["tensors"], a["out"], a["dim"]
+    if not parts or type(dim) is not int or not _floats(*parts, out):
+        return None
+    nd = out.ndim
+    if not -nd <= dim < nd or any(p.ndim != nd or p.size == 0 for p in parts):
+        return None
+    axis = dim % nd
+    rest = [s for i, s in enumerate(out.shape) if i != axis]
+    if any([s for i, s in enumerate(p.shape) if i != axis] != rest for p in parts):
+        return None
+    if sum(p.shape[axis] for p in parts) != out.shape[axis] or not _apart(out, *parts):
+        return None
+    return functools.partial(np.concatenate, tuple(parts), axis, out)
+
+
+def _permute_copy(a: Args) -> Step | None:
+    x, out, dims = a["self"], a["out"], a["dims"]
+    nd = x.ndim
+    if not isinstance(dims, list) or any(type(d) is not int or not -nd <= d < nd for d in dims):
+        return None
+    perm = [d % nd for d in dims]
+    if sorted(perm) != list(range(nd)) or not _floats(x, out):
+        return None
+    view = x.transpose(perm)
+    if view.shape != out.shape or not _apart(out, x):
+        return None
+    return functools.partial(np.copyto, out, view)
+
+
+def _expand_copy(a: Args) -> Step | None:
+    """``expand_copy``: the input broadcast to ``size`` (-1 keeps a dim), copied into out."""
+    x, out, size = a["self"], a["out"], a["size"]
+    if not isinstance(size, list) or len(size) < x.ndim or any(type(d) is not int for d in size):
+        return None
+    lead = len(size) - x.ndim
+    target = tuple(x.shape[i - lead] if d == -1 and i >= lead else d for i, d in enumerate(size))
+    if any(d < 0 for d in target) or target != out.shape or not _floats(x, out) or not _apart(out, x):
+        return None
+    try:
+        view = np.broadcast_to(x, target)
+    except ValueError:
+        return None
+    return functools.partial(np.copyto, out, view)
+
+
+BUILDERS: dict[str, Builder] = {
+    "aten::add.out": _binary(np.add), "aten::add.Scalar_out": _binary(np.add),
+    "aten::sub.out": _binary(np.subtract), "aten::sub.Scalar_out": _binary(np.subtract),
+    "aten::mul.out": _binary(np.multiply), "aten::mul.Scalar_out": _binary(np.multiply),
+    "aten::div.out": _binary(np.true_divide),
+    "aten::eq.Scalar_out": _compare(np.equal), "aten::eq.Tensor_out": _compare(np.equal),
+    "aten::ne.Scalar_out": _compare(np.not_equal), "aten::ne.Tensor_out": _compare(np.not_equal),
+    "aten::lt.Scalar_out": _compare(np.less), "aten::lt.Tensor_out": _compare(np.less),
+    "aten::le.Scalar_out": _compare(np.less_equal), "aten::le.Tensor_out": _compare(np.less_equal),
+    "aten::gt.Scalar_out": _compare(np.greater), "aten::gt.Tensor_out": _compare(np.greater),
+    "aten::ge.Scalar_out": _compare(np.greater_equal), "aten::ge.Tensor_out": _compare(np.greater_equal),
+    "aten::neg.out": _unary(np.negative), "aten::abs.out": _unary(np.absolute),
+    "aten::sqrt.out": _unary(np.sqrt), "aten::rsqrt.out": _unary(np.sqrt, _reciprocal_in_place),
+    "aten::tanh.out": _unary(np.tanh), "aten::exp.out": _unary(np.exp),
+    "aten::logical_not.out": _logical_not, "aten::pow.Tensor_Scalar_out": _pow_scalar,
+    "aten::mean.out": _mean, "aten::mm.out": _mm, "aten::addmm.out": _addmm, "aten::bmm.out": _bmm,
+    "aten::cat.out": _cat, "aten::permute_copy.out": _permute_copy, "aten::expand_copy.out": _expand_copy,
+}
+
+
+def builder(qualified_name: str, names: Sequence[str], tensors: Collection[str],
+            limit: int = SMALL_NUMEL) -> Callable[[KernelSite], Step | None] | None:
+    """``site -> numpy step or None`` for operator ``qualified_name`` (schema argument ``names``, of
+    which ``tensors`` are tensors or tensor lists), or None where numpy has no such step."""
+    build = BUILDERS.get(qualified_name)
+    if build is None or limit <= 0:
+        return None
+    tensors = frozenset(tensors)
+
+    def at_site(site: KernelSite) -> Step | None:
+        args = site_args(site, names, tensors, limit)
+        step = None if args is None else build(args)
+        if step is not None:
+            step.small = True  # type: ignore[attr-defined]  # for tests and profiles: this one runs on numpy
+        return step
+
+    return at_site
+
+
+@dataclass(frozen=True)
+class Rebind:
+    """Binds a numpy step to one instruction's tensors as they are now (see :func:`rebinder`).
+
+    ``fixed``: arguments whose slots never change; ``moving``: ``(name, slot, getter)`` of
+    arguments a run rebinds (``et_view`` results...), read at :meth:`bind` time.
+    """
+
+    name: str
+    fixed: Mapping[str, Any]
+    moving: tuple[tuple[str, int, Callable[[], Any]], ...]
+    tensors: frozenset[str]
+    limit: int
+
+    @property
+    def slots(self) -> frozenset[int]:
+        """The rebound slots the step reads: it stays right only while these hold the same objects."""
+        return frozenset(slot for _, slot, _ in self.moving)
+
+    def bind(self) -> Step | None:
+        """The numpy step on the arguments' current objects and shapes, or None (torch must run)."""
+        args = dict(self.fixed)
+        for name, _, get in self.moving:
+            args[name] = get()
+        step = bind(self.name, args, self.tensors, self.limit)
+        if step is not None:
+            step.small = True  # type: ignore[attr-defined]
+        return step
+
+
+def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str],
+             limit: int = SMALL_NUMEL) -> Callable[[KernelSite], Rebind | None] | None:
+    """``site -> Rebind or None`` for an instruction whose tensors change shape between runs.
+
+    Shapes change only in a dynamic method's full runs; its steady runs (:mod:`pyrt.steady`)
+    repeat the last full run's shapes on the same objects, so a step bound to the views of
+    that run stays right until the next full run. None where a tensor lives on a device.
+    """
+    if BUILDERS.get(qualified_name) is None or limit <= 0:
+        return None
+    tensor_names = frozenset(tensors)
+
+    def at_site(site: KernelSite) -> Rebind | None:
+        if len(site.args) < len(names):
+            return None
+        fixed: dict[str, Any] = {}
+        moving: list[tuple[str, int, Callable[[], Any]]] = []
+        for k, name in enumerate(names):
+            kind = site.kind(k)
+            if any(j < 0 or (info := site.table.infos.get(j)) is None or info.device is not None
+                   for j in _tensor_slots(site, k)):
+                return None
+            if site.is_const(k):
+                fixed[name] = None if kind in ("Null", "None") else site.value(k)
+            else:
+                moving.append((name, site.args[k], site.getter(k)))
+        return Rebind(qualified_name, fixed, tuple(moving), tensor_names, limit)
+
+    return at_site
+
+
+def bind(qualified_name: str, args: Mapping[str, Any], tensors: Collection[str],
+         limit: int = SMALL_NUMEL) -> Step | None:
+    """The numpy step of ``qualified_name`` on torch tensors ``args`` (by schema name; ``tensors``: the
+    names the schema types as tensors or tensor lists), or None where torch must run it."""
+    build = BUILDERS.get(qualified_name)
+    if build is None:
+        return None
+    viewed: dict[str, Any] = {}
+    for name, v in args.items():
+        if name not in tensors:
+            viewed[name] = v
+        elif isinstance(v, list) and v:
+            views = [_view(t, limit) for t in v]
+            if any(w is None for w in views):
+                return None
+            viewed[name] = views
+        elif (w := _view(v, limit)) is not None:
+            viewed[name] = w
+        else:
+            return None
+    return build(viewed)
