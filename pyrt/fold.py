@@ -353,6 +353,8 @@ class Folder:
 
         for j in tensors:
             self.base[j] = base
+        if x in self.key_const:  # a view of per-key data is per-key data too (positions.unsqueeze(0)...)
+            self.key_const.update(tensors)
         return with_steady(shape_view, noop)
 
     def _shape_view_results(self, pc: int, dtype: Any) -> list[int] | None:

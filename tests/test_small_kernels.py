@@ -12,6 +12,7 @@ must see the arena tensors torch steps write, run after run.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ from pyrt.kernels.small_kernels import BUILDERS, SMALL_NUMEL  # noqa: E402
 
 EXACT = {"add.out", "add.Scalar_out", "sub.out", "sub.Scalar_out", "mul.out", "mul.Scalar_out", "div.out",
          "neg.out", "abs.out", "rsqrt.out", "pow.Tensor_Scalar_out", "logical_not.out",
-         "cat.out", "permute_copy.out", "expand_copy.out", *(f"{c}.{k}" for c in ("eq", "ne", "lt", "le", "gt", "ge")
-                                            for k in ("Scalar_out", "Tensor_out"))}
+         "cat.out", "permute_copy.out", "expand_copy.out", "view_copy.out", "alias_copy.out",
+         "split_with_sizes_copy.out", "split_copy.Tensor_out",
+         *(f"{c}.{k}" for c in ("eq", "ne", "lt", "le", "gt", "ge") for k in ("Scalar_out", "Tensor_out"))}
 CLOSE = {"sqrt.out", "tanh.out", "exp.out", "mean.out", "mm.out", "addmm.out", "bmm.out"}
 
 
@@ -62,7 +64,7 @@ def _case(name: str, shape: tuple[int, ...], dtype: Any, gen: torch.Generator, s
     if base in ("sqrt", "rsqrt"):
         return {"self": x.abs(), "out": out}
     if base == "pow":
-        return {"self": x, "exponent": 2, "out": out}
+        return {"self": x, "exponent": (2, 3, 3.0)[int(torch.randint(3, (), generator=gen))], "out": out}
     if base == "mean":
         return {"self": x, "dim": [-1], "keepdim": True, "dtype": None,
                 "out": torch.empty((*shape[:-1], 1), dtype=dtype)}
@@ -71,6 +73,16 @@ def _case(name: str, shape: tuple[int, ...], dtype: Any, gen: torch.Generator, s
     if base == "permute_copy":
         dims = list(range(len(shape)))[::-1]
         return {"self": x, "dims": dims, "out": torch.empty(shape[::-1], dtype=dtype)}
+    if base in ("view_copy", "alias_copy"):
+        size = [-1] if base == "view_copy" else list(shape)
+        out = torch.empty(math.prod(shape) if base == "view_copy" else shape, dtype=dtype)
+        return {"self": x, "out": out} | ({"size": size} if base == "view_copy" else {})
+    if base in ("split_with_sizes_copy", "split_copy"):
+        n = shape[-1]
+        sizes = [n // 2, n - n // 2] if base == "split_with_sizes_copy" else [min(2, n - i) for i in range(0, n, 2)]
+        outs = [torch.empty((*shape[:-1], k), dtype=dtype) for k in sizes]
+        split = {"split_sizes": sizes} if base == "split_with_sizes_copy" else {"split_size": 2}
+        return {"self": x, "dim": -1, "out": outs} | split
     if base == "expand_copy":
         x = rand(1, *shape[1:])
         return {"self": x, "size": [2, shape[0], *([-1] * (len(shape) - 1))], "implicit": False,
@@ -125,13 +137,34 @@ def test_numpy_step_writes_what_torch_writes(name: str, shape: tuple[int, ...], 
     step = bind(f"aten::{name}", got)
     assert step is not None, f"{name}: no numpy step for an eligible call"
     step()
-    if name in EXACT:
+    if isinstance(want["out"], list):
+        assert all(_same_bits(g, w) for g, w in zip(got["out"], want["out"], strict=True)), name
+    elif name in EXACT:
         assert _same_bits(got["out"], want["out"]), name
     else:
         torch.testing.assert_close(got["out"], want["out"], rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
     for k, v in args.items():  # inputs untouched
         if k != "out" and hasattr(v, "shape"):
             assert torch.equal(got[k], v)
+
+
+@pytest.mark.parametrize("name", ["aten::add.out", "aten::sub.out", "aten::mul.out", "aten::le.Tensor_out",
+                                  "aten::eq.Tensor_out"])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_tensors_wrap_like_torch(name: str, dtype: str) -> None:
+    info = torch.iinfo(getattr(torch, dtype))
+    x = torch.tensor([[info.max, info.min, 7, -3]], dtype=getattr(torch, dtype))
+    y = torch.tensor([[1], [info.max]], dtype=x.dtype)  # broadcasts to (2, 4)
+    out_dtype = torch.bool if name.endswith("Tensor_out") else x.dtype
+    args = {"self": x, "other": y, "out": torch.empty(2, 4, dtype=out_dtype)}
+    if name in ("aten::add.out", "aten::sub.out"):
+        args["alpha"] = 1
+    want = _fresh(args)
+    _call_torch(name.removeprefix("aten::"), want)
+    step = bind(name, args)
+    assert step is not None
+    step()
+    assert torch.equal(args["out"], want["out"])
 
 
 def test_in_place_calls_are_numpy_steps() -> None:
@@ -148,9 +181,12 @@ def _ineligible() -> dict[str, tuple[str, dict[str, Any]]]:
     buf = torch.randn(8)
     return {
         "mixed dtypes": ("aten::add.out", {"self": f32, "other": f64, "alpha": 1, "out": torch.empty(2, 3)}),
-        "int tensors": ("aten::mul.out", {"self": torch.ones(2, 3, dtype=torch.int64),
-                                          "other": torch.ones(2, 3, dtype=torch.int64),
-                                          "out": torch.empty(2, 3, dtype=torch.int64)}),
+        "int tensor by a scalar": ("aten::mul.Scalar_out", {"self": torch.ones(2, 3, dtype=torch.int64),
+                                                            "other": 3, "out": torch.empty(2, 3, dtype=torch.int64)}),
+        "int true division": ("aten::div.out", {"self": torch.ones(2, 3, dtype=torch.int64),
+                                                "other": torch.ones(2, 3, dtype=torch.int64),
+                                                "out": torch.empty(2, 3, dtype=torch.int64)}),
+        "view of a strided tensor": ("aten::view_copy.out", {"self": f32.t(), "size": [6], "out": torch.empty(6)}),
         "alpha 2": ("aten::add.out", {"self": f32, "other": f32, "alpha": 2, "out": torch.empty(2, 3)}),
         "bool scalar": ("aten::mul.Scalar_out", {"self": f32, "other": True, "out": torch.empty(2, 3)}),
         "scalar past float32": ("aten::mul.Scalar_out", {"self": f32, "other": 1e300, "out": torch.empty(2, 3)}),
@@ -163,7 +199,8 @@ def _ineligible() -> dict[str, tuple[str, dict[str, Any]]]:
                                                 "out": torch.empty(SMALL_NUMEL + 1)}),
         "autograd": ("aten::neg.out", {"self": torch.randn(3, requires_grad=True), "out": torch.empty(3)}),
         "negative bit": ("aten::neg.out", {"self": torch._neg_view(torch.randn(3)), "out": torch.empty(3)}),
-        "exponent 3": ("aten::pow.Tensor_Scalar_out", {"self": f32, "exponent": 3, "out": torch.empty(2, 3)}),
+        "exponent 4": ("aten::pow.Tensor_Scalar_out", {"self": f32, "exponent": 4, "out": torch.empty(2, 3)}),
+        "cube in place": ("aten::pow.Tensor_Scalar_out", {"self": buf[:3], "exponent": 3, "out": buf[:3]}),
         "mean to another dtype": ("aten::mean.out", {"self": f32, "dim": [1], "keepdim": False,
                                                      "dtype": torch.float64,
                                                      "out": torch.empty(2, dtype=torch.float64)}),

@@ -104,3 +104,34 @@ def test_static_results_of_a_dynamic_input_stay_copies(tmp_path: Path) -> None:
                 want = model(x)
             for a, b in zip(prog(x), want, strict=True):
                 torch.testing.assert_close(a, b)
+
+
+class Learned(torch.nn.Module):
+    """GPT-2's position path: arange(n) + offset, unsqueezed, through a learned embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Embedding(16, 4)
+
+    def forward(self, x: Any) -> Any:
+        positions = (torch.arange(x.shape[0]) + 2).unsqueeze(0)
+        return x + self.pos(positions)[0]
+
+
+def test_calls_on_shape_derived_data_are_skipped_by_steady_runs(tmp_path: Path) -> None:
+    """arange, the add of a constant, the view of the sum and the embedding it indexes all follow from
+    the input shape: steady runs skip every one of them (the add too, though small tensors run on numpy)."""
+    model = Learned()
+    path = _export(model, torch.randn(5, 4), tmp_path / "learned.pte")
+    g = torch.Generator().manual_seed(0)
+    with Program(path, kernels="torch") as prog:
+        runner = prog._runners["forward"]
+        chain = runner.plan.chains[0]
+        kept = {chain[pc].what.partition(".")[0] for pc in runner._steady[1]}
+        assert "aten::embedding" not in kept and "aten::arange" not in kept, kept
+        assert sum(1 for pc in runner._steady[1] if chain[pc].what.startswith("aten::add")) == 1  # x + pos only
+        assert sum(1 for pc in runner._steady[1] if chain[pc].what.startswith("aten::add")) == 1  # x + ...
+        for n in (5, 5, 3, 3, 12, 12, 5):
+            x = torch.randn(n, 4, generator=g)
+            with torch.no_grad():
+                torch.testing.assert_close(prog(x), model(x), rtol=0, atol=0)

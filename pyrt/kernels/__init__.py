@@ -128,8 +128,14 @@ def noop() -> None:
 
 
 def with_steady(step: Step, steady: Step) -> Step:
-    """Attach the variant of ``step`` to run when every shape equals the previous run's (no resizing)."""
+    """Attach the variant of ``step`` to run when every shape equals the previous run's (no resizing).
+
+    It replaces any earlier one, including a ``steady_if(stable)`` choice (see
+    :func:`pyrt.kernels.torch_kernels._rebinding`): :mod:`pyrt.fold` marks per-key calls this way.
+    """
     step.steady = steady  # type: ignore[attr-defined]
+    if getattr(step, "steady_if", None) is not None:
+        del step.steady_if  # type: ignore[attr-defined]
     return step
 
 

@@ -11,12 +11,18 @@ memory is written, so the torch steps before and after see the results.
 
 A numpy step is built only where numpy computes what the torch out-variant computes:
 
-* every tensor has one floating dtype (float32 or float64), shared with the out
-  (comparisons: a bool out); no type promotion, no casting;
-* scalars are Python ``int``/``float`` numpy treats as weak (NEP 50), finite in the
-  tensors' dtype; ``alpha``/``beta`` are 1;
+* every tensor has one dtype, shared with the out (comparisons: a bool out); no type
+  promotion, no casting. Math needs float32 or float64; ``add``/``sub``/``mul`` and
+  comparisons of two tensors also take int32/int64 (both wrap around alike); copies
+  (``cat``, ``*_copy``) take any dtype numpy can view;
+* scalars are Python ``int``/``float`` numpy treats as weak (NEP 50), with float
+  tensors, in the dtype's range; ``alpha``/``beta`` are 1;
 * the out has the shape torch would give it (no resize) and overlaps no input;
 * the operands are CPU tensors numpy can view (no autograd, no conjugate/negative bit).
+
+In a dynamic-shape method the tensors change shape between runs, so the numpy step is
+bound later (:class:`Rebind`): at the first run that repeats the last run's shapes
+(:mod:`pyrt.steady`), for the runs that follow until the shapes change.
 
 Anything else is left to torch. Elementwise arithmetic, negation, squares,
 reciprocal square roots and comparisons give torch's bits; ``sqrt`` (torch's float32
@@ -46,6 +52,7 @@ from pyrt.kernels import KernelSite, Step
 
 SMALL_NUMEL = 4096  # elements per tensor; above this the work, not the call, dominates
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+INTS = (np.dtype(np.int32), np.dtype(np.int64))  # wrap around alike in both libraries
 
 Args = Mapping[str, Any]  # argument name -> value (numpy arrays in place of the tensors)
 Builder = Callable[[Args], "Step | None"]
@@ -139,16 +146,22 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
 
 
+def _same_dtype(*arrays: np.ndarray) -> bool:
+    """One dtype for all (copies: exact in any dtype numpy can view)."""
+    return all(a.dtype == arrays[0].dtype for a in arrays)
+
+
 def _floats(*arrays: np.ndarray) -> bool:
     """One floating dtype for all."""
     return arrays[0].dtype in FLOATS and all(a.dtype == arrays[0].dtype for a in arrays)
 
 
 def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
-    """A Python number numpy applies in ``dtype`` as torch does (weak, finite in that dtype, or nan)."""
-    if type(v) not in (int, float):
+    """A Python number numpy applies in floating ``dtype`` as torch does: weak (NEP 50), and in range
+    (inf and nan are; a finite double past the dtype's range is not: numpy warns where torch is silent)."""
+    if type(v) not in (int, float) or dtype not in FLOATS:
         return False
-    return math.isnan(v) or abs(v) <= float(np.finfo(dtype).max)
+    return math.isnan(v) or math.isinf(v) or abs(v) <= float(np.finfo(dtype).max)
 
 
 def _is_one(v: Any) -> bool:
@@ -169,12 +182,15 @@ def _apart_or_same(out: np.ndarray, *ins: Any) -> bool:
 # -- builders: args -> step or None ----------------------------------------------------------------
 
 
-def _binary(ufunc: np.ufunc) -> Builder:
-    """``op(self, other[, alpha])`` -> ``ufunc(self, other, out)``; ``other`` a tensor or a weak scalar."""
+def _binary(ufunc: np.ufunc, ints: bool = False) -> Builder:
+    """``op(self, other[, alpha])`` -> ``ufunc(self, other, out)``; ``other`` a tensor or a weak scalar
+    (``ints``: integer tensors too, tensor with tensor)."""
 
     def build(a: Args) -> Step | None:
         x, y, out = a["self"], a["other"], a["out"]
-        if not _is_one(a.get("alpha", 1)) or not _floats(x, out):
+        if not _is_one(a.get("alpha", 1)) or out.dtype != x.dtype:
+            return None
+        if x.dtype not in FLOATS and not (ints and x.dtype in INTS):
             return None
         if isinstance(y, np.ndarray):
             if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
@@ -193,7 +209,7 @@ def _compare(ufunc: np.ufunc) -> Builder:
 
     def build(a: Args) -> Step | None:
         x, y, out = a["self"], a["other"], a["out"]
-        if out.dtype != np.bool_ or x.dtype not in FLOATS:
+        if out.dtype != np.bool_ or x.dtype not in FLOATS + INTS:
             return None
         if isinstance(y, np.ndarray):
             if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
@@ -245,7 +261,20 @@ _POWERS = {2: np.square, 0.5: np.sqrt}  # exponents torch special-cases to exact
 
 def _pow_scalar(a: Args) -> Step | None:
     e = a["exponent"]
-    if type(e) not in (int, float) or e not in _POWERS:
+    if type(e) not in (int, float):
+        return None
+    if e == 3:  # torch: x * x * x, left to right
+        x, out = a["self"], a["out"]
+        if not _floats(x, out) or x.shape != out.shape or not _apart(out, x):
+            return None
+        multiply = np.multiply
+
+        def cube() -> None:
+            multiply(x, x, out)
+            multiply(out, x, out)
+
+        return cube
+    if e not in _POWERS:
         return None
     return _unary(_POWERS[e])(a)
 
@@ -319,7 +348,7 @@ def _bmm(a: Args) -> Step | None:
 
 def _cat(a: Args) -> Step | None:
     parts, out, dim = a["tensors"], a["out"], a["dim"]
-    if not parts or type(dim) is not int or not _floats(*parts, out):
+    if not parts or type(dim) is not int or not _same_dtype(*parts, out):
         return None
     nd = out.ndim
     if not -nd <= dim < nd or any(p.ndim != nd or p.size == 0 for p in parts):
@@ -339,7 +368,7 @@ def _permute_copy(a: Args) -> Step | None:
     if not isinstance(dims, list) or any(type(d) is not int or not -nd <= d < nd for d in dims):
         return None
     perm = [d % nd for d in dims]
-    if sorted(perm) != list(range(nd)) or not _floats(x, out):
+    if sorted(perm) != list(range(nd)) or not _same_dtype(x, out):
         return None
     view = x.transpose(perm)
     if view.shape != out.shape or not _apart(out, x):
@@ -354,7 +383,7 @@ def _expand_copy(a: Args) -> Step | None:
         return None
     lead = len(size) - x.ndim
     target = tuple(x.shape[i - lead] if d == -1 and i >= lead else d for i, d in enumerate(size))
-    if any(d < 0 for d in target) or target != out.shape or not _floats(x, out) or not _apart(out, x):
+    if any(d < 0 for d in target) or target != out.shape or not _same_dtype(x, out) or not _apart(out, x):
         return None
     try:
         view = np.broadcast_to(x, target)
@@ -363,10 +392,65 @@ def _expand_copy(a: Args) -> Step | None:
     return functools.partial(np.copyto, out, view)
 
 
+def _view_copy(a: Args) -> Step | None:
+    """``view_copy``/``alias_copy``: the input's values in out's shape (``size`` may hold one -1)."""
+    x, out = a["self"], a["out"]
+    size = a.get("size", list(x.shape))
+    if not isinstance(size, list) or any(type(d) is not int or d < -1 for d in size) or size.count(-1) > 1:
+        return None
+    if -1 in size:
+        known = math.prod(d for d in size if d != -1)
+        if known == 0 or x.size % known:
+            return None
+        size = [x.size // known if d == -1 else d for d in size]
+    if tuple(size) != out.shape or math.prod(size) != x.size or not _same_dtype(x, out) or not _apart(out, x):
+        return None
+    if x.shape == out.shape:
+        view = x
+    elif x.flags.c_contiguous:  # reshaping a contiguous array is always a view, never a copy made now
+        view = x.reshape(out.shape)
+    else:
+        return None
+    return functools.partial(np.copyto, out, view)
+
+
+def _split_copy(a: Args) -> Step | None:
+    """``split_with_sizes_copy``/``split_copy``: consecutive slices of ``dim`` copied into the outs."""
+    x, outs, dim = a["self"], a["out"], a.get("dim", 0)
+    sizes = a.get("split_sizes")
+    if type(dim) is not int or not -x.ndim <= dim < x.ndim or x.ndim == 0:
+        return None
+    axis = dim % x.ndim
+    if sizes is None:
+        step = a.get("split_size")
+        if type(step) is not int or step <= 0:
+            return None
+        n = x.shape[axis]
+        sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
+    if not isinstance(sizes, list) or any(type(d) is not int or d < 0 for d in sizes):
+        return None
+    if len(sizes) != len(outs) or sum(sizes) != x.shape[axis] or not _same_dtype(x, *outs):
+        return None
+    pairs = []
+    start = 0
+    for size, out in zip(sizes, outs, strict=True):
+        part = x[(slice(None),) * axis + (slice(start, start + size),)]
+        if part.shape != out.shape or not _apart(out, x):
+            return None
+        pairs.append(functools.partial(np.copyto, out, part))
+        start += size
+
+    def step_all() -> None:
+        for copy in pairs:
+            copy()
+
+    return step_all
+
+
 BUILDERS: dict[str, Builder] = {
-    "aten::add.out": _binary(np.add), "aten::add.Scalar_out": _binary(np.add),
-    "aten::sub.out": _binary(np.subtract), "aten::sub.Scalar_out": _binary(np.subtract),
-    "aten::mul.out": _binary(np.multiply), "aten::mul.Scalar_out": _binary(np.multiply),
+    "aten::add.out": _binary(np.add, ints=True), "aten::add.Scalar_out": _binary(np.add),
+    "aten::sub.out": _binary(np.subtract, ints=True), "aten::sub.Scalar_out": _binary(np.subtract),
+    "aten::mul.out": _binary(np.multiply, ints=True), "aten::mul.Scalar_out": _binary(np.multiply),
     "aten::div.out": _binary(np.true_divide),
     "aten::eq.Scalar_out": _compare(np.equal), "aten::eq.Tensor_out": _compare(np.equal),
     "aten::ne.Scalar_out": _compare(np.not_equal), "aten::ne.Tensor_out": _compare(np.not_equal),
@@ -380,6 +464,8 @@ BUILDERS: dict[str, Builder] = {
     "aten::logical_not.out": _logical_not, "aten::pow.Tensor_Scalar_out": _pow_scalar,
     "aten::mean.out": _mean, "aten::mm.out": _mm, "aten::addmm.out": _addmm, "aten::bmm.out": _bmm,
     "aten::cat.out": _cat, "aten::permute_copy.out": _permute_copy, "aten::expand_copy.out": _expand_copy,
+    "aten::view_copy.out": _view_copy, "aten::alias_copy.out": _view_copy,
+    "aten::split_with_sizes_copy.out": _split_copy, "aten::split_copy.Tensor_out": _split_copy,
 }
 
 
@@ -406,20 +492,21 @@ def builder(qualified_name: str, names: Sequence[str], tensors: Collection[str],
 class Rebind:
     """Binds a numpy step to one instruction's tensors as they are now (see :func:`rebinder`).
 
-    ``fixed``: arguments whose slots never change; ``moving``: ``(name, slot, getter)`` of
-    arguments a run rebinds (``et_view`` results...), read at :meth:`bind` time.
+    ``fixed``: arguments whose slots never change; ``moving``: ``(name, slots, getter)`` of
+    arguments a run rebinds (``et_view`` results, lists of ``sym_size`` results...), read at
+    :meth:`bind` time; ``slots``: the value or, for a list, its items.
     """
 
     name: str
     fixed: Mapping[str, Any]
-    moving: tuple[tuple[str, int, Callable[[], Any]], ...]
+    moving: tuple[tuple[str, tuple[int, ...], Callable[[], Any]], ...]
     tensors: frozenset[str]
     limit: int
 
     @property
     def slots(self) -> frozenset[int]:
         """The rebound slots the step reads: it stays right only while these hold the same objects."""
-        return frozenset(slot for _, slot, _ in self.moving)
+        return frozenset(slot for _, slots, _ in self.moving for slot in slots)
 
     def bind(self) -> Step | None:
         """The numpy step on the arguments' current objects and shapes, or None (torch must run)."""
@@ -448,7 +535,7 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
         if len(site.args) < len(names):
             return None
         fixed: dict[str, Any] = {}
-        moving: list[tuple[str, int, Callable[[], Any]]] = []
+        moving: list[tuple[str, tuple[int, ...], Callable[[], Any]]] = []
         for k, name in enumerate(names):
             kind = site.kind(k)
             if any(j < 0 or (info := site.table.infos.get(j)) is None or info.device is not None
@@ -457,7 +544,8 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
             if site.is_const(k):
                 fixed[name] = None if kind in ("Null", "None") else site.value(k)
             else:
-                moving.append((name, site.args[k], site.getter(k)))
+                i = site.args[k]
+                moving.append((name, tuple(j for j in site.table.items.get(i, (i,)) if j >= 0), site.getter(k)))
         return Rebind(qualified_name, fixed, tuple(moving), tensor_names, limit)
 
     return at_site

@@ -305,8 +305,9 @@ def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
 
     numpy_steady.bound = bound  # type: ignore[attr-defined]  # what the steady runs now call (tests)
     slots = rebind.slots
+    with_steady(full, torch_steady if slots else numpy_steady)
     full.steady_if = lambda stable: numpy_steady if slots <= stable else torch_steady  # type: ignore[attr-defined]
-    return with_steady(full, torch_steady if slots else numpy_steady)
+    return full
 
 
 def _build_torch(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]]) -> Step:
