@@ -603,6 +603,7 @@ class Folder:
                 self.base.pop(a, None)
             return False
         self.const.update(written)
+        self.key_const.update(written)  # constant data also follows from the shapes (per-key calls may read it)
         self.table.unstable.difference_update(written)
         self._relist(written)
         return True
