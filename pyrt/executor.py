@@ -17,6 +17,7 @@ import math
 import operator
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,9 @@ class MethodRunner:
         self._graph_forward = graph_forward(plan, self._fast, devices, self._flatten, graph_outputs) \
             if self._segments else None
         self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
+        # the context every run enters when a step asks for one (numpy steps: floating-point events silent)
+        self._context: Callable[[], AbstractContextManager[Any]] | None = next(
+            (c for steps in self._plain for s in steps if (c := getattr(s, "run_context", None)) is not None), None)
 
     def reset_graphs(self) -> None:
         """Drop captured CUDA graphs (after execution contexts were recreated); they are captured again."""
@@ -187,10 +191,12 @@ class MethodRunner:
                     raise
                 except Exception as exc:
                     raise _input_failure(self.name, pos, flat[pos], exc) from exc
-                if self._steady is not None and self.observer is None:
-                    self._execute_keyed(state)
+                run = self._execute_keyed if self._steady is not None and self.observer is None else self._execute
+                if self._context is None:
+                    run(state)
                 else:
-                    self._execute(state)
+                    with self._context():
+                        run(state)
                 try:
                     outs = [get(kind, state) for get in self._getters]
                 except PyrtError:

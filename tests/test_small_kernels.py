@@ -323,3 +323,30 @@ def test_dynamic_steady_runs_bind_numpy_to_each_shape(tmp_path: Path) -> None:
             seen.append(_numpy_steady_steps(prog))
         # a steady run (the same length again) runs on numpy; a full run (a new length) unbinds
         assert seen[0] == 0 and seen[1] > 0 and seen[3] == 0 and seen[4] == seen[1] and seen[7] == 0
+
+
+class _Overflow(torch.nn.Module):
+    def forward(self, x: Any) -> Any:
+        return torch.rsqrt(x * 1e30 * 1e30) - torch.exp(x * 100.0) + x / (x - x)
+
+
+def test_floating_point_events_stay_silent(tmp_path: Path) -> None:
+    """Overflow to inf, division by zero, 0/0 and inf - inf give torch's values, and no warning
+    (numpy would warn; under ``-W error`` the run would fail), without touching the caller's numpy state."""
+    import warnings
+
+    pytest.importorskip("executorch")
+    from pyrt.program import Program
+
+    model = _Overflow()
+    x = torch.tensor([[2.0, 0.0, -3.0, 1e-30]])
+    path = _export(model, x, tmp_path / "overflow.pte")
+    before = np.geterr()
+    with Program(path, kernels="torch") as prog:
+        steps = [s for chain in prog._runners["forward"]._fast for s in chain]
+        assert sum(1 for s in steps if getattr(s, "small", False)) >= 5
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = prog(x)
+    torch.testing.assert_close(got, model(x), equal_nan=True)
+    assert np.geterr() == before

@@ -40,6 +40,7 @@ summation order), as they do between torch builds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -56,6 +57,20 @@ INTS = (np.dtype(np.int32), np.dtype(np.int64))  # wrap around alike in both lib
 
 Args = Mapping[str, Any]  # argument name -> value (numpy arrays in place of the tensors)
 Builder = Callable[[Args], "Step | None"]
+
+
+def quiet() -> contextlib.AbstractContextManager[Any]:
+    """The context a run with numpy steps runs in: floating-point events (overflow to inf, 0/0...)
+    stay silent, as in torch and ExecuTorch, instead of numpy's RuntimeWarnings (errors under
+    ``-W error``). Entered once per run (a step's worth of time), thread-local like numpy's state."""
+    return np.errstate(all="ignore")
+
+
+def _mark(step: Step) -> Step:
+    """Mark a numpy step (``small``: tests, profiles) and the context its runs need (``run_context``)."""
+    step.small = True  # type: ignore[attr-defined]
+    step.run_context = quiet  # type: ignore[attr-defined]
+    return step
 
 
 # -- what numpy may see --------------------------------------------------------------------------
@@ -481,9 +496,7 @@ def builder(qualified_name: str, names: Sequence[str], tensors: Collection[str],
     def at_site(site: KernelSite) -> Step | None:
         args = site_args(site, names, tensors, limit)
         step = None if args is None else build(args)
-        if step is not None:
-            step.small = True  # type: ignore[attr-defined]  # for tests and profiles: this one runs on numpy
-        return step
+        return None if step is None else _mark(step)
 
     return at_site
 
@@ -514,9 +527,7 @@ class Rebind:
         for name, _, get in self.moving:
             args[name] = get()
         step = bind(self.name, args, self.tensors, self.limit)
-        if step is not None:
-            step.small = True  # type: ignore[attr-defined]
-        return step
+        return None if step is None else _mark(step)
 
 
 def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str],

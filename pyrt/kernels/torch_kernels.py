@@ -306,6 +306,7 @@ def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
     numpy_steady.bound = bound  # type: ignore[attr-defined]  # what the steady runs now call (tests)
     slots = rebind.slots
     with_steady(full, torch_steady if slots else numpy_steady)
+    full.run_context = small_kernels.quiet  # type: ignore[attr-defined]  # its steady runs may call numpy
     full.steady_if = lambda stable: numpy_steady if slots <= stable else torch_steady  # type: ignore[attr-defined]
     return full
 
