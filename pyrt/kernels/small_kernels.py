@@ -168,12 +168,12 @@ def _same_dtype(*arrays: np.ndarray) -> bool:
 
 def _floats(*arrays: np.ndarray) -> bool:
     """One floating dtype for all."""
-    return arrays[0].dtype in FLOATS and all(a.dtype == arrays[0].dtype for a in arrays)
+    return arrays[0].dtype in FLOATS and _same_dtype(*arrays)
 
 
 def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
     """A Python number numpy applies in floating ``dtype`` as torch does: weak (NEP 50), and in range
-    (inf and nan are; a finite double past the dtype's range is not: numpy warns where torch is silent)."""
+    (inf and nan are; a finite double past the dtype's range is left to torch)."""
     if type(v) not in (int, float) or dtype not in FLOATS:
         return False
     return math.isnan(v) or math.isinf(v) or abs(v) <= float(np.finfo(dtype).max)
@@ -197,6 +197,14 @@ def _apart_or_same(out: np.ndarray, *ins: Any) -> bool:
 # -- builders: args -> step or None ----------------------------------------------------------------
 
 
+def _other_fits(x: np.ndarray, y: Any, out: np.ndarray) -> bool:
+    """``y`` is a tensor of ``x``'s dtype that broadcasts with ``x`` to ``out``'s shape, or a weak
+    scalar and ``x`` already has ``out``'s shape."""
+    if isinstance(y, np.ndarray):
+        return y.dtype == x.dtype and _broadcast(x.shape, y.shape) == out.shape
+    return _weak_scalar(y, x.dtype) and x.shape == out.shape
+
+
 def _binary(ufunc: np.ufunc, ints: bool = False) -> Builder:
     """``op(self, other[, alpha])`` -> ``ufunc(self, other, out)``; ``other`` a tensor or a weak scalar
     (``ints``: integer tensors too, tensor with tensor)."""
@@ -207,12 +215,7 @@ def _binary(ufunc: np.ufunc, ints: bool = False) -> Builder:
             return None
         if x.dtype not in FLOATS and not (ints and x.dtype in INTS):
             return None
-        if isinstance(y, np.ndarray):
-            if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
-                return None
-        elif not _weak_scalar(y, x.dtype) or x.shape != out.shape:
-            return None
-        if not _apart_or_same(out, x, y):
+        if not _other_fits(x, y, out) or not _apart_or_same(out, x, y):
             return None
         return functools.partial(ufunc, x, y, out)
 
@@ -226,12 +229,7 @@ def _compare(ufunc: np.ufunc) -> Builder:
         x, y, out = a["self"], a["other"], a["out"]
         if out.dtype != np.bool_ or x.dtype not in FLOATS + INTS:
             return None
-        if isinstance(y, np.ndarray):
-            if y.dtype != x.dtype or _broadcast(x.shape, y.shape) != out.shape:
-                return None
-        elif not _weak_scalar(y, x.dtype) or x.shape != out.shape:
-            return None
-        if not _apart(out, x, y):
+        if not _other_fits(x, y, out) or not _apart(out, x, y):
             return None
         return functools.partial(ufunc, x, y, out)
 
