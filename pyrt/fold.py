@@ -321,7 +321,7 @@ class Folder:
         compute the same views over the same bytes, so its steady variant is :func:`noop`.
         """
         table = self.table
-        out, x = self.outs[pc], args[0]
+        out, x = self.outs[pc], self._viewed(args[0])
         info = table.infos.get(x)
         if (not out or x in out or info is None or not info.dynamic or info.device is not None
                 or not self._all([a for a in args[1:] if a not in out], self.key_const)):

@@ -94,6 +94,7 @@ def test_dynamic_gpt2_shape_views(exported: Any) -> None:
         chain = runner.plan.chains[0]
         viewed = [pc for pc, ins in enumerate(chain) if getattr(ins.step, "__name__", "") == "shape_view"]
         assert len(viewed) >= 10, viewed
+        assert sum(1 for pc in viewed if chain[pc].what.startswith("aten::cat")) == 4  # cat of one key/value
         assert runner._steady is not None and not set(viewed) & set(runner._steady[1])
         for seq in (8, 8, 8, 3, 3, 16, 16, 8, 1, 1, 5, 5):
             tokens = torch.randint(0, 96, (1, seq), generator=g)
