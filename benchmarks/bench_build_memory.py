@@ -60,8 +60,8 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     import torch
     from torch import nn
 
+    from pyrt.device.tensorrt_seam import shared_logger
     from pyrt.export import to_pte, trt_builder
-    from pyrt.tensorrt_seam import shared_logger
 
     torch.set_num_threads(1)
     tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base

@@ -16,7 +16,7 @@ Two kinds of program: "host" takes a numpy input and gives a numpy output
 (with CUDA graphs only the middle engines replay as a graph); "device" plans
 its input and output in cuda:0 memory too and is called with a pyrt
 DeviceTensor and a caller stream, so with CUDA graphs the whole forward is
-input copy + one graph launch (``pyrt.graph_forward``): "copy" hands back a
+input copy + one graph launch (``pyrt.runtime.graph_forward``): "copy" hands back a
 fresh device buffer per forward, "static" a view of the planned output buffer
 that the next forward overwrites (``Program(graph_outputs="static")``).
 
@@ -128,7 +128,7 @@ class Case:
         return "cuda graphs" if self.io == "host" else f"cuda graphs, {self.outputs} outputs"
 
     def program(self, path: Path, trt: Any, cuda: Any) -> Any:
-        from pyrt.program import Program
+        from pyrt.runtime.program import Program
 
         return Program(path, trt=trt, devices=cuda, cuda_graphs=self.graphs, graph_outputs=self.outputs)
 
@@ -137,8 +137,8 @@ class Case:
         x = np.linspace(-1, 1, 4, dtype=np.float32)
         if self.io == "host":
             return x, {}
-        from pyrt.dtypes import ScalarType
-        from pyrt.tensors import OwnedDeviceTensor
+        from pyrt.format.dtypes import ScalarType
+        from pyrt.memory.tensors import OwnedDeviceTensor
 
         alloc = cuda.alloc(x.nbytes, 0)
         cuda.memcpy_htod(alloc, x)

@@ -160,7 +160,7 @@ def main() -> int:
         "",
         f"Command: `{command_line()}` ({args.samples} samples per cell, implementations interleaved, medians; "
         f"{machine()}, {versions}, OMP/OpenBLAS/MKL threads 1). Load = `Program(path, kernels=\"torch\")` vs "
-        "`load_program` + `load_method`; `fold=False`: the same without load-time folding (`pyrt/fold.py`); "
+        "`load_program` + `load_method`; `fold=False`: the same without load-time folding (`pyrt/runtime/fold.py`); "
         "run = one call, torch tensors in (numpy for pyrt-numpy). Ratios are pyrt-torch / ExecuTorch. "
         "Tiny random-init configs (`tests/hf_models.py`).",
         "",

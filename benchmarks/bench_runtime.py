@@ -76,7 +76,7 @@ def runners(path: Path, module: Any) -> dict[str, Callable[..., Any]]:
     import torch
     from executorch.runtime import Runtime
 
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     pyrt_torch = Program(path, kernels="torch")
     pyrt_numpy = Program(path, kernels="numpy")

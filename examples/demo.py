@@ -26,7 +26,7 @@ import torch
 import pyrt
 import pyrt.export
 from pyrt import cuda
-from pyrt.report import format_report
+from pyrt.tools.report import format_report
 
 
 class SmallNet(torch.nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyrt._version import __version__
 from pyrt.errors import (
     BackendError,
     BlobFormatError,
@@ -27,9 +28,7 @@ from pyrt.errors import (
     ResourceError,
     UnsupportedOperatorError,
 )
-from pyrt.report import inspect
-
-__version__ = "0.1.0"
+from pyrt.tools.report import inspect
 
 __all__ = [
     "Program", "inspect", "__version__",
@@ -42,7 +41,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Lazy: the runtime pulls in numpy and the CUDA seam only when used.
     if name == "Program":
-        from pyrt.program import Program
+        from pyrt.runtime.program import Program
 
         return Program
     raise AttributeError(f"module 'pyrt' has no attribute {name!r}")

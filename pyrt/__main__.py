@@ -1,5 +1,5 @@
 import sys
 
-from pyrt.cli import main
+from pyrt.tools.cli import main
 
 sys.exit(main())

@@ -13,8 +13,8 @@ enqueues on a stream. Every TensorRT return value is checked.
 
 >>> import numpy as np
 >>> from pyrt.testing import simulated_gpus
->>> from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
->>> from pyrt.trt_blob import IOBinding
+>>> from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+>>> from pyrt.format.trt_blob import IOBinding
 >>> ref = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
 ...                 nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])])
 >>> bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt import cuda as cuda_seam
-from pyrt import tensorrt_seam
-from pyrt._mapped import release_pages
+from pyrt.device import tensorrt_seam
 from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
+from pyrt.format.mapped import release_pages
 
 _log = logging.getLogger("pyrt.engine")
 

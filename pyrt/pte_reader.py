@@ -2,7 +2,7 @@
 
 A file is opened with one read-only mmap; the ``Program`` flatbuffer is parsed
 lazily, field by field, and every offset goes through one bounds check
-(:class:`pyrt._bounds.Span`). Delegate blobs and constant data come back as
+(:class:`pyrt.format.bounds.Span`). Delegate blobs and constant data come back as
 memoryviews into the mmap: nothing large is copied on the load path.
 
 >>> from pyrt.pte_reader import PteFile
@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
-from pyrt import _values
-from pyrt._bounds import Span
-from pyrt._flatbuffer import Table, Vector
-from pyrt._mapped import register, unmap
-from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
-from pyrt.schema import (  # noqa: F401  (re-exported: the reader's public records)
+from pyrt.format import values as _values
+from pyrt.format.bounds import Span
+from pyrt.format.dtypes import ScalarType
+from pyrt.format.flatbuffer import Table, Vector
+from pyrt.format.limits import check_host_memory
+from pyrt.format.mapped import register, unmap
+from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's public records)
     EVALUE_KINDS,
     INSTRUCTION_KINDS,
     AllocationInfo,
@@ -57,7 +58,7 @@ from pyrt.schema import (  # noqa: F401  (re-exported: the reader's public recor
 )
 
 if TYPE_CHECKING:
-    from pyrt.ptd_reader import ExternalData
+    from pyrt.format.ptd_reader import ExternalData
 
 FILE_IDENTIFIER = b"ET12"  # bytes 4..8
 EXT_HEADER_OFFSET = 8  # the extended header follows root offset (4) + identifier (4)
@@ -164,7 +165,7 @@ class PteFile:
         device, a directory or a socket is a PteFormatError naming the path.
 
         ``mmap=False`` reads the file into private memory instead (its size in
-        RAM, checked against :func:`pyrt.limits.available_host_memory` first):
+        RAM, checked against :func:`pyrt.format.limits.available_host_memory` first):
         views of a mapping fault with SIGBUS, which kills the process, when the
         file is truncated while they are in use; private memory cannot.
         """
@@ -198,7 +199,7 @@ class PteFile:
             raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)
-        register(mm)  # served engine pages can be dropped (pyrt._mapped.release_pages)
+        register(mm)  # served engine pages can be dropped (pyrt.format.mapped.release_pages)
         return cls(memoryview(mm), str(path), _mmap=mm)
 
     # lifetime
@@ -259,8 +260,6 @@ def _require_regular(path: str, info: os.stat_result) -> None:
 
 def _read_private(fd: int, path: str, size: int) -> memoryview:
     """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
-    from pyrt.limits import check_host_memory
-
     check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
     buf = memoryview(bytearray(size))
     got = 0
@@ -535,7 +534,7 @@ class ExecutionPlan:
 
     @cached_property
     def values(self) -> tuple[EValue, ...]:
-        """Every value, decoded in bulk (:mod:`pyrt._values`); the general reader names what is malformed."""
+        """Every value, decoded in bulk (:mod:`pyrt.format.values`); the general reader names what is malformed."""
         vec = self._values
         if vec is not None:
             try:

@@ -66,7 +66,7 @@ class Log:
 
 
 def _bindings(dtype: str, batch: int, width: int) -> list[Any]:
-    from pyrt.trt_blob import IOBinding
+    from pyrt.format.trt_blob import IOBinding
 
     return [IOBinding("input_0", dtype, (batch, width), True), IOBinding("output_0", dtype, (batch, width), False)]
 
@@ -181,8 +181,8 @@ def step_cuda_seam(assets: Path, out: Path) -> dict[str, Any]:
 
 def step_interop(assets: Path, out: Path) -> dict[str, Any]:
     """DLPack and __cuda_array_interface__ both ways, with torch CUDA tensors and CuPy arrays."""
-    from pyrt import tensors
     from pyrt.cuda import Cuda
+    from pyrt.memory import tensors
 
     cuda = Cuda()
     res: dict[str, Any] = {}
@@ -210,7 +210,7 @@ def step_interop(assets: Path, out: Path) -> dict[str, Any]:
         except Exception as exc:
             res[name] = f"{type(exc).__name__}: {exc}"
     # pyrt's own DeviceTensor consumed by torch and CuPy through __cuda_array_interface__
-    from pyrt.dtypes import ScalarType
+    from pyrt.format.dtypes import ScalarType
 
     buf = cuda.alloc(x.nbytes, 0)
     cuda.memcpy_htod(buf, x)
@@ -411,8 +411,8 @@ def step_big_load_rss(assets: Path, out: Path) -> dict[str, Any]:
     import tensorrt_rtx as trt
 
     from pyrt.cuda import Cuda
+    from pyrt.device.tensorrt_seam import create_runtime  # noqa: F401  (imported before the baseline)
     from pyrt.engine import Engine
-    from pyrt.tensorrt_seam import create_runtime  # noqa: F401  (imported before the baseline)
 
     path = Path("/tmp/pyrt-big/big.engine")
     cuda = Cuda()

@@ -77,7 +77,7 @@ def export(directory: Path, engine_bytes: int, table_bytes: int) -> dict:
 
 def inspect(directory: Path) -> dict:
     import pyrt
-    from pyrt.report import format_report
+    from pyrt.tools.report import format_report
 
     base = _reset()
     info = pyrt.inspect(directory / "big.pte", data=directory / "big.ptd")

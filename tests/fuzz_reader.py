@@ -52,10 +52,10 @@ def make_seeds(directory: Path) -> None:
 
 def _targets():
     from pyrt.errors import PyrtError
-    from pyrt.ptd_reader import PtdFile
+    from pyrt.format.ptd_reader import PtdFile
+    from pyrt.format.trt_blob import parse_blob
     from pyrt.pte_reader import PteFile
-    from pyrt.report import describe_ptd
-    from pyrt.trt_blob import parse_blob
+    from pyrt.tools.report import describe_ptd
     from tests.ptefixtures import walk
 
     def pte_target(data: bytes) -> None:
@@ -88,10 +88,10 @@ def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> in
     import atheris
 
     with atheris.instrument_imports(include=["pyrt"]):
-        import pyrt.ptd_reader  # noqa: F401
+        import pyrt.format.ptd_reader  # noqa: F401
+        import pyrt.format.trt_blob  # noqa: F401
         import pyrt.pte_reader  # noqa: F401
-        import pyrt.report  # noqa: F401
-        import pyrt.trt_blob  # noqa: F401
+        import pyrt.tools.report  # noqa: F401
     fn = _targets()[target]
     work = Path(tempfile.mkdtemp(prefix=f"pyrt-fuzz-{target}-"))
     argv = [sys.argv[0], str(work), str(corpus), f"-max_total_time={seconds}", "-timeout=10",

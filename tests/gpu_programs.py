@@ -127,8 +127,8 @@ def chain_program(path: Path, n: int, *, device_io: bool = False) -> Path:
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
-    from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
-    from pyrt.trt_blob import IOBinding, encode_blob
+    from pyrt.format.trt_blob import IOBinding, encode_blob
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
     from tests.ptefixtures import serialize_program
 
     def tensor(mem: int, off: int) -> Any:

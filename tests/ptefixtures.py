@@ -1,7 +1,7 @@
 """Real ``.pte`` files written by ExecuTorch 1.5.1, for tests and benchmarks.
 
 Everything here calls ExecuTorch's own exporter and serializer; pyrt is used
-only to build TR01 blobs (``pyrt.trt_blob.encode_blob``). torch and executorch
+only to build TR01 blobs (``pyrt.format.trt_blob.encode_blob``). torch and executorch
 are imported lazily, so importing this module is cheap.
 
 Fixtures (``build(name, directory) -> Path``; see :data:`BUILDERS`):
@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pyrt.trt_blob import AliasedIO, IOBinding, encode_blob, encode_header, encode_metadata, parse_blob
+from pyrt.format.trt_blob import AliasedIO, IOBinding, encode_blob, encode_header, encode_metadata, parse_blob
 
 BACKEND_ID = "TensorRTBackend"
 WEIGHT_STREAMING_BUDGET = b"1048576"
@@ -508,8 +508,8 @@ def walk(pte: Any) -> int:
     TensorRT one), segment, constant, mutable and named data entry, plus
     ``pyrt.inspect`` and its text report. Hostile input may raise only a PyrtError.
     """
-    from pyrt.report import format_report, inspect
-    from pyrt.trt_blob import BACKEND_ID as TRT_ID
+    from pyrt.format.trt_blob import BACKEND_ID as TRT_ID
+    from pyrt.tools.report import format_report, inspect
 
     touched = 0
 
@@ -564,7 +564,7 @@ def handmade_two_engines(path: Path, w: Any, *, out_on_device: bool = False, in_
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType as ST
 
-    from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
 
     def tensor(mem: int, off: int) -> Any:
         return s.EValue(s.Tensor(scalar_type=ST.FLOAT, storage_offset=0, sizes=[2, 3], dim_order=[0, 1],

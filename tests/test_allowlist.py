@@ -19,11 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt import kernels  # noqa: E402
 from pyrt.errors import UnsupportedOperatorError  # noqa: E402
-from pyrt.kernels import numpy_kernels, prim_kernels  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.kernels import allowlist, numpy_library, prim_kernels  # noqa: E402
 from pyrt.pte_reader import Operator  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import hand_program, hand_tensor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +49,7 @@ def test_allowlist_is_current_for_installed_executorch() -> None:
 
 
 def test_allowlist_holds_executorch_kernel_families() -> None:
-    allowed = kernels.allowed_operators()
+    allowed = allowlist.allowed_operators()
     for name in ("aten::add.out", "aten::copy_", "et_copy::_h2d_copy.out", "executorch_prim::add.Scalar",
                  "dim_order_ops::_to_dim_order_copy.out", "quantized_decomposed::quantize_per_tensor.out",
                  "aten::sym_size.int"):
@@ -62,7 +61,7 @@ def test_allowlist_holds_executorch_kernel_families() -> None:
 def test_extras_are_pyrt_kernels_outside_executorch() -> None:
     """extra_ops.txt may only name pyrt's own kernels, so it can never open torch.ops further."""
     extras, generated = _names("extra_ops.txt"), set(_names("allowed_ops.txt"))
-    own = set(numpy_kernels.supported()) | set(prim_kernels._SPECIAL)
+    own = set(numpy_library.supported()) | set(prim_kernels._SPECIAL)
     assert extras and len(extras) == len(set(extras))
     assert [e for e in extras if e not in own] == []
     assert [e for e in extras if e in generated] == []  # nothing listed twice
@@ -70,8 +69,8 @@ def test_extras_are_pyrt_kernels_outside_executorch() -> None:
 
 def test_every_pyrt_kernel_name_is_allowed() -> None:
     """A kernel registered under a name outside the allowlist would be dead code: list it in extras or drop it."""
-    allowed = kernels.allowed_operators()
-    own = set(numpy_kernels.supported()) | set(prim_kernels._SPECIAL)
+    allowed = allowlist.allowed_operators()
+    own = set(numpy_library.supported()) | set(prim_kernels._SPECIAL)
     assert sorted(own - allowed) == []
 
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from pyrt.cuda import DeviceAllocation
-from pyrt.dtypes import ScalarType
-from pyrt.program import Program
-from pyrt.tensors import DeviceTensor
+from pyrt.format.dtypes import ScalarType
+from pyrt.memory.tensors import DeviceTensor
+from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
 from tests import gpu_programs
 

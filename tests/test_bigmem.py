@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pyrt._mapped import map_file, release_pages, unmap
 from pyrt.engine import STREAM_CHUNK_BYTES
+from pyrt.format.mapped import map_file, release_pages, unmap
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyrt.program import Program
+from pyrt.runtime.program import Program
 from pyrt.testing.fake_cuda import CUresult
 from tests import gpu_programs
 
@@ -67,7 +67,7 @@ def test_set_budget_captures_again(sim: Any, chain: Path) -> None:
 
 def test_a_refused_capture_runs_eagerly(sim: Any, chain: Path, caplog: pytest.LogCaptureFixture) -> None:
     sim.driver.cuStreamBeginCapture = lambda stream, mode: (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
-    with caplog.at_level(logging.WARNING, "pyrt.graphs"), Program(chain, cuda_graphs=True) as prog:
+    with caplog.at_level(logging.WARNING, "pyrt.runtime.cuda_graphs"), Program(chain, cuda_graphs=True) as prog:
         for x in _inputs(4):
             np.testing.assert_allclose(prog(x)[0], _want(x), rtol=1e-6)
         assert prog._runners["forward"]._segments[0].state == "refused"

@@ -7,9 +7,9 @@ import gc
 import pytest
 
 from pyrt.cuda import DeviceAllocation
-from pyrt.dtypes import ScalarType
 from pyrt.errors import DeviceError
-from pyrt.tensors import OutputTensor, OwnedDeviceTensor
+from pyrt.format.dtypes import ScalarType
+from pyrt.memory.tensors import OutputTensor, OwnedDeviceTensor
 from pyrt.testing import simulated_gpus
 from pyrt.testing.fake_cuda import CUresult
 

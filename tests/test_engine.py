@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 import pyrt.cuda
-from pyrt import tensorrt_seam
 from pyrt.cuda import Cuda
+from pyrt.device import tensorrt_seam
 from pyrt.engine import Engine
 from pyrt.errors import BackendError, BudgetError, DeviceError, EngineError, InputError
-from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.format.trt_blob import IOBinding
 from pyrt.testing import simulated_gpus
 from pyrt.testing.fake_tensorrt import FakeRuntime, FakeTensorRT
-from pyrt.trt_blob import IOBinding
+from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
 
 MiB = 1 << 20
 RNG = np.random.default_rng(1234)

@@ -14,9 +14,9 @@ from torch import nn
 
 import pyrt
 from pyrt.export import to_pte
+from pyrt.format.trt_blob import parse_blob
 from pyrt.pte_reader import PteFile
-from pyrt.refengine import RefEngine
-from pyrt.trt_blob import parse_blob
+from pyrt.testing.refengine import RefEngine
 
 TWO_GIB = 1 << 31
 

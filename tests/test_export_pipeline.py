@@ -19,8 +19,8 @@ from pyrt.errors import ExportError
 from pyrt.export import to_pte
 from pyrt.export._engines import EngineStore
 from pyrt.export._stage import stage_engines
-from pyrt.refengine import RefEngine
-from pyrt.trt_blob import parse_blob
+from pyrt.format.trt_blob import parse_blob
+from pyrt.testing.refengine import RefEngine
 from tests.test_export_helpers import affine_engine, delegates, standin, torchtrt_program
 from tests.test_export_traps import Branchy, TwoLinears, _options
 
@@ -176,7 +176,7 @@ def test_importing_pyrt_export_does_not_import_torch() -> None:
 
 def test_runs_end_to_end_on_simulated_gpus(branchy_pte: tuple[Path, object]) -> None:
     """export -> pyrt.Program on the CPU (fake CUDA + fake TensorRT), equal to eager."""
-    program_cls = pytest.importorskip("pyrt.program").Program
+    program_cls = pytest.importorskip("pyrt.runtime.program").Program
     from pyrt.testing import simulated_gpus
 
     path, _ = branchy_pte

@@ -169,13 +169,13 @@ def test_device_copy_kernel() -> None:
     import numpy as np
 
     from pyrt import cuda
-    from pyrt.dtypes import ScalarType
     from pyrt.errors import InputError
+    from pyrt.format.dtypes import ScalarType
     from pyrt.kernels.prim_kernels import _copy_device
-    from pyrt.tensors import DeviceTensor
+    from pyrt.memory.tensors import DeviceTensor
 
     with simulated_gpus(2):
-        from pyrt.delegates import DeviceContext
+        from pyrt.runtime.delegates import DeviceContext
 
         table = SimpleNamespace(devices=DeviceContext(cuda.current(), {0, 1}))  # the method's streams
         allocs = [cuda.current().alloc(64, d) for d in (0, 0, 1)]

@@ -11,7 +11,7 @@ import torch
 
 import pyrt
 from pyrt.export import to_pte
-from pyrt.trt_blob import parse_blob
+from pyrt.format.trt_blob import parse_blob
 from tests.test_export_helpers import delegates
 from tests.test_export_traps import TwoLinears
 

@@ -29,7 +29,7 @@ from pyrt.export._engines import EngineStore
 from pyrt.export._graph import inline_submodules, resolve_custom_obj
 from pyrt.export._stage import stage_engines
 from pyrt.export.api import make_options
-from pyrt.trt_blob import parse_blob
+from pyrt.format.trt_blob import parse_blob
 from tests.test_export_helpers import (
     affine_engine,
     delegates,

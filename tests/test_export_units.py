@@ -18,8 +18,8 @@ from pyrt.export import _options as opt
 from pyrt.export import reference_builder
 from pyrt.export._spec import EngineSpec, evaluate
 from pyrt.export.torchtrt import decode_state, engine_state
-from pyrt.refengine import RefEngine
-from pyrt.trt_blob import AliasedIO, IOBinding
+from pyrt.format.trt_blob import AliasedIO, IOBinding
+from pyrt.testing.refengine import RefEngine
 from tests.test_export_helpers import StandInEngine, standin
 from tests.test_export_traps import TwoLinears
 

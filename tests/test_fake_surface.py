@@ -57,11 +57,11 @@ import pyrt.engine
 from pyrt.cuda import Cuda
 from pyrt.engine import Engine
 from pyrt.errors import PyrtError
-from pyrt.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.format.trt_blob import IOBinding
 from pyrt.testing import fake_cuda, fake_tensorrt
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeCudaEngine, FakeExecutionContext, FakeRuntime, FakeTensorRT
-from pyrt.trt_blob import IOBinding
+from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
 
 PYRT = Path(pyrt.engine.__file__).parent
 

@@ -1,4 +1,4 @@
-"""Load-time constant folding (pyrt.fold): folded programs compute what eager torch computes.
+"""Load-time constant folding (pyrt.runtime.fold): folded programs compute what eager torch computes.
 
 Each model mixes work on constants (folded at load) with work on inputs, and
 each has a trap a wrong folder falls into: a static ``view_copy`` that ExecuTorch
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import InputError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 
 KERNELS = ("torch", "numpy")
 

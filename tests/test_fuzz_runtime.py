@@ -48,8 +48,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import PyrtError  # noqa: E402
-from pyrt.kernels import allowed_operators  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.kernels.allowlist import allowed_operators  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PYRT_FUZZ_EXAMPLES", "60"))
@@ -426,7 +426,7 @@ def serialize(pte: Any) -> bytes | None:
 
 
 def _inputs(plan: Any, rng: np.random.Generator) -> list[Any]:
-    from pyrt.tensors import numpy_dtype
+    from pyrt.memory.tensors import numpy_dtype
 
     out: list[Any] = []
     for i in plan.inputs:
@@ -456,7 +456,7 @@ def _inputs(plan: Any, rng: np.random.Generator) -> list[Any]:
 
 
 def _pyrt_scalar_type(st_: Any) -> Any:
-    from pyrt.dtypes import ScalarType
+    from pyrt.format.dtypes import ScalarType
 
     return ScalarType(int(st_))
 

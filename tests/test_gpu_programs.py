@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import pyrt.cuda
-from pyrt.program import Program
-from pyrt.tensors import DeviceTensor
+from pyrt.memory.tensors import DeviceTensor
+from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
 from pyrt.testing.gpu_reference import reference_tensorrt
 from tests import gpu_programs
@@ -62,7 +62,7 @@ class Side:
 
 
 def _pyrt_device_tensor(cuda: pyrt.cuda.Cuda, owned: list[Any]) -> Callable[[np.ndarray], Any]:
-    from pyrt.dtypes import ScalarType
+    from pyrt.format.dtypes import ScalarType
 
     def make(x: np.ndarray) -> DeviceTensor:
         buf = cuda.alloc(x.nbytes, 0)

@@ -1,4 +1,4 @@
-"""Whole-method CUDA graphs for device callers (pyrt.graph_forward) on the asynchronous simulated GPU.
+"""Whole-method CUDA graphs for device callers (pyrt.runtime.graph_forward) on the asynchronous simulated GPU.
 
 The chain program plans its input, output and every value between its N engines
 in cuda:0 memory, so with ``cuda_graphs=True`` a forward called with device
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, ProgramClosedError
-from pyrt.program import Program
-from pyrt.tensors import DeviceTensor, OwnedDeviceTensor
+from pyrt.format.dtypes import ScalarType
+from pyrt.memory.tensors import DeviceTensor, OwnedDeviceTensor
+from pyrt.runtime.program import Program
 from tests import gpu_programs
 
 N = 6

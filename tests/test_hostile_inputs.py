@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt import limits  # noqa: E402
 from pyrt.errors import InputError, PteFormatError, PyrtError, ResourceError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.format import limits  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import relu_program  # noqa: E402
 
 KERNELS = ("torch", "numpy")

@@ -20,7 +20,7 @@ pytest.importorskip("executorch")
 
 import pyrt  # noqa: E402
 from pyrt.errors import PteFormatError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import relu_program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import InputError, PteFormatError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import hand_program, hand_tensor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

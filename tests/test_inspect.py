@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import pyrt
-from pyrt.trt_blob import parse_blob
+from pyrt.format.trt_blob import parse_blob
 from tests import ptefixtures
 from tests.ptefixtures import et_raw, et_restored
 

@@ -82,7 +82,7 @@ def test_dynamic_gpt2_matches_executorch(exported: Any, seq: int) -> None:
 
 
 def test_dynamic_gpt2_shape_views(exported: Any) -> None:
-    """Dynamic GPT-2: ``*_copy`` calls on dynamic tensors run as views (pyrt.fold.Folder.shape_view),
+    """Dynamic GPT-2: ``*_copy`` calls on dynamic tensors run as views (pyrt.runtime.fold.Folder.shape_view),
     skipped by steady runs; lengths alternate between full and steady runs, and every output is
     bitwise the unfolded program's (which copies), and ExecuTorch's within tolerance."""
     import torch
@@ -107,7 +107,7 @@ def test_dynamic_gpt2_shape_views(exported: Any) -> None:
 
 
 # Which kernel calls of the tiny Llama fold (or bind as views) at load: pinned so that
-# work on pyrt.fold's analysis cannot change its decisions unnoticed. Torch kernels
+# work on pyrt.runtime.fold's analysis cannot change its decisions unnoticed. Torch kernels
 # also bind five ``*_copy`` results as views of their inputs (pcs 57, 60, 139, 142:
 # unsqueeze_copy; 197: view_copy).
 _LLAMA_FOLDED_COMMON = [*range(1, 24), 30, 33, 36, 39, 40, 63, 64, 65, 87, 96, 100, 103, 112, 115, 118, 121, 122,
@@ -115,7 +115,7 @@ _LLAMA_FOLDED_COMMON = [*range(1, 24), 30, 33, 36, 39, 40, 63, 64, 65, 87, 96, 1
                         78, 160]  # full_like of the softmax: reads only its static shape
 LLAMA_FOLDED = {"numpy": sorted(_LLAMA_FOLDED_COMMON),
                 "torch": sorted([*_LLAMA_FOLDED_COMMON, 57, 60, 139, 142, 197,
-                                 # strided views (pyrt.fold): rotary slices read by neg/cat, GQA expands
+                                 # strided views (pyrt.runtime.fold): rotary slices read by neg/cat, GQA expands
                                  # read by a clone, a key permute read by mul
                                  49, 50, 58, 61, 67, 131, 132, 140, 143, 149,
                                  # views whose static view_copy aliases follow them: q/k/v head permutes,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_kernels import _OPS, supported
+from pyrt.kernels.numpy_kernels import _OPS
+from pyrt.kernels.numpy_library import supported
 
 torch = pytest.importorskip("torch")
 aten = torch.ops.aten

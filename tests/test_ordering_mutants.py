@@ -22,58 +22,62 @@ from tests import gpu_programs
 
 ROOT = Path(__file__).resolve().parents[1]
 
+DELEGATES = "pyrt/runtime/delegates.py"
+EXECUTOR = "pyrt/runtime/executor.py"
+GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
+
 # (file, exact statement text (one line, stripped), what a GPU does without it)
 MUTANTS = [
-    ("pyrt/delegates.py", "ctx.order(src.device, device)",
+    (DELEGATES, "ctx.order(src.device, device)",
      "a peer copy into an engine reads its source before the other device has written it"),
-    ("pyrt/delegates.py", "ctx.order(device, dst.device)",
+    (DELEGATES, "ctx.order(device, dst.device)",
      "a peer copy out of an engine runs before the engine on the other device has finished"),
-    ("pyrt/delegates.py", "stream.synchronize()  # host kernels read it next",
+    (DELEGATES, "stream.synchronize()  # host kernels read it next",
      "host code reads an engine's host output before the copy has run"),
-    ("pyrt/delegates.py", "self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))",
+    (DELEGATES, "self._order_streams(self._own[device], self.cuda.borrowed_stream(0, device))",
      "a caller without a stream reads a device output before pyrt's stream has written it"),
-    ("pyrt/delegates.py", "self._keep.append(private)  # read by a queued copy: freed only after its event",
+    (DELEGATES, "self._keep.append(private)  # read by a queued copy: freed only after its event",
      "an asynchronous copy reads a host buffer after it was freed"),
-    ("pyrt/delegates.py", "private = np.array(src, copy=True, order=\"C\") => private = src",
+    (DELEGATES, "private = np.array(src, copy=True, order=\"C\") => private = src",
      "an asynchronous copy reads arena memory that a host kernel has overwritten meanwhile"),
-    ("pyrt/delegates.py", "s.wait(event)",
+    (DELEGATES, "s.wait(event)",
      "a run writes an arena that the previous run's work on another stream has not read yet"),
-    ("pyrt/delegates.py", "event.synchronize()",
+    (DELEGATES, "event.synchronize()",
      "a host copy is freed while the copy that reads it may still be queued"),
-    ("pyrt/executor.py", "stream.synchronize()  # the host reads the copy next",
+    (EXECUTOR, "stream.synchronize()  # the host reads the copy next",
      "a device input meant for a host tensor is read before its copy has run"),
-    ("pyrt/executor.py", "stream.synchronize()  # the caller gets the host copy next",
+    (EXECUTOR, "stream.synchronize()  # the caller gets the host copy next",
      "a host caller gets a device output before its copy has run"),
-    ("pyrt/executor.py", "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out",
+    (EXECUTOR, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out",
      "a device input meant for a host tensor is copied before the producer's stream has written it"),
-    ("pyrt/executor.py", "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in",
+    (EXECUTOR, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in",
      "a device input is copied into its arena before the producer's stream has written it"),
     ("pyrt/kernels/prim_kernels.py", "stream.synchronize()  # host kernels read it next",
      "a host kernel reads an et_copy device->host result before the copy has run"),
-    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+    (EXECUTOR, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc_async(t.nbytes, stream)",
      "without a stream, a device output the caller uses on the legacy stream is freed on pyrt's stream"),
-    ("pyrt/delegates.py", "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
+    (DELEGATES, "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
      "a dropped device output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
-    ("pyrt/executor.py", "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+    (EXECUTOR, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc(max(t.nbytes, 1), t.device)",
      "dropping a device output frees it with cuMemFree, which synchronises the device"),
 ]
 
-# The same for a whole-method graph replay (pyrt.graph_forward), caught by tests/test_graph_forward.py.
+# The same for a whole-method graph replay (pyrt.runtime.graph_forward), caught by tests/test_graph_forward.py.
 GRAPH_MUTANTS = [
-    ("pyrt/graph_forward.py", "if producer is not None and producer != handle:  # the producer's queued work first"
+    (GRAPH_FORWARD, "if producer is not None and producer != handle:  # the producer's queued work first"
      " => if False:", "an input is copied in before the producer's stream has written it"),
-    ("pyrt/graph_forward.py", "if last and (last is not self._ends or handle != self._end_handle): => if False:",
+    (GRAPH_FORWARD, "if last and (last is not self._ends or handle != self._end_handle): => if False:",
      "a replay on another stream overwrites planned buffers the last run's work still reads"),
-    ("pyrt/graph_forward.py", "if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy "
+    (GRAPH_FORWARD, "if own and (r := wait(0, ev_end, 0))[0]:  # results ready on the legacy "
      "stream => if False:", "a caller with no stream uses outputs on the legacy stream before they are written"),
-    ("pyrt/graph_forward.py", "if self.static: => if True:",
+    (GRAPH_FORWARD, "if self.static: => if True:",
      "an output the caller holds is overwritten by the next replay"),
-    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+    (GRAPH_FORWARD, "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
      " => free_on = 0",
      "a dropped output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
-    ("pyrt/graph_forward.py", "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
+    (GRAPH_FORWARD, "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
      " => free_on = handle",
      "without a stream, an output the caller uses on the legacy stream is freed on pyrt's stream"),
     ("pyrt/cuda.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"

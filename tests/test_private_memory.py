@@ -22,10 +22,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt import limits  # noqa: E402
 from pyrt.errors import InputError, PteFormatError, ResourceError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.format import limits  # noqa: E402
 from pyrt.pte_reader import PteFile  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import pyrt
-from pyrt._mapped import _address
-from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError, PyrtError
-from pyrt.ptd_reader import HEADER_OFFSET, ExternalData, PtdFile
+from pyrt.format.dtypes import ScalarType
+from pyrt.format.mapped import _address
+from pyrt.format.ptd_reader import HEADER_OFFSET, ExternalData, PtdFile
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
@@ -243,7 +243,7 @@ def test_reading_a_ptd_imports_neither_torch_nor_executorch(external) -> None:
     code = f"""
 import sys
 import numpy as np, pyrt
-from pyrt.ptd_reader import PtdFile
+from pyrt.format.ptd_reader import PtdFile
 with PtdFile.open({str(ptd)!r}) as f:
     [f.view(k) for k in f.keys()]
 pyrt.inspect({str(pte)!r}, data={str(ptd)!r})

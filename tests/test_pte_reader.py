@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pyrt.errors import PteFormatError, PyrtError
+from pyrt.format.trt_blob import parse_blob
 from pyrt.pte_reader import (
     DataLocation,
     DelegateCall,
@@ -27,7 +28,6 @@ from pyrt.pte_reader import (
     Tensor,
     iter_delegate_blobs,
 )
-from pyrt.trt_blob import parse_blob
 from tests import ptefixtures
 from tests.ptefixtures import et_raw, et_restored
 

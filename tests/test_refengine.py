@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyrt.errors import EngineError, UnsupportedOperatorError
-from pyrt.refengine import (
+from pyrt.testing.refengine import (
     ALIGN,
     HEADER,
     MAGIC,

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import InputError, ProgramClosedError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 
 KERNELS = ("torch", "numpy")
 
@@ -345,7 +345,7 @@ def test_planned_tensors_are_views_into_one_arena(model: Callable[[str], Path], 
         planned = [i for i, info in table.infos.items() if info.storage == "planned"]
         assert all(table.infos[i].offset + table.infos[i].nbytes <= size for i in planned)
         at_offset = [i for i in planned if table.vals[i].data_ptr() == base + table.infos[i].offset]
-        if fold:  # the others were moved to private memory, or made views, at load (pyrt.fold)
+        if fold:  # the others were moved to private memory, or made views, at load (pyrt.runtime.fold)
             assert len(at_offset) > len(planned) // 2
         else:
             assert at_offset == planned
@@ -450,8 +450,8 @@ def test_budget_on_a_program_without_engines(model: Callable[[str], Path]) -> No
 
 def test_dlpack_capsule_reader() -> None:
     """The ctypes view of a DLPack capsule (used for CUDA DLPack inputs) reads pointer, shape and dtype."""
-    from pyrt.dtypes import ScalarType
-    from pyrt.tensors import _from_dlpack_capsule
+    from pyrt.format.dtypes import ScalarType
+    from pyrt.memory.tensors import _from_dlpack_capsule
 
     arr = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
     d = _from_dlpack_capsule(arr.__dlpack__(), 0, "x")

@@ -24,7 +24,7 @@ pytest.importorskip("executorch")
 
 from pyrt import cuda as cuda_seam  # noqa: E402
 from pyrt.errors import BudgetError, DeviceError, InputError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
 from tests.conftest import cuda_device_count  # noqa: E402
 from tests.ptefixtures import handmade_two_engines as _handmade  # noqa: E402
@@ -161,8 +161,8 @@ def test_caller_stream(exported: dict[str, Any]) -> None:
 
 
 def test_device_input_through_cuda_array_interface(exported: dict[str, Any]) -> None:
-    from pyrt.dtypes import ScalarType
-    from pyrt.tensors import DeviceTensor
+    from pyrt.format.dtypes import ScalarType
+    from pyrt.memory.tensors import DeviceTensor
 
     x = np.random.rand(2, 4).astype(np.float32)
     with simulated_gpus(1) as sim, Program(exported["trt_only"]) as prog:
@@ -244,8 +244,8 @@ def test_engine_feeds_engine_on_another_device(tmp_path: Path) -> None:
 
 
 def test_device_output_stays_on_device_for_device_callers(tmp_path: Path) -> None:
-    from pyrt.dtypes import ScalarType
-    from pyrt.tensors import DeviceTensor
+    from pyrt.format.dtypes import ScalarType
+    from pyrt.memory.tensors import DeviceTensor
 
     w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     path = _handmade(tmp_path / "device_out.pte", w, out_on_device=True)
@@ -287,8 +287,8 @@ def test_real_tensorrt_end_to_end(tmp_path: Path) -> None:
 
 
 def test_input_in_a_device_arena(tmp_path: Path) -> None:
-    from pyrt.dtypes import ScalarType
-    from pyrt.tensors import DeviceTensor
+    from pyrt.format.dtypes import ScalarType
+    from pyrt.memory.tensors import DeviceTensor
 
     w = np.zeros((2, 3), np.float32)
     path = _handmade(tmp_path / "device_in.pte", w, in_on_device=True)

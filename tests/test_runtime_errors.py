@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import PteFormatError, UnsupportedOperatorError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import raw_program, serialize_program  # noqa: E402
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from pyrt.errors import UnsupportedOperatorError
-from pyrt.kernels import choose_library
-from pyrt.kernels.numpy_kernels import _OPS, supported
+from pyrt.kernels.numpy_kernels import _OPS
+from pyrt.kernels.numpy_library import supported
+from pyrt.kernels.registry import choose_library
 
 torch = pytest.importorskip("torch")
 aten = torch.ops.aten

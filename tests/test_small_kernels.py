@@ -259,7 +259,7 @@ def test_programs_mix_numpy_and_torch_steps_on_one_arena(tmp_path: Path) -> None
     pytest.importorskip("executorch")
     from executorch.runtime import Runtime
 
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     torch.manual_seed(0)
     model = _Cell().eval()
@@ -302,7 +302,7 @@ def test_dynamic_steady_runs_bind_numpy_to_each_shape(tmp_path: Path) -> None:
     pytest.importorskip("executorch")
     from executorch.exir import to_edge
 
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     torch.manual_seed(0)
     model = _Attend().eval()
@@ -336,7 +336,7 @@ def test_floating_point_events_stay_silent(tmp_path: Path) -> None:
     import warnings
 
     pytest.importorskip("executorch")
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     model = _Overflow()
     x = torch.tensor([[2.0, 0.0, -3.0, 1e-30]])

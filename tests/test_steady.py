@@ -1,4 +1,4 @@
-"""Dynamic-shape runs that repeat the last run's shapes take the steady chain (pyrt.steady).
+"""Dynamic-shape runs that repeat the last run's shapes take the steady chain (pyrt.runtime.steady).
 
 Every run is compared with eager torch, in orders that switch between the steady
 chain and the full one (same shapes, new shapes, back again), and a program with a
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 
 
 class Positions(torch.nn.Module):

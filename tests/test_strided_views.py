@@ -1,4 +1,4 @@
-"""Strided views (pyrt.fold): a ``*_copy`` call bound as a strided view of its input, and where it must not be.
+"""Strided views (pyrt.runtime.fold): a ``*_copy`` call bound as a strided view of its input, and where it must not be.
 
 A view whose strides differ from the planned contiguous result is only safe when
 every reader takes strided tensors by value (torch out-variants, copies) and the
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 
 
 class PermuteThenMath(torch.nn.Module):

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 from pyrt.errors import ProgramClosedError  # noqa: E402
-from pyrt.program import Program  # noqa: E402
+from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import relu_program  # noqa: E402
 
 WAIT = 0.5  # how long a blocked thread is given to (wrongly) finish; it never decides a pass

@@ -114,7 +114,7 @@ def test_unread_outs_are_skipped_and_read_ones_written(tmp_path: Any, model: tor
     """Outs nothing reads may stay unwritten (``KernelSite.unread``); outputs and aliased outs never."""
     from executorch.exir import to_edge
 
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     x = torch.randn(4, 6)
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_default_arguments_left_out_only_when_exactly_default(tmp_path: Any) -> 
     from executorch.exir import to_edge
 
     from pyrt.kernels.torch_kernels import _is_default
-    from pyrt.program import Program
+    from pyrt.runtime.program import Program
 
     assert _is_default(1, 1) and _is_default(None, None) and _is_default("none", "none")
     assert not _is_default(1.0, 1) and not _is_default(True, 1) and not _is_default(2, 1)

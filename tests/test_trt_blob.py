@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyrt.errors import BlobFormatError
-from pyrt.trt_blob import (
+from pyrt.format.trt_blob import (
     AliasedIO,
     IOBinding,
     encode_blob,

@@ -30,7 +30,7 @@ from pyrt.export.trt_builder import (  # noqa: E402
     parse_dynamic_shapes,
     resolve_flavour,
 )
-from pyrt.trt_blob import IOBinding, encode_blob, parse_blob  # noqa: E402
+from pyrt.format.trt_blob import IOBinding, encode_blob, parse_blob  # noqa: E402
 from tests.conftest import cuda_device_count  # noqa: E402
 
 
@@ -560,7 +560,7 @@ def test_current_on_a_gpu_the_flavour_cannot_run_is_refused(mlp_onnx: Path) -> N
 
 def _skip_unsupported_gpu() -> None:
     from pyrt import cuda as cuda_seam
-    from pyrt.tensorrt_seam import unsupported_device
+    from pyrt.device.tensorrt_seam import unsupported_device
 
     refusal = unsupported_device(trt, cuda_seam.current().devices()[0].compute_capability)
     if refusal is not None:

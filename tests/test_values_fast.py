@@ -1,4 +1,4 @@
-"""The bulk decoders (:mod:`pyrt._values`) against the general reader, on valid and corrupted files.
+"""The bulk decoders (:mod:`pyrt.format.values`) against the general reader, on valid and corrupted files.
 
 Values and instructions must agree item for item on every valid file, and on a
 corrupted one either agree or both raise: the fast path may only give up (and let
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pyrt import _values
 from pyrt.errors import PyrtError
+from pyrt.format import values as _values
 from pyrt.pte_reader import PteFile
 
 

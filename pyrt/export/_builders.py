@@ -21,12 +21,12 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export import reference_builder
+from pyrt.export import reference_builder, trt_builder
 from pyrt.export._engines import EngineRecord, EngineStore, timed
 from pyrt.export._onnx import Unavailable, export_partition
 from pyrt.export._partition import Extracted
 from pyrt.export._prepare import onnx_translates
-from pyrt.trt_blob import IOBinding
+from pyrt.format.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
 
@@ -87,8 +87,6 @@ class TensorRTBuilder:
     """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX)."""
 
     def __init__(self, flavour: str) -> None:
-        from pyrt.export import trt_builder
-
         self.trt_builder = trt_builder
         self.module = trt_builder.resolve_flavour(flavour)  # fail now, not after partitioning
         self.name = self.module.__name__.split(".")[0]

@@ -37,13 +37,13 @@ from executorch.extension.pytree import tree_flatten  # the emitter's own; impor
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils._sympy.value_ranges import bound_sympy
 
-from pyrt.dtypes import ScalarType, scalar_type_from_name
 from pyrt.errors import ExportError, PyrtError
 from pyrt.export._flatwrite import Table, finish
 from pyrt.export._ops import is_engine_call, parse_spec
 from pyrt.export._options import delegate_compile_specs
 from pyrt.export._spec import EngineSpec
-from pyrt.trt_blob import BACKEND_ID, encode_header, encode_metadata
+from pyrt.format.dtypes import ScalarType, scalar_type_from_name
+from pyrt.format.trt_blob import BACKEND_ID, encode_header, encode_metadata
 
 ALIGNMENT = 16  # ExecuTorch's tensor alignment (memory planning, force_align in the schema)
 SEGMENT_ALIGNMENT = 128  # ExecutorchBackendConfig.segment_alignment

@@ -39,7 +39,7 @@ class ExternalWeights:
         from executorch.exir.tensor import TensorSpec, scalar_type_enum
         from executorch.exir.tensor_layout import TensorLayout
 
-        from pyrt.export._writer import TensorBytes
+        from pyrt.export._writer import TensorBytes  # extra: export (executorch, imported only for the full lowering)
 
         storage = getattr(spec, "storage", None)
         if not isinstance(spec, TensorSpec) or not isinstance(storage, torch.UntypedStorage):
@@ -64,7 +64,7 @@ class ExternalWeights:
         return sum(len(data) for _, data in self._by_storage.values())
 
     def cord(self) -> Any:
-        from pyrt.export._writer import external_data_cord
+        from pyrt.export._writer import external_data_cord  # extra: export (executorch, as above)
 
         return external_data_cord(self.entries)
 

@@ -28,7 +28,10 @@ import torch.fx as fx
 from pyrt.errors import ExportError
 from pyrt.export import _direct
 from pyrt.export._atomic import atomic_write_all
+from pyrt.export._external import ExternalWeights, weights_by_reference
 from pyrt.export._graph import dynamic_shapes_of
+from pyrt.export._ops import is_engine_call
+from pyrt.export._state import StateOnDevice
 
 log = logging.getLogger("pyrt.export")
 DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
@@ -68,9 +71,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     with options.progress.task("importing ExecuTorch"):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
-        from pyrt.export._external import ExternalWeights, weights_by_reference
-        from pyrt.export._state import StateOnDevice
-        from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs
+        from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs  # extra: export (executorch)
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
@@ -112,7 +113,7 @@ def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, optio
 
 def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, weights: Any,
            fallback: Counter[str]) -> Lowered:
-    from pyrt.export._writer import streaming_program_cord, write_cord
+    from pyrt.export._writer import streaming_program_cord, write_cord  # extra: export (executorch)
 
     ptd = _ptd_cord(manager, weights) if weights is not None else None
     data_path = target.with_suffix(".ptd") if ptd is not None else None
@@ -161,8 +162,6 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
 
 
 def _check_all_delegated(gm: fx.GraphModule) -> None:
-    from pyrt.export._ops import is_engine_call
-
     left = [n.name for n in gm.graph.nodes if n.op == "call_function" and is_engine_call(n.target)]
     if left:
         raise ExportError(f"engine nodes {left} were not delegated to TensorRTBackend")
@@ -176,7 +175,7 @@ def _prefer_pyrt_backend() -> Iterator[None]:
     """
     from executorch.exir.backend.backend_details import BackendDetails
 
-    from pyrt.export.backend import TensorRTBackend
+    from pyrt.export.backend import TensorRTBackend  # extra: export (executorch)
 
     others = [c for c in type.__subclasses__(BackendDetails)
               if c.__name__ == TensorRTBackend.__name__ and c is not TensorRTBackend]

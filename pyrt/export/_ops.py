@@ -22,6 +22,7 @@ import torch
 
 from pyrt.errors import ExportError
 from pyrt.export._spec import EngineSpec, evaluate
+from pyrt.testing.refengine import RefEngine
 
 NAMESPACE = "pyrt"
 OP_NAME = "execute_engine"
@@ -58,7 +59,6 @@ def _eager(inputs: list[torch.Tensor], engine: torch.Tensor, spec: str) -> list[
         raise ExportError(
             f"engine {s.key!r} is a real TensorRT engine; run the exported .pte with pyrt.Program instead"
         )
-    from pyrt.refengine import RefEngine
 
     ref = RefEngine.from_bytes(raw, source=f"engine {s.key!r}")
     feed = {b.name: x for b, x in zip(s.inputs, inputs, strict=True)}

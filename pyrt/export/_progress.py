@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from pyrt.errors import ExportError
+
 log = logging.getLogger("pyrt.export")
 _LOG_STEP = 0.25  # log every quarter of a large task when there is no bar
 _LARGE = 64 << 20  # "large": worth intermediate log lines
@@ -24,8 +26,6 @@ class Progress:
 
     def __init__(self, enabled: bool | None = None) -> None:
         if enabled is not None and not isinstance(enabled, bool):
-            from pyrt.errors import ExportError
-
             raise ExportError(f"progress={enabled!r} must be None, True or False")
         self.bars = _tty() if enabled is None else enabled
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.trt_blob import AliasedIO, IOBinding
+from pyrt.format.trt_blob import AliasedIO, IOBinding
 
 Dim = Any  # int, or a nested list expression: ["sym", name] | [op, arg, ...]
 _OPS = ("+", "*", "//", "%", "max", "min", "pow")
@@ -80,7 +80,7 @@ class EngineSpec:
             raise ExportError(f"pyrt::execute_engine spec is malformed ({exc}): {text[:200]!r}") from None
 
     def blob_metadata(self) -> dict[str, Any]:
-        """Keyword arguments for ``pyrt.trt_blob.encode_metadata`` (minus io_bindings)."""
+        """Keyword arguments for ``pyrt.format.trt_blob.encode_metadata`` (minus io_bindings)."""
         return {
             "aliased_io": self.aliased_io, "hardware_compatible": self.hardware_compatible,
             "device_id": int(self.device.partition(":")[2]),

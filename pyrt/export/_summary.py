@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyrt.trt_blob import IOBinding
+from pyrt.format.trt_blob import IOBinding
 
 
 @dataclass(frozen=True)

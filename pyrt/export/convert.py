@@ -22,7 +22,7 @@ from pyrt.export._options import PartitionInfo
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export._summary import EngineSummary
 from pyrt.export.torchtrt import decode_state, engine_state, is_execute_engine
-from pyrt.trt_blob import IOBinding
+from pyrt.format.trt_blob import IOBinding
 
 
 def contains_torchtrt(gm: torch.nn.Module) -> bool:

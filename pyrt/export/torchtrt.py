@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from pyrt.errors import ExportError
-from pyrt.trt_blob import ALIAS_KINDS, PLATFORMS, AliasedIO
+from pyrt.export._graph import unwrap_script_object
+from pyrt.format.trt_blob import ALIAS_KINDS, PLATFORMS, AliasedIO
 
 ABI_VERSION = "10"
 EXECUTE_ENGINE = "tensorrt::execute_engine"
@@ -60,8 +61,6 @@ def is_execute_engine(target: Any) -> bool:
 
 def engine_state(obj: Any, where: str) -> Sequence[Any]:
     """The serialized-state list of an engine object."""
-    from pyrt.export._graph import unwrap_script_object
-
     obj = unwrap_script_object(obj)
     getstate = getattr(obj, "__getstate__", None)
     state = getstate() if callable(getstate) else None

@@ -36,8 +36,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyrt import cuda as cuda_seam
+from pyrt.device import tensorrt_seam
+from pyrt.device.tensorrt_seam import shared_logger
 from pyrt.errors import ExportError
-from pyrt.trt_blob import IOBinding
+from pyrt.format.trt_blob import IOBinding
 
 if TYPE_CHECKING:
     import torch
@@ -246,7 +249,6 @@ def _session_for(trt: ModuleType, options: _Options) -> _Session:
     if options.compute_capabilities is not None and not hasattr(trt, "ComputeCapability"):
         raise ExportError(f"compute_capabilities was given but flavour {name!r} has no ComputeCapability "
                           "API (only TensorRT-RTX targets compute capabilities)")
-    from pyrt.tensorrt_seam import shared_logger
 
     logger = shared_logger(trt)  # TensorRT keeps one logger per process: share the runtime's
     logger.messages.take()
@@ -509,9 +511,6 @@ def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, 
 
 def _check_current_device(session: _Session) -> None:
     """``CURRENT`` on a GPU the flavour cannot run on builds an engine that runs nowhere: refuse it."""
-    from pyrt import cuda as cuda_seam
-    from pyrt import tensorrt_seam
-
     seam = cuda_seam.current()
     if seam.device_count() == 0:
         return  # TensorRT itself reports that 'current' needs a visible GPU

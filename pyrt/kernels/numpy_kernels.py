@@ -28,11 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.dtypes import ScalarType
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step
-from pyrt.pte_reader import Operator
-from pyrt.tensors import numpy_dtype
+from pyrt.format.dtypes import ScalarType
+from pyrt.kernels.base import KernelSite, Step
+from pyrt.memory.tensors import numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -55,20 +54,6 @@ def op(*names: str, n_in: int, n_out: int = 1, check: Callable[[KernelSite], Non
         return fn
 
     return register
-
-
-class NumpyLibrary:
-    """Lookup into the numpy core set."""
-
-    name = "numpy"
-
-    def lookup(self, operator: Operator) -> Kernel | None:
-        spec = _OPS.get(operator.qualified_name)
-        if spec is None:
-            return None
-        return Kernel(operator.qualified_name, build=lambda site: _build(spec, site),
-                      writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out],
-                      pure=operator.name not in RANDOM_OPS)
 
 
 # -- step construction -----------------------------------------------------------------------------
@@ -766,11 +751,3 @@ def _upsample_nearest(x: Any, output_size: Any, scales: Any) -> Any:
             step = 1.0 / float(scales[axis])
         index.append(np.minimum(np.floor(np.arange(out) * step).astype(np.int64), size - 1))
     return x[..., index[0][:, None], index[1][None, :]]
-
-
-def supported() -> list[str]:
-    """Names of every operator in the numpy core set."""
-    return sorted(_OPS)
-
-
-from pyrt.kernels import numpy_more  # noqa: E402, F401  (registers the rest of the portable set)

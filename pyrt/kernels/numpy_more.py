@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_kernels import _axes, _dt, _erf, _float, _sigmoid, op
+from pyrt.kernels.numpy_kernels import _axes, _clip_slice, _dt, _erf, _float, _sigmoid, op
 
 # -- elementwise -------------------------------------------------------------------------------------
 
@@ -340,8 +340,6 @@ def _index_put(a: Any, indices: Sequence[Any], values: Any, accumulate: bool = F
 
 @op("aten::slice_scatter.out", n_in=6)
 def _slice_scatter(a: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
-    from pyrt.kernels.numpy_kernels import _clip_slice
-
     d = dim % a.ndim
     index = [slice(None)] * a.ndim
     index[d] = _clip_slice(a.shape[d], start, end, int(step))

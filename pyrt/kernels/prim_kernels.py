@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels import Kernel, KernelSite, Step, shape_only
+from pyrt.kernels.base import Kernel, KernelSite, Step, shape_only
+from pyrt.memory.tensors import DeviceTensor, HostTensor, TorchHost, numpy_dtype
 from pyrt.pte_reader import Operator
-from pyrt.tensors import DeviceTensor, HostTensor, TorchHost, numpy_dtype
 
 
 def _floordiv(a: Any, b: Any) -> Any:
@@ -347,7 +347,7 @@ _COPIES = frozenset({"dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_c
 
 
 def _same_tensor(vals: list[Any], args: tuple[int, ...]) -> Any:
-    """A copy's result as a view of its input (torch hosts; :mod:`pyrt.fold` checks dtype and layout)."""
+    """A copy's result as a view of its input (torch hosts; :mod:`pyrt.runtime.fold` checks dtype and layout)."""
     return vals[args[0]][...]
 
 

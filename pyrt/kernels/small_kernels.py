@@ -22,7 +22,7 @@ A numpy step is built only where numpy computes what the torch out-variant compu
 
 In a dynamic-shape method the tensors change shape between runs, so the numpy step is
 bound later (:class:`Rebind`): at the first run that repeats the last run's shapes
-(:mod:`pyrt.steady`), for the runs that follow until the shapes change.
+(:mod:`pyrt.runtime.steady`), for the runs that follow until the shapes change.
 
 Anything else is left to torch. Elementwise arithmetic, negation, squares,
 reciprocal square roots and comparisons give torch's bits; ``sqrt`` (torch's float32
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.kernels import KernelSite, Step
+from pyrt.kernels.base import KernelSite, Step
 
 SMALL_NUMEL = 4096  # elements per tensor; above this the work, not the call, dominates
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -542,7 +542,7 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
              limit: int = SMALL_NUMEL) -> Callable[[KernelSite], Rebind | None] | None:
     """``site -> Rebind or None`` for an instruction whose tensors change shape between runs.
 
-    Shapes change only in a dynamic method's full runs; its steady runs (:mod:`pyrt.steady`)
+    Shapes change only in a dynamic method's full runs; its steady runs (:mod:`pyrt.runtime.steady`)
     repeat the last full run's shapes on the same objects, so a step bound to the views of
     that run stays right until the next full run. None where a tensor lives on a device.
     """

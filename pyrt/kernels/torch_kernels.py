@@ -1,6 +1,6 @@
 """ATen kernels through ``torch.ops``: allowed operators torch knows, by name and overload.
 
-Only names in :func:`pyrt.kernels.allowed_operators` (ExecuTorch's kernel set
+Only names in :func:`pyrt.kernels.allowlist.allowed_operators` (ExecuTorch's kernel set
 plus pyrt's documented extras) are looked up: ``torch.ops`` also reaches
 operators with side effects (``aten::from_file``, ``aten::_print``, anything a
 loaded extension registered), which a .pte must never call.
@@ -24,9 +24,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import RANDOM_OPS, Kernel, KernelSite, Step, allowed_operators, small_kernels, with_steady
+from pyrt.kernels import small_kernels
+from pyrt.kernels.allowlist import allowed_operators
+from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
+from pyrt.memory.tensors import Value
 from pyrt.pte_reader import Operator
-from pyrt.tensors import Value
 
 _FOUND: dict[tuple[str, int], Kernel] = {}
 VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a view of the input
@@ -286,7 +288,7 @@ def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Call
 def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
     """``step`` with a steady variant on numpy, bound at the first steady run after each full run.
 
-    A steady run repeats the last full run's shapes (:mod:`pyrt.steady`). Where the call reads
+    A steady run repeats the last full run's shapes (:mod:`pyrt.runtime.steady`). Where the call reads
     slots a run rebinds, the steady chain asks ``step.steady_if(stable)``: numpy only when those
     slots are among the ones its steady runs leave alone, else the torch call.
     """
@@ -338,7 +340,7 @@ def _build_torch(overload: Any, sig: _Signature, site: KernelSite, fast: Sequenc
     if not returns:
         return with_steady(step, call)
 
-    def steady() -> None:  # outputs already have this run's shapes (pyrt.steady)
+    def steady() -> None:  # outputs already have this run's shapes (pyrt.runtime.steady)
         result = call()
         for j, store in returns:
             store(result[j] if multiple else result)

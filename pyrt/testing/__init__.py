@@ -3,7 +3,7 @@
 :func:`simulated_gpus` installs a fake CUDA driver (:mod:`pyrt.testing.fake_cuda`)
 and a fake TensorRT (:mod:`pyrt.testing.fake_tensorrt`) together; everything
 above the seams (engines, programs) runs unchanged and computes real results
-for reference engines (:mod:`pyrt.refengine`). Importing this package
+for reference engines (:mod:`pyrt.testing.refengine`). Importing this package
 imports neither torch nor TensorRT.
 
 >>> import pyrt.cuda
@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyrt import cuda as cuda_seam
-from pyrt import tensorrt_seam
-from pyrt.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.device import tensorrt_seam
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeTensorRT
+from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
 
 __all__ = [
     "SimulatedGPUs", "simulated_gpus", "simulated_devices", "FakeDriver", "FakeTensorRT",
@@ -52,7 +52,7 @@ def simulated_gpus(
     """Swap in ``n`` fake GPUs (``memory`` bytes each, or one size per GPU) and a fake TensorRT.
 
     Inside the block ``pyrt.cuda`` talks to the fake driver and
-    ``pyrt.tensorrt_seam.load_tensorrt()`` returns the fake TensorRT; both
+    ``pyrt.device.tensorrt_seam.load_tensorrt()`` returns the fake TensorRT; both
     are restored on exit. ``n=0`` simulates a machine with a driver but no GPU.
     """
     sim = simulated_devices(n, memory, name=name, capability=capability)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pyrt.errors import PyrtError
+
 NAMES = ("gpt2", "llama", "bert", "vit", "resnet")
 TOKENS = ("gpt2", "llama", "bert")  # models that take token ids (batch, seq); the others images
 VOCAB = 100
@@ -27,8 +29,6 @@ def build(name: str, layers: int = 2, seed: int = 0) -> tuple[Any, Any]:
     import torch
 
     if name not in NAMES:
-        from pyrt.errors import PyrtError
-
         raise PyrtError(f"architecture {name!r} is not one of {', '.join(NAMES)}")
     torch.manual_seed(seed)
     model = _single_class()(_MAKERS[name](layers), name).eval()

@@ -1,6 +1,6 @@
 """A fake ``tensorrt`` module: the surface pyrt's engine layer uses, failures included.
 
-It deserializes only reference engines (:mod:`pyrt.refengine`); real
+It deserializes only reference engines (:mod:`pyrt.testing.refengine`); real
 TensorRT engine bytes, or anything else, are refused the way TensorRT refuses
 a bad plan: ``deserialize_cuda_engine`` logs an error and returns None. Its
 engines live on a :class:`~pyrt.testing.fake_cuda.FakeDriver` device, read
@@ -44,13 +44,13 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from pyrt.errors import PyrtError
-from pyrt.refengine import ALIGN, DTYPES, HEADER, MAGIC, RefEngine, RefTensor
 from pyrt.testing.fake_cuda import FakeDriver
+from pyrt.testing.refengine import ALIGN, DTYPES, HEADER, MAGIC, RefEngine, RefTensor
 
 __version__ = "0.0-fake"
 
 # Reference dtype -> TensorRT DataType member; float64/int16 have no TensorRT I/O type.
-# (Kept apart from pyrt.tensorrt_seam's table on purpose: the fake must not share pyrt's mistakes.)
+# (Kept apart from pyrt.device.tensorrt_seam's table on purpose: the fake must not share pyrt's mistakes.)
 _IO_DTYPES = {
     "float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16", "int8": "INT8",
     "int32": "INT32", "int64": "INT64", "bool": "BOOL", "uint8": "UINT8",

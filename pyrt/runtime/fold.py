@@ -20,7 +20,7 @@ same bytes as at run time; a call that raises is left to raise at run time.
 
 Two relatives, torch host only:
 
-* *per-key* calls (dynamic-shape methods, see :mod:`pyrt.steady`): pure calls on data
+* *per-key* calls (dynamic-shape methods, see :mod:`pyrt.runtime.steady`): pure calls on data
   that follows from the input shapes alone (``arange(seq_len)``, a causal mask) write
   private memory and are skipped by runs whose shapes repeat the last run's;
 * *views*: a ``*_copy`` call (``Kernel.view``; ``cat`` of one tensor and dim-order
@@ -57,10 +57,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyrt.errors import InputError
-from pyrt.kernels import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
+from pyrt.format.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
+from pyrt.kernels.base import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
+from pyrt.memory.tensors import TorchHost, Value
 from pyrt.pte_reader import ExecutionPlan
-from pyrt.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
-from pyrt.tensors import TorchHost, Value
 
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take
 CONST_SCALARS = ("Null", "Int", "Double", "Bool", "String", "DoubleList", "BoolList")
@@ -212,7 +212,7 @@ class Folder:
     def step(self, pc: int, args: tuple[int, ...], kernel: Kernel, build: Callable[[], Step]) -> Step:
         """The step of the kernel call at ``pc``: :func:`noop` when it folded, else ``build()``'s.
 
-        Views bound at load also give :func:`noop`. In a keyed method (see :mod:`pyrt.steady`),
+        Views bound at load also give :func:`noop`. In a keyed method (see :mod:`pyrt.runtime.steady`),
         a pure call on data that follows from the input shapes writes private memory and gets
         ``noop`` as its steady variant (steady runs skip it).
         """
@@ -310,7 +310,7 @@ class Folder:
         return True
 
     def shape_view(self, pc: int, args: tuple[int, ...], kernel: Kernel) -> Step | None:
-        """In a keyed method (see :mod:`pyrt.steady`), a ``*_copy`` call on a dynamic tensor as a step that
+        """In a keyed method (see :mod:`pyrt.runtime.steady`), a ``*_copy`` call on a dynamic tensor as a step that
         makes the planned results views of the input (``Tensor.set_``), skipped by steady runs; None when
         it may not.
 

@@ -23,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from pyrt import cuda as cuda_seam
 from pyrt.errors import BudgetError, PyrtError
+from pyrt.runtime.profile import _columns
+from pyrt.streaming import BudgetSpec, parse_budget
+from pyrt.tools.report import _size as size
 
 PLOT_SIZE = (8.0, 6.0)  # inches
 PLOT_DPI = 100  # -> 800 x 600 pixels
@@ -33,8 +37,6 @@ def parse_sweep(text: str) -> list[str]:
     """``START..STOP[:STEP]`` budgets: shares (``10%..100%``, step 10% by default; ``0%`` is 0 bytes)
     or bytes (``64MiB..512MiB:64MiB``, ten even steps by default).
     """
-    from pyrt.streaming import parse_budget
-
     start_text, sep, rest = text.partition("..")
     stop_text, _, step_text = rest.partition(":")
     if not sep or not start_text or not stop_text:
@@ -75,8 +77,6 @@ def parse_sweep(text: str) -> list[str]:
 
 
 def _budget_text(x: Fraction, share: bool) -> str:
-    from pyrt.streaming import BudgetSpec
-
     if x == 0:
         return "0"
     if share:
@@ -126,8 +126,6 @@ def gpu_stream(prog: Any) -> Any:
 
 def device_names(devices: Sequence[int]) -> list[str]:
     """``cuda:0 (NVIDIA H100 ...)`` for each ordinal."""
-    from pyrt import cuda as cuda_seam
-
     infos = {d.index: d for d in cuda_seam.devices()}
     return [f"cuda:{d} ({infos[d].name})" if d in infos else f"cuda:{d}" for d in devices]
 
@@ -216,15 +214,11 @@ def _label(budget: Any) -> str | None:
 
 
 def _size(n: int | None) -> str:
-    from pyrt.report import _size as size
-
     return "-" if n is None else size(n)
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     """A table: budget, applied per-engine budgets, latency percentiles, throughput."""
-    from pyrt.profile import _columns
-
     head = ["budget", "applied", "runs", "min ms", "p50 ms", "p90 ms", "p99 ms", "max ms", "runs/s"]
     body = []
     for r in rows:

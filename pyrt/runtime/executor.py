@@ -31,13 +31,10 @@ from pyrt.errors import (
     PyrtError,
     UnsupportedOperatorError,
 )
-from pyrt.graph_forward import graph_forward
-from pyrt.graphs import Segment, segment_steps
-from pyrt.kernels import noop
-from pyrt.plan import CONSTANT, PLANNED, UNPLANNED, Instr, MethodPlan, TensorInfo
-from pyrt.pytree import input_flattener, output_builder
-from pyrt.steady import shape_key, steady_chain
-from pyrt.tensors import (
+from pyrt.format.pytree import input_flattener, output_builder
+from pyrt.kernels.base import noop
+from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo
+from pyrt.memory.tensors import (
     CAI,
     NUMPY,
     TORCH,
@@ -55,6 +52,10 @@ from pyrt.tensors import (
     scalar_type_of_torch,
     torch_to_numpy,
 )
+from pyrt.runtime.cuda_graphs import Segment, segment_steps
+from pyrt.runtime.graph_forward import graph_forward
+from pyrt.runtime.plan import Instr, MethodPlan
+from pyrt.runtime.steady import shape_key, steady_chain
 
 Setter = Callable[[Any, "RunState | None"], None]
 Getter = Callable[[str, "RunState | None"], Any]
@@ -70,7 +71,7 @@ class RunState:
 
     def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None, cuda: Any = None) -> None:
         self.stream = stream
-        self.ctx = ctx  # pyrt.delegates.DeviceContext: stream(device) orders every copy of the run
+        self.ctx = ctx  # pyrt.runtime.delegates.DeviceContext: stream(device) orders every copy of the run
         self.cuda = ctx.cuda if ctx is not None else cuda  # the CUDA seam the program was loaded with
         self.keepalive: list[Any] = []
         self.streams: dict[int, Any] = {}
@@ -90,7 +91,7 @@ class MethodRunner:
         self.cuda = devices.cuda if devices is not None else cuda  # for device inputs of host-only methods
         self.name = plan.name
         self.default_kind = default_kind
-        self.devices = devices  # pyrt.delegates.DeviceContext when the method touches CUDA
+        self.devices = devices  # pyrt.runtime.delegates.DeviceContext when the method touches CUDA
         self._lock = threading.Lock()
         self.closed = False
         table = plan.table
@@ -120,10 +121,10 @@ class MethodRunner:
                 self._segments.extend(segments)
         self._steps = self._fast
         self._step_pcs = self._pcs
-        # Dynamic shapes: the chain to run when the inputs' shapes repeat the last run's (pyrt.steady).
+        # Dynamic shapes: the chain to run when the inputs' shapes repeat the last run's (pyrt.runtime.steady).
         self._steady = None if cuda_graphs else steady_chain(plan)
         self._last_key: tuple[Any, ...] | None = None  # shapes of the last run that completed
-        # device inputs and outputs around one graph: replayed with the least host work (pyrt.graph_forward)
+        # device inputs and outputs around one graph: replayed with the least host work (pyrt.runtime.graph_forward)
         self._graph_forward = graph_forward(plan, self._fast, devices, self._flatten, graph_outputs) \
             if self._segments else None
         self.observer: Any = None  # see observe(); None: runs execute the plain steps, nothing else
@@ -137,7 +138,7 @@ class MethodRunner:
             segment.reset()
 
     def observe(self, observer: Any) -> None:
-        """Install a run/step observer (``None`` removes it); :mod:`pyrt.profile` is the one user.
+        """Install a run/step observer (``None`` removes it); :mod:`pyrt.runtime.profile` is the one user.
 
         ``observer.wrap(runner, chain, pc, step) -> step`` is asked once per instruction here,
         so the instruction loop is the same with or without an observer; each run goes through

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
+from pyrt.format.dtypes import scalar_type_from_name
+from pyrt.memory.tensors import numpy_dtype
 from pyrt.pte_reader import PteFile
 
 _NAME = re.compile(r"(?:input_?)?([0-9]+)", re.ASCII)
@@ -150,9 +152,6 @@ def _read(path: str) -> dict[str, Any]:
 
 def random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Random data for a tensor input: floats standard normal, integers 0 or 1, bools either."""
-    from pyrt.dtypes import scalar_type_from_name
-    from pyrt.tensors import numpy_dtype
-
     dtype = numpy_dtype(scalar_type_from_name(spec.dtype or ""))
     if dtype == np.bool_:
         return rng.integers(0, 2, shape).astype(np.bool_)

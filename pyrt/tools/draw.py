@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from pyrt.errors import BlobFormatError, PyrtError
+from pyrt.format.trt_blob import BACKEND_ID, parse_blob
 from pyrt.pte_reader import DelegateCall, DeviceType, ExecutionPlan, FreeCall, JumpFalseCall, KernelCall, PteFile
+from pyrt.tools.report import _size
 
 DOT_SUFFIXES = (".dot", ".gv")
 STYLES = {  # node kind -> DOT attributes
@@ -56,8 +58,6 @@ def _value_device(plan: ExecutionPlan, i: int) -> str | None:
 
 
 def _delegate_device(plan: ExecutionPlan, index: int) -> str:
-    from pyrt.trt_blob import BACKEND_ID, parse_blob
-
     d = plan.delegates[index]
     spec = d.spec("target_device")
     if spec is not None:
@@ -84,7 +84,6 @@ def _node(plan: ExecutionPlan, ins: Any) -> tuple[str, str]:
         if not 0 <= ins.delegate_index < len(plan.delegates):
             return "delegate", f"delegate {ins.delegate_index} (out of range)"
         d = plan.delegates[ins.delegate_index]
-        from pyrt.report import _size
 
         size = _size(plan.program.delegate_data(d).nbytes)
         device = _delegate_device(plan, ins.delegate_index)

@@ -11,7 +11,7 @@
 Loading validates the whole file, resolves every operator to a kernel
 (``UnsupportedOperatorError`` names the operator and method; only operators
 ExecuTorch's own runtime defines are resolved, see :mod:`pyrt.kernels`),
-checks the host memory the file declares against :mod:`pyrt.limits`
+checks the host memory the file declares against :mod:`pyrt.format.limits`
 (``PteFormatError`` / ``ResourceError`` naming the arena or tensor), checks that
 every CUDA device the program needs exists (``DeviceError`` listing the
 devices present, before anything is allocated), deserializes TensorRT engines
@@ -33,17 +33,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyrt import cuda as cuda_seam
 from pyrt.errors import InputError, ProgramClosedError
-from pyrt.executor import MethodRunner
-from pyrt.graph_forward import check_graph_outputs
-from pyrt.kernels import ENV_VAR, choose_library, library
-from pyrt.limits import check_host_memory
-from pyrt.plan import MethodDraft, MethodPlan, draft_method, finish_method
+from pyrt.format.limits import check_host_memory
+from pyrt.format.ptd_reader import ExternalData
+from pyrt.kernels.registry import ENV_VAR, choose_library, library
+from pyrt.memory.tensors import host_backend
 from pyrt.pte_reader import PteFile
-from pyrt.tensors import host_backend
+from pyrt.runtime.delegates import DeviceContext, apply_budgets, load_engines
+from pyrt.runtime.executor import MethodRunner
+from pyrt.runtime.graph_forward import check_graph_outputs
+from pyrt.runtime.plan import MethodDraft, MethodPlan, draft_method, finish_method
+from pyrt.runtime.profile import Profiler
+from pyrt.streaming import validate_budget
 
 if TYPE_CHECKING:
-    from pyrt.profile import Profiler
+    from pyrt.runtime.profile import Profiler
 
 
 @dataclass(frozen=True)
@@ -80,15 +85,15 @@ class Program:
     is given); None: the process's CUDA driver. The program keeps what it was loaded
     with; later changes of the process default do not reach it. ``cuda_graphs``: replay
     each run of device-only work (static engines reading and writing one device's
-    memory) as a CUDA graph after it was captured on the second run (see :mod:`pyrt.graphs`);
+    memory) as a CUDA graph after it was captured on the second run (see :mod:`pyrt.runtime.cuda_graphs`);
     set_budget captures again. A method that is wholly such work, with inputs and outputs
     planned in device memory, called with device tensors, runs as input copies and one graph
-    launch with no host synchronisation (:mod:`pyrt.graph_forward`); ``graph_outputs``: "copy"
+    launch with no host synchronisation (:mod:`pyrt.runtime.graph_forward`); ``graph_outputs``: "copy"
     (default: fresh stream-ordered device buffers the caller owns, freed on drop with no sync on
-    the stream they are ready on; see :mod:`pyrt.graph_forward`) or "static" (views of the method's output
+    the stream they are ready on; see :mod:`pyrt.runtime.graph_forward`) or "static" (views of the method's output
     buffers that its next run overwrites, as torch's CUDA graphs hand out).
     ``fold``: run each method's pure kernel calls on constant data once at load instead
-    of on every run (weight transposes, rotary tables, static masks; see :mod:`pyrt.fold`):
+    of on every run (weight transposes, rotary tables, static masks; see :mod:`pyrt.runtime.fold`):
     faster runs for a slower load and at most 64 MiB of private memory per method.
     ``fold=False`` loads faster and runs every instruction as the file says.
 
@@ -133,8 +138,6 @@ class Program:
         self.source = self._pte.source
         try:
             if data is not None:
-                from pyrt.ptd_reader import ExternalData
-
                 self._data = ExternalData.open(data)
                 self._pte.attach_data(self._data)
             if devices is not None and trt is None:
@@ -148,8 +151,6 @@ class Program:
     def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
               devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
               fold: bool = True) -> None:
-        from pyrt.streaming import validate_budget
-
         validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
         xplans = self._pte.program.execution_plan
         prim = library("prim")
@@ -161,24 +162,18 @@ class Program:
         host = host_backend(self.kernels)
         drafts = [draft_method(p, libraries, device_map) for p in xplans]
         check_host_memory(self.source, [item for draft in drafts for item in draft.host_bytes])
-        from pyrt import cuda as cuda_seam
 
         self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
         cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
         if self._delegates:
-            from pyrt.delegates import load_engines
-
             load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget)
         elif budget is not None:  # still a typed error when malformed; a warning that nothing streams
-            from pyrt.delegates import apply_budgets
 
             apply_budgets([], budget, source="load-time budget")
         for draft in drafts:
             ctx = None
             if draft.devices():
-                from pyrt.delegates import DeviceContext
-
                 ctx = DeviceContext(cuda, draft.devices())
                 self._contexts.append(ctx)
             plan = finish_method(draft, host, cuda, ctx, fold=fold)
@@ -231,12 +226,11 @@ class Program:
         return runner(inputs, stream)
 
     def profile(self, *, device_time: bool = True) -> Profiler:
-        """A :class:`pyrt.profile.Profiler` recording the runs made inside ``with prog.profile() as prof:``.
+        """A :class:`pyrt.runtime.profile.Profiler` recording the runs made inside ``with prog.profile() as prof:``.
 
         ``device_time``: CUDA timing events around device work (when the program has any).
         """
         self._check_open()
-        from pyrt.profile import Profiler
 
         xplans = {p.name: p for p in self._pte.program.execution_plan}
         return Profiler(self._runners.values(), xplans, self.weight_streaming, device_time=device_time,
@@ -261,7 +255,6 @@ class Program:
         context is destroyed and recreated with no run in flight.
         """
         self._check_open()
-        from pyrt.delegates import apply_budgets
 
         with self._no_runs():
             self._check_open()  # closed while waiting for runs to finish

@@ -12,7 +12,7 @@ correct. A budget change recreates execution contexts, so :meth:`reset` drops
 every graph and the next runs capture again. A capture that the driver or
 TensorRT refuses leaves that segment eager for good (logged once). A method that is
 one segment with its inputs and outputs in device memory is replayed whole for
-device callers, with the least host work per call: see :mod:`pyrt.graph_forward`.
+device callers, with the least host work per call: see :mod:`pyrt.runtime.graph_forward`.
 
 >>> seg = Segment([], device=0)
 >>> seg.state
@@ -27,7 +27,7 @@ from typing import Any
 
 from pyrt.errors import DeviceError
 
-_log = logging.getLogger("pyrt.graphs")
+_log = logging.getLogger("pyrt.runtime.cuda_graphs")
 _CAPTURE_MODE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 
@@ -47,7 +47,7 @@ class Segment:
     def __init__(self, steps: Sequence[Callable[[], None]], *, device: int, devices: Any = None) -> None:
         self.steps = list(steps)
         self.device = device
-        self.devices = devices  # pyrt.delegates.DeviceContext
+        self.devices = devices  # pyrt.runtime.delegates.DeviceContext
         self.state = "eager"
         self._graph: Any = None
         self._exec: Any = None

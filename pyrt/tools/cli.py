@@ -29,7 +29,15 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from pyrt._version import __version__
 from pyrt.errors import PyrtError
+from pyrt.pte_reader import PteFile
+from pyrt.runtime.program import Program
+from pyrt.testing import simulated_gpus
+from pyrt.tools.bench import check_plot_support, device_names, format_rows, parse_sweep, plot, sweep
+from pyrt.tools.draw import to_dot, write_graph
+from pyrt.tools.inputs import assemble, flatten, load_files, method_inputs, parse_shape_arg, parse_shapes, summarize
+from pyrt.tools.report import _size, format_report, inspect
 
 SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
@@ -79,8 +87,6 @@ def _kv(text: str) -> tuple[Any, Any]:
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
-    from pyrt.inputs import parse_shape_arg
-
     try:
         return parse_shape_arg(text)
     except ValueError as exc:
@@ -145,8 +151,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyrt", parents=[common], formatter_class=fmt, epilog=_EXAMPLES["pyrt"],
                                      description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
                                                  "delegates.")
-    from pyrt import __version__
-
     parser.add_argument("--version", action="version", version=f"pyrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -244,9 +248,6 @@ def _progress(enabled: bool) -> Any:
 
 def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any], list[dict[str, Any]]]:
     """Positional inputs for ``args.method`` and a description of each (position, kind, origin)."""
-    from pyrt.inputs import assemble, load_files, method_inputs, parse_shapes
-    from pyrt.pte_reader import PteFile
-
     with PteFile.open(args.path) as pte:
         specs = method_inputs(pte, args.method)
     given = load_files(specs, args.input, method=args.method)
@@ -269,8 +270,6 @@ def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any
 
 
 def _program(args: argparse.Namespace, budget: Any = None) -> Any:
-    from pyrt.program import Program
-
     return Program(args.path, data=args.data, budget=budget, device_map=dict(args.device_map) or None,
                    trt=args.trt, kernels=args.kernels)
 
@@ -296,13 +295,8 @@ def _print_json(data: Any) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from pyrt.report import format_report, inspect
-
     info = inspect(args.path, data=args.data)
     if args.graph:
-        from pyrt.graph import to_dot, write_graph
-        from pyrt.pte_reader import PteFile
-
         with PteFile.open(args.path) as pte:
             text = to_dot(pte)
         written, note = write_graph(text, args.graph)
@@ -315,8 +309,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
-
-    from pyrt.inputs import flatten, summarize
 
     values, described = _inputs(args, random_default=False)
     with _program(args, args.budget) as prog:
@@ -359,7 +351,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _describe_engines(engines: list[dict[str, Any]]) -> list[str]:
     if not engines:
         return []
-    from pyrt.report import _size
 
     lines = ["weight streaming"]
     for e in engines:
@@ -370,8 +361,6 @@ def _describe_engines(engines: list[dict[str, Any]]) -> list[str]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pyrt.bench import check_plot_support, device_names, format_rows, parse_sweep, plot, sweep
-
     budgets: list[Any] = list(args.budget) + (parse_sweep(args.sweep) if args.sweep else [])
     if args.plot:
         check_plot_support()
@@ -425,7 +414,6 @@ def _simulated(stack: contextlib.ExitStack) -> None:
         return
     if not value.isdigit():
         raise PyrtError(f"{SIMULATED_GPUS_ENV}={value!r}: expected a whole number of GPUs")
-    from pyrt.testing import simulated_gpus
 
     stack.enter_context(simulated_gpus(int(value)))
 

@@ -1,7 +1,7 @@
 """A bounds-checked reader for FlatBuffers tables.
 
 Generated FlatBuffers accessors follow offsets without checking them; this
-reader sends every offset through :class:`pyrt._bounds.Span`, so a hostile
+reader sends every offset through :class:`pyrt.format.bounds.Span`, so a hostile
 file raises :class:`~pyrt.errors.PteFormatError` naming the field instead of
 reading out of range. Offsets to sub-objects (uoffset) are unsigned and point
 forward, so traversal always terminates.
@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from pyrt._bounds import SCALARS, Span
+from pyrt.format.bounds import SCALARS, Span
 
 T = TypeVar("T")
 

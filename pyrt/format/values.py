@@ -2,7 +2,7 @@
 
 :meth:`pyrt.pte_reader.ExecutionPlan.values` (and each chain's instructions, and the
 operators) decode thousands of small tables;
-through the general :class:`~pyrt._flatbuffer.Table` reader each field costs several
+through the general :class:`~pyrt.format.flatbuffer.Table` reader each field costs several
 method calls. This decoder reads the same fields with the same checks inline
 (every offset bounds-checked before it is read, vtables validated once each,
 since FlatBuffers shares them) and gives up with :class:`Fallback` at the first
@@ -14,7 +14,7 @@ agree on valid and corrupted files.
 Speed comes from doing per vtable what can be done per vtable: a table's field
 layout is validated once and cached by vtable position, and a Tensor's scalar
 slots are read by one ``struct`` compiled for its vtable. Records are the typed
-:mod:`pyrt.schema` classes, built without their argument parsing.
+:mod:`pyrt.format.schema` classes, built without their argument parsing.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import TypeVar
 
-from pyrt.dtypes import ScalarType
-from pyrt.schema import (
+from pyrt.format.dtypes import ScalarType
+from pyrt.format.schema import (
     EVALUE_KINDS,
     AllocationInfo,
     DelegateCall,

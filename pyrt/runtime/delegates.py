@@ -24,13 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.devices import parse_device, remap_device
-from pyrt.errors import EngineError, PteFormatError, UnsupportedOperatorError
-from pyrt.graphs import mark_capturable
-from pyrt.kernels import Step
+from pyrt import cuda as cuda_seam
+from pyrt.device.names import parse_device, remap_device
+from pyrt.engine import Engine
+from pyrt.errors import EngineError, InputError, PteFormatError, UnsupportedOperatorError
+from pyrt.format.trt_blob import BACKEND_ID, parse_blob
+from pyrt.kernels.base import Step
+from pyrt.memory.tensors import DeviceTensor, TorchHost, numpy_dtype
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
-from pyrt.tensors import DeviceTensor, TorchHost, numpy_dtype
-from pyrt.trt_blob import BACKEND_ID
+from pyrt.runtime.cuda_graphs import mark_capturable
+from pyrt.streaming import EngineStreamingInfo, find_baked_budget, resolve_budgets
 
 TARGET_DEVICE = "target_device"
 
@@ -42,7 +45,7 @@ class DelegateDraft:
     method: str
     index: int
     delegate: BackendDelegate
-    blob: Any  # pyrt.trt_blob.TensorRTBlob
+    blob: Any  # pyrt.format.trt_blob.TensorRTBlob
     device: int
     baked: int | None
     source: str
@@ -57,9 +60,6 @@ class DelegateDraft:
 
 def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft]:
     """Parse every delegate blob of a method and decide its device (imports no TensorRT)."""
-    from pyrt.streaming import find_baked_budget
-    from pyrt.trt_blob import parse_blob
-
     program = xplan.program
     out = []
     for i, d in enumerate(xplan.delegates):
@@ -83,8 +83,6 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
 
 def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any) -> None:
     """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``)."""
-    from pyrt.engine import Engine
-
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
@@ -101,8 +99,6 @@ def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget
 
 def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:
     """Resolve budgets for all engines (validated first), then configure each one."""
-    from pyrt.streaming import EngineStreamingInfo, resolve_budgets
-
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
     resolved = resolve_budgets(infos, budget, source=source)
     for d, r in zip(drafts, resolved, strict=True):
@@ -117,7 +113,6 @@ def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
     """device -> pyrt Stream wrapping the caller's stream (never closed by pyrt)."""
     if stream is None:
         return {}
-    from pyrt import cuda as cuda_seam
 
     if isinstance(stream, cuda_seam.Stream):
         return {stream.device: stream}
@@ -130,7 +125,6 @@ def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
         return {primary: cuda.borrowed_stream(int(handle), primary)}
     if isinstance(stream, int) and not isinstance(stream, bool):
         return {primary: cuda.borrowed_stream(stream, primary)}
-    from pyrt.errors import InputError
 
     raise InputError(f"stream must be a pyrt.cuda.Stream, a torch.cuda.Stream, an object with "
                      f"__cuda_stream__ or an int handle; got {type(stream).__name__}")

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import numpy as np
 
-from pyrt.dtypes import ScalarType
-from pyrt.errors import InputError, PyrtError, UnsupportedOperatorError
+from pyrt import cuda as cuda_seam
+from pyrt.errors import DeviceError, InputError, PyrtError, UnsupportedOperatorError
+from pyrt.format.dtypes import ScalarType
 
 if TYPE_CHECKING:  # annotations only: the runtime path never imports torch itself
     import torch
@@ -372,9 +373,6 @@ def _from_cai(cai: dict[str, Any], owner: Any, what: str, cuda: Any) -> DeviceIn
 
 def _device_of_pointer(cuda: Any, ptr: int, what: str) -> int:
     """The CUDA device owning ``ptr``, asked of the driver (InputError if it is not device memory)."""
-    from pyrt import cuda as cuda_seam
-    from pyrt.errors import DeviceError
-
     seam = cuda if cuda is not None else cuda_seam.current()
     try:
         attr = seam.driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL

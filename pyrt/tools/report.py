@@ -17,8 +17,9 @@ from collections import Counter
 from typing import Any
 
 from pyrt.errors import BlobFormatError, PteFormatError
-from pyrt.ptd_reader import FILE_IDENTIFIER as PTD_IDENTIFIER
-from pyrt.ptd_reader import DataSource, ExternalData, PtdFile
+from pyrt.format.ptd_reader import FILE_IDENTIFIER as PTD_IDENTIFIER
+from pyrt.format.ptd_reader import DataSource, ExternalData, PtdFile
+from pyrt.format.trt_blob import BACKEND_ID, parse_blob
 from pyrt.pte_reader import (
     BackendDelegate,
     DataLocation,
@@ -28,7 +29,6 @@ from pyrt.pte_reader import (
     PteFile,
     Source,
 )
-from pyrt.trt_blob import BACKEND_ID, parse_blob
 
 ENGINE_PREVIEW_BYTES = 16
 IN_PTE = ".pte"  # a stored tensor's "file" when its bytes are in the program file itself

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyrt._bounds import Span
 from pyrt.errors import BlobFormatError
+from pyrt.format.bounds import Span
 
 HEADER = struct.Struct("<4sIIIQ8s")  # magic, meta off, meta size, engine off, engine size, reserved
 HEADER_SIZE = HEADER.size  # 32

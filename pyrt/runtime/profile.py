@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyrt.pte_reader import DelegateCall, KernelCall
+
 Step = Callable[[], None]
 _clock = time.perf_counter_ns
 
@@ -124,7 +126,7 @@ class Profiler:
             self._all_events.clear()
             self._pool.clear()
 
-    # -- the observer protocol (pyrt.executor.MethodRunner.observe) -------------------------------
+    # -- the observer protocol (pyrt.runtime.executor.MethodRunner.observe) -------------------------------
     def wrap(self, runner: Any, chain: int, pc: int, step: Step) -> Step:
         """The step ``step`` of ``runner``'s instruction (chain, pc), timed."""
         site = self._site(runner, chain, pc)
@@ -203,8 +205,6 @@ class Profiler:
         self.spans.extend(spans)
 
     def _site(self, runner: Any, chain: int, pc: int) -> Site:
-        from pyrt.pte_reader import DelegateCall, KernelCall
-
         name = runner.name
         xplan = self._xplans[name]
         ins = xplan.chains[chain].instructions[pc]

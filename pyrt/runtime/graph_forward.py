@@ -1,7 +1,7 @@
 """A whole method replayed as one CUDA graph, device inputs in and device outputs out: the serving path.
 
 A method qualifies (with ``Program(..., cuda_graphs=True)``) when its one
-instruction chain is a single graph :class:`~pyrt.graphs.Segment` (static
+instruction chain is a single graph :class:`~pyrt.runtime.cuda_graphs.Segment` (static
 TensorRT delegates on one device, reading and writing that device's memory)
 and every input and output is a static tensor planned in that device's memory.
 Its first two runs take the general path (run eagerly, then captured). After
@@ -53,8 +53,8 @@ from typing import Any
 
 from pyrt.cuda import DeviceAllocation, StreamAllocation
 from pyrt.errors import DeviceError, InputError
-from pyrt.graphs import Segment
-from pyrt.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
+from pyrt.memory.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
+from pyrt.runtime.cuda_graphs import Segment
 
 GRAPH_OUTPUTS = ("copy", "static")
 

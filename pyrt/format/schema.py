@@ -1,7 +1,7 @@
 """Plain records of ExecuTorch's ``program.fbs``: what the reader decodes, typed.
 
 Both decoders build these (the general reader in :mod:`pyrt.pte_reader`, the bulk one in
-:mod:`pyrt._values`); this module depends on neither, so they do not depend on each other's
+:mod:`pyrt.format.values`); this module depends on neither, so they do not depend on each other's
 import order.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
-from pyrt.dtypes import ScalarType
+from pyrt.format.dtypes import ScalarType
 
 
 class ShapeDynamism(enum.IntEnum):

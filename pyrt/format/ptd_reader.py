@@ -14,7 +14,7 @@ is ExecuTorch's ``flat_tensor.fbs``):
 segment_index, tensor_layout{scalar_type, sizes[i32], dim_order[u8]}}]}``.
 
 The file is mapped once, read-only; the header, every segment and every entry are
-checked when it opens (one bounds check, :class:`pyrt._bounds.Span`), and
+checked when it opens (one bounds check, :class:`pyrt.format.bounds.Span`), and
 :meth:`PtdFile.view` hands out memoryviews of the mapping. Any malformed byte is a
 :class:`~pyrt.errors.PteFormatError` naming the field, offset and sizes.
 
@@ -32,11 +32,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt._bounds import Span
-from pyrt._flatbuffer import Table
-from pyrt._mapped import map_file, unmap
-from pyrt.dtypes import ScalarType
 from pyrt.errors import PteFormatError
+from pyrt.format.bounds import Span
+from pyrt.format.dtypes import ScalarType
+from pyrt.format.flatbuffer import Table
+from pyrt.format.mapped import map_file, unmap
 
 FILE_IDENTIFIER = b"FT01"  # bytes 4..8
 HEADER_OFFSET = 8  # the header follows root offset (4) + identifier (4)

@@ -20,17 +20,14 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from pyrt.delegates import draft_delegates
-from pyrt.devices import DeviceMap, remap_device
-from pyrt.dtypes import ScalarType
-from pyrt.errors import InputError, PteFormatError, UnsupportedOperatorError
-from pyrt.fold import Folder
-from pyrt.kernels import Kernel, KernelSite, Step, noop
-from pyrt.pte_reader import ExecutionPlan
-from pyrt.pytree import Spec, parse_spec
-from pyrt.schema import (
+from pyrt.device.names import DeviceMap, remap_device
+from pyrt.errors import PteFormatError, UnsupportedOperatorError
+from pyrt.format.dtypes import ScalarType
+from pyrt.format.limits import check_declared
+from pyrt.format.pytree import Spec, parse_spec
+from pyrt.format.schema import (
     DelegateCall,
     DeviceType,
     FreeCall,
@@ -42,103 +39,16 @@ from pyrt.schema import (
     TensorDataLocation,
     ValueKind,
 )
-from pyrt.schema import Tensor as TensorDecl
-from pyrt.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, Value, dim_order_strides
+from pyrt.format.schema import Tensor as TensorDecl
+from pyrt.kernels.base import Kernel, KernelSite, Step, noop
+from pyrt.kernels.registry import resolve
+from pyrt.memory.table import CONSTANT, LIST_KINDS, PLANNED, UNPLANNED, TensorInfo, ValueTable
+from pyrt.memory.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, Value
+from pyrt.pte_reader import ExecutionPlan
+from pyrt.runtime.delegates import draft_delegates
+from pyrt.runtime.fold import Folder
 
-if TYPE_CHECKING:  # annotations only
-    import torch
-
-PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
-LIST_KINDS = ("IntList", "TensorList", "OptionalTensorList")
 SCALAR_KINDS = ("Int", "Double", "Bool")
-
-
-@dataclass(slots=True)
-class TensorInfo:
-    """What the file says about one tensor value, after validation; read-only by convention.
-
-    Not ``frozen``: a frozen dataclass costs ~3x as much to build, and a load builds one per tensor.
-    """
-
-    index: int
-    scalar_type: ScalarType
-    sizes: tuple[int, ...]
-    dim_order: tuple[int, ...]
-    dynamic: bool
-    storage: str  # planned | constant | unplanned
-    device: int | None = None  # CUDA ordinal (after device_map) of a device arena; None = host
-    memory_id: int = 0
-    offset: int = 0
-
-    @property
-    def capacity(self) -> int:
-        """Element bound: the sizes in the file are upper bounds for dynamic tensors."""
-        return math.prod(self.sizes)
-
-    @property
-    def nbytes(self) -> int:
-        return self.capacity * self.scalar_type.itemsize
-
-
-@dataclass
-class ValueTable:
-    """The method's values at run time (``vals``, one :data:`~pyrt.tensors.Value` per slot) plus what the plan
-    knows about each."""
-
-    method: str
-    host: NumpyHost | TorchHost
-    kinds: list[ValueKind]
-    items: dict[int, tuple[int, ...]]
-    infos: dict[int, TensorInfo]
-    vals: list[Value]
-    unstable: set[int] = field(default_factory=set)
-    arenas: dict[int, Any] = field(default_factory=dict)
-    devices: Any = None  # pyrt.delegates.DeviceContext when the method touches CUDA
-    read_only: set[int] = field(default_factory=set)  # values that may hold constant data (never written)
-
-    def is_const(self, i: int) -> bool:
-        return i not in self.unstable
-
-    def getter(self, i: int) -> Callable[[], Value]:
-        """Zero-argument callable returning value ``i`` as kernels see it at run time."""
-        if self.is_const(i):
-            v = self.vals[i]
-            return lambda: v
-        kind = self.kinds[i]
-        if kind in LIST_KINDS:
-            vals, items = self.vals, self.items[i]
-            if kind == "OptionalTensorList":
-                return lambda: [None if j < 0 else vals[j] for j in items]
-            return lambda: [vals[j] for j in items]
-        return functools.partial(self.vals.__getitem__, i)
-
-    def resize(self, i: int, shape: Sequence[int]) -> Any:
-        """Give dynamic tensor ``i`` a new shape within its bound; returns the (new) tensor."""
-        info = self.infos[i]
-        shape = tuple(int(d) for d in shape)
-        if len(shape) != len(info.sizes) or math.prod(shape) > info.capacity:
-            raise InputError(
-                f"method {self.method!r}: value {i} cannot take shape {shape}: its memory-planned "
-                f"bound is {info.sizes} ({info.capacity} elements)"
-            )
-        t = self.vals[i]
-        if isinstance(t, DeviceTensor):
-            t.resize(shape, f"method {self.method!r} value {i}")
-            return t
-        if isinstance(self.host, TorchHost):
-            tt: torch.Tensor = t  # type: ignore[assignment]  # the torch host's tensor slots hold torch tensors
-            if tuple(tt.shape) != shape:
-                tt.as_strided_(shape, dim_order_strides(shape, info.dim_order))
-            return tt
-        arena = self.arenas.get(info.memory_id)
-        if info.storage != PLANNED or arena is None:
-            new = self.host.empty(info.scalar_type, shape, info.dim_order)
-        else:
-            new = self.host.view(arena, info.offset, info.scalar_type, shape, info.dim_order)
-        self.vals[i] = new
-        return new
-
-
 @dataclass(slots=True)
 class Instr:
     """One instruction after planning: its step, or control flow for the executor."""
@@ -159,7 +69,7 @@ class MethodPlan:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     chains: list[list[Instr]]
-    io_specs: tuple[Spec | None, Spec | None]  # validated pytree specs of inputs and outputs (pyrt.pytree)
+    io_specs: tuple[Spec | None, Spec | None]  # validated pytree specs of inputs and outputs (pyrt.format.pytree)
     engines: list[Any] = field(default_factory=list)
     device_arenas: list[Any] = field(default_factory=list)
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -272,10 +182,8 @@ def arena_devices(plan: ExecutionPlan, device_map: DeviceMap | None) -> dict[int
 def host_memory(plan: ExecutionPlan, infos: dict[int, TensorInfo], devices: dict[int, int]) -> list[tuple[str, int]]:
     """(what, bytes) of every host allocation the file declares: host arenas, unplanned non-input tensors.
 
-    Each is checked against :data:`pyrt.limits.MAX_DECLARED_BYTES` (device arenas too); nothing is allocated.
+    Each is checked against :data:`pyrt.format.limits.MAX_DECLARED_BYTES` (device arenas too); nothing is allocated.
     """
-    from pyrt.limits import check_declared
-
     source, method = plan.program.pte.source, f"method {plan.name!r}"
     items: list[tuple[str, int]] = []
     for mem, size in enumerate(plan.non_const_buffer_sizes):
@@ -599,7 +507,7 @@ class MethodDraft:
     kernels: list[Kernel]
     rebound: set[int]
     io_specs: tuple[Spec | None, Spec | None] = (None, None)
-    delegates: list[Any] = field(default_factory=list)  # pyrt.delegates.DelegateDraft
+    delegates: list[Any] = field(default_factory=list)  # pyrt.runtime.delegates.DelegateDraft
     host_bytes: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes) the load will allocate
     constant_holders: set[int] = field(default_factory=set)  # values that may hold read-only file data
 
@@ -614,7 +522,6 @@ class MethodDraft:
 
 def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: DeviceMap | None) -> MethodDraft:
     """Validate a method and resolve its kernels; raises before anything is allocated."""
-    from pyrt.kernels import resolve
 
     kinds, items, raw = decode_values(xplan)
     infos = tensor_infos(xplan, device_map)
@@ -641,7 +548,7 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
 
 def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
                   devices: Any = None, *, fold: bool = True) -> MethodPlan:
-    """Phase 2: allocate arenas, build the value table and every step (``fold``: see :mod:`pyrt.fold`)."""
+    """Phase 2: allocate arenas, build the value table and every step (``fold``: see :mod:`pyrt.runtime.fold`)."""
     xplan = draft.xplan
     arenas, device_allocs = allocate_arenas(xplan, host, draft.arena_devices, cuda)
     try:

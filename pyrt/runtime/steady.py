@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyrt.kernels import DATA_DEPENDENT_OPS, ShapeOnly, Step, noop
-from pyrt.plan import MethodPlan
-from pyrt.tensors import TorchHost, Value
+from pyrt.kernels.base import DATA_DEPENDENT_OPS, ShapeOnly, Step, noop
+from pyrt.memory.tensors import TorchHost, Value
+from pyrt.runtime.plan import MethodPlan
 
 
 def steady_chain(plan: MethodPlan) -> tuple[list[Step], list[int]] | None:
@@ -56,7 +56,7 @@ def steady_chain(plan: MethodPlan) -> tuple[list[Step], list[int]] | None:
             continue
         pick = getattr(step, "steady_if", None)  # a variant that needs the slots it reads left alone
         steady = pick(stable) if pick is not None else getattr(step, "steady", step)
-        if steady is noop:  # pyrt.fold: data that follows from the shapes (in private memory), or shape views
+        if steady is noop:  # pyrt.runtime.fold: data that follows from the shapes (in private memory), or shape views
             continue
         steps.append(steady)
         pcs.append(pc)

@@ -1,0 +1,12 @@
+"""The device seam: the CUDA driver, the TensorRT flavours, device names.
+
+Job: the lowest layer that touches hardware. :mod:`pyrt.cuda` (the public CUDA
+module) and the modules here wrap ``cuda.bindings`` and TensorRT behind two
+seams that tests replace with the fakes of :mod:`pyrt.testing`;
+:mod:`pyrt.engine` (one TensorRT engine: deserialize, budget, context, launch)
+and :mod:`pyrt.streaming` (weight-streaming budget arithmetic, pure integers)
+belong to this layer too.
+
+May import: :mod:`pyrt.errors`, :mod:`pyrt.format`, this layer's modules, the
+standard library; ``cuda.bindings`` and TensorRT only lazily, at first use.
+"""

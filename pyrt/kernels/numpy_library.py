@@ -1,0 +1,34 @@
+"""The numpy kernel library: the modules that register numpy kernels, behind one lookup.
+
+>>> from pyrt.pte_reader import Operator
+>>> NumpyLibrary().lookup(Operator("aten::add", "out")).name
+'aten::add.out'
+>>> "aten::softmax.out" in supported() or "aten::_softmax.out" in supported()
+True
+"""
+
+from __future__ import annotations
+
+from pyrt.kernels import numpy_more  # noqa: F401  (importing it registers the rest of the portable set)
+from pyrt.kernels.base import RANDOM_OPS, Kernel
+from pyrt.kernels.numpy_kernels import _OPS, _build
+from pyrt.pte_reader import Operator
+
+
+class NumpyLibrary:
+    """Lookup into the numpy core set."""
+
+    name = "numpy"
+
+    def lookup(self, operator: Operator) -> Kernel | None:
+        spec = _OPS.get(operator.qualified_name)
+        if spec is None:
+            return None
+        return Kernel(operator.qualified_name, build=lambda site: _build(spec, site),
+                      writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out],
+                      pure=operator.name not in RANDOM_OPS)
+
+
+def supported() -> list[str]:
+    """Names of every operator in the numpy core set."""
+    return sorted(_OPS)

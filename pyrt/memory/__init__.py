@@ -1,0 +1,11 @@
+"""What a method computes on: host and device tensors and the method's value table.
+
+Job: the tensor types every kernel, delegate and executor step exchanges
+(numpy or torch host tensors, :class:`~pyrt.memory.tensors.DeviceTensor`,
+interop with DLPack and ``__cuda_array_interface__``), and
+:class:`~pyrt.memory.table.ValueTable`, one method's values at run time with
+what the plan knows about each slot.
+
+May import: :mod:`pyrt.errors`, :mod:`pyrt.format`, the device layer, numpy;
+torch only lazily, when a caller hands in torch tensors or asks for them.
+"""

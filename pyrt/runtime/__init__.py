@@ -1,0 +1,16 @@
+"""The runtime: a loaded program's plan and the loop that runs it.
+
+Job: ``file -> reader -> plan -> executor -> engine / kernels``. The plan
+(:mod:`~pyrt.runtime.plan`) turns an execution plan into value tables, arenas
+and one step per instruction; load-time folding and views
+(:mod:`~pyrt.runtime.fold`), the steady chain of repeated shapes
+(:mod:`~pyrt.runtime.steady`), TensorRT delegates on their devices and streams
+(:mod:`~pyrt.runtime.delegates`), CUDA-graph capture
+(:mod:`~pyrt.runtime.cuda_graphs`, :mod:`~pyrt.runtime.graph_forward`), the
+instruction loop (:mod:`~pyrt.runtime.executor`), the profiler, and the public
+:class:`~pyrt.runtime.program.Program`.
+
+May import: every lower layer (errors, format, device, memory, kernels). Never
+:mod:`pyrt.testing`: fakes are passed in (``Program(path, devices=...)``) or
+installed at the seams, not imported by the runtime.
+"""
