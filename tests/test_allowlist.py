@@ -186,3 +186,14 @@ def test_every_refused_operator_is_named_once(kernels_name: str) -> None:
     msg = str(info.value)
     assert "method 'forward'" in msg and msg.count("aten::from_file") == 1 and "aten::_print" in msg
     assert "aten::add.out" not in msg
+
+
+def test_every_allowed_operator_has_a_schema_pyrt_can_read() -> None:
+    """op_schemas.txt covers the allowlist exactly, and every schema maps to argument kinds."""
+    from pyrt.kernels import schemas
+
+    assert set(schemas._table()) == set(allowlist.allowed_operators())
+    for name in allowlist.allowed_operators():
+        parsed = schemas.schema(name)
+        assert parsed is not None and parsed.kinds, name
+        assert all(parsed.kinds[:-1]) or name == "executorch_prim::et_copy_index.tensor", name

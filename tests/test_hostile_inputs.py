@@ -15,11 +15,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 from pyrt.errors import InputError, PteFormatError, PyrtError, ResourceError  # noqa: E402
 from pyrt.format import limits  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
 from tests.ptefixtures import relu_program  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("torch", "numpy")
 LEAF = '{"type": null, "context": null, "children_spec": []}'
 
@@ -118,6 +125,32 @@ def test_real_available_memory_refuses_a_terabyte_arena(monkeypatch: pytest.Monk
         pytest.skip(f"available memory unknown or over 1 TiB here ({room})")
     with pytest.raises(ResourceError, match="arena 1"):
         Program(relu_program(arena=1 << 40))
+
+
+def test_address_space_limit_is_a_resource_error() -> None:
+    """Under ``ulimit -v`` (services and sandboxes set it), an arena that fits MemAvailable but not the
+    address-space limit is refused by name at load, not a MemoryError from the allocator."""
+    code = textwrap.dedent("""
+        import resource, sys
+        from pyrt.errors import ResourceError
+        from pyrt.format import limits
+        from pyrt.runtime.program import Program
+        from tests.ptefixtures import relu_program
+        data = relu_program(arena=8 << 30)
+        used = int(dict(l.split(":", 1) for l in open("/proc/self/status"))["VmSize"].split()[0]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (used + (2 << 30), resource.RLIM_INFINITY))
+        print(limits.available_host_memory()[1])
+        try:
+            Program(data)
+        except ResourceError as exc:
+            print("ResourceError:", exc)
+        """)
+    env = {k: v for k, v in os.environ.items() if k != limits.ENV_VAR}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("RLIMIT_AS (ulimit -v) - VmSize"), proc.stdout
+    assert "ResourceError:" in proc.stdout and "arena 1 (non_const_buffer_sizes[1]): 8589934592 bytes" in proc.stdout
 
 
 def test_env_var_sets_the_figure(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,22 +9,36 @@ inputs). Before any of it is allocated, at load:
   a :class:`~pyrt.errors.PteFormatError` naming the value;
 * the host memory all methods need together must fit in
   :func:`available_host_memory` (``MemAvailable + SwapFree`` from
-  ``/proc/meminfo``, lowered by a cgroup v2 ``memory.max``; ``$PYRT_MAX_HOST_BYTES``
+  ``/proc/meminfo``, lowered by a cgroup v2 ``memory.max`` and by the process's
+  address-space and data limits, ``RLIMIT_AS`` / ``RLIMIT_DATA`` (``ulimit -v``,
+  ``ulimit -d``) less what the process already maps; ``$PYRT_MAX_HOST_BYTES``
   replaces the figure): a :class:`~pyrt.errors.ResourceError` naming the largest
   items and both sizes. Device arenas are left to the CUDA allocator, which
   reports a shortage as a DeviceError.
+
+The figure is an estimate (other threads allocate too), so every host allocation a
+load makes runs under :func:`allocating`, which turns a ``MemoryError`` into a
+``ResourceError`` naming what was being allocated.
 
 >>> check_declared(1 << 20, "arena 1")
 >>> check_declared(1 << 50, "arena 1")
 Traceback (most recent call last):
 ...
 pyrt.errors.PteFormatError: arena 1 declares 1125899906842624 bytes, more than pyrt's limit of 2**48 bytes
+>>> with allocating("method 'forward' arena 1 (16 bytes)"):
+...     raise MemoryError
+Traceback (most recent call last):
+...
+pyrt.errors.ResourceError: method 'forward' arena 1 (16 bytes): the allocation failed (out of memory or over the \
+process's limits)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import resource
+from collections.abc import Iterator, Sequence
 
 from pyrt.errors import PteFormatError, ResourceError
 
@@ -32,6 +46,10 @@ MAX_DECLARED_BYTES = 1 << 48
 ENV_VAR = "PYRT_MAX_HOST_BYTES"
 _MEMINFO = "/proc/meminfo"
 _CGROUP = "/sys/fs/cgroup"
+_STATUS = "/proc/self/status"
+# (limit, /proc/self/status field of what counts against it, how the figure is named)
+_RLIMITS = ((resource.RLIMIT_AS, "VmSize", "RLIMIT_AS (ulimit -v) - VmSize"),
+            (resource.RLIMIT_DATA, "VmData", "RLIMIT_DATA (ulimit -d) - VmData"))
 
 
 def check_declared(nbytes: int, what: str) -> None:
@@ -48,9 +66,9 @@ def available_host_memory() -> tuple[int, str] | None:
             raise ResourceError(f"${ENV_VAR}={override!r} is not a byte count (a non-negative integer)")
         return int(override), f"${ENV_VAR}"
     found = _meminfo()
-    cgroup = _cgroup_room()
-    if cgroup is not None and (found is None or cgroup[0] < found[0]):
-        found = cgroup
+    for other in (_cgroup_room(), *_rlimit_rooms()):
+        if other is not None and (found is None or other[0] < found[0]):
+            found = other
     if found is None:
         try:
             found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "sysconf(SC_AVPHYS_PAGES)"
@@ -82,6 +100,39 @@ def _cgroup_room() -> tuple[int, str] | None:
         return None
 
 
+def _rlimit_rooms() -> list[tuple[int, str]]:
+    """Room left under each finite address-space or data limit of this process."""
+    rooms = []
+    status: dict[str, str] | None = None
+    for which, field, named in _RLIMITS:
+        soft, _ = resource.getrlimit(which)
+        if soft == resource.RLIM_INFINITY:
+            continue
+        if status is None:
+            try:
+                with open(_STATUS, encoding="ascii") as f:
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+            except OSError:
+                status = {}
+        try:
+            used = int(status[field].split()[0]) * 1024
+        except (KeyError, ValueError, IndexError):
+            used = 0
+        rooms.append((max(soft - used, 0), named))
+    return rooms
+
+
+@contextlib.contextmanager
+def allocating(what: str) -> Iterator[None]:
+    """Turn a ``MemoryError`` inside the block into a ResourceError naming ``what`` was being allocated."""
+    try:
+        yield
+    except MemoryError as exc:
+        if isinstance(exc, ResourceError):
+            raise
+        raise ResourceError(f"{what}: the allocation failed (out of memory or over the process's limits)") from exc
+
+
 def check_host_memory(source: str, items: Sequence[tuple[str, int]]) -> None:
     """ResourceError when the host memory ``items`` ((what, bytes) pairs) need exceeds what is available."""
     total = sum(n for _, n in items)
@@ -96,4 +147,4 @@ def check_host_memory(source: str, items: Sequence[tuple[str, int]]) -> None:
                         f"{room[0]} bytes available ({room[1]}); set ${ENV_VAR} to override the figure")
 
 
-__all__ = ["MAX_DECLARED_BYTES", "check_declared", "check_host_memory", "available_host_memory"]
+__all__ = ["MAX_DECLARED_BYTES", "allocating", "check_declared", "check_host_memory", "available_host_memory"]
