@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import _options as opt
-from pyrt.export._builders import BuildFailed, Built, make_builder
+from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
 from pyrt.export._engines import EngineStore
 from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._ops import execute_engine_op
@@ -131,7 +131,7 @@ def _example_args(program: torch.export.ExportedProgram, example_inputs: Any) ->
 def _zeros_like(val: Any) -> Any:
     if not isinstance(val, torch.Tensor):
         return val
-    shape = [d if isinstance(d, int) else int(d.node.hint) for d in val.shape]
+    shape = [size_hint(d, "example input", i) for i, d in enumerate(val.shape)]
     return torch.zeros(shape, dtype=val.dtype)
 
 
@@ -151,12 +151,18 @@ class _Planner:
         self.blocked: dict[fx.Node, str] = {}
         self.built: dict[tuple[str, ...], tuple[Extracted, Built]] = {}
         self.probes: dict[Any, bool] = {}
+        self.extracted: dict[tuple[str, ...], Extracted] = {}
 
     def supported(self, node: fx.Node) -> bool:
         return node not in self.blocked and refusal(node, self.forced) is None and self.builder.supports(node)
 
     def plan(self) -> list[Extracted]:
-        """Partitions that extract cleanly: sizes known, outputs expressible, all outputs live."""
+        """Partitions that extract cleanly: sizes known, outputs expressible, all outputs live.
+
+        Every round that does not return blocks at least one more node (else ExportError),
+        so this ends after at most as many rounds as the graph has nodes; a partition that
+        did not change since an earlier round is not extracted again.
+        """
         while True:
             groups = propose(self.gm, self.supported, self.options.min_block_size)
             try:
@@ -177,11 +183,22 @@ class _Planner:
         key = tuple(n.name for n in nodes)
         if key in self.built:
             return self.built[key][0]
-        return extract(self.gm, nodes, self.state_inputs)
+        if key not in self.extracted:
+            self.extracted[key] = extract(self.gm, nodes, self.state_inputs)
+        return self.extracted[key]
 
     def _block(self, nodes: Any, reason: str) -> None:
+        """Keep ``nodes`` out of engines (a getitem by its producer: the partitioner follows that)."""
+        fresh = []
         for n in nodes:
-            self.blocked.setdefault(n, reason)
+            if n.op == "call_function" and n.target in NON_COMPUTE and isinstance(n.args[0], fx.Node):
+                n = n.args[0]
+            if n not in self.blocked:
+                self.blocked[n] = reason
+                fresh.append(n)
+        if not fresh:  # the next round would propose the same partitions again
+            names = ", ".join(sorted({n.name for n in nodes}))
+            raise ExportError(f"partitioning made no progress: {names} already left engines ({reason})")
 
     def run(self) -> list[tuple[Extracted, Built]]:
         while True:
