@@ -16,9 +16,11 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, _constrain_range_for_size
 
 from pyrt.errors import ExportError
+from pyrt.export import to_pte
 from pyrt.export._builders import _profile, size_hint
 from pyrt.export._engines import EngineStore
 from pyrt.export._stage import _Planner
+from pyrt.testing import datadep_models as dm
 from tests.test_export_partitioning import _staged
 
 
@@ -105,3 +107,69 @@ def test_planning_ends_in_few_rounds(model: nn.Module, x: torch.Tensor, tmp_path
     monkeypatch.setattr(stage, "propose", counted)
     with store:
         assert planner.plan()
+
+
+# -- one engine, bounded outputs, ExecuTorch loads the file -------------------------------------------
+
+def _bound(name: str) -> list[int]:
+    """The planned (upper-bound) shape of each model's output: N elements -> N rows."""
+    n = dm.ROWS * dm.COLS
+    rows = dm.ROWS if name.startswith(("bool_index", "where_mlp")) else n
+    width = {"nonzero": [1], "masked_select": [], "bool_index": [dm.COLS], "where": []}
+    return [rows] + (width[name] if name in dm.OPS else [4])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+    """Each data-dependent model exported once with the reference builder: name -> (path, summary)."""
+    root = tmp_path_factory.mktemp("datadep")
+    out = {}
+    for name in dm.NAMES:
+        model, x = dm.build(name)
+        path = root / f"{name}.pte"
+        out[name] = (path, to_pte(model, path, (x,), builder="reference", progress=False))
+    return out
+
+
+@pytest.mark.parametrize("name", dm.NAMES)
+def test_data_dependent_ops_stay_in_one_engine(name: str, exported: dict) -> None:
+    path, summary = exported[name]
+    (engine,) = summary.engines
+    assert summary.fallback_ops == {} and summary.fallback_reasons == {}
+    assert engine.bounded_outputs == (("output_0", tuple(_bound(name))),)
+    assert -1 in engine.outputs[0].shape
+    assert f"output_0: data-dependent shape, planned at its bound {_bound(name)}" in str(summary)
+
+
+@pytest.mark.parametrize("name", dm.NAMES)
+def test_executorch_reads_the_output_as_bounded_dynamic(name: str, exported: dict) -> None:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import TensorShapeDynamism
+    from executorch.runtime import Runtime, Verification
+
+    path, _ = exported[name]
+    plan = deserialize_pte_binary(path.read_bytes()).program.execution_plan[0]
+    (out,) = (plan.values[i].val for i in plan.outputs)
+    assert out.shape_dynamism == TensorShapeDynamism.DYNAMIC_BOUND
+    assert list(out.sizes) == _bound(name)
+    program = Runtime.get().load_program(path, verification=Verification.InternalConsistency)
+    assert program.method_names == {"forward"}
+
+
+def test_masked_select_is_rewritten_unless_forced(tmp_path: Path) -> None:
+    model, x = dm.build("masked_select_mlp")
+    summary = to_pte(model, tmp_path / "m.pte", (x,), builder="reference", progress=False,
+                     torch_executed_ops=["aten.masked_select.default"])
+    assert summary.fallback_ops == {"aten::masked_select": 1} and len(summary.engines) == 2
+    assert "forced by torch_executed_ops" in summary.fallback_reasons["aten::masked_select"]
+
+
+def test_tensorrt_rtx_without_nonzero_ends_with_engines_and_a_reason(tmp_path: Path) -> None:
+    """TensorRT-RTX 1.7's parser refuses ONNX NonZero (no plugin, no runner): the export still ends,
+    in bounded time, with the rest in engines and the refusal as the fallback reason."""
+    pytest.importorskip("tensorrt_rtx")
+    summary = to_pte(MaskedSelectMLP(), tmp_path / "m.pte", (torch.randn(4, 8),), builder="tensorrt_rtx",
+                     progress=False)
+    assert summary.engines
+    reasons = " ".join(summary.fallback_reasons.values())
+    assert "NonZero" in reasons or "nonzero" in reasons, summary

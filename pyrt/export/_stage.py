@@ -20,6 +20,7 @@ import torch.fx as fx
 from pyrt.errors import ExportError
 from pyrt.export import _options as opt
 from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
+from pyrt.export._datadep import bounded_outputs, rewrite_masked_select
 from pyrt.export._engines import EngineStore
 from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._ops import execute_engine_op
@@ -92,6 +93,7 @@ def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Grap
     forced = forced_nodes(gm, forced_fallback)
     for name in check_forced_matched(forced_fallback, set(forced.values()), before):
         log.warning("torch_executed_ops names %r, which matches no operator of this model", name)
+    rewrite_masked_select(gm, keep=forced)  # one torch.onnx translates (a forced one stays as it is)
     gm.recompile()
     return forced
 
@@ -320,13 +322,17 @@ def _signature(node: fx.Node) -> tuple[Any, ...]:
 
 
 def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
-    """Outputs whose shape no input dimension determines (e.g. nonzero's)."""
+    """Outputs whose shape neither an input dimension determines nor a finite bound limits.
+
+    (nonzero's size is data-dependent but bounded by its input's element count: such an
+    output stays, planned at its bound; see ``pyrt.export._datadep``.)
+    """
     symbols = symbols_from_inputs([tuple(a.meta["val"].shape) for a in part.inputs if is_tensor_node(a)])
     bad = []
     for out in part.outputs:
         try:
             for d in out.meta["val"].shape:
-                dim_expr(d, symbols, out.name)
+                dim_expr(d, symbols, out.name, unbacked={})
         except ExportError:
             bad.append(out)
     return bad
@@ -359,7 +365,8 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options
         part.inputs = [remap.get(a, a) for a in part.inputs]
         replace_with_engine(gm, part, attr, spec.to_json(), execute_engine_op(), remap)
         built.record.spec = spec
-        summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built"))
+        bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
+        summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded))
     options.device.check_all_used()
     options.budget.check_all_used()
     finish(gm)
@@ -371,10 +378,12 @@ def engine_spec(built: Built, part: Any, device: str, budget: int | None) -> Eng
     in_shapes = [tuple(a.meta["val"].shape) for a in part.inputs]
     symbols = symbols_from_inputs(in_shapes)
     where = f"engine {built.record.key}"
-    dims = tuple(tuple(dim_expr(s, symbols, where) for s in o.meta["val"].shape) for o in part.outputs)
+    unbacked: dict[str, int] = {}
+    dims = tuple(tuple(dim_expr(s, symbols, where, unbacked) for s in o.meta["val"].shape) for o in part.outputs)
     return EngineSpec(
         key=built.record.key, device=device, budget=budget, flavour=built.flavour, streamable=built.streamable,
         inputs=tuple(built.inputs), outputs=tuple(built.outputs), output_dims=dims, symbols=symbols.table,
+        data_dependent=unbacked,
     )
 
 
