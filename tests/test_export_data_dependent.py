@@ -173,3 +173,20 @@ def test_tensorrt_rtx_without_nonzero_ends_with_engines_and_a_reason(tmp_path: P
     assert summary.engines
     reasons = " ".join(summary.fallback_reasons.values())
     assert "NonZero" in reasons or "nonzero" in reasons, summary
+
+
+@pytest.mark.parametrize("name", ["nonzero", "where_mlp"])
+def test_the_reference_engine_reports_data_dependent_dims_as_minus_one(name: str, exported: dict) -> None:
+    """As TensorRT does before running: the fake TensorRT's shape inference rests on this."""
+    from pyrt.format.trt_blob import parse_blob
+    from pyrt.testing.refengine import RefEngine
+    from tests.test_export_helpers import delegates
+
+    (d,) = delegates(exported[name][0])
+    ref = RefEngine.from_bytes(bytes(parse_blob(d["blob"]).engine))
+    (inp,) = ref.inputs
+    for case in dm.CASES:
+        x = dm.example(name, case)
+        assert ref.infer_output_shapes({inp.name: tuple(x.shape)})["output_0"][0] == -1
+        model, _ = dm.build(name)
+        assert torch.equal(ref.run({inp.name: x})["output_0"], model(x))
