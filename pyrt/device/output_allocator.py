@@ -88,10 +88,10 @@ class PlannedOutput:
 
 
 @functools.cache
-def allocator_class(base: type) -> type:
+def allocator_class(base: Any) -> type:
     """A subclass of the flavour's ``IOutputAllocator`` that serves a :class:`PlannedOutput`."""
 
-    class OutputAllocator(base):  # type: ignore[misc, valid-type]  # base is the flavour's class
+    class OutputAllocator(base):  # base: the flavour's IOutputAllocator
         def __init__(self, planned: PlannedOutput) -> None:
             base.__init__(self)  # TensorRT's pybind base must be initialised explicitly
             self.planned = planned
