@@ -190,3 +190,15 @@ def test_the_reference_engine_reports_data_dependent_dims_as_minus_one(name: str
         assert ref.infer_output_shapes({inp.name: tuple(x.shape)})["output_0"][0] == -1
         model, _ = dm.build(name)
         assert torch.equal(ref.run({inp.name: x})["output_0"], model(x))
+
+
+def test_the_reference_engine_runs_an_empty_input_from_raw_bytes() -> None:
+    """An engine fed by nonzero's empty result (0 rows) once failed to view 0 bytes as float32."""
+    import numpy as np
+
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+
+    ref = RefEngine([RefTensor("x", "float32", (-1, 4), (0, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))], {},
+                    [RefNode("aten::relu.default", [Ref("x")], {}, ["y"])])
+    (raw, shape), = ref.run_bytes({"x": (np.zeros(0, np.uint8), (0, 4))}).values()
+    assert shape == (0, 4) and raw.size == 0
