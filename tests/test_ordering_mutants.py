@@ -80,7 +80,7 @@ GRAPH_MUTANTS = [
     (GRAPH_FORWARD, "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
      " => free_on = handle",
      "without a stream, an output the caller uses on the legacy stream is freed on pyrt's stream"),
-    ("pyrt/cuda.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
+    ("pyrt/device/memory.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
      " => self._cuda.free_memory(self.ptr, self.device)",
      "dropping an output frees it with cuMemFree, which synchronises the device"),
 ]
