@@ -31,7 +31,7 @@ import numpy as np
 from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.format.dtypes import ScalarType
 from pyrt.kernels.base import KernelSite, Step
-from pyrt.memory.tensors import numpy_dtype
+from pyrt.memory.layout import numpy_dtype
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.kernels.base import Kernel, KernelSite, Step, shape_only
-from pyrt.memory.tensors import DeviceTensor, HostTensor, TorchHost, numpy_dtype
+from pyrt.memory.host import TorchHost
+from pyrt.memory.layout import numpy_dtype
+from pyrt.memory.tensors import DeviceTensor, HostTensor
 from pyrt.pte_reader import Operator
 
 

@@ -33,25 +33,20 @@ from pyrt.errors import (
 )
 from pyrt.format.pytree import input_flattener, output_builder
 from pyrt.kernels.base import noop
-from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo
-from pyrt.memory.tensors import (
+from pyrt.memory.host import NumpyHost, TorchHost, host_output, torch_to_numpy
+from pyrt.memory.interop import (
     CAI,
     NUMPY,
     TORCH,
-    DeviceTensor,
-    NumpyHost,
-    OwnedDeviceTensor,
-    TorchHost,
     caller_kind,
     check_dense_torch,
     device_input,
     device_output,
-    host_output,
     is_torch_tensor,
-    numpy_dtype,
-    scalar_type_of_torch,
-    torch_to_numpy,
 )
+from pyrt.memory.layout import numpy_dtype, scalar_type_of_torch
+from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo
+from pyrt.memory.tensors import DeviceTensor, OwnedDeviceTensor
 from pyrt.runtime.cuda_graphs import Segment, segment_steps
 from pyrt.runtime.graph_forward import graph_forward
 from pyrt.runtime.plan import Instr, MethodPlan

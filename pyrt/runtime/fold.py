@@ -59,7 +59,8 @@ from typing import Any
 from pyrt.errors import InputError
 from pyrt.format.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
 from pyrt.kernels.base import DATA_DEPENDENT_OPS, Kernel, Step, noop, with_steady
-from pyrt.memory.tensors import TorchHost, Value
+from pyrt.memory.host import TorchHost
+from pyrt.memory.tensors import Value
 from pyrt.pte_reader import ExecutionPlan
 
 MAX_FOLDED_BYTES = 64 << 20  # private memory one method's folded results may take

@@ -42,8 +42,10 @@ from pyrt.format.schema import (
 from pyrt.format.schema import Tensor as TensorDecl
 from pyrt.kernels.base import Kernel, KernelSite, Step, noop
 from pyrt.kernels.registry import resolve
+from pyrt.memory.host import NumpyHost, TorchHost
+from pyrt.memory.layout import Constant
 from pyrt.memory.table import CONSTANT, LIST_KINDS, PLANNED, UNPLANNED, TensorInfo, ValueTable
-from pyrt.memory.tensors import Constant, DeviceTensor, NumpyHost, TorchHost, Value
+from pyrt.memory.tensors import DeviceTensor, Value
 from pyrt.pte_reader import ExecutionPlan
 from pyrt.runtime.delegates import draft_delegates
 from pyrt.runtime.fold import Folder
