@@ -8,7 +8,9 @@ allocating its memory (:mod:`~pyrt.runtime.materialize`); load-time folding and 
 (:mod:`~pyrt.runtime.steady`), TensorRT delegates on their devices and streams
 (:mod:`~pyrt.runtime.delegates`), CUDA-graph capture
 (:mod:`~pyrt.runtime.cuda_graphs`, :mod:`~pyrt.runtime.graph_forward`), the
-instruction loop (:mod:`~pyrt.runtime.executor`), the profiler, and the public
+instruction loop (:mod:`~pyrt.runtime.executor`; inputs bound by :mod:`~pyrt.runtime.inputs`,
+outputs handed back by :mod:`~pyrt.runtime.outputs`, per-run device state
+:mod:`~pyrt.runtime.run_state`), the profiler, and the public
 :class:`~pyrt.runtime.program.Program`.
 
 May import: every lower layer (errors, format, device, memory, kernels). Never
