@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyrt.errors import UnsupportedOperatorError
-from pyrt.kernels.numpy_kernels import _OPS
+from pyrt.kernels.numpy_base import _OPS
 from pyrt.kernels.numpy_library import supported
 from pyrt.kernels.registry import choose_library
 
