@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_kernels
+from pyrt.kernels import small_args, small_kernels
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
@@ -55,7 +55,7 @@ class TorchLibrary:
 
     name = "torch"
 
-    def __init__(self, small_numel: int = small_kernels.SMALL_NUMEL) -> None:
+    def __init__(self, small_numel: int = small_args.SMALL_NUMEL) -> None:
         import torch
 
         self.torch = torch
