@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 import numpy as np
 
@@ -28,12 +28,25 @@ from pyrt.format.dtypes import ScalarType
 from pyrt.kernels.base import KernelSite, Step
 from pyrt.memory.tensors import numpy_dtype
 
+if TYPE_CHECKING:
+    from pyrt.memory.table import ValueTable
+
+# What numpy kernels take and return: the value table's values (:data:`~pyrt.memory.tensors.Value`),
+# where the numpy library's host tensors are numpy arrays (``HostTensor`` without torch).
+Scalar: TypeAlias = int | float | bool  # a ``Scalar`` argument (``alpha``, ``eps``, a fill value)
+Operand: TypeAlias = np.ndarray | Scalar  # a tensor, or a Python number where the overload takes a Scalar
+Dims: TypeAlias = int | Sequence[int] | None  # reduction dims: None or [] reduce everything
+Out: TypeAlias = np.ndarray | np.generic  # one result: an array or a numpy scalar, copied into its out tensor
+Results: TypeAlias = Out | Sequence[Out]  # what a kernel returns: one result, or one per out (tuple or list)
+Writer = Callable[[Results], None]
+KernelFn = TypeVar("KernelFn", bound=Callable[..., Results])
+
 
 @dataclass(frozen=True)
 class NpOp:
     """``fn(*args[:n_in]) -> result(s)`` written to ``args[n_in:n_in + n_out]``."""
 
-    fn: Callable[..., Any]
+    fn: Callable[..., Results]
     n_in: int
     n_out: int = 1
     check: Callable[[KernelSite], None] | None = None
@@ -42,8 +55,9 @@ class NpOp:
 _OPS: dict[str, NpOp] = {}
 
 
-def op(*names: str, n_in: int, n_out: int = 1, check: Callable[[KernelSite], None] | None = None) -> Callable:
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+def op(*names: str, n_in: int, n_out: int = 1,
+       check: Callable[[KernelSite], None] | None = None) -> Callable[[KernelFn], KernelFn]:
+    def register(fn: KernelFn) -> KernelFn:
         for name in names:
             _OPS[name] = NpOp(fn, n_in, n_out, check)
         return fn
@@ -70,7 +84,7 @@ def _build(spec: NpOp, site: KernelSite) -> Step:
         return lambda: write(fn(*[g() for g in getters]))
 
     def step() -> None:
-        results = fn(*[g() for g in getters])
+        results = cast(Sequence[Out], fn(*[g() for g in getters]))
         if len(results) != len(writers):
             raise InputError(f"{where}: kernel produced {len(results)} results for {len(writers)} outputs")
         for w, r in zip(writers, results, strict=True):
@@ -90,13 +104,14 @@ def _reject_device(site: KernelSite, n: int) -> None:
                 raise UnsupportedOperatorError(f"{site.where}: value {j} lives in CUDA memory")
 
 
-def _writer(site: KernelSite, k: int) -> Callable[[Any], None]:
+def _writer(site: KernelSite, k: int) -> Writer:
     """Store a result into out argument ``k`` (a tensor or a tensor list)."""
     table, where = site.table, site.where
     if site.kind(k) == "TensorList":
         item_writers = [_tensor_writer(table, j, where) for j in table.items[site.args[k]]]
 
-        def write_list(results: Sequence[Any]) -> None:
+        def write_list(out: Results) -> None:
+            results = cast(Sequence[Out], out)
             if len(results) != len(item_writers):
                 raise InputError(f"{where}: {len(results)} results for {len(item_writers)} outputs")
             for w, r in zip(item_writers, results, strict=True):
@@ -106,21 +121,21 @@ def _writer(site: KernelSite, k: int) -> Callable[[Any], None]:
     return _tensor_writer(table, site.args[k], where)
 
 
-def _tensor_writer(table: Any, i: int, where: str) -> Callable[[Any], None]:
+def _tensor_writer(table: ValueTable, i: int, where: str) -> Writer:
     info = table.infos.get(i)
     if info is None:
         raise UnsupportedOperatorError(f"{where}: out value {i} is a {table.kinds[i]}, not a tensor")
     vals = table.vals
     if not info.dynamic:
-        def write_static(r: Any) -> None:
-            out = vals[i]
+        def write_static(r: Results) -> None:
+            out = cast(np.ndarray, vals[i])
             if np.shape(r) != out.shape:
                 raise InputError(f"{where}: result shape {np.shape(r)} does not match the planned {out.shape}")
             np.copyto(out, r, casting="unsafe")
 
         return write_static
 
-    def write_dynamic(r: Any) -> None:
+    def write_dynamic(r: Results) -> None:
         out = table.resize(i, np.shape(r))
         np.copyto(out, r, casting="unsafe")
 
@@ -130,11 +145,11 @@ def _tensor_writer(table: Any, i: int, where: str) -> Callable[[Any], None]:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _dt(v: Any) -> np.dtype | None:
+def _dt(v: int | None) -> np.dtype | None:
     return None if v is None else numpy_dtype(ScalarType(int(v)))
 
 
-def _axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
+def _axes(dim: Dims, ndim: int) -> tuple[int, ...] | None:
     """torch reduction dims: None or [] reduce everything."""
     if dim is None:
         return None
@@ -148,7 +163,7 @@ def _float(x: np.ndarray) -> np.ndarray:
     return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)
 
 
-def _clip_slice(n: int, start: Any, end: Any, step: int) -> slice:
+def _clip_slice(n: int, start: int | None, end: int | None, step: int) -> slice:
     start = 0 if start is None else int(start)
     end = n if end is None else int(end)
     start = max(start + n, 0) if start < 0 else min(start, n)

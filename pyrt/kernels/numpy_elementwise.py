@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import _OPS, _float, op
+from pyrt.kernels.numpy_base import _OPS, Operand, Out, Scalar, _float, op
 
 
-def _bin(f: Callable[[Any, Any], Any]) -> Callable[..., Any]:
-    def run(a: Any, b: Any, alpha: Any = 1) -> Any:
+def _bin(f: Callable[[Operand, Operand], Out]) -> Callable[[Operand, Operand, Scalar], Out]:
+    def run(a: Operand, b: Operand, alpha: Scalar = 1) -> Out:
         return f(a, b if alpha == 1 else b * alpha)
 
     return run
@@ -38,18 +37,18 @@ op("aten::atan2.out", n_in=2)(np.arctan2)
 
 
 @op("aten::rsub.Scalar_out", n_in=3)
-def _rsub(a: Any, b: Any, alpha: Any = 1) -> Any:
+def _rsub(a: np.ndarray, b: Operand, alpha: Scalar = 1) -> Out:
     return np.subtract(b, a if alpha == 1 else a * alpha)
 
 
 @op("aten::div.out", "aten::div.Scalar_out", n_in=2)
-def _div(a: Any, b: Any) -> Any:
+def _div(a: np.ndarray, b: Operand) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.true_divide(_float(np.asarray(a)), b)
 
 
 @op("aten::div.out_mode", "aten::div.Scalar_mode_out", n_in=3)
-def _div_mode(a: Any, b: Any, mode: Any) -> Any:
+def _div_mode(a: np.ndarray, b: Operand, mode: str | None) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
         if mode is None:
             return _div(a, b)
@@ -62,7 +61,7 @@ def _div_mode(a: Any, b: Any, mode: Any) -> Any:
 
 
 @op("aten::pow.Tensor_Scalar_out", "aten::pow.Tensor_Tensor_out", "aten::pow.Scalar_out", n_in=2)
-def _pow(a: Any, b: Any) -> Any:
+def _pow(a: Operand, b: Operand) -> Out:
     return np.power(a, b)
 
 
@@ -76,31 +75,31 @@ for _name, _fn in {
 
 
 @op("aten::reciprocal.out", n_in=1)
-def _reciprocal(a: Any) -> Any:
+def _reciprocal(a: np.ndarray) -> Out:
     with np.errstate(divide="ignore"):
         return np.reciprocal(_float(np.asarray(a)))
 
 
 @op("aten::rsqrt.out", n_in=1)
-def _rsqrt(a: Any) -> Any:
+def _rsqrt(a: np.ndarray) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
         return 1.0 / np.sqrt(_float(np.asarray(a)))
 
 
 @op("aten::relu.out", n_in=1)
-def _relu(a: Any) -> Any:
+def _relu(a: np.ndarray) -> Out:
     return np.where(a > 0, a, np.zeros((), dtype=a.dtype)) if a.dtype != np.bool_ else a
 
 
 @op("aten::sigmoid.out", n_in=1)
-def _sigmoid(a: Any) -> Any:
+def _sigmoid(a: np.ndarray) -> np.ndarray:
     x = _float(a)
     e = np.exp(-np.abs(x))  # in (0, 1]: never overflows, for either sign of x
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 @op("aten::tanh.out", n_in=1)
-def _tanh(a: Any) -> Any:
+def _tanh(a: np.ndarray) -> Out:
     return np.tanh(_float(a))
 
 
@@ -108,7 +107,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 @op("aten::gelu.out", n_in=2)
-def _gelu(a: Any, approximate: Any = "none") -> Any:
+def _gelu(a: np.ndarray, approximate: str = "none") -> Out:
     x = _float(a).astype(np.float64)
     if approximate == "tanh":
         y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -118,32 +117,32 @@ def _gelu(a: Any, approximate: Any = "none") -> Any:
 
 
 @op("aten::silu.out", n_in=1)
-def _silu(a: Any) -> Any:
+def _silu(a: np.ndarray) -> Out:
     return a * _sigmoid(a)
 
 
 @op("aten::hardtanh.out", n_in=3)
-def _hardtanh(a: Any, lo: Any, hi: Any) -> Any:
+def _hardtanh(a: np.ndarray, lo: Scalar, hi: Scalar) -> Out:
     return np.clip(a, lo, hi)
 
 
 @op("aten::leaky_relu.out", n_in=2)
-def _leaky_relu(a: Any, slope: Any) -> Any:
+def _leaky_relu(a: np.ndarray, slope: Scalar) -> Out:
     return np.where(a > 0, a, a * slope)
 
 
 @op("aten::hardswish.out", n_in=1)
-def _hardswish(a: Any) -> Any:
+def _hardswish(a: np.ndarray) -> Out:
     return a * np.clip(a + 3, 0, 6) / 6
 
 
 @op("aten::hardsigmoid.out", n_in=1)
-def _hardsigmoid(a: Any) -> Any:
+def _hardsigmoid(a: np.ndarray) -> Out:
     return np.clip(a + 3, 0, 6) / 6
 
 
 @op("aten::clamp.out", "aten::clamp.Tensor_out", n_in=3)
-def _clamp(a: Any, lo: Any, hi: Any) -> Any:
+def _clamp(a: np.ndarray, lo: Operand | None, hi: Operand | None) -> Out:
     out = a
     if lo is not None:
         out = np.maximum(out, lo)
@@ -153,7 +152,7 @@ def _clamp(a: Any, lo: Any, hi: Any) -> Any:
 
 
 @op("aten::where.self_out", n_in=3)
-def _where(cond: Any, a: Any, b: Any) -> Any:
+def _where(cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> Out:
     return np.where(cond, a, b)
 
 
@@ -175,31 +174,31 @@ for _name, _fn in {
 
 
 @op("aten::erf.out", n_in=1)
-def _erf_out(a: Any) -> Any:
+def _erf_out(a: np.ndarray) -> Out:
     x = _float(np.asarray(a))
     return _erf(x).astype(x.dtype)
 
 
 @op("aten::floor_divide.out", n_in=2)
-def _floor_divide(a: Any, b: Any) -> Any:
+def _floor_divide(a: np.ndarray, b: np.ndarray) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.floor_divide(a, b)
 
 
 @op("aten::elu.out", n_in=4)
-def _elu(a: Any, alpha: Any = 1, scale: Any = 1, input_scale: Any = 1) -> Any:
+def _elu(a: np.ndarray, alpha: Scalar = 1, scale: Scalar = 1, input_scale: Scalar = 1) -> Out:
     x = _float(np.asarray(a))
     return np.where(x > 0, x * scale, (np.exp(x * input_scale) - 1) * alpha * scale).astype(x.dtype)
 
 
 @op("aten::glu.out", n_in=2)
-def _glu(a: Any, dim: int = -1) -> Any:
+def _glu(a: np.ndarray, dim: int = -1) -> Out:
     first, second = np.split(a, 2, axis=dim % a.ndim)
     return first * _sigmoid(second)
 
 
 @op("aten::logit.out", n_in=2)
-def _logit(a: Any, eps: Any = None) -> Any:
+def _logit(a: np.ndarray, eps: float | None = None) -> Out:
     x = _float(np.asarray(a))
     if eps is not None:
         x = np.clip(x, eps, 1 - eps)
@@ -208,10 +207,10 @@ def _logit(a: Any, eps: Any = None) -> Any:
 
 
 @op("aten::masked_fill.Scalar_out", n_in=3)
-def _masked_fill(a: Any, mask: Any, value: Any) -> Any:
+def _masked_fill(a: np.ndarray, mask: np.ndarray, value: Scalar) -> Out:
     return np.where(mask, np.asarray(value).astype(a.dtype), a)
 
 
 @op("aten::fill.Scalar_out", "aten::fill.Tensor_out", n_in=2)
-def _fill(a: Any, value: Any) -> Any:
+def _fill(a: np.ndarray, value: Operand) -> Out:
     return np.full(a.shape, np.asarray(value).item() if np.ndim(value) == 0 else value, dtype=a.dtype)

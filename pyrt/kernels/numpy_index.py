@@ -1,7 +1,7 @@
 """numpy kernels, indexing: gathers by index or mask, and the scatter and index writes.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import _OPS
+>>> from pyrt.kernels.numpy_base import Operand, Out, Scalar, _OPS
 >>> _OPS["aten::index_select.out"].fn(np.arange(4.0), 0, np.array([3, 0])).tolist()
 [3.0, 0.0]
 """
@@ -9,16 +9,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import _clip_slice, op
+from pyrt.kernels.numpy_base import Operand, Out, Scalar, _clip_slice, op
 
 
 @op("aten::index.Tensor_out", n_in=2)
-def _index(a: Any, indices: Sequence[Any]) -> Any:
+def _index(a: np.ndarray, indices: Sequence[np.ndarray | None]) -> Out:
     idx = tuple(slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
     try:
         return a[idx]
@@ -27,27 +26,28 @@ def _index(a: Any, indices: Sequence[Any]) -> Any:
 
 
 @op("aten::index_select.out", n_in=3)
-def _index_select(a: Any, dim: int, index: Any) -> Any:
+def _index_select(a: np.ndarray, dim: int, index: np.ndarray) -> Out:
     return np.take(a, index, axis=dim % max(a.ndim, 1))
 
 
 @op("aten::embedding.out", n_in=5)
-def _embedding(weight: Any, indices: Any, padding_idx: Any = -1, scale: Any = False, sparse: Any = False) -> Any:
+def _embedding(weight: np.ndarray, indices: np.ndarray, padding_idx: int = -1, scale: bool = False,
+               sparse: bool = False) -> Out:
     return weight[indices]
 
 
 @op("aten::gather.out", n_in=4)
-def _gather(a: Any, dim: int, index: Any, sparse_grad: Any = False) -> Any:
+def _gather(a: np.ndarray, dim: int, index: np.ndarray, sparse_grad: bool = False) -> Out:
     return np.take_along_axis(a, index, axis=dim % a.ndim)
 
 
 @op("aten::nonzero.out", n_in=1)
-def _nonzero(a: Any) -> Any:
+def _nonzero(a: np.ndarray) -> Out:
     return np.argwhere(a).astype(np.int64)
 
 
 @op("aten::masked_select.out", n_in=2)
-def _masked_select(a: Any, mask: Any) -> Any:
+def _masked_select(a: np.ndarray, mask: np.ndarray) -> Out:
     a, mask = np.broadcast_arrays(a, mask)
     return a[mask.astype(bool)]
 
@@ -55,9 +55,9 @@ def _masked_select(a: Any, mask: Any) -> Any:
 # -- scatter and index writes ----------------------------------------------------------------------------
 
 
-def _scatter_index(a: Any, dim: int, index: Any) -> tuple[Any, ...]:
+def _scatter_index(a: np.ndarray, dim: int, index: np.ndarray) -> tuple[np.ndarray, ...]:
     d = dim % max(a.ndim, 1)
-    grids = list(np.indices(index.shape, sparse=True))
+    grids: list[np.ndarray] = list(np.indices(index.shape, sparse=True))
     bound = a.shape[d]
     if index.size and (index.min() < -bound or index.max() >= bound):
         raise InputError(f"scatter: index out of range for dimension {d} of size {bound}")
@@ -66,33 +66,34 @@ def _scatter_index(a: Any, dim: int, index: Any) -> tuple[Any, ...]:
 
 
 @op("aten::scatter.src_out", n_in=4)
-def _scatter_src(a: Any, dim: int, index: Any, src: Any) -> Any:
+def _scatter_src(a: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray) -> Out:
     out = a.copy()
     out[_scatter_index(a, dim, index)] = src[tuple(slice(0, n) for n in index.shape)]
     return out
 
 
 @op("aten::scatter.value_out", n_in=4)
-def _scatter_value(a: Any, dim: int, index: Any, value: Any) -> Any:
+def _scatter_value(a: np.ndarray, dim: int, index: np.ndarray, value: Scalar) -> Out:
     out = a.copy()
     out[_scatter_index(a, dim, index)] = value
     return out
 
 
 @op("aten::scatter_add.out", n_in=4)
-def _scatter_add(a: Any, dim: int, index: Any, src: Any) -> Any:
+def _scatter_add(a: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray) -> Out:
     out = a.copy()
     np.add.at(out, _scatter_index(a, dim, index), src[tuple(slice(0, n) for n in index.shape)])
     return out
 
 
 @op("aten::index_put.out", n_in=4)
-def _index_put(a: Any, indices: Sequence[Any], values: Any, accumulate: bool = False) -> Any:
-    idx: Any = tuple(slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
+def _index_put(a: np.ndarray, indices: Sequence[np.ndarray | None], values: Operand, accumulate: bool = False) -> Out:
+    idx: tuple[slice | np.ndarray, ...] = tuple(
+        slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
     out = a.copy()
     try:
         if accumulate:
-            np.add.at(out, idx, values)
+            np.add.at(out, idx, values)  # type: ignore[arg-type]  # numpy's stub omits slices, ufunc.at takes them
         else:
             out[idx] = values
     except IndexError as exc:
@@ -101,7 +102,8 @@ def _index_put(a: Any, indices: Sequence[Any], values: Any, accumulate: bool = F
 
 
 @op("aten::slice_scatter.out", n_in=6)
-def _slice_scatter(a: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+def _slice_scatter(a: np.ndarray, src: np.ndarray, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Out:
     d = dim % a.ndim
     index = [slice(None)] * a.ndim
     index[d] = _clip_slice(a.shape[d], start, end, int(step))
@@ -111,12 +113,12 @@ def _slice_scatter(a: Any, src: Any, dim: int = 0, start: Any = None, end: Any =
 
 
 @op("aten::select_scatter.out", n_in=4)
-def _select_scatter(a: Any, src: Any, dim: int, index: int) -> Any:
+def _select_scatter(a: np.ndarray, src: np.ndarray, dim: int, index: int) -> Out:
     d = dim % a.ndim
     if not -a.shape[d] <= index < a.shape[d]:
         raise InputError(f"select_scatter index {index} out of range for dimension {d} of size {a.shape[d]}")
     out = a.copy()
-    sel: list[Any] = [slice(None)] * a.ndim
+    sel: list[slice | int] = [slice(None)] * a.ndim
     sel[d] = index
     out[tuple(sel)] = src
     return out
