@@ -1,7 +1,7 @@
 """numpy kernels, neural-network layers: matrix products, normalization, convolution, pooling, resampling.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import _OPS
+>>> from pyrt.kernels.numpy_base import Dims, Out, Scalar, _OPS
 >>> _OPS["aten::addmm.out"].fn(np.ones(2), np.eye(2), np.full((2, 2), 3.0), 1, 2).tolist()
 [[7.0, 7.0], [7.0, 7.0]]
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels.base import KernelSite
-from pyrt.kernels.numpy_base import _float, op
+from pyrt.kernels.numpy_base import Out, Scalar, _float, op
 
 # -- linear algebra --------------------------------------------------------------------------------
 
@@ -24,7 +23,7 @@ op("aten::mm.out", "aten::bmm.out", n_in=2)(np.matmul)
 
 
 @op("aten::addmm.out", n_in=5)
-def _addmm(bias: Any, a: Any, b: Any, beta: Any = 1, alpha: Any = 1) -> Any:
+def _addmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, beta: Scalar = 1, alpha: Scalar = 1) -> Out:
     prod = np.matmul(a, b)
     if alpha != 1:
         prod = prod * alpha
@@ -32,18 +31,18 @@ def _addmm(bias: Any, a: Any, b: Any, beta: Any = 1, alpha: Any = 1) -> Any:
 
 
 @op("aten::baddbmm.out", n_in=5)
-def _baddbmm(bias: Any, a: Any, b: Any, beta: Any = 1, alpha: Any = 1) -> Any:
+def _baddbmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, beta: Scalar = 1, alpha: Scalar = 1) -> Out:
     return _addmm(bias, a, b, beta, alpha)
 
 
 @op("aten::linear.out", n_in=3)
-def _linear(x: Any, w: Any, b: Any) -> Any:
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> Out:
     y = np.matmul(x, np.swapaxes(w, -1, -2))
     return y if b is None else y + b
 
 
 @op("aten::native_dropout.out", n_in=3, n_out=2)
-def _dropout(a: Any, p: float, train: Any) -> tuple[Any, Any]:
+def _dropout(a: np.ndarray, p: float, train: bool | None) -> tuple[Out, Out]:
     if train and p > 0:
         raise InputError(f"native_dropout: training-mode dropout (p={p}) is not in the numpy kernels")
     return a, np.ones(a.shape, dtype=np.bool_)
@@ -53,7 +52,8 @@ def _dropout(a: Any, p: float, train: Any) -> tuple[Any, Any]:
 
 
 @op("aten::_native_batch_norm_legit_no_training.out", n_in=7, n_out=3)
-def _batch_norm(x: Any, w: Any, b: Any, mean: Any, var: Any, momentum: Any, eps: float) -> tuple[Any, Any, Any]:
+def _batch_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, mean: np.ndarray, var: np.ndarray,
+                momentum: float, eps: float) -> tuple[Out, Out, Out]:
     shape = (1, -1) + (1,) * (x.ndim - 2)
     y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
     if w is not None:
@@ -65,7 +65,8 @@ def _batch_norm(x: Any, w: Any, b: Any, mean: Any, var: Any, momentum: Any, eps:
 
 
 @op("aten::native_layer_norm.out", n_in=5, n_out=3)
-def _layer_norm(x: Any, shape: Sequence[int], w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+def _layer_norm(x: np.ndarray, shape: Sequence[int], w: np.ndarray | None, b: np.ndarray | None,
+                eps: float) -> tuple[Out, Out, Out]:
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     xf = x.astype(np.float64)
     mean = xf.mean(axis=axes, keepdims=True)
@@ -83,7 +84,8 @@ def _layer_norm(x: Any, shape: Sequence[int], w: Any, b: Any, eps: float) -> tup
 
 
 @op("aten::native_group_norm.out", n_in=8, n_out=3)
-def _group_norm(x: Any, w: Any, b: Any, n: int, c: int, hxw: int, group: int, eps: float) -> tuple[Any, Any, Any]:
+def _group_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, n: int, c: int, hxw: int, group: int,
+                eps: float) -> tuple[Out, Out, Out]:
     if group <= 0 or c % group or x.size != n * c * hxw:
         raise InputError(f"native_group_norm: input of shape {x.shape} does not split as N={n}, C={c}, "
                          f"HxW={hxw} into {group} groups")
@@ -98,7 +100,7 @@ def _group_norm(x: Any, w: Any, b: Any, n: int, c: int, hxw: int, group: int, ep
     return y.reshape(x.shape), mean, rstd
 
 
-def _batch_stats(x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+def _batch_stats(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> tuple[Out, Out, Out]:
     axes = (0, *range(2, x.ndim))
     shape = (1, -1) + (1,) * (x.ndim - 2)
     xf = x.astype(np.float64)
@@ -113,13 +115,14 @@ def _batch_stats(x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
 
 
 @op("aten::_native_batch_norm_legit.no_stats_out", n_in=6, n_out=3)
-def _batch_norm_no_stats(x: Any, w: Any, b: Any, training: Any, momentum: Any, eps: float) -> tuple[Any, Any, Any]:
+def _batch_norm_no_stats(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, training: bool, momentum: float,
+                         eps: float) -> tuple[Out, Out, Out]:
     return _batch_stats(x, w, b, eps)
 
 
 @op("aten::_native_batch_norm_legit.out", n_in=8, n_out=3)
-def _batch_norm_legit(x: Any, w: Any, b: Any, running_mean: Any, running_var: Any, training: Any, momentum: Any,
-                      eps: float) -> tuple[Any, Any, Any]:
+def _batch_norm_legit(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, running_mean: np.ndarray,
+                      running_var: np.ndarray, training: bool, momentum: float, eps: float) -> tuple[Out, Out, Out]:
     if training:
         return _batch_stats(x, w, b, eps)
     shape = (1, -1) + (1,) * (x.ndim - 2)
@@ -149,8 +152,9 @@ def _check_conv(site: KernelSite) -> None:
 
 
 @op("aten::convolution.out", n_in=9, check=_check_conv)
-def _convolution(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: Any,
-                 output_padding: Any, groups: int) -> Any:
+def _convolution(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int) -> Out:
     if transposed:
         raise UnsupportedOperatorError("aten::convolution.out: transposed convolution is not in the numpy set")
     one_d = x.ndim == 3
@@ -176,8 +180,9 @@ def _convolution(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation:
     return y[:, :, 0, :] if one_d else y
 
 
-def _pool_windows(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any,
-                  fill: float) -> tuple[Any, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def _pool_windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                  dilation: Sequence[int], ceil_mode: bool,
+                  fill: float) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     k = _spatial(kernel, 2)
     s = _spatial(stride, 2) if len(stride) else k
     p = _spatial(padding, 2)
@@ -201,7 +206,8 @@ def _pool_windows(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any,
 
 
 @op("aten::max_pool2d_with_indices.out", n_in=6, n_out=2)
-def _max_pool(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any) -> tuple[Any, Any]:
+def _max_pool(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+              dilation: Sequence[int], ceil_mode: bool) -> tuple[Out, Out]:
     fill = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
     win, k, s, p, d = _pool_windows(x, kernel, stride, padding, dilation, ceil_mode, fill)
     flat = win.reshape(*win.shape[:-2], -1)
@@ -213,8 +219,8 @@ def _max_pool(x: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, cei
 
 
 @op("aten::avg_pool2d.out", n_in=7)
-def _avg_pool(x: Any, kernel: Any, stride: Any, padding: Any, ceil_mode: Any = False,
-              count_include_pad: Any = True, divisor_override: Any = None) -> Any:
+def _avg_pool(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+              ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Out:
     xf = _float(x)
     win, k, s, p, _ = _pool_windows(xf, kernel, stride, padding, (1, 1), ceil_mode, 0.0)
     total = win.sum(axis=(-2, -1))
@@ -232,8 +238,15 @@ def _avg_pool(x: Any, kernel: Any, stride: Any, padding: Any, ceil_mode: Any = F
     return total / inside
 
 
+def _factors(scales: Sequence[float] | None, what: str) -> Sequence[float]:
+    """The scale factors of an upsample call given no output size; InputError when it gives neither."""
+    if scales is None:
+        raise InputError(f"{what}: the call gives neither an output size nor scale factors")
+    return scales
+
+
 @op("aten::upsample_nearest2d.vec_out", n_in=3)
-def _upsample_nearest(x: Any, output_size: Any, scales: Any) -> Any:
+def _upsample_nearest(x: np.ndarray, output_size: Sequence[int] | None, scales: Sequence[float] | None) -> Out:
     """torch's "nearest": source index = floor(dst * in / out), or floor(dst / scale) with scales."""
     index = []
     for axis, size in enumerate(x.shape[-2:]):
@@ -241,8 +254,9 @@ def _upsample_nearest(x: Any, output_size: Any, scales: Any) -> Any:
             out = int(output_size[axis])
             step = size / out
         else:
-            out = int(math.floor(size * float(scales[axis])))
-            step = 1.0 / float(scales[axis])
+            factors = _factors(scales, "upsample_nearest2d")
+            out = int(math.floor(size * float(factors[axis])))
+            step = 1.0 / float(factors[axis])
         index.append(np.minimum(np.floor(np.arange(out) * step).astype(np.int64), size - 1))
     return x[..., index[0][:, None], index[1][None, :]]
 
@@ -251,7 +265,7 @@ def _upsample_nearest(x: Any, output_size: Any, scales: Any) -> Any:
 
 
 @op("aten::_adaptive_avg_pool2d.out", n_in=2)
-def _adaptive_avg_pool(a: Any, output_size: Sequence[int]) -> Any:
+def _adaptive_avg_pool(a: np.ndarray, output_size: Sequence[int]) -> Out:
     x = _float(a)
     oh, ow = (int(s) for s in output_size)
     h, w = x.shape[-2:]
@@ -261,7 +275,7 @@ def _adaptive_avg_pool(a: Any, output_size: Sequence[int]) -> Any:
     return np.stack(cols, axis=-1)
 
 
-def _linear_source(out: int, size: int, align: bool, scale: Any) -> tuple[Any, Any, Any]:
+def _linear_source(out: int, size: int, align: bool, scale: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices and weights of torch's bilinear sampling along one axis."""
     dst = np.arange(out, dtype=np.float64)
     if align:
@@ -275,15 +289,17 @@ def _linear_source(out: int, size: int, align: bool, scale: Any) -> tuple[Any, A
 
 
 @op("aten::upsample_bilinear2d.vec_out", n_in=4)
-def _upsample_bilinear(a: Any, output_size: Any, align_corners: bool, scales: Any) -> Any:
+def _upsample_bilinear(a: np.ndarray, output_size: Sequence[int] | None, align_corners: bool,
+                       scales: Sequence[float] | None) -> Out:
     x = _float(a)
     h, w = x.shape[-2:]
     if output_size is not None:
         oh, ow = (int(s) for s in output_size)
         sh = sw = None
     else:
-        oh, ow = int(math.floor(h * float(scales[0]))), int(math.floor(w * float(scales[1])))
-        sh, sw = scales
+        factors = _factors(scales, "upsample_bilinear2d")
+        oh, ow = int(math.floor(h * float(factors[0]))), int(math.floor(w * float(factors[1])))
+        sh, sw = factors
     y0, y1, fy = _linear_source(oh, h, bool(align_corners), sh)
     x0, x1, fx = _linear_source(ow, w, bool(align_corners), sw)
     top = x[..., y0, :] * (1 - fy)[:, None] + x[..., y1, :] * fy[:, None]
