@@ -22,7 +22,7 @@ from pyrt.errors import InputError, PteFormatError, PyrtError
 from pyrt.memory.tensors import Value
 
 if TYPE_CHECKING:
-    from pyrt.memory.table import ValueTable
+    from pyrt.memory.table import TensorInfo, ValueTable
     from pyrt.pte_reader import Operator
 
 Step = Callable[[], Any]
@@ -152,13 +152,13 @@ class KernelSite:
     def kind(self, k: int) -> str:
         return self.table.kinds[self.args[k]]
 
-    def info(self, k: int) -> Any:
+    def info(self, k: int) -> TensorInfo | None:
         return self.table.infos.get(self.args[k])
 
-    def setter(self, k: int) -> Callable[[Any], None]:
+    def setter(self, k: int) -> Callable[[Value], None]:
         vals, i = self.table.vals, self.args[k]
 
-        def store(v: Any) -> None:
+        def store(v: Value) -> None:
             vals[i] = v
 
         return store
