@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,13 +26,16 @@ SMALL_NUMEL = 4096  # elements per tensor; above this the work, not the call, do
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 INTS = (np.dtype(np.int32), np.dtype(np.int64))  # wrap around alike in both libraries
 
-Args = Mapping[str, Any]  # argument name -> value (numpy arrays in place of the tensors)
+T = TypeVar("T")
+# Argument name -> value (numpy arrays in place of the tensors). Any: each builder reads its operator's
+# names, whose types differ by operator and which its checks establish before any use.
+Args = Mapping[str, Any]
 
 
 # -- what numpy may see --------------------------------------------------------------------------
 
 
-def _view(t: Any, limit: int) -> np.ndarray | None:
+def _view(t: Any, limit: int) -> np.ndarray | None:  # Any: a torch tensor, or whatever a slot holds
     """A numpy view of CPU tensor ``t`` sharing its memory, or None (too big, autograd, conj/neg bit...)."""
     try:
         if t.requires_grad or t.device.type != "cpu" or t.numel() > limit:
@@ -78,7 +81,7 @@ def _list_arg(site: KernelSite, k: int, limit: int) -> list[np.ndarray] | None:
 
 
 def site_args(site: KernelSite, names: Sequence[str], tensors: Collection[str],
-              limit: int = SMALL_NUMEL) -> dict[str, Any] | None:
+              limit: int = SMALL_NUMEL) -> dict[str, object] | None:
     """``name -> value`` of the instruction's arguments (schema ``names``), tensors as numpy views.
 
     None when any tensor argument (``tensors``: the names the schema types ``Tensor`` or
@@ -87,12 +90,12 @@ def site_args(site: KernelSite, names: Sequence[str], tensors: Collection[str],
     """
     if len(site.args) < len(names):
         return None
-    args: dict[str, Any] = {}
+    args: dict[str, object] = {}
     for k, name in enumerate(names):
         kind = site.kind(k)
         if (name in tensors) != (kind in ("Tensor", "TensorList")):
             return None  # torch will name the mismatch
-        a: Any
+        a: object
         if kind == "Tensor":
             a = _tensor_arg(site, k, limit)
         elif kind == "TensorList":
@@ -127,7 +130,7 @@ def _floats(*arrays: np.ndarray) -> bool:
     return arrays[0].dtype in FLOATS and _same_dtype(*arrays)
 
 
-def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
+def _weak_scalar(v: Any, dtype: np.dtype) -> bool:  # Any: narrowed by type() below, which mypy cannot follow
     """A Python number numpy applies in floating ``dtype`` as torch does: weak (NEP 50), and in range
     (inf and nan are; a finite double past the dtype's range is left to torch)."""
     if type(v) not in (int, float) or dtype not in FLOATS:
@@ -135,22 +138,22 @@ def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
     return math.isnan(v) or math.isinf(v) or abs(v) <= float(np.finfo(dtype).max)
 
 
-def _is_one(v: Any) -> bool:
+def _is_one(v: object) -> bool:
     return type(v) in (int, float) and v == 1
 
 
-def _apart(out: np.ndarray, *ins: Any) -> bool:
+def _apart(out: np.ndarray, *ins: object) -> bool:
     """``out`` shares no memory with any array in ``ins`` (torch rejects partial overlap; numpy would not)."""
     return not any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in ins)
 
 
-def _apart_or_same(out: np.ndarray, *ins: Any) -> bool:
+def _apart_or_same(out: np.ndarray, *ins: object) -> bool:
     """Like :func:`_apart`, but an input that is exactly ``out`` (an in-place call) is fine for ufuncs."""
     return all(not isinstance(a, np.ndarray) or not np.may_share_memory(out, a)
                or (a.__array_interface__ == out.__array_interface__) for a in ins)
 
 
-def _other_fits(x: np.ndarray, y: Any, out: np.ndarray) -> bool:
+def _other_fits(x: np.ndarray, y: object, out: np.ndarray) -> bool:
     """``y`` is a tensor of ``x``'s dtype that broadcasts with ``x`` to ``out``'s shape, or a weak
     scalar and ``x`` already has ``out``'s shape."""
     if isinstance(y, np.ndarray):
@@ -158,7 +161,7 @@ def _other_fits(x: np.ndarray, y: Any, out: np.ndarray) -> bool:
     return _weak_scalar(y, x.dtype) and x.shape == out.shape
 
 
-def _shaped(a: Any, shape: tuple[int, ...]) -> Any:
+def _shaped(a: T, shape: tuple[int, ...]) -> T | np.ndarray:
     """``a`` viewed in ``shape`` where it broadcasts to ``shape`` without repeating anything (a
     (64,) bias on a (1, 64) out): numpy's same-shape loops skip the broadcasting set-up (~0.5-1 us).
     Anything else (a scalar, a real broadcast, a strided array) as it is."""

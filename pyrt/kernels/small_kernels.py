@@ -45,7 +45,6 @@ import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -67,11 +66,12 @@ from pyrt.kernels.small_args import (
     _view,
     site_args,
 )
+from pyrt.memory.tensors import Value
 
 Builder = Callable[[Args], "Step | None"]
 
 
-def quiet() -> contextlib.AbstractContextManager[Any]:
+def quiet() -> contextlib.AbstractContextManager[object]:
     """The context a run with numpy steps runs in: floating-point events (overflow to inf, 0/0...)
     stay silent, as in torch and ExecuTorch, instead of numpy's RuntimeWarnings (errors under
     ``-W error``). Entered once per run (a step's worth of time), thread-local like numpy's state."""
@@ -119,7 +119,7 @@ def _compare(ufunc: np.ufunc) -> Builder:
     return build
 
 
-def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], Any]) -> Builder:
+def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], object]) -> Builder:
     """``op(self)`` -> the first ufunc into out, the others in place on out."""
 
     def build(a: Args) -> Step | None:
@@ -141,7 +141,7 @@ def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], Any]) -> Builder:
     return build
 
 
-def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> Any:
+def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return np.divide(1.0, x, out)
 
 
@@ -193,7 +193,7 @@ def _mean(a: Args) -> Step | None:
     count = math.prod(x.shape[i] for i in axis)
     if shape != out.shape or count == 0 or not _apart(out, x):
         return None
-    add_reduce: Any = np.add.reduce  # positional (array, axis, dtype, out, keepdims): the fastest call
+    add_reduce: Callable[..., object] = np.add.reduce  # positional (array, axis, dtype, out, keepdims): fastest
     divide = np.divide
 
     def step() -> None:
@@ -393,8 +393,8 @@ class Rebind:
     """
 
     name: str
-    fixed: Mapping[str, Any]
-    moving: tuple[tuple[str, tuple[int, ...], Callable[[], Any]], ...]
+    fixed: Mapping[str, Value]
+    moving: tuple[tuple[str, tuple[int, ...], Callable[[], Value]], ...]
     tensors: frozenset[str]
     limit: int
 
@@ -427,8 +427,8 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
     def at_site(site: KernelSite) -> Rebind | None:
         if len(site.args) < len(names):
             return None
-        fixed: dict[str, Any] = {}
-        moving: list[tuple[str, tuple[int, ...], Callable[[], Any]]] = []
+        fixed: dict[str, Value] = {}
+        moving: list[tuple[str, tuple[int, ...], Callable[[], Value]]] = []
         for k, name in enumerate(names):
             kind = site.kind(k)
             if any(j < 0 or (info := site.table.infos.get(j)) is None or info.device is not None
@@ -444,14 +444,14 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
     return at_site
 
 
-def bind(qualified_name: str, args: Mapping[str, Any], tensors: Collection[str],
+def bind(qualified_name: str, args: Mapping[str, Value], tensors: Collection[str],
          limit: int = SMALL_NUMEL) -> Step | None:
     """The numpy step of ``qualified_name`` on torch tensors ``args`` (by schema name; ``tensors``: the
     names the schema types as tensors or tensor lists), or None where torch must run it."""
     build = BUILDERS.get(qualified_name)
     if build is None:
         return None
-    viewed: dict[str, Any] = {}
+    viewed: dict[str, object] = {}
     for name, v in args.items():
         if name not in tensors:
             viewed[name] = v
