@@ -163,9 +163,9 @@ class TorchLibrary:
         return [found]
 
 
-def _cat_of_one(vals: list[Any], args: tuple[int, ...]) -> Any:
+def _cat_of_one(vals: list[Value], args: tuple[int, ...]) -> torch.Tensor:
     """``cat.out`` of a one-tensor list as a view of that tensor (ValueError for longer lists)."""
-    tensors = vals[args[0]]
+    tensors = cast("list[torch.Tensor]", vals[args[0]])  # a TensorList slot of the torch library's table
     if len(tensors) != 1:
         raise ValueError("cat of several tensors is no view")
     return tensors[0][...]
