@@ -1,5 +1,6 @@
-"""Data-dependent output shapes at export (``nonzero``, ``masked_select``, boolean-mask
-indexing, one-argument ``where``): they stay inside engines, with upper bounds.
+"""Data-dependent output shapes at export: such ops stay inside engines, planned at upper bounds.
+
+``nonzero``, ``masked_select``, boolean-mask indexing and one-argument ``where``.
 
 Such an op's result size is an *unbacked* symbol (``u0``) whose range torch's shape
 environment knows (``nonzero`` of N elements: ``0 <= u0 <= N``). An engine output whose
