@@ -121,6 +121,23 @@ def test_cuda_graphs_refuse_data_dependent_engines_with_a_reason(programs: dict[
     assert any("data-dependent" in r.getMessage() and "CUDA graph" in r.getMessage() for r in caplog.records)
 
 
+def test_a_dynamic_batch_bounds_the_output_by_its_maximum(tmp_path: Path) -> None:
+    """nonzero of a (batch <= 16, 8) input: at most 128 rows, whatever the batch of a run."""
+    from torch.export import Dim
+
+    model, x = dm.build("nonzero_mlp")
+    path = tmp_path / "dyn.pte"
+    summary = to_pte(model, path, (x,), builder="reference", progress=False,
+                     dynamic_shapes=({0: Dim("batch", min=1, max=16)},))
+    assert summary.engines[0].bounded_outputs == (("output_0", (128, 4)),)
+    with simulated_gpus(1), Program(path) as prog:
+        for batch in (1, 3, 16):
+            for case in dm.CASES:
+                xi = dm.example("nonzero_mlp", case).repeat(4, 1)[:batch]
+                got, want = prog(xi), model(xi)
+                assert tuple(got.shape) == tuple(want.shape) and torch.allclose(torch.as_tensor(got), want)
+
+
 RESIZE = "targets[k] = _out_target(outs[k], engine.reported_shape(name), table)"
 
 
@@ -136,3 +153,28 @@ def test_a_mutant_without_the_resize_fails(tmp_path: Path) -> None:
          str(tree), str(tree / "tests" / "test_data_dependent_run.py"), "-k", "test_runs_equal_eager and where_mlp"],
         cwd=tree, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize("flavour", ["fake", "tensorrt_rtx"])
+def test_the_allocator_subclasses_the_flavours_base(flavour: str) -> None:
+    """The same class works over the real binding's IOutputAllocator (and its Dims) and the fake's."""
+    from pyrt.device.output_allocator import PlannedOutput, allocator_class
+    from pyrt.testing.fake_tensorrt import Dims as FakeDims
+    from pyrt.testing.fake_tensorrt import IOutputAllocator as FakeBase
+
+    if flavour == "fake":
+        base, dims = FakeBase, FakeDims
+    else:
+        trt = pytest.importorskip("tensorrt_rtx")
+        base, dims = trt.IOutputAllocator, trt.Dims
+    planned = PlannedOutput("engine_0", "output_0")
+    allocator = allocator_class(base)(planned)
+    assert isinstance(allocator, base)
+    planned.plan(address=0x1000, capacity=64)
+    assert allocator.reallocate_output_async("output_0", 0x1000, 48, 256, 0) == 0x1000
+    allocator.notify_shape("output_0", dims([3, 4]))
+    assert planned.result() == (3, 4)
+    planned.plan(address=0x1000, capacity=64)
+    assert allocator.reallocate_output_async("output_0", 0x1000, 65, 256, 0) == 0
+    with pytest.raises(ExecutionError, match="needs 65 bytes, more than the 64 bytes"):
+        planned.result()
