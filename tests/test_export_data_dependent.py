@@ -202,3 +202,35 @@ def test_the_reference_engine_runs_an_empty_input_from_raw_bytes() -> None:
                     [RefNode("aten::relu.default", [Ref("x")], {}, ["y"])])
     (raw, shape), = ref.run_bytes({"x": (np.zeros(0, np.uint8), (0, 4))}).values()
     assert shape == (0, 4) and raw.size == 0
+
+
+@pytest.mark.parametrize("name", ["masked_select_mlp", "where_mlp", "bool_index_mlp", "nonzero"])
+def test_reference_and_tensorrt_plan_one_partition_alike(name: str, tmp_path: Path) -> None:
+    """Both builders accept what torch.onnx translates (NonZero, GatherND): one partition, the same one."""
+    pytest.importorskip("tensorrt_rtx")
+    from tests.test_export_partitioning import _plan
+
+    model, x = dm.build(name)
+    reference = _plan(model, (x,), "reference", tmp_path)
+    assert reference == _plan(model, (x,), "tensorrt_rtx", tmp_path) and len(reference) == 1
+
+
+@pytest.mark.parametrize("name", ["masked_select_mlp", "where_mlp", "bool_index_mlp", "nonzero_mlp"])
+def test_the_onnx_of_a_data_dependent_partition_computes_eager_results(name: str, tmp_path: Path) -> None:
+    """The ONNX TensorRT would parse (NonZero + GatherND for a boolean index) gives eager's values and
+    shapes for empty, partial and full results (onnx's reference evaluator)."""
+    reference = pytest.importorskip("onnx.reference")
+    from pyrt.export._onnx import export_partition
+    from pyrt.export._partition import extract
+
+    model, x = dm.build(name)
+    gm, _, _ = _staged(model, (x,))
+    compute = [n for n in gm.graph.nodes if n.op == "call_function" and not isinstance(n.meta["val"], torch.SymInt)]
+    part = extract(gm, compute)
+    path = export_partition(part.module, tmp_path / "p.onnx", ["x"], ["y"])
+    session = reference.ReferenceEvaluator(str(path))
+    for case in dm.CASES:
+        xi = dm.example(name, case)
+        (got,) = session.run(None, {"x": xi.numpy()})
+        want = model(xi).detach()
+        assert got.shape == tuple(want.shape) and torch.allclose(torch.from_numpy(got), want, atol=1e-5), case
