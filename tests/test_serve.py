@@ -7,6 +7,9 @@ Every result is compared with a direct ``Program`` run of the same file; clients
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests import serve_fixtures
-from tests.serve_fixtures import MAX_ROWS, free_port, rows
+from tests.serve_fixtures import MAX_ROWS, free_port, rows, wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("executorch")
@@ -39,9 +42,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def ray_serve() -> Iterator[str]:
-    """A local Ray on this machine's 2 cores, two simulated GPUs, Serve's proxy on a free port."""
+    """A local Ray on this machine's 2 cores, three simulated GPUs, Serve's proxy on a free port."""
     port = free_port()
-    start(port=port, num_cpus=2, num_gpus=2)
+    start(port=port, num_cpus=2, num_gpus=3)
     yield f"127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -199,3 +202,59 @@ def test_methods_are_models_static_ones_run_alone_and_run_failures_are_500(ray_s
     assert requests.get(f"http://{base}/v2/models/portable/stats", timeout=30).json()["errors"] == {
         "ExecutionError": 1}
     serve.delete("portable")
+
+
+# -- faults (slow: each waits for Ray to notice and replace something) --------------------------------------
+
+
+def _replica_pids(base: str, model: str, tries: int = 16) -> set[int]:
+    """Process ids of the replicas the stats requests reached."""
+    return {requests.get(f"http://{base}/v2/models/{model}/stats", timeout=30).json()["pid"] for _ in range(tries)}
+
+
+def _running(app: str) -> int:
+    status = serve.status().applications.get(app)
+    return 0 if status is None else sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_replaced_while_the_other_serves(dyn: str, programs: dict[str, Path]) -> None:
+    before = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(_replica_pids(dyn, "dyn")), 60, "2 replicas")
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    x = rows(np.random.default_rng(5), 2)
+    want = direct(programs["dyn"], x)
+    answered = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # requests sent meanwhile: answered by the surviving replica
+        reply = post(dyn, "dyn", json_infer(x))
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_allclose(np.asarray(reply.json()["outputs"][0]["data"], np.float32).reshape(2, 4), want,
+                                   rtol=1e-6, atol=1e-6)
+        answered += 1
+    wait_for(lambda: _running("pyrt") == 2, 120, "a replacement replica")
+    after = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(_replica_pids(dyn, "dyn")), 60, "2 replicas")
+    assert victim not in after and answered > 0
+    client = th.InferenceServerClient(dyn)
+    wait_for(client.is_server_ready, 60, "ready again")
+
+
+@pytest.mark.slow
+def test_ready_only_once_every_replica_has_loaded(ray_serve: str, programs: dict[str, Path]) -> None:
+    """Two replicas of one GPU each while "dyn" holds two of the three GPUs: one loads, one waits."""
+    from ray.serve.api import RunTarget, run_many
+
+    app = deployment(programs["dyn"], name="late", app_name="late", replicas=2, simulated_gpus=1,
+                     kernels="numpy", num_cpus=0.25)
+    run_many([RunTarget(app, name="late", route_prefix="/late")], wait_for_applications_running=False)
+    base = f"http://{ray_serve}/late/v2"
+    wait_for(lambda: _running("late") == 1, 120, "the first replica")
+    time.sleep(2)
+    for path in ("/health/ready", "/models/late/ready"):
+        assert requests.get(base + path, timeout=30).status_code == 503
+    assert requests.get(base + "/health/live", timeout=30).status_code == 200
+    serve.delete("pyrt")  # frees a GPU: the second replica loads
+    wait_for(lambda: requests.get(base + "/health/ready", timeout=30).status_code == 200, 120, "ready")
+    assert _running("late") == 2
+    assert requests.get(base + "/models/late/ready", timeout=30).json() == {"name": "late", "ready": True}
+    serve.delete("late")

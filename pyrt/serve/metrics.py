@@ -19,6 +19,7 @@ The same counts, for the replica that answers, come from ``GET /v2/models/{name}
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter as Tally
 from typing import Any
@@ -76,10 +77,12 @@ class ServeMetrics:
         self._budgets[model] = rows
 
     def stats(self, model: str) -> dict[str, Any]:
-        """This replica's counts for ``model``: requests, errors by class, runs by rows, engine budgets."""
+        """This replica's counts for ``model`` (and its process id): requests, errors by class, runs by rows,
+        engine budgets."""
         with self._lock:
             return {
                 "name": model,
+                "pid": os.getpid(),
                 "requests": self._requests[model],
                 "errors": {k: n for (m, k), n in self._errors.items() if m == model},
                 "batch_rows": {str(r): n for r, n in sorted(self._batches.get(model, Tally()).items())},
