@@ -15,7 +15,7 @@ import pytest
 from pyrt.errors import InputError
 from pyrt.serve.batching import pack, run_batched, split
 from pyrt.serve.protocol import HEADER_LENGTH, ModelInfo, OutputSpec, decode_infer, encode_infer, model_metadata
-from pyrt.tools.inputs import InputSpec
+from pyrt.serve.specs import InputSpec
 
 th = pytest.importorskip("tritonclient.http")
 

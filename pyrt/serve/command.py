@@ -14,15 +14,16 @@ when the command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from pyrt.errors import PyrtError
 from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, simulated_from_env
 
+APP_NAME = "pyrt"
 EXAMPLES = """examples:
   pyrt serve model.pte                               one replica on one GPU, http://127.0.0.1:8000/v2
   pyrt serve model.pte --replicas 4 --budget 50%     four replicas, half of each engine's streamable weights
@@ -119,29 +120,16 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        deploy(app, path=args.path)
+        deploy(app, app_name=APP_NAME, path=args.path)
         print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s)); "
               "Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
         _wait_for_stop(stop)
         print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
     finally:
-        serve.shutdown()  # waits for requests in flight (graceful shutdown), then removes the replicas
+        with contextlib.suppress(Exception):  # the proxy keeps answering while the replicas finish their requests
+            serve.delete(APP_NAME)
+        serve.shutdown()
         ray.shutdown()
         signal.signal(signal.SIGTERM, previous)
     return 0
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pyrt.serve.command MODEL.pte ...``: the command on its own (exit 1 with the typed error)."""
-    parser = argparse.ArgumentParser(prog="pyrt")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args))
-    except PyrtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -31,8 +31,8 @@ from pyrt.serve.config import ServeConfig
 from pyrt.serve.metrics import ServeMetrics
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
+from pyrt.serve.specs import flatten
 from pyrt.testing import simulated_devices
-from pyrt.tools.inputs import flatten
 
 api = FastAPI(title="pyrt serve", version=__version__)
 Item = tuple[str, list[np.ndarray]]
