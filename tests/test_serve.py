@@ -40,11 +40,14 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return serve_fixtures.build(tmp_path_factory.mktemp("serve"))
 
 
+METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="session")
 def ray_serve() -> Iterator[str]:
     """A local Ray on this machine's 2 cores, three simulated GPUs, Serve's proxy on a free port."""
     port = free_port()
-    start(port=port, num_cpus=2, num_gpus=3)
+    start(port=port, num_cpus=2, num_gpus=3, metrics_port=METRICS_PORT)
     yield f"127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -141,6 +144,27 @@ def test_32_concurrent_clients_get_their_unbatched_results(dyn: str, programs: d
     by_rows = stats(dyn, "dyn")
     assert max(int(k) for k in by_rows) > 3, by_rows  # runs larger than any one request: batched
     assert max(int(k) for k in by_rows) <= 8, by_rows  # never above --max-batch-size
+
+
+def _prometheus() -> str:
+    try:
+        return str(requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text)
+    except requests.ConnectionError:
+        return ""
+
+
+@pytest.mark.slow
+def test_prometheus_has_pyrt_metrics_per_model(dyn: str) -> None:
+    """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets."""
+    for seed in range(4):
+        _client_work(dyn, seed, 4)
+    text = wait_for(lambda: (lambda t: t if "ray_pyrt_serve_batch_rows_bucket" in t else "")(_prometheus()), 90,
+                    "pyrt metrics on the Prometheus endpoint")
+    lines = [line for line in text.splitlines() if line.startswith("ray_pyrt_serve_") and 'model="dyn"' in line]
+    names = {line.split("{")[0] for line in lines}
+    assert {"ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
+            "ray_pyrt_serve_weight_streaming_budget_bytes"} <= names, sorted(names)
+    assert any(line.startswith("ray_serve_") for line in text.splitlines())  # and Ray Serve's own
 
 
 BAD_JSON = [
