@@ -8,4 +8,4 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # CPU torch first, pinned: an unpinned torch pulls several GB of CUDA wheels.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[export,cuda,tensorrt-rtx,cli,plot,dev]"
+.venv/bin/python -m pip install -q -e ".[export,cuda,tensorrt-rtx,cli,plot,serve,dev]"

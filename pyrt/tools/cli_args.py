@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from pyrt._version import __version__
+from pyrt.serve import command as serve_command
 from pyrt.tools.inputs import parse_shape_arg
 
 _FMT = argparse.RawDescriptionHelpFormatter
@@ -107,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     _add_run(sub, [common, load, inputs])
     _add_bench(sub, [common, load, inputs])
     _add_profile(sub, [common, load, inputs])
+    serve_command.add_parser(sub, [common])
     return parser
 
 
