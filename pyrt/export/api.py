@@ -32,6 +32,7 @@ from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
 from pyrt.export._summary import EngineSummary, ExportSummary
 from pyrt.export._tempfiles import sigterm_cleans, sweep
+from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
 
@@ -108,7 +109,7 @@ def to_pte(
                            progress=progress, writer=writer, external_weights=external_weights)
     target = _target(path)
     sweep(target.parent)  # temporary files of exports that were killed before they could clean up
-    with sigterm_cleans(), EngineStore(target.parent) as store:
+    with sigterm_cleans(), third_party_quiet(), EngineStore(target.parent) as store:
         gm, args, engines, original, reasons = stage_engines(model_or_exported_program, example_inputs, options,
                                                              store)
         with options.progress.task("re-exporting the engine graph"):

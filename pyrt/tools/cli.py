@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from pyrt._version import __version__
 from pyrt.errors import PyrtError
+from pyrt.logs import configure as configure_logging
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
@@ -52,6 +53,7 @@ _EXAMPLES = {
 environment:
   PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.testing; reference engines only)
   PYRT_KERNELS=numpy      run non-delegated operators with pyrt's numpy kernels
+  PYRT_LOG=debug          pyrt's log level (debug, info, warning, error; -v is debug)
   NO_COLOR=1              no colour on a terminal either""",
     "inspect": """examples:
   pyrt inspect model.pte
@@ -131,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show pyrt's debug log and third-party messages (as PYRT_LOG=debug)")
     load = argparse.ArgumentParser(add_help=False)
     load.add_argument("path", help="the .pte file")
     load.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of external weights (repeatable)")
@@ -427,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help and --version (0), usage errors (2)
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE if exc.code else EXIT_OK
         debug = debug or getattr(args, "debug", False)
+        configure_logging(getattr(args, "verbose", False))
         with contextlib.ExitStack() as stack:
             stack.enter_context(_warnings_to_stderr())
             _simulated(stack)
