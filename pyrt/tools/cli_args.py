@@ -25,6 +25,7 @@ _EXAMPLES = {
 environment:
   PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.testing; reference engines only)
   PYRT_KERNELS=numpy      run non-delegated operators with pyrt's numpy kernels
+  PYRT_LOG=debug          pyrt's log level (debug, info, warning, error; -v is debug)
   NO_COLOR=1              no colour on a terminal either""",
     "inspect": """examples:
   pyrt inspect model.pte
@@ -117,6 +118,8 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show pyrt's debug log and third-party messages (as PYRT_LOG=debug)")
     return common
 
 
