@@ -7,9 +7,8 @@ the same tokens on every run.
 >>> import numpy as np
 >>> greedy_token(np.array([0.1, 2.0, -1.0]))
 1
->>> p = probabilities(np.array([0.0, 0.0, 10.0]), top_k=2)
->>> [round(x, 4) for x in p]
-[0.0, 0.0, 1.0]
+>>> probabilities(np.array([2.0, 0.0, 3.0]), top_k=2).round(3).tolist()
+[0.269, 0.0, 0.731]
 """
 
 from __future__ import annotations
