@@ -426,7 +426,7 @@ def serialize(pte: Any) -> bytes | None:
 
 
 def _inputs(plan: Any, rng: np.random.Generator) -> list[Any]:
-    from pyrt.memory.tensors import numpy_dtype
+    from pyrt.memory.layout import numpy_dtype
 
     out: list[Any] = []
     for i in plan.inputs:

@@ -7,6 +7,10 @@
 
 Importing this package imports neither torch nor executorch; the names below
 load them on first use.
+
+May import: every layer below (format, device, memory, kernels, runtime; testing for the
+reference engines); torch, executorch, onnx and TensorRT only inside the functions that
+need them. Nothing below imports this package.
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ from pyrt.engine import Engine
 from pyrt.errors import EngineError, InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
 from pyrt.kernels.base import Step
-from pyrt.memory.tensors import DeviceTensor, TorchHost, numpy_dtype
+from pyrt.memory.host import TorchHost
+from pyrt.memory.layout import numpy_dtype
+from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
 from pyrt.runtime.cuda_graphs import mark_capturable
 from pyrt.streaming import EngineStreamingInfo, find_baked_budget, resolve_budgets

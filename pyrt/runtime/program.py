@@ -38,12 +38,13 @@ from pyrt.errors import InputError, ProgramClosedError
 from pyrt.format.limits import check_host_memory
 from pyrt.format.ptd_reader import ExternalData
 from pyrt.kernels.registry import ENV_VAR, choose_library, library
-from pyrt.memory.tensors import host_backend
+from pyrt.memory.host import host_backend
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.delegates import DeviceContext, apply_budgets, load_engines
+from pyrt.runtime.draft import MethodDraft, draft_method
 from pyrt.runtime.executor import MethodRunner
 from pyrt.runtime.graph_forward import check_graph_outputs
-from pyrt.runtime.plan import MethodDraft, MethodPlan, draft_method, finish_method
+from pyrt.runtime.plan import MethodPlan, finish_method
 from pyrt.runtime.profile import Profiler
 from pyrt.streaming import validate_budget
 
