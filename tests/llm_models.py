@@ -99,11 +99,11 @@ MAX_SEQ_LEN = 48
 class Exported:
     """One family exported once per session: its file, summary and eager reference tokens."""
 
-    def __init__(self, name: str, path: Any, builder: str, route: str = "auto") -> None:
+    def __init__(self, name: str, path: Any, builder: str, route: str = "auto", **options: Any) -> None:
         from pyrt.export import decoder_to_pte
 
         self.name, self.model = name, build(name)
         self.want = eager_greedy(self.model, PROMPT, NEW_TOKENS)
         self.path = path
         self.summary = decoder_to_pte(self.model, path, max_seq_len=MAX_SEQ_LEN, builder=builder, route=route,
-                                      progress=False)
+                                      progress=False, **options)
