@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_warnings_to_stderr())
             _simulated(stack)
-            status: int = COMMANDS[args.command](args)
+            status: int = (getattr(args, "handler", None) or COMMANDS[args.command])(args)
             sys.stdout.flush()
         return status
     except BrokenPipeError:

@@ -7,6 +7,7 @@ parsers), one function per subcommand, and the converters that turn option text 
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
 
 from pyrt._version import __version__
@@ -110,7 +111,12 @@ def parser() -> argparse.ArgumentParser:
     _add_bench(sub, [common, load, inputs])
     _add_profile(sub, [common, load, inputs])
     serve_command.add_parser(sub, [common])
+    for name in PLUGINS:  # apps beside the tools add their subcommands (loaded here: no package circle)
+        importlib.import_module(name).add_commands(sub, [common, load])
     return parser
+
+
+PLUGINS = ("pyrt.llm.command",)  # modules with add_commands(subparsers, parents): pyrt generate, bench --generate
 
 
 def _common() -> argparse.ArgumentParser:
