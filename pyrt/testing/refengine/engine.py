@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import UnsupportedOperatorError
+from pyrt.errors import PyrtError, UnsupportedOperatorError
 from pyrt.testing.refengine.backends import _NUMPY_OPS, _Backend, _backend, _split_target
 from pyrt.testing.refengine.blob import _CHUNK, HEADER, MAGIC, VERSION, _align, _encode_arg, _parse, _tensor_json
 from pyrt.testing.refengine.model import (
@@ -167,7 +167,12 @@ class RefEngine:
         return {name: be.to_raw(value) for name, value in out.items()}
 
     def infer_output_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        """Output shapes for given input shapes (declared ones when every output is static)."""
+        """Output shapes for given input shapes (declared ones when every output is static).
+
+        A dim only the data decides (``nonzero``'s rows) is -1, as TensorRT reports it before
+        running: the graph runs on meta tensors, and where an op has no meta kernel, on torch's
+        fake tensors with a shape environment, whose data-dependent sizes stay symbolic.
+        """
         if all(-1 not in t.shape for t in self.outputs):
             return {t.name: tuple(t.shape) for t in self.outputs}
         be = self._auto()
@@ -179,11 +184,32 @@ class RefEngine:
         except RefEngineExecutionError:
             if be.name != "torch":
                 raise
+            symbolic = self._symbolic_shapes(be, input_shapes)
+            if symbolic is not None:
+                return symbolic
             env = self._env(be)
             for spec in self.inputs:
                 env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=False)
             out = self._execute(be, env)
         return {name: tuple(int(d) for d in value.shape) for name, value in out.items()}
+
+    def _symbolic_shapes(self, be: _Backend, input_shapes: Mapping[str, Sequence[int]]
+                         ) -> dict[str, tuple[int, ...]] | None:
+        """Output shapes under torch's FakeTensorMode (-1 for an unbacked size); None if it fails."""
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        try:
+            with FakeTensorMode(shape_env=ShapeEnv()):
+                env: dict[str, Any] = {n: be.empty(w.shape, w.dtype, meta=False) for n, w in self.weights.items()}
+                for spec in self.inputs:
+                    env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=False)
+                out = self._execute(be, env)
+        except (PyrtError, RuntimeError):
+            return None
+        return {name: tuple(d if isinstance(d, int) else -1 for d in value.shape) for name, value in out.items()
+                if not isinstance(value, torch.SymInt)}
 
     def _execute(self, be: _Backend, env: dict[str, Any]) -> dict[str, Any]:
         for node in self.nodes:
@@ -200,13 +226,13 @@ class RefEngine:
         out = {}
         for spec in self.outputs:
             value = env[spec.name]
-            got_dtype, got_shape = be.dtype(value), tuple(int(d) for d in value.shape)
+            got_dtype, got_shape = be.dtype(value), tuple(d if isinstance(d, int) else -1 for d in value.shape)
             if got_dtype != spec.dtype:
                 raise RefEngineExecutionError(
                     f"output {spec.name!r} computed as {got_dtype}, declared {spec.dtype}"
                 )
             if len(got_shape) != len(spec.shape) or any(
-                d != -1 and d != g for d, g in zip(spec.shape, got_shape, strict=True)
+                d != -1 and g != -1 and d != g for d, g in zip(spec.shape, got_shape, strict=True)
             ):
                 raise RefEngineExecutionError(
                     f"output {spec.name!r} computed with shape {got_shape}, declared {tuple(spec.shape)}"
@@ -222,7 +248,7 @@ def _sym_call(target: str, args: list[Any]) -> Any:
         raise UnsupportedOperatorError(f"reference executor: unknown size operator {target!r}; "
                                        f"known: {', '.join('sym::' + k for k in SYM_OPS)}")
     try:
-        return fn(*(int(a) for a in args))
+        return fn(*(a if type(a).__name__ == "SymInt" else int(a) for a in args))  # symbolic: shape inference
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise RefEngineExecutionError(f"{target}{tuple(args)} failed: {exc}") from exc
 
