@@ -89,6 +89,13 @@ def test_health_and_metadata(dyn: str) -> None:
     assert not client.is_model_ready("nope")
 
 
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_generate_routes_are_404_for_a_program_without_the_llm_convention(dyn: str, route: str) -> None:
+    reply = requests.post(f"http://{dyn}/v2/models/dyn/{route}", json={"input_ids": [1, 2]}, timeout=30)
+    assert reply.status_code == 404 and "does not generate" in reply.json()["error"]
+    assert requests.post(f"http://{dyn}/v2/models/nope/{route}", json={}, timeout=30).status_code == 404
+
+
 @pytest.mark.parametrize("binary", [True, False])
 def test_tritonclient_infer_equals_a_direct_run(dyn: str, programs: dict[str, Path], binary: bool) -> None:
     x = rows(np.random.default_rng(1), 5)

@@ -68,7 +68,10 @@ class Generation:
             return _error(InputError(f"model {name!r}: the request is not valid JSON ({exc})"))
         except InputError as exc:
             return _error(exc)
-        events = self.module.generate_events(self.program, body)
+        try:
+            events = self.module.generate_events(self.program, body)
+        except Exception as exc:  # validation before any run: InputError -> 400
+            return _error(exc)
         first = await self._next(events)  # validation errors surface here, before any status is sent
         if isinstance(first, BaseException):
             return _error(first)
