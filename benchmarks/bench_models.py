@@ -46,8 +46,9 @@ def _median_time(fn: Callable[[], Any], inner: int, clock: Callable[[], float] =
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], samples: int, inner: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Median seconds per call of each function (``clock``: wall by default), samples taken in turn."""
+                clock: Callable[[], float] = time.perf_counter,
+                summary: Callable[[list[float]], float] = statistics.median) -> dict[str, float]:
+    """Median (``summary``) seconds per call of each function (``clock``: wall), samples taken in turn."""
     for fn in fns.values():
         fn()  # warm up
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -58,7 +59,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], samples: int, inner: int,
                 times[k].append(_median_time(fn, inner, clock))
     finally:
         gc.enable()
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: summary(v) for k, v in times.items()}
 
 
 def load_fns(path: Path) -> dict[str, Callable[[], Any]]:
