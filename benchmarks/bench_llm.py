@@ -203,7 +203,7 @@ def main() -> int:
         "works end to end):", "", sweep_table])
     print(text)
     if not args.no_write:
-        write_results("bench_llm", "LLM generation", text)
+        write_results(f"bench_llm_{args.size}", "LLM generation", text)
     return 0
 
 
