@@ -36,6 +36,7 @@ from pyrt.export._prepare import assertion_ops
 from pyrt.export._state import StateOnDevice
 
 log = logging.getLogger("pyrt.export")
+DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
 DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
 # ExecuTorch constant methods (name -> value) for the program being lowered; set by pyrt.export.decoder
 CONSTANT_METHODS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("constant_methods",
@@ -86,6 +87,12 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     defaults = ExecutorchBackendConfig()
     config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external,
                                      to_out_var_pass=StateOnDevice(defaults.to_out_var_pass))
+    if any(getattr(e, "bounded_outputs", ()) for e in engines):
+        # TensorRT's output allocator may ask for cudaMalloc's alignment: plan every tensor on it, so the
+        # planned buffer of a data-dependent output can be handed over as it is (pyrt.device.output_allocator)
+        from executorch.exir.passes import MemoryPlanningPass  # extra: export (executorch)
+
+        config.memory_planning_pass = MemoryPlanningPass(alignment=DATA_DEPENDENT_ALIGNMENT)
     streaming = options.writer == "pyrt"
     weights = ExternalWeights()
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
