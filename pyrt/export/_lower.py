@@ -15,6 +15,7 @@ their I/O in CUDA arenas; a runtime must implement both copies.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -37,6 +38,9 @@ from pyrt.export._state import StateOnDevice
 log = logging.getLogger("pyrt.export")
 DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
 DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
+# ExecuTorch constant methods (name -> value) for the program being lowered; set by pyrt.export.decoder
+CONSTANT_METHODS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("constant_methods",
+                                                                                         default=None)
 
 
 @dataclass
@@ -67,7 +71,9 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     ``DIRECT`` is off or ``options.writer`` asks for ExecuTorch's serializer.
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
-    delegated = _direct.describe(program) if DIRECT and options.writer == "pyrt" else None
+    constant_methods = CONSTANT_METHODS.get()
+    direct = DIRECT and options.writer == "pyrt" and not constant_methods
+    delegated = _direct.describe(program) if direct else None
     if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
         return _write_direct(delegated, store.records[delegated.spec.key], target, options)
     with options.progress.task("importing ExecuTorch"):
@@ -97,7 +103,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
         # ToOutVarPass still refuses any without kernels.
         edge = to_edge_transform_and_lower(
             program, partitioner=[TensorRTPartitioner(options.extra_specs)],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            compile_config=EdgeCompileConfig(_check_ir_validity=False), constant_methods=constant_methods)
         fallback = fallback_ops(edge.exported_program().graph_module)
         _check_all_delegated(edge.exported_program().graph_module)
         with (weights_by_reference(weights) if external and streaming else contextlib.nullcontext()):

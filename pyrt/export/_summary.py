@@ -69,6 +69,9 @@ class ExportSummary:
     data_path: str | None = None  # the .ptd written beside the .pte (external_weights=True)
     data_size: int = 0
     fallback_reasons: dict[str, str] = field(default_factory=dict)
+    route: str = ""  # decoder_to_pte: how the decoder was wrapped, "pyrt" or "upstream"
+    route_reason: str = ""  # why that route (the upstream route's failure, or the caller's choice)
+    constant_methods: dict[str, Any] = field(default_factory=dict)  # ExecuTorch's LLM metadata methods
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -84,6 +87,10 @@ class ExportSummary:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))
+        if self.route:
+            lines.append(f"decoder route: {self.route}" + (f" ({self.route_reason})" if self.route_reason else ""))
+        if self.constant_methods:
+            lines.append("constant methods: " + ", ".join(f"{k}={v!r}" for k, v in self.constant_methods.items()))
         return "\n".join(lines)
 
 

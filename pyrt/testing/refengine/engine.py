@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import operator
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError, UnsupportedOperatorError
-from pyrt.testing.refengine.backends import _Backend, _backend
+from pyrt.testing.refengine.backends import _NUMPY_OPS, _Backend, _backend, _split_target
 from pyrt.testing.refengine.blob import _CHUNK, HEADER, MAGIC, VERSION, _align, _encode_arg, _parse, _tensor_json
 from pyrt.testing.refengine.model import (
     DType,
@@ -46,10 +47,21 @@ class RefEngine:
     weight_streaming: bool = False
 
     _weights_by_backend: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _numpy_runs_all: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.weights = {name: RefWeight.of(w) for name, w in self.weights.items()}
         _validate(self, "RefEngine")
+
+    def _auto(self) -> _Backend:
+        """torch if it is imported already or this graph needs it, else numpy: a run imports no torch for nothing."""
+        if self._numpy_runs_all is None:
+            self._numpy_runs_all = "bfloat16" not in repr((self.inputs, self.outputs, self.nodes)) and all(
+                w.dtype != "bfloat16" for w in self.weights.values()) and all(
+                n.target.startswith("sym::") or (n.target.startswith("aten::") and
+                                                 "{1}.{2}".format(*_split_target(n.target)) in _NUMPY_OPS)
+                for n in self.nodes)
+        return _backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
 
     def _env(self, be: _Backend) -> dict[str, Any]:
         """A fresh environment holding the weights (converted once per backend)."""
@@ -146,7 +158,7 @@ class RefEngine:
         self, inputs: Mapping[str, tuple[np.ndarray, tuple[int, ...]]]
     ) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
         """Execute from raw bytes: ``{name: (uint8 array, shape)}`` in and out."""
-        be = _backend("auto")
+        be = self._auto()
         env = self._env(be)
         for spec in self.inputs:
             raw, shape = inputs[spec.name]
@@ -163,7 +175,7 @@ class RefEngine:
         """
         if all(-1 not in t.shape for t in self.outputs):
             return {t.name: tuple(t.shape) for t in self.outputs}
-        be = _backend("auto")
+        be = self._auto()
         env: dict[str, Any] = {n: be.weight(w, meta=True) for n, w in self.weights.items()}
         for spec in self.inputs:
             env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=True)
