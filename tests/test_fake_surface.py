@@ -333,7 +333,8 @@ def test_every_public_member_of_the_fake_driver_is_real(rdrv: Any, fakes: dict[s
 # -- 2. enum members ---------------------------------------------------------------------------------
 def _fake_enums(trt: FakeTensorRT) -> dict[str, Any]:
     return {"DataType": trt.DataType, "TensorIOMode": trt.TensorIOMode, "SeekPosition": trt.SeekPosition,
-            "ILogger.Severity": trt.ILogger.Severity}
+            "ILogger.Severity": trt.ILogger.Severity,
+            "ExecutionContextAllocationStrategy": trt.ExecutionContextAllocationStrategy}
 
 
 def _real_enum(module: Any, path: str) -> Any:
@@ -342,7 +343,8 @@ def _real_enum(module: Any, path: str) -> Any:
     return module
 
 
-@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity"])
+@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity",
+                                  "ExecutionContextAllocationStrategy"])
 def test_tensorrt_enum_members_match(rtrt: Any, fakes: dict[str, Any], path: str) -> None:
     fake, real = _fake_enums(fakes["module"])[path], _real_enum(rtrt, path)
     for name, member in fake.__members__.items():
@@ -394,7 +396,8 @@ class Recorder:
     WRAP: typing.ClassVar[dict[type, str]] = {
         FakeRuntime: "Runtime", FakeCudaEngine: "ICudaEngine", FakeExecutionContext: "IExecutionContext",
     }
-    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition"}
+    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition",
+                                        "ExecutionContextAllocationStrategy"}
 
     def __init__(self, target: Any, label: str, uses: set[tuple[str, str, Any]]) -> None:
         object.__setattr__(self, "_target", target)
