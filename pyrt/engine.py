@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt import cuda as cuda_seam
+from pyrt.device import scratch as scratch_mod
 from pyrt.device import tensorrt_seam
 from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 from pyrt.format.mapped import release_pages
@@ -126,6 +127,7 @@ class Engine:
         self._budget_source: str | None = None
         self._shapes_set = False
         self._bound: list[int] = []  # addresses bound on the current context, in name order
+        self.scratch: Any = None  # a pyrt.device.scratch.SharedScratch: contexts use its memory (USER_MANAGED)
         self._check_bindings()
 
     # -- loading -----------------------------------------------------------------
@@ -265,7 +267,7 @@ class Engine:
                 applied = self._set_budget(min(budget, streamable), retry_with_zero=False)
         elif budget is not None:
             _log.warning("%s: %s budget %d ignored: the engine has no streamable weights", self.name, source, budget)
-        context = engine.create_execution_context()
+        context = self._create_context()
         if context is None:
             raise EngineError(f"{self.name}: could not create an execution context on device {self.device} "
                               f"(budget {applied}): {self._logger.messages.take() or 'no log'}")
@@ -275,6 +277,44 @@ class Engine:
             if -1 not in spec.shape:
                 self._set_shape(spec.name, spec.shape)
         self._shapes_set = all(-1 not in spec.shape for spec in self._inputs)
+
+    # -- activation memory -----------------------------------------------------------
+    @property
+    def activation_bytes(self) -> int:
+        """Device bytes of activation memory a context needs (the largest over the profiles)."""
+        return self._streaming_property("device_memory_size_v2")
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None
+
+    @property
+    def has_context(self) -> bool:
+        return self._context is not None
+
+    def _create_context(self) -> Any:
+        """A context with TensorRT's own activation memory, or, with a shared scratch, the scratch's."""
+        strategy = getattr(self._trt, "ExecutionContextAllocationStrategy", None)
+        if self.scratch is None or strategy is None:
+            return self._engine.create_execution_context()
+        context = self._engine.create_execution_context(strategy.USER_MANAGED)
+        if context is not None:
+            self._context = context
+            try:
+                ptr, size = self.scratch.reserve(self)
+                self.bind_activation_memory(ptr, size)
+            except BaseException:
+                self._drop_context()
+                raise
+        return context
+
+    def bind_activation_memory(self, ptr: int, size: int) -> None:
+        """Point the live context at ``size`` bytes of activation memory at ``ptr``."""
+        if self._context is None or size == 0:
+            return
+        self._logger.messages.take()
+        self._context.set_device_memory(ptr, size)
+        scratch_mod.check_bound(self, self._logger.messages.take())
 
     def _set_budget(self, value: int, *, retry_with_zero: bool) -> int:
         """Set and read back ``value``; for the automatic budget, fall back to 0 once."""

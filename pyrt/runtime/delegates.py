@@ -26,6 +26,7 @@ import numpy as np
 
 from pyrt import cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
+from pyrt.device.scratch import SharedScratch
 from pyrt.engine import Engine
 from pyrt.errors import EngineError, InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
@@ -83,20 +84,57 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
     return out
 
 
-def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any) -> None:
-    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``)."""
+def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any,
+                 share_activations: bool = True) -> None:
+    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``).
+
+    ``share_activations``: engines of one method on one device share one activation scratch
+    (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
+    """
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
             d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
                                    trt=trt, cuda=cuda, name=d.name)
+        if share_activations:
+            share_scratch(drafts, cuda_seam.resolve(cuda))
         apply_budgets(drafts, budget, source="load-time budget")
     except BaseException:
-        for d in drafts:
-            if d.engine is not None:
-                d.engine.close()
-                d.engine = None
+        close_engines(drafts)
         raise
+
+
+def share_scratch(drafts: Sequence[DelegateDraft], cuda: Any) -> list[SharedScratch]:
+    """One :class:`SharedScratch` per (method, device): engines that never run at the same time."""
+    groups: dict[tuple[str, int], SharedScratch] = {}
+    for d in drafts:
+        key = (d.method, d.device)
+        if key not in groups:
+            groups[key] = SharedScratch(cuda, d.device, f"method {d.method!r} on device {d.device}")
+        groups[key].join(d.engine)
+        d.engine.scratch = groups[key]
+    return list(groups.values())
+
+
+def scratches(drafts: Sequence[DelegateDraft]) -> list[SharedScratch]:
+    """The shared activation scratches of ``drafts``' engines, each once."""
+    out: list[SharedScratch] = []
+    for d in drafts:
+        s = getattr(d.engine, "scratch", None)
+        if s is not None and all(s is not o for o in out):
+            out.append(s)
+    return out
+
+
+def close_engines(drafts: Sequence[DelegateDraft]) -> None:
+    """Close every engine (contexts first), then free the activation memory they shared."""
+    shared = scratches(drafts)
+    for d in drafts:
+        if d.engine is not None:
+            d.engine.close()
+            d.engine = None
+    for s in shared:
+        s.close()
 
 
 def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyrt import cuda as cuda_seam
+from pyrt.device.scratch import ScratchInfo
 from pyrt.errors import InputError, ProgramClosedError
 from pyrt.format.limits import check_host_memory
 from pyrt.format.ptd_reader import ExternalData
 from pyrt.kernels.registry import ENV_VAR, choose_library, library
 from pyrt.memory.host import host_backend
 from pyrt.pte_reader import PteFile
-from pyrt.runtime.delegates import DeviceContext, apply_budgets, load_engines
+from pyrt.runtime.delegates import DeviceContext, apply_budgets, close_engines, load_engines, scratches
 from pyrt.runtime.draft import MethodDraft, draft_method
 from pyrt.runtime.executor import MethodRunner
 from pyrt.runtime.graph_forward import check_graph_outputs
@@ -93,6 +94,8 @@ class Program:
     (default: fresh stream-ordered device buffers the caller owns, freed on drop with no sync on
     the stream they are ready on; see :mod:`pyrt.runtime.graph_forward`) or "static" (views of the method's output
     buffers that its next run overwrites, as torch's CUDA graphs hand out).
+    ``share_activations``: engines of one method on one device share one activation area sized to
+    the largest (``Program.activation_memory`` reports it); False gives each its own (TensorRT's default).
     ``fold``: run each method's pure kernel calls on constant data once at load instead
     of on every run (weight transposes, rotary tables, static masks; see :mod:`pyrt.runtime.fold`):
     faster runs for a slower load and at most 64 MiB of private memory per method.
@@ -123,7 +126,7 @@ class Program:
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
                  devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
-                 mmap: bool = True, fold: bool = True) -> None:
+                 mmap: bool = True, fold: bool = True, share_activations: bool = True) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
@@ -133,6 +136,9 @@ class Program:
         check_graph_outputs(graph_outputs)
         if not isinstance(fold, bool):
             raise InputError(f"fold={fold!r} must be True (fold constant kernel calls at load) or False")
+        if not isinstance(share_activations, bool):
+            raise InputError(f"share_activations={share_activations!r} must be True or False")
+        self._share = share_activations
         if not isinstance(mmap, bool):
             raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
         self._pte = PteFile.open(path, mmap=mmap)
@@ -168,7 +174,7 @@ class Program:
         cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
         if self._delegates:
-            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget)
+            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget, share_activations=self._share)
         elif budget is not None:  # still a typed error when malformed; a warning that nothing streams
 
             apply_budgets([], budget, source="load-time budget")
@@ -249,6 +255,13 @@ class Program:
             for d in self._delegates
         ]
 
+    @property
+    def activation_memory(self) -> list[ScratchInfo]:
+        """Per group of engines sharing activation memory (one method on one device): bytes held, bytes
+        one area per engine would hold, and the saving. Empty with ``share_activations=False``."""
+        self._check_open()
+        return [s.info() for s in scratches(self._delegates)]
+
     def set_budget(self, budget: Any) -> None:
         """Apply a new weight-streaming budget between runs (None: back to baked / automatic).
 
@@ -298,10 +311,7 @@ class Program:
         for runner in self._runners.values():
             runner.reset_graphs()
         self._runners.clear()
-        for d in self._delegates:
-            if d.engine is not None:
-                d.engine.close()
-                d.engine = None
+        close_engines(self._delegates)
         for plan in self._plans:
             plan.close()
         for ctx in self._contexts:
