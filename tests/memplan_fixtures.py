@@ -25,9 +25,10 @@ def add_engine(value: float, *, activation: int = 0, weight_bytes: int = 0, stre
     w = np.full(shape if -1 not in shape else (1,) * len(shape), value, np.float32)
     weights = {"w": w}
     nodes = [RefNode("aten::add.Tensor", [Ref("x"), Ref("w")], {}, ["y"])]
-    if weight_bytes:
-        weights["big"] = np.zeros(weight_bytes // 4, np.float32)
-        nodes = [RefNode("aten::sum", [Ref("big")], {}, ["s"]),
+    if weight_bytes:  # in 8 pieces: the fake's streaming scratch is the largest weight
+        for k in range(8):
+            weights[f"big{k}"] = np.zeros(weight_bytes // 32, np.float32)
+        nodes = [RefNode("aten::sum", [Ref("big0")], {}, ["s"]),
                  RefNode("aten::add.Tensor", [Ref("x"), Ref("w")], {}, ["t"]),
                  RefNode("aten::add.Tensor", [Ref("t"), Ref("s")], {}, ["y"])]
     return RefEngine([RefTensor("x", "float32", shape, lo, hi)], [RefTensor("y", "float32", shape)],
@@ -36,10 +37,11 @@ def add_engine(value: float, *, activation: int = 0, weight_bytes: int = 0, stre
 
 
 def chain_program(methods: Mapping[str, Sequence[RefEngine]], *, sizes: Sequence[int] = (2, 3),
-                  dynamic: bool = False) -> bytes:
+                  dynamic: bool = False, arena_on_device: bool = False, arena_bytes: int = 0) -> bytes:
     """A program whose methods each run their engines one after another (value i -> value i+1 on cuda:0).
 
-    Values are float32 ``sizes`` (the upper bound when ``dynamic``) in one host arena per method.
+    Values are float32 ``sizes`` (the upper bound when ``dynamic``) in one arena per method, on the
+    host or (``arena_on_device``) on cuda:0, of at least ``arena_bytes``.
     """
     from executorch.exir import schema as s
     from executorch.exir.scalar_type import ScalarType
@@ -68,7 +70,9 @@ def chain_program(methods: Mapping[str, Sequence[RefEngine]], *, sizes: Sequence
         plans.append(s.ExecutionPlan(
             name=name, container_meta_type=s.ContainerMetadata("", ""), values=values, inputs=[0], outputs=[last],
             chains=[s.Chain(inputs=[0], outputs=[last], stacktrace=None, instructions=instructions)],
-            operators=[], delegates=delegates, non_const_buffer_sizes=[0, nbytes * (last + 1)]))
+            operators=[], delegates=delegates, non_const_buffer_sizes=[0, max(arena_bytes, nbytes * (last + 1))],
+            non_const_buffer_device=[s.NonConstBufferDevice(buffer_idx=1, device_type=s.DeviceType.CUDA,
+                                                            device_index=0)] if arena_on_device else None))
     program = s.Program(version=0, execution_plan=plans, constant_buffer=[], backend_delegate_data=blobs,
                         segments=[], constant_segment=s.SubsegmentOffsets(segment_index=0, offsets=[]))
     buf = io.BytesIO()

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
 from pyrt import cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
-from pyrt.device.scratch import SharedScratch
 from pyrt.engine import Engine
 from pyrt.errors import EngineError, InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
@@ -36,7 +35,8 @@ from pyrt.memory.layout import numpy_dtype
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
 from pyrt.runtime.cuda_graphs import mark_capturable
-from pyrt.streaming import EngineStreamingInfo, find_baked_budget, resolve_budgets
+from pyrt.runtime.memory_plan import close_engines, share_scratch
+from pyrt.streaming import BudgetSource, EngineStreamingInfo, find_baked_budget, resolve_budgets
 
 TARGET_DEVICE = "target_device"
 
@@ -85,11 +85,14 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
 
 
 def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any,
-                 share_activations: bool = True) -> None:
+                 share_activations: bool = True, planner: Callable[[Sequence[DelegateDraft]], Any] | None = None,
+                 label: str | None = None) -> None:
     """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``).
 
     ``share_activations``: engines of one method on one device share one activation scratch
     (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
+    ``planner(drafts)``, called once the engines are deserialized and before any context exists,
+    returns the budget to apply (``budget`` is not used then); ``label`` replaces the budgets' source.
     """
     try:
         for i, d in enumerate(drafts):
@@ -98,50 +101,24 @@ def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget
                                    trt=trt, cuda=cuda, name=d.name)
         if share_activations:
             share_scratch(drafts, cuda_seam.resolve(cuda))
-        apply_budgets(drafts, budget, source="load-time budget")
+        if planner is not None:
+            budget = planner(drafts)
+        apply_budgets(drafts, budget, source="load-time budget", label=label)
     except BaseException:
         close_engines(drafts)
         raise
 
 
-def share_scratch(drafts: Sequence[DelegateDraft], cuda: Any) -> list[SharedScratch]:
-    """One :class:`SharedScratch` per (method, device): engines that never run at the same time."""
-    groups: dict[tuple[str, int], SharedScratch] = {}
-    for d in drafts:
-        key = (d.method, d.device)
-        if key not in groups:
-            groups[key] = SharedScratch(cuda, d.device, f"method {d.method!r} on device {d.device}")
-        groups[key].join(d.engine)
-        d.engine.scratch = groups[key]
-    return list(groups.values())
+def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str, label: str | None = None) -> None:
+    """Resolve budgets for all engines (validated first), then configure each one.
 
-
-def scratches(drafts: Sequence[DelegateDraft]) -> list[SharedScratch]:
-    """The shared activation scratches of ``drafts``' engines, each once."""
-    out: list[SharedScratch] = []
-    for d in drafts:
-        s = getattr(d.engine, "scratch", None)
-        if s is not None and all(s is not o for o in out):
-            out.append(s)
-    return out
-
-
-def close_engines(drafts: Sequence[DelegateDraft]) -> None:
-    """Close every engine (contexts first), then free the activation memory they shared."""
-    shared = scratches(drafts)
-    for d in drafts:
-        if d.engine is not None:
-            d.engine.close()
-            d.engine = None
-    for s in shared:
-        s.close()
-
-
-def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:
-    """Resolve budgets for all engines (validated first), then configure each one."""
+    ``label`` ("fit") names where explicit budgets came from instead of "load-time".
+    """
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
     resolved = resolve_budgets(infos, budget, source=source)
     for d, r in zip(drafts, resolved, strict=True):
+        if label is not None and r.source == "load-time":
+            r = replace(r, source=cast(BudgetSource, label))
         d.engine.configure(r.budget, r.source)
         d.resolved = r
 
