@@ -393,6 +393,7 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
         stream = ctx.stream(device)
         shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
         engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_, strict=True)])
+        engine.use_profile(stream.handle)
         if dynamic or not static_shapes:
             out_shapes = engine.infer_output_shapes(shapes)
             if not dynamic:
