@@ -11,6 +11,7 @@ kernels (found by tests/test_fuzz_runtime.py) gives typed errors to numpy caller
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,42 @@ def test_writing_constant_data_is_refused_at_load(tmp_path: Path) -> None:
     assert len(lines) == 20, lines
     for line in lines:
         assert "PteFormatError" in line and "holds constant data from the file (read-only)" in line, line
+
+
+# -- a static out tensor of another shape than the result (torch resizes it with a warning only) -------------
+
+
+@pytest.mark.parametrize("out_sizes", [[2, 4], [3], [3, 2]])
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_static_out_of_another_shape_is_refused(out_sizes: list[int], kernels: str) -> None:
+    """torch's relu.out would resize the planned (static) out and hand back another shape than the file
+    declares; both kernel sets refuse, naming the instruction, the operator and both shapes, on every run."""
+    import warnings
+
+    from executorch.exir import schema as s
+
+    f = _st().FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0)), hand_tensor(f, out_sizes, alloc=(1, 32))]
+    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")], inputs=[0],
+                        outputs=[1], buffer_sizes=[0, 64])
+    planned = re.escape(str(tuple(out_sizes)))
+    with warnings.catch_warnings(), Program(data, kernels=kernels) as prog:
+        warnings.simplefilter("ignore", UserWarning)  # torch's own "An output ... was resized"
+        for _ in range(2):
+            with pytest.raises(InputError, match=rf"instruction 0 \(aten::relu\.out\): result shape \(2, 3\) does "
+                                                 rf"not match the planned {planned}"):
+                prog(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_static_out_of_the_result_shape_runs(kernels: str) -> None:
+    from executorch.exir import schema as s
+
+    f = _st().FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0)), hand_tensor(f, [2, 3], alloc=(1, 32))]
+    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")], inputs=[0],
+                        outputs=[1], buffer_sizes=[0, 64])
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    with Program(data, kernels=kernels) as prog:
+        for _ in range(2):
+            np.testing.assert_array_equal(prog(x)[0], np.maximum(x, 0))
