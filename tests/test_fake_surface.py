@@ -338,7 +338,8 @@ def test_every_public_member_of_the_fake_driver_is_real(rdrv: Any, fakes: dict[s
 # -- 2. enum members ---------------------------------------------------------------------------------
 def _fake_enums(trt: FakeTensorRT) -> dict[str, Any]:
     return {"DataType": trt.DataType, "TensorIOMode": trt.TensorIOMode, "SeekPosition": trt.SeekPosition,
-            "ILogger.Severity": trt.ILogger.Severity}
+            "ILogger.Severity": trt.ILogger.Severity,
+            "ExecutionContextAllocationStrategy": trt.ExecutionContextAllocationStrategy}
 
 
 def _real_enum(module: Any, path: str) -> Any:
@@ -347,7 +348,8 @@ def _real_enum(module: Any, path: str) -> Any:
     return module
 
 
-@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity"])
+@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity",
+                                  "ExecutionContextAllocationStrategy"])
 def test_tensorrt_enum_members_match(rtrt: Any, fakes: dict[str, Any], path: str) -> None:
     fake, real = _fake_enums(fakes["module"])[path], _real_enum(rtrt, path)
     for name, member in fake.__members__.items():
@@ -399,7 +401,8 @@ class Recorder:
     WRAP: typing.ClassVar[dict[type, str]] = {
         FakeRuntime: "Runtime", FakeCudaEngine: "ICudaEngine", FakeExecutionContext: "IExecutionContext",
     }
-    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition"}
+    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition",
+                                        "ExecutionContextAllocationStrategy"}
 
     def __init__(self, target: Any, label: str, uses: set[tuple[str, str, Any]]) -> None:
         object.__setattr__(self, "_target", target)
@@ -464,10 +467,35 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
                 stream.synchronize()
                 event.synchronize()
             cuda.synchronize(0)
+    _drive_profiles_and_shared_memory(trt, cuda)
     with contextlib.suppress(PyrtError):  # refused bytes: the error path's calls
         Engine.load(memoryview(b"not an engine"), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda)
     with contextlib.suppress(PyrtError):  # out of memory: CUresult names
         cuda.alloc(1 << 40, 0)
+
+
+def _drive_profiles_and_shared_memory(trt: Any, cuda: Cuda) -> None:
+    """A two-profile engine on shared (USER_MANAGED) activation memory, run under its second profile."""
+    from pyrt.device.scratch import SharedScratch
+    from pyrt.testing.refengine import RefProfile
+
+    ref = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))],
+                    nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])],
+                    profiles=[RefProfile({"x": ((1, 4), (1, 4), (1, 4))}, 4096),
+                              RefProfile({"x": ((2, 4), (4, 4), (8, 4))}, 8192)])
+    x = np.ones((3, 4), np.float32)
+    scratch = SharedScratch(cuda, 0, "surface")
+    with Engine.load(memoryview(ref.to_bytes()), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
+        engine.scratch = scratch
+        engine.configure(None, "test")
+        assert engine.activation_bytes == 8192 and len(engine.profiles) == 2
+        with cuda.stream(0) as stream, cuda.alloc(x.nbytes, 0) as a:
+            engine.check_inputs([(x.shape, "float32")])
+            engine.use_profile(stream.handle)
+            engine.infer_output_shapes([x.shape])
+            engine.execute([a.ptr], [a.ptr], stream.handle)
+            stream.synchronize()
+    scratch.close()
 
 
 def _pyrt_uses(monkeypatch: pytest.MonkeyPatch) -> set[tuple[str, str, Any]]:
@@ -500,7 +528,10 @@ def test_what_pyrt_calls_on_tensorrt_is_real(rtrt: Any, monkeypatch: pytest.Monk
     assert not problems, "\n".join(problems)
     assert {("module", "Runtime", 1), ("Runtime", "deserialize_cuda_engine", 1),
             ("ICudaEngine", "weight_streaming_budget_v2", "set"), ("ICudaEngine", "get_tensor_profile_shape", 2),
-            ("IExecutionContext", "execute_async_v3", 1), ("SeekPosition", "END", "get")} <= uses
+            ("IExecutionContext", "execute_async_v3", 1), ("SeekPosition", "END", "get"),
+            ("ICudaEngine", "create_execution_context", 1), ("IExecutionContext", "set_device_memory", 2),
+            ("IExecutionContext", "set_optimization_profile_async", 2),
+            ("ExecutionContextAllocationStrategy", "USER_MANAGED", "get")} <= uses
 
 
 def test_what_pyrt_calls_on_the_cuda_driver_is_real(rdrv: Any, monkeypatch: pytest.MonkeyPatch) -> None:

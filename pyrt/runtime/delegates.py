@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from pyrt.memory.layout import numpy_dtype
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
 from pyrt.runtime.cuda_graphs import data_dependent_refusal, mark_capturable, refuse_capture
-from pyrt.streaming import EngineStreamingInfo, find_baked_budget, resolve_budgets
+from pyrt.runtime.memory_plan import close_engines, share_scratch
+from pyrt.streaming import BudgetSource, EngineStreamingInfo, find_baked_budget, resolve_budgets
 
 TARGET_DEVICE = "target_device"
 
@@ -83,27 +84,41 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
     return out
 
 
-def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any) -> None:
-    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``)."""
+def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any,
+                 share_activations: bool = True, planner: Callable[[Sequence[DelegateDraft]], Any] | None = None,
+                 label: str | None = None) -> None:
+    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``).
+
+    ``share_activations``: engines of one method on one device share one activation scratch
+    (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
+    ``planner(drafts)``, called once the engines are deserialized and before any context exists,
+    returns the budget to apply (``budget`` is not used then); ``label`` replaces the budgets' source.
+    """
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
             d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
                                    trt=trt, cuda=cuda, name=d.name)
-        apply_budgets(drafts, budget, source="load-time budget")
+        if share_activations:
+            share_scratch(drafts, cuda_seam.resolve(cuda))
+        if planner is not None:
+            budget = planner(drafts)
+        apply_budgets(drafts, budget, source="load-time budget", label=label)
     except BaseException:
-        for d in drafts:
-            if d.engine is not None:
-                d.engine.close()
-                d.engine = None
+        close_engines(drafts)
         raise
 
 
-def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:
-    """Resolve budgets for all engines (validated first), then configure each one."""
+def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str, label: str | None = None) -> None:
+    """Resolve budgets for all engines (validated first), then configure each one.
+
+    ``label`` ("fit") names where explicit budgets came from instead of "load-time".
+    """
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
     resolved = resolve_budgets(infos, budget, source=source)
     for d, r in zip(drafts, resolved, strict=True):
+        if label is not None and r.source == "load-time":
+            r = replace(r, source=cast(BudgetSource, label))
         d.engine.configure(r.budget, r.source)
         d.resolved = r
 
@@ -378,6 +393,7 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
         stream = ctx.stream(device)
         shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
         engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_, strict=True)])
+        engine.use_profile(stream.handle)
         if dynamic or not static_shapes:
             out_shapes = engine.infer_output_shapes(shapes)
             if not dynamic:

@@ -27,11 +27,11 @@ from pyrt import cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeTensorRT
-from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
 __all__ = [
     "SimulatedGPUs", "simulated_gpus", "simulated_devices", "FakeDriver", "FakeTensorRT",
-    "RefEngine", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
+    "RefEngine", "RefProfile", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
 ]
 
 

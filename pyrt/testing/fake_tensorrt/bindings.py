@@ -44,6 +44,15 @@ class TensorIOMode(_Enum):
     OUTPUT = 2
 
 
+class ExecutionContextAllocationStrategy(_Enum):
+    """Who provides an execution context's activation memory: TensorRT at creation (STATIC), TensorRT
+    per profile (ON_PROFILE_CHANGE), or the caller through ``set_device_memory`` (USER_MANAGED)."""
+
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
 class _Severity(_Enum):
     INTERNAL_ERROR = 0
     ERROR = 1
@@ -188,5 +197,6 @@ class _InvalidDims(Dims):
 
 # The binding classes' home is the package, as TensorRT's are its module's: messages and reprs name
 # pyrt.testing.fake_tensorrt.ILogger (cf. tensorrt_rtx.ILogger), not this submodule.
-for _cls in (DataType, TensorIOMode, ILogger, Logger, SeekPosition, IStreamReaderV2, IOutputAllocator, Dims):
+for _cls in (DataType, TensorIOMode, ExecutionContextAllocationStrategy, ILogger, Logger, SeekPosition,
+             IStreamReaderV2, IOutputAllocator, Dims):
     _cls.__module__ = "pyrt.testing.fake_tensorrt"

@@ -10,6 +10,7 @@ from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt.bindings import (
     DataType,
     Dims,
+    ExecutionContextAllocationStrategy,
     ILogger,
     IOutputAllocator,
     IStreamReaderV2,
@@ -34,6 +35,7 @@ class FakeTensorRT(FailureInjection):
     __version__ = __version__
     DataType = DataType
     TensorIOMode = TensorIOMode
+    ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy
     ILogger: TypeAlias = ILogger  # an alias, so Runtime's annotation can name it in the class body
     Logger = Logger
     Dims = Dims

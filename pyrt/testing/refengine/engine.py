@@ -24,10 +24,11 @@ from pyrt.testing.refengine.model import (
     RefEngineExecutionError,
     RefEngineFormatError,
     RefNode,
+    RefProfile,
     RefTensor,
     RefWeight,
 )
-from pyrt.testing.refengine.validation import _fits, _validate
+from pyrt.testing.refengine.validation import _check_profiles, _fits, _validate
 
 SYM_OPS: dict[str, Any] = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
@@ -45,6 +46,8 @@ class RefEngine:
     weights: dict[str, Any] = field(default_factory=dict)
     nodes: list[RefNode] = field(default_factory=list)
     weight_streaming: bool = False
+    profiles: list[RefProfile] = field(default_factory=list)  # empty: one, the inputs' min/max
+    device_memory: int = 0  # activation bytes of the implicit profile (``profiles`` carry their own)
 
     _weights_by_backend: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _numpy_runs_all: bool | None = field(default=None, init=False, repr=False, compare=False)
@@ -52,6 +55,11 @@ class RefEngine:
     def __post_init__(self) -> None:
         self.weights = {name: RefWeight.of(w) for name, w in self.weights.items()}
         _validate(self, "RefEngine")
+        _check_profiles(self, "RefEngine")
+
+    def optimization_profiles(self) -> list[RefProfile]:
+        """The engine's optimization profiles (at least one)."""
+        return list(self.profiles) or [RefProfile({}, self.device_memory)]
 
     def _auto(self) -> _Backend:
         """torch if it is imported already or this graph needs it, else numpy: a run imports no torch for nothing."""
@@ -117,6 +125,10 @@ class RefEngine:
             ],
             "weight_streaming": self.weight_streaming,
         }
+        if self.profiles or self.device_memory:
+            doc["device_memory"] = self.device_memory
+            doc["profiles"] = [{"shapes": {n: [list(d) for d in b] for n, b in p.shapes.items()},
+                                "device_memory": p.device_memory} for p in self.profiles]
         try:
             text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         except ValueError as exc:
@@ -127,9 +139,9 @@ class RefEngine:
     @classmethod
     def from_bytes(cls, data: Any, *, source: str = "<refengine>") -> RefEngine:
         """Parse and validate; weights are zero-copy views of ``data``."""
-        inputs, outputs, weights, nodes, streaming = _parse(memoryview(data).cast("B"), source)
+        inputs, outputs, weights, nodes, streaming, extra = _parse(memoryview(data).cast("B"), source)
         try:
-            return RefEngine(inputs, outputs, weights, nodes, streaming)
+            return RefEngine(inputs, outputs, weights, nodes, streaming, *extra)
         except RefEngineFormatError as exc:
             raise RefEngineFormatError(f"{source}: {exc}") from None
 
