@@ -126,3 +126,44 @@ def install(module: Any, context: Any, engine: str, names: list[str]) -> dict[st
             raise EngineError(f"{engine}: TensorRT refused an output allocator for {name!r}")
         out[name] = (planned, allocator)
     return out
+
+
+class OutputAllocators:
+    """The allocators of one execution context, by output name (kept alive as long as the context)."""
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self._by_name: dict[str, tuple[PlannedOutput, Any]] = {}
+        self.names: tuple[str, ...] = ()
+
+    def ensure(self, module: Any, context: Any, names: list[str]) -> None:
+        """Install allocators for ``names`` on ``context`` unless these are installed already."""
+        if names and set(names) != set(self._by_name):
+            self._by_name = install(module, context, self.engine, names)
+        self.names = tuple(names)
+
+    def clear(self) -> None:
+        self._by_name, self.names = {}, ()
+
+    def plan(self, output_names: list[str], ptrs: Any, capacities: Any) -> None:
+        """Before a launch: each data-dependent output's planned address and bytes."""
+        if capacities is None or len(capacities) != len(output_names):
+            raise EngineError(f"{self.engine}: outputs {list(self.names)} have data-dependent shapes: "
+                              "execute needs the planned bytes of every output")
+        for name, ptr, capacity in zip(output_names, ptrs, capacities, strict=True):
+            if name in self._by_name:
+                self._by_name[name][0].plan(address=int(ptr), capacity=int(capacity))
+
+    def check(self, messages: Any) -> None:
+        """After a launch: raise the first allocator failure (TensorRT's log of it is dropped)."""
+        failed = [p.failure for p, _ in self._by_name.values() if p.failure is not None]
+        if failed:
+            messages.take()
+            raise failed[0]
+
+    def reported(self, name: str) -> tuple[int, ...]:
+        entry = self._by_name.get(name)
+        if entry is None:
+            raise ExecutionError(f"{self.engine}: output {name!r} has no output allocator (its shape is not "
+                                 "data-dependent, or infer_output_shapes was not called)")
+        return entry[0].result()
