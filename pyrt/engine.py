@@ -380,6 +380,8 @@ class Engine:
                                       f"{self._logger.messages.take() or 'no log'}")
             self._bound = ptrs
         if self._allocators.names:
+            if int(self._cuda.call("cuStreamIsCapturing", int(stream))):
+                raise EngineError(self._allocators.capture_refusal())
             self._allocators.plan(self.output_names, output_ptrs, capacities)
         ok = context.execute_async_v3(int(stream))
         self._allocators.check(self._logger.messages)

@@ -178,3 +178,34 @@ def test_the_allocator_subclasses_the_flavours_base(flavour: str) -> None:
     assert allocator.reallocate_output_async("output_0", 0x1000, 65, 256, 0) == 0
     with pytest.raises(ExecutionError, match="needs 65 bytes, more than the 64 bytes"):
         planned.result()
+
+
+def test_an_engine_reports_the_shape_and_refuses_capture_with_a_reason() -> None:
+    """Engine level: -1 before running, the reported shape after, and a typed refusal inside a capture
+    (a caller capturing its own stream, e.g. torch.cuda.graph around a device-tensor run)."""
+    from pyrt.engine import Engine
+    from pyrt.errors import EngineError
+    from pyrt.format.trt_blob import IOBinding
+    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+
+    ref = RefEngine([RefTensor("x", "float32", (8,))], [RefTensor("y", "int64", (-1, 1))],
+                    nodes=[RefNode("aten::gt.Scalar", [Ref("x"), 0.0], {}, ["m"]),
+                           RefNode("aten::nonzero.default", [Ref("m")], {}, ["y"])])
+    bindings = [IOBinding("x", "float32", (8,), True), IOBinding("y", "int64", (-1, 1), False)]
+    values = np.array([1, -1, 2, -2, 3, -3, 4, -4], np.float32)
+    with simulated_gpus(1) as sim, Engine.load(memoryview(ref.to_bytes()), device=0, io_bindings=bindings) as engine:
+        engine.configure(None, "automatic")
+        assert engine.infer_output_shapes([(8,)]) == [(-1, 1)] and engine.data_dependent == ("y",)
+        x, y = sim.cuda.alloc(32, 0), sim.cuda.alloc(64, 0)
+        sim.cuda.memcpy_htod(x, values)
+        with sim.cuda.stream(0) as s:
+            engine.execute([x.ptr], [y.ptr], s.handle, [64])
+            assert engine.reported_shape("y") == (4, 1)
+            s.synchronize()
+            out = np.empty((4, 1), np.int64)
+            sim.cuda.memcpy_dtoh(out, y)
+            assert out[:, 0].tolist() == [0, 2, 4, 6]
+            sim.cuda.call("cuStreamBeginCapture", s.raw, 1)
+            with pytest.raises(EngineError, match="cannot be captured in a CUDA graph"):
+                engine.execute([x.ptr], [y.ptr], s.handle, [64])
+            sim.cuda.call("cuGraphDestroy", sim.cuda.call("cuStreamEndCapture", s.raw))

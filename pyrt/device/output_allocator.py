@@ -142,6 +142,12 @@ class OutputAllocators:
             self._by_name = install(module, context, self.engine, names)
         self.names = tuple(names)
 
+    def capture_refusal(self) -> str:
+        """Why the engine may not run inside a CUDA graph capture."""
+        return (f"{self.engine}: outputs {list(self.names)} have data-dependent shapes: TensorRT learns them while "
+                "running (through its output allocator) and pyrt resizes them on the host, so this engine cannot "
+                "be captured in a CUDA graph; run it outside the capture")
+
     def clear(self) -> None:
         self._by_name, self.names = {}, ()
 

@@ -55,9 +55,10 @@ from pyrt.testing.fake_cuda.handles import (
     CUpointer_attribute,
     CUresult,
     CUstream,
+    CUstreamCaptureStatus,
 )
 
 __all__ = [
-    "FakeDriver", "CUresult", "CUdevice_attribute", "CUpointer_attribute", "CUdevice", "CUcontext", "CUstream",
-    "CUevent", "CUdeviceptr", "CUgraph", "CUgraphExec",
+    "FakeDriver", "CUresult", "CUdevice_attribute", "CUpointer_attribute", "CUstreamCaptureStatus", "CUdevice",
+    "CUcontext", "CUstream", "CUevent", "CUdeviceptr", "CUgraph", "CUgraphExec",
 ]

@@ -13,6 +13,7 @@ from pyrt.testing.fake_cuda.handles import (
     CUdevice_attribute,
     CUpointer_attribute,
     CUresult,
+    CUstreamCaptureStatus,
 )
 
 
@@ -28,6 +29,7 @@ class FakeDriver(GraphDriver):
     CUresult: TypeAlias = CUresult
     CUdevice_attribute: TypeAlias = CUdevice_attribute
     CUpointer_attribute: TypeAlias = CUpointer_attribute
+    CUstreamCaptureStatus: TypeAlias = CUstreamCaptureStatus
 
     # -- initialization and devices ------------------------------------------
     def cuInit(self, Flags: int) -> tuple[CUresult]:

@@ -10,6 +10,7 @@ from pyrt.testing.fake_cuda.handles import (
     CUgraph,
     CUgraphExec,
     CUresult,
+    CUstreamCaptureStatus,
     _Handle,
 )
 from pyrt.testing.fake_cuda.state import (
@@ -32,6 +33,17 @@ class GraphDriver(StreamDriver):
             return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
         queue.capture, queue.capture_error = [], CUresult.CUDA_SUCCESS
         return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamIsCapturing(self, hStream: Any) -> tuple[CUresult, CUstreamCaptureStatus | None]:
+        handle = int(hStream) if hStream is not None else 0
+        queue = self._queues.get(handle)
+        if handle in _LEGACY or (queue is not None and queue.capture is None):
+            return (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+        if queue is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
+        if queue.capture_error:
+            return (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE)
 
     def cuStreamEndCapture(self, hStream: Any) -> tuple[CUresult, CUgraph | None]:
         queue = self._queues.get(int(hStream) if hStream is not None else 0)

@@ -43,6 +43,14 @@ class CUpointer_attribute(enum.IntEnum):
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
+class CUstreamCaptureStatus(enum.IntEnum):
+    """A stream's capture status (same names and values as cuda-python)."""
+
+    CU_STREAM_CAPTURE_STATUS_NONE = 0
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+
+
 class _Handle:
     """An opaque driver handle that converts to int, like cuda-python's CUstream etc. (fixed fields, as theirs)."""
 
