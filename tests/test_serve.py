@@ -57,7 +57,8 @@ def ray_serve() -> Iterator[str]:
 def dyn(ray_serve: str, programs: dict[str, Path]) -> str:
     """``dyn.pte`` as model "dyn": two replicas, one simulated GPU each, batches of up to 8 rows."""
     app = deployment(programs["dyn"], name="dyn", replicas=2, simulated_gpus=1, max_batch_size=8,
-                     batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5)
+                     batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5,
+                     budget="50%")
     run(app, path=str(programs["dyn"]))
     return ray_serve
 
@@ -87,6 +88,14 @@ def test_health_and_metadata(dyn: str) -> None:
     missing = requests.get(f"http://{dyn}/v2/models/nope", timeout=30)
     assert missing.status_code == 404 and "no model 'nope'" in missing.json()["error"]
     assert not client.is_model_ready("nope")
+
+
+def test_each_replica_applies_the_budget_to_its_engines(dyn: str, programs: dict[str, Path]) -> None:
+    with simulated_gpus(1), Program(programs["dyn"], kernels="numpy", budget="50%") as prog:
+        want = [(w.index, w.budget, w.source) for w in prog.weight_streaming]
+    for _ in range(4):
+        got = requests.get(f"http://{dyn}/v2/models/dyn/stats", timeout=30).json()["weight_streaming"]
+        assert [(e["engine"], e["budget"], e["source"]) for e in got] == want and want[0][1] > 0
 
 
 @pytest.mark.parametrize("route", ["generate", "generate_stream"])
