@@ -9,7 +9,11 @@ file pages are dropped from the process once served), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
-enqueues on a stream. Every TensorRT return value is checked.
+enqueues on a stream. Every TensorRT return value is checked. An output whose
+shape only the run decides (``nonzero``; TensorRT reports -1 for it) gets an output
+allocator (:mod:`pyrt.device.output_allocator`): ``execute`` hands it the output's
+planned buffer and capacity, and :meth:`Engine.reported_shape` gives the shape
+TensorRT reported, known when ``execute_async_v3`` returns.
 
 >>> import numpy as np
 >>> from pyrt.testing import simulated_gpus
@@ -42,8 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt import cuda as cuda_seam
-from pyrt.device import tensorrt_seam
-from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
+from pyrt.device import output_allocator, tensorrt_seam
+from pyrt.errors import BudgetError, DeviceError, EngineError, ExecutionError, InputError
 from pyrt.format.mapped import release_pages
 
 _log = logging.getLogger("pyrt.engine")
@@ -126,6 +130,8 @@ class Engine:
         self._budget_source: str | None = None
         self._shapes_set = False
         self._bound: list[int] = []  # addresses bound on the current context, in name order
+        self.data_dependent: tuple[str, ...] = ()  # outputs whose shape only the run decides
+        self._allocators: dict[str, tuple[output_allocator.PlannedOutput, Any]] = {}  # kept alive with the context
         self._check_bindings()
 
     # -- loading -----------------------------------------------------------------
@@ -329,12 +335,12 @@ class Engine:
             raise EngineError(f"{self.name}: TensorRT shape inference failed: {exc}") from exc
         if missing:
             raise EngineError(f"{self.name}: TensorRT shape inference left {list(missing)} unspecified")
-        shapes = []
-        for name in self.output_names:
-            shape = tuple(int(d) for d in context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise EngineError(f"{self.name}: output {name!r} has a data-dependent shape {shape}; unsupported")
-            shapes.append(shape)
+        shapes = [tuple(int(d) for d in context.get_tensor_shape(name)) for name in self.output_names]
+        data_dependent = tuple(n for n, shape in zip(self.output_names, shapes, strict=True)
+                               if min(shape, default=0) < 0)
+        if data_dependent and set(data_dependent) != set(self._allocators):
+            self._allocators = output_allocator.install(self._trt, context, self.name, list(data_dependent))
+        self.data_dependent = data_dependent
         self._shapes_set = True
         return shapes
 
@@ -344,8 +350,14 @@ class Engine:
                              f"{self._logger.messages.take() or 'outside the optimization profile'}")
 
     # -- running -------------------------------------------------------------------------
-    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int) -> None:
-        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``."""
+    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int,
+                capacities: Sequence[int] | None = None) -> None:
+        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``.
+
+        ``capacities``: bytes planned at each output address (needed for data-dependent outputs:
+        TensorRT gets that buffer through the output allocator while its request fits, and a
+        request that does not is an ExecutionError naming the output, the size and the bound).
+        """
         context = self._ready()
         if len(input_ptrs) != len(self.input_names) or len(output_ptrs) != len(self.output_names):
             raise InputError(f"{self.name}: execute needs {len(self.input_names)} input and "
@@ -361,15 +373,38 @@ class Engine:
                     raise EngineError(f"{self.name}: TensorRT refused address {ptr:#x} for {name!r}: "
                                       f"{self._logger.messages.take() or 'no log'}")
             self._bound = ptrs
-        if not context.execute_async_v3(int(stream)):
+        if self._allocators:
+            self._plan_outputs(output_ptrs, capacities)
+        ok = context.execute_async_v3(int(stream))
+        failed = [p.failure for p, _ in self._allocators.values() if p.failure is not None]
+        if failed:
+            self._logger.messages.take()
+            raise failed[0]
+        if not ok:
             raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
                               f"{self._logger.messages.take() or 'no log'}")
+
+    def _plan_outputs(self, output_ptrs: Sequence[int], capacities: Sequence[int] | None) -> None:
+        if capacities is None or len(capacities) != len(self.output_names):
+            raise EngineError(f"{self.name}: outputs {list(self.data_dependent)} have data-dependent shapes: "
+                              f"execute needs the planned bytes of every output")
+        for name, ptr, capacity in zip(self.output_names, output_ptrs, capacities, strict=True):
+            if name in self._allocators:
+                self._allocators[name][0].plan(address=int(ptr), capacity=int(capacity))
+
+    def reported_shape(self, name: str) -> tuple[int, ...]:
+        """The shape TensorRT reported for data-dependent output ``name`` in the last ``execute``."""
+        entry = self._allocators.get(name)
+        if entry is None:
+            raise ExecutionError(f"{self.name}: output {name!r} has no output allocator (its shape is not "
+                                 f"data-dependent, or infer_output_shapes was not called)")
+        return entry[0].result()
 
     def enqueue(self, ptrs: list[int], stream: int) -> None:
         """The hot path of :meth:`execute` for a caller that validated once: ``ptrs`` (inputs
         then outputs, ints) against the shapes already set; binds only when ``ptrs`` changed."""
         context = self._context
-        if context is None or not self._shapes_set:
+        if context is None or not self._shapes_set or self._allocators:
             self.execute(ptrs[: len(self.input_names)], ptrs[len(self.input_names):], stream)
             return
         self._cuda.set_device(self.device)
@@ -401,6 +436,7 @@ class Engine:
         self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
         self._shapes_set = False
         self._bound = []
+        self._allocators = {}  # they belonged to that context
 
     def close(self) -> None:
         """Release the execution context, then the engine (idempotent)."""

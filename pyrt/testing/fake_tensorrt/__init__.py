@@ -39,6 +39,7 @@ from pyrt.testing.fake_tensorrt.bindings import (
     DataType,
     Dims,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -50,5 +51,5 @@ from pyrt.testing.fake_tensorrt.runtime import FakeRuntime
 
 __all__ = [
     "FakeTensorRT", "FakeRuntime", "FakeCudaEngine", "FakeExecutionContext", "DataType", "TensorIOMode", "ILogger",
-    "Logger", "SeekPosition", "IStreamReaderV2", "Dims", "__version__",
+    "Logger", "SeekPosition", "IStreamReaderV2", "IOutputAllocator", "Dims", "__version__",
 ]

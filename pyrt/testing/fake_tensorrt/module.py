@@ -11,6 +11,7 @@ from pyrt.testing.fake_tensorrt.bindings import (
     DataType,
     Dims,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -37,6 +38,7 @@ class FakeTensorRT(FailureInjection):
     Logger = Logger
     Dims = Dims
     SeekPosition = SeekPosition
+    IOutputAllocator = IOutputAllocator
 
     def __init__(self, driver: FakeDriver) -> None:
         super().__init__(driver)

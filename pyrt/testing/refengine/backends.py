@@ -112,6 +112,8 @@ class _TorchBackend(_Backend):
         return value if isinstance(value, self.torch.Tensor) else self.torch.from_numpy(np.asarray(value))
 
     def from_raw(self, raw: np.ndarray, dtype: str, shape: Sequence[int]) -> Any:
+        if not np.size(raw):  # an empty tensor (nonzero found nothing): a 0-byte view cannot change dtype
+            return self.torch.empty(tuple(shape), dtype=self.dtype_object(dtype))
         flat = self.torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True))
         return flat.view(self.dtype_object(dtype)).reshape(tuple(shape))
 
