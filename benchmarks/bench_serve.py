@@ -194,7 +194,8 @@ def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
             await request.body()
             return Response(b"{}", media_type="application/json")
 
-    serve.run(Noop.bind(), name="pyrt", route_prefix="/")  # type: ignore[attr-defined]
+    # the same max_ongoing_requests as pyrt's replicas (Ray's default, 5, makes the router back off at 32 clients)
+    serve.run(Noop.options(max_ongoing_requests=64).bind(), name="pyrt", route_prefix="/")  # type: ignore[attr-defined]
     body, headers = kserve_body(x)
     call = _client(f"http://127.0.0.1:{port}/v2/models/noop/infer", body, headers)
     try:
