@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from pyrt._version import __version__
 from pyrt.errors import PyrtError
 from pyrt.logs import configure as configure_logging
+from pyrt.logs import reset as reset_logging
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
@@ -431,8 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help and --version (0), usage errors (2)
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE if exc.code else EXIT_OK
         debug = debug or getattr(args, "debug", False)
-        configure_logging(getattr(args, "verbose", False))
         with contextlib.ExitStack() as stack:
+            stack.callback(reset_logging)  # main() called in a process that goes on (tests) leaves no handler
+            configure_logging(getattr(args, "verbose", False))
             stack.enter_context(_warnings_to_stderr())
             _simulated(stack)
             status: int = args.func(args)
