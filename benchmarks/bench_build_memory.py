@@ -61,7 +61,7 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     from torch import nn
 
     from pyrt.device.tensorrt_seam import shared_logger
-    from pyrt.export import to_pte, trt_builder
+    from pyrt.export import _trt_torch, to_pte, trt_builder
 
     torch.set_num_threads(1)
     tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base
@@ -83,8 +83,8 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     if route in ("memory", "before"):
         trt_builder._can_stream = lambda builder: False  # type: ignore[assignment]
     if route == "before":
-        trt_builder._module_initializers = lambda program: {}  # type: ignore[assignment]
-        trt_builder._optimize = lambda program: program.optimize()  # type: ignore[assignment]
+        _trt_torch._module_initializers = lambda program: {}  # type: ignore[assignment]
+        _trt_torch._optimize = lambda program: program.optimize()  # type: ignore[assignment]
     example = (torch.zeros(4, width, dtype=torch.float16),)
     base, reset = _rss_mib(), reset_peak()
     start = time.perf_counter()

@@ -16,26 +16,34 @@ Layout facts: ``docs/formats.md`` (shared) section 1.
 
 from __future__ import annotations
 
-import enum
+import errno
 import mmap as mmap_mod
 import os
-import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-from pyrt.errors import PteFormatError
+from pyrt.errors import PteFormatError, ResourceError
 from pyrt.format import values as _values
 from pyrt.format.bounds import Span
-from pyrt.format.dtypes import ScalarType
+from pyrt.format.decode import (
+    buffer_device,
+    data_segment,
+    decode_evalue,
+    decode_instruction,
+    first,
+    named_data,
+    subsegment,
+)
+from pyrt.format.delegates import BackendDelegate, CompileSpec, decode_delegate
 from pyrt.format.flatbuffer import Table, Vector
-from pyrt.format.limits import check_host_memory
 from pyrt.format.mapped import register, unmap
+from pyrt.format.pte_header import byte_view, parse_headers, read_private, require_regular
 from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's public records)
     EVALUE_KINDS,
     INSTRUCTION_KINDS,
     AllocationInfo,
+    BufferDevice,
     Chain,
     DataLocation,
     DataSegment,
@@ -60,81 +68,7 @@ from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's publi
 if TYPE_CHECKING:
     from pyrt.format.ptd_reader import ExternalData
 
-FILE_IDENTIFIER = b"ET12"  # bytes 4..8
-EXT_HEADER_OFFSET = 8  # the extended header follows root offset (4) + identifier (4)
-EXT_HEADER_MAGIC = b"eh00"
-# eh00 magic (4) + header length (4) + program_size (8) + segment_base_offset (8) = 24 bytes;
-# segment_data_size (8) follows only when the header length says it is there (>= 32).
-EXT_HEADER_MIN_LENGTH = 24
-EXT_HEADER_WITH_DATA_SIZE = 32
-FLATBUFFER_MAX = 2**31  # FlatBuffers cannot address more than 2 GiB
-
 Source = str | os.PathLike | bytes | bytearray | memoryview
-
-
-
-
-@dataclass(frozen=True)
-class CompileSpec:
-    key: str
-    value: bytes
-
-    def text(self) -> str:
-        """The value as UTF-8 text, or ``hex:...`` when it is not printable text."""
-        try:
-            decoded = self.value.decode("utf-8")
-        except UnicodeDecodeError:
-            decoded = None
-        if decoded is not None and decoded.isprintable():
-            return decoded
-        return "hex:" + self.value.hex()
-
-
-class BackendDelegate:
-    """A delegate entry; ``compile_specs`` decode on first access (the blob path never needs them)."""
-
-    __slots__ = ("id", "location", "index", "_specs", "_decoded")
-
-    def __init__(self, id: str, location: DataLocation, index: int, compile_specs: Any = ()) -> None:
-        self.id, self.location, self.index = id, location, index
-        self._specs = compile_specs
-        self._decoded: tuple[CompileSpec, ...] | None = compile_specs if isinstance(compile_specs, tuple) else None
-
-    @property
-    def compile_specs(self) -> tuple[CompileSpec, ...]:
-        if self._decoded is None:
-            self._decoded = tuple(
-                CompileSpec(s.string(0, "key") or "", bytes(v.raw()) if (v := s.vector(1, "value", "u8")) else b"")
-                for s in self._specs.tables(_first)
-            )
-        return self._decoded
-
-    def spec(self, key: str) -> bytes | None:
-        """The value of compile spec ``key``; a duplicated key is a format error."""
-        found = [c.value for c in self.compile_specs if c.key == key]
-        if len(found) > 1:
-            raise PteFormatError(f"delegate {self.id!r} has compile spec {key!r} {len(found)} times")
-        return found[0] if found else None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BackendDelegate):
-            return NotImplemented
-        return (self.id, self.location, self.index, self.compile_specs) == (
-            other.id, other.location, other.index, other.compile_specs)
-
-    def __hash__(self) -> int:
-        return hash((self.id, self.location, self.index))
-
-    def __repr__(self) -> str:
-        return (f"BackendDelegate(id={self.id!r}, location={self.location!r}, index={self.index}, "
-                f"compile_specs={self.compile_specs!r})")
-
-
-@dataclass(frozen=True)
-class BufferDevice:
-    buffer_idx: int
-    device_type: DeviceType
-    device_index: int
 
 
 # -- the file ------------------------------------------------------------------------------------
@@ -153,7 +87,7 @@ class PteFile:
         self.external: ExternalData | None = None  # .ptd files searched for external tensors (attach_data)
         self.file = Span(data, source)
         self.size = data.nbytes
-        self.identifier, self.extended_header = _parse_headers(self.file)
+        self.identifier, self.extended_header = parse_headers(self.file)
         program_size = self.extended_header.program_size if self.extended_header else self.size
         self._fb = Span(data[:program_size], source)
 
@@ -170,7 +104,7 @@ class PteFile:
         file is truncated while they are in use; private memory cannot.
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
-            return cls(_byte_view(source), "<bytes>")
+            return cls(byte_view(source), "<bytes>")
         if not isinstance(source, (str, os.PathLike)):
             raise PteFormatError(f"cannot open {source!r}: expected a path or a bytes-like object")
         path = os.fspath(source)
@@ -182,20 +116,23 @@ class PteFile:
             before = os.stat(path)  # before open: opening a FIFO blocks until a writer comes
         except OSError as exc:
             raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        _require_regular(path, before)
+        require_regular(path, before)
         try:  # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once (and fstat refuses it)
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
         except OSError as exc:
             raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         try:
             info = os.fstat(fd)
-            _require_regular(path, info)
+            require_regular(path, info)
             if info.st_size == 0:
                 raise PteFormatError(f"{path}: file is empty (0 bytes)")
             if not mmap:
-                return cls(_read_private(fd, path, info.st_size), path)
+                return cls(read_private(fd, path, info.st_size), path)
             mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
         except OSError as exc:
+            if exc.errno == errno.ENOMEM:  # the address space is full (RLIMIT_AS): a resource, not a bad file
+                raise ResourceError(f"{path}: cannot map the file ({exc.strerror}): over the process's address-space "
+                                    f"limit or out of memory") from exc
             raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)
@@ -247,75 +184,6 @@ class PteFile:
         return self.file.view(f"segment {index}", self.segment_base_offset + seg.offset, seg.size)
 
 
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _require_regular(path: str, info: os.stat_result) -> None:
-    if stat.S_ISREG(info.st_mode):
-        return
-    kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
-    raise PteFormatError(f"{path}: cannot open: it is {kind}; a .pte must be a regular file")
-
-
-def _read_private(fd: int, path: str, size: int) -> memoryview:
-    """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
-    check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
-    buf = memoryview(bytearray(size))
-    got = 0
-    while got < size:
-        n = os.readv(fd, [buf[got:]])
-        if n == 0:
-            raise PteFormatError(f"{path}: the file shrank to {got} bytes while being read ({size} expected)")
-        got += n
-    return buf.toreadonly()
-
-
-def _byte_view(source: bytes | bytearray | memoryview) -> memoryview:
-    """A flat unsigned-byte view of ``source`` (no copy); a non-contiguous view is a PteFormatError."""
-    view = memoryview(source)
-    if not view.c_contiguous:
-        raise PteFormatError(f"<bytes>: a non-contiguous memoryview (shape {view.shape}, strides {view.strides}) "
-                             f"is not a .pte image; pass bytes(view) or a contiguous buffer")
-    try:
-        return view.cast("B")
-    except (TypeError, ValueError) as exc:
-        raise PteFormatError(f"<bytes>: cannot read the buffer as bytes: {exc}") from None
-
-
-def _parse_headers(span: Span) -> tuple[str, ExtendedHeader | None]:
-    ident = span.bytes_at("file identifier", 4, 4)
-    if ident != FILE_IDENTIFIER:
-        raise PteFormatError(f"{span.source}: file identifier {ident!r} is not {FILE_IDENTIFIER!r}")
-    if span.length < EXT_HEADER_OFFSET + 4 or span.bytes_at("header magic", 8, 4) != EXT_HEADER_MAGIC:
-        if span.length > FLATBUFFER_MAX:
-            raise PteFormatError(f"{span.source}: {span.length} bytes without an extended header exceeds 2 GiB")
-        return ident.decode("ascii"), None
-    length = span.u32("extended header length", 12)
-    if length < EXT_HEADER_MIN_LENGTH:
-        raise PteFormatError(f"{span.source}: extended header length {length} < {EXT_HEADER_MIN_LENGTH}")
-    span.check("extended header", EXT_HEADER_OFFSET, length)
-    program_size = span.u64("program_size", 16)
-    base = span.u64("segment_base_offset", 24)
-    data_size = span.u64("segment_data_size", 32) if length >= EXT_HEADER_WITH_DATA_SIZE else None
-    if not EXT_HEADER_OFFSET + length <= program_size <= span.length:
-        raise PteFormatError(
-            f"{span.source}: program_size {program_size} is outside [{EXT_HEADER_OFFSET + length}, "
-            f"file length {span.length}]"
-        )
-    if program_size > FLATBUFFER_MAX:
-        raise PteFormatError(f"{span.source}: program_size {program_size} exceeds the 2 GiB flatbuffer limit")
-    if base < program_size and base != 0:
-        raise PteFormatError(f"{span.source}: segment_base_offset {base} is inside the program (size {program_size})")
-    if base > span.length:
-        raise PteFormatError(f"{span.source}: segment_base_offset {base} is past the end (length {span.length})")
-    if data_size is not None and base + data_size > span.length:
-        raise PteFormatError(
-            f"{span.source}: segment data [{base}, {base + data_size}) overruns the file (length {span.length})"
-        )
-    return ident.decode("ascii"), ExtendedHeader(program_size, base, data_size)
-
-
 # -- the Program table ---------------------------------------------------------------------------
 
 
@@ -357,26 +225,22 @@ class Program:
     @cached_property
     def segments(self) -> tuple[DataSegment, ...]:
         vec = self._t.vector(4, "segments", "table")
-        return tuple(vec.tables(_data_segment)) if vec else ()
+        return tuple(vec.tables(data_segment)) if vec else ()
 
     @cached_property
     def constant_segment(self) -> SubsegmentOffsets | None:
         t = self._t.table(5, "constant_segment")
-        return _subsegment(t) if t else None
+        return subsegment(t) if t else None
 
     @cached_property
     def mutable_data_segments(self) -> tuple[SubsegmentOffsets, ...]:
         vec = self._t.vector(6, "mutable_data_segments", "table")
-        return tuple(vec.tables(lambda t, i: _subsegment(t))) if vec else ()
+        return tuple(vec.tables(lambda t, i: subsegment(t))) if vec else ()
 
     @cached_property
     def named_data(self) -> tuple[NamedData, ...]:
         vec = self._t.vector(7, "named_data", "table")
-        if not vec:
-            return ()
-        return tuple(
-            NamedData(t.string(0, "key") or "", int(t.scalar(1, "segment_index", "u32"))) for t in vec.tables(_first)
-        )
+        return tuple(vec.tables(named_data)) if vec else ()
 
     @cached_property
     def _inline_data(self) -> Vector | None:
@@ -487,19 +351,6 @@ class Program:
         return Span(view, self.pte.source).view(what, 0, tensor.nbytes)
 
 
-def _first(t: Table, i: int) -> Table:
-    return t
-
-
-def _data_segment(t: Table, i: int) -> DataSegment:
-    return DataSegment(int(t.scalar(0, "offset", "u64")), int(t.scalar(1, "size", "u64")))
-
-
-def _subsegment(t: Table) -> SubsegmentOffsets:
-    offs = t.vector(1, "offsets", "u64")
-    return SubsegmentOffsets(int(t.scalar(0, "segment_index", "u32")), offs.scalars() if offs else ())
-
-
 class ExecutionPlan:
     """One method. Fields decode on first access and are then cached."""
 
@@ -547,7 +398,7 @@ class ExecutionPlan:
         """Decode value ``index`` (bounds-checked)."""
         self.check_value_index(index, "value")
         values = cast(Vector, self._values)  # not None: the check found index < num_values
-        return _decode_evalue(values.table(index, f"values[{index}]"), self)
+        return decode_evalue(values.table(index, f"values[{index}]"), self.check_value_index)
 
     def check_value_index(self, index: int, what: str) -> int:
         if not 0 <= index < self.num_values:
@@ -584,12 +435,12 @@ class ExecutionPlan:
             return _values.decode_operators(vec.span.data, vec.span.length, vec.start, vec.n)
         except _values.Fallback:
             pass
-        return tuple(Operator(t.string(0, "name") or "", t.string(1, "overload") or "") for t in vec.tables(_first))
+        return tuple(Operator(t.string(0, "name") or "", t.string(1, "overload") or "") for t in vec.tables(first))
 
     @cached_property
     def delegates(self) -> tuple[BackendDelegate, ...]:
         vec = self._t.vector(7, "delegates", "table")
-        return tuple(vec.tables(_delegate)) if vec else ()
+        return tuple(vec.tables(decode_delegate)) if vec else ()
 
     @cached_property
     def non_const_buffer_sizes(self) -> tuple[int, ...]:
@@ -603,16 +454,7 @@ class ExecutionPlan:
     @cached_property
     def non_const_buffer_device(self) -> tuple[BufferDevice, ...]:
         vec = self._t.vector(9, "non_const_buffer_device", "table")
-        if not vec:
-            return ()
-        return tuple(
-            BufferDevice(
-                int(t.scalar(0, "buffer_idx", "i32")),
-                _enum(DeviceType, t.scalar(1, "device_type", "i8"), "device_type", t),
-                int(t.scalar(2, "device_index", "i8")),
-            )
-            for t in vec.tables(_first)
-        )
+        return tuple(vec.tables(buffer_device)) if vec else ()
 
     def buffer_device(self, buffer_idx: int) -> tuple[DeviceType, int]:
         """Device of memory arena ``buffer_idx`` (CPU unless tagged)."""
@@ -635,119 +477,7 @@ class ExecutionPlan:
         return Chain(inputs.scalars() if inputs else (), outputs.scalars() if outputs else (), instructions)
 
     def _instruction(self, t: Table, i: int) -> Instruction:
-        tag, body = t.union(0, "instr_args")
-        kind = INSTRUCTION_KINDS.get(tag)
-        if kind is None or body is None:
-            raise PteFormatError(f"{self._src}: instruction {i} has unknown or empty type tag {tag}")
-
-        def idx(slot: int, field: str) -> int:
-            return int(body.scalar(slot, field, "i32"))
-
-        def args() -> tuple[int, ...]:
-            vec = body.vector(1, "args", "i32")
-            out = vec.scalars() if vec else ()
-            for a in out:
-                self.check_value_index(a, f"instruction {i} argument")
-            return out
-
-        if kind == "KernelCall":
-            return KernelCall(idx(0, "op_index"), args())
-        if kind == "DelegateCall":
-            return DelegateCall(idx(0, "delegate_index"), args())
-        if kind == "MoveCall":
-            return MoveCall(idx(0, "move_from"), idx(1, "move_to"))
-        if kind == "JumpFalseCall":
-            return JumpFalseCall(idx(0, "cond_value_index"), idx(1, "destination_instruction"))
-        return FreeCall(idx(0, "value_index"))
-
-
-_ENUM_MEMBERS: dict[type, dict[int, Any]] = {}
-
-
-def _enum(kind: type[enum.IntEnum], raw: int | float, field: str, t: Table) -> Any:
-    members = _ENUM_MEMBERS.get(kind)
-    if members is None:  # a plain dict lookup: calling kind(raw) is slow on the load path
-        members = _ENUM_MEMBERS[kind] = {m.value: m for m in kind}
-    try:
-        return members[int(raw)]
-    except KeyError:
-        raise PteFormatError(f"{t.span.source}: {t.name}.{field} has unknown value {raw}") from None
-
-
-def _delegate(t: Table, i: int) -> BackendDelegate:
-    processed = t.table(1, "processed")
-    if processed is None:
-        raise PteFormatError(f"{t.span.source}: delegates[{i}] has no processed data reference")
-    return BackendDelegate(
-        id=t.string(0, "id") or "",
-        location=_enum(DataLocation, processed.scalar(0, "location", "i8"), "location", processed),
-        index=int(processed.scalar(1, "index", "u32")),
-        compile_specs=t.vector(2, "compile_specs", "table") or (),
-    )
-
-
-def _decode_evalue(t: Table, plan: ExecutionPlan) -> EValue:
-    tag, body = t.union(0, "val")
-    kind = EVALUE_KINDS.get(tag)
-    if kind is None:
-        raise PteFormatError(f"{t.span.source}: {t.name} has unknown EValue type tag {tag}")
-    if kind == "Null" or body is None:
-        if kind != "Null":
-            raise PteFormatError(f"{t.span.source}: {t.name} is a {kind} with no payload")
-        return EValue("Null", None)
-    if kind == "Int":
-        return EValue(kind, int(body.scalar(0, "int_val", "i64")))
-    if kind == "Bool":
-        return EValue(kind, bool(body.scalar(0, "bool_val", "bool")))
-    if kind == "Double":
-        return EValue(kind, float(body.scalar(0, "double_val", "f64")))
-    if kind == "String":
-        return EValue(kind, body.string(0, "string_val") or "")
-    if kind == "Tensor":
-        return EValue(kind, _decode_tensor(body))
-    elem = {"IntList": "i64", "DoubleList": "f64", "BoolList": "bool"}.get(kind, "i32")
-    vec = body.vector(0, "items", elem)
-    items = vec.scalars() if vec else ()
-    if kind in ("TensorList", "OptionalTensorList"):
-        for item in items:
-            if not (kind == "OptionalTensorList" and item < 0):
-                plan.check_value_index(item, f"{t.name} {kind} item")
-    return EValue(kind, items)
-
-
-def _decode_tensor(t: Table) -> Tensor:
-    sizes_v = t.vector(2, "sizes", "i32")
-    sizes = sizes_v.scalars() if sizes_v else ()
-    if any(s < 0 for s in sizes):
-        raise PteFormatError(f"{t.span.source}: {t.name} has negative sizes {sizes}")
-    dim_order_v = t.vector(3, "dim_order", "u8")
-    dim_order = dim_order_v.scalars() if dim_order_v else ()
-    if dim_order and sorted(dim_order) != list(range(len(sizes))):
-        raise PteFormatError(f"{t.span.source}: {t.name} dim_order {dim_order} is not a permutation of "
-                             f"{len(sizes)} dims")
-    alloc = t.table(6, "allocation_info")
-    extra = t.table(9, "extra_tensor_info")
-    return Tensor(
-        scalar_type=_enum(ScalarType, t.scalar(0, "scalar_type", "i8"), "scalar_type", t),
-        storage_offset=int(t.scalar(1, "storage_offset", "i32")),
-        sizes=sizes,
-        dim_order=dim_order,
-        requires_grad=bool(t.scalar(4, "requires_grad", "bool")),
-        data_buffer_idx=int(t.scalar(5, "data_buffer_idx", "u32")),
-        allocation_info=None if alloc is None else AllocationInfo(
-            int(alloc.scalar(0, "memory_id", "u32")),
-            int(alloc.scalar(1, "memory_offset_low", "u32")) | int(alloc.scalar(2, "memory_offset_high", "u32")) << 32,
-        ),
-        layout=int(t.scalar(7, "layout", "i8")),
-        shape_dynamism=_enum(ShapeDynamism, t.scalar(8, "shape_dynamism", "i8"), "shape_dynamism", t),
-        extra_tensor_info=None if extra is None else ExtraTensorInfo(
-            mutable_data_segments_idx=int(extra.scalar(0, "mutable_data_segments_idx", "u64")),
-            fully_qualified_name=extra.string(1, "fully_qualified_name"),
-            location=_enum(TensorDataLocation, extra.scalar(2, "location", "i8"), "location", extra),
-            device_type=_enum(DeviceType, extra.scalar(3, "device_type", "i8"), "device_type", extra),
-            device_index=int(extra.scalar(4, "device_index", "i8")),
-        ),
-    )
+        return decode_instruction(t, i, self.check_value_index, self._src)
 
 
 def iter_delegate_blobs(pte: PteFile) -> Iterator[tuple[ExecutionPlan, int, BackendDelegate, memoryview]]:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_kernels import _OPS
+from pyrt.kernels.numpy_base import _OPS
 from pyrt.kernels.numpy_library import supported
 
 torch = pytest.importorskip("torch")

@@ -23,7 +23,8 @@ from tests import gpu_programs
 ROOT = Path(__file__).resolve().parents[1]
 
 DELEGATES = "pyrt/runtime/delegates.py"
-EXECUTOR = "pyrt/runtime/executor.py"
+INPUTS = "pyrt/runtime/inputs.py"
+OUTPUTS = "pyrt/runtime/outputs.py"
 GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
 
 # (file, exact statement text (one line, stripped), what a GPU does without it)
@@ -44,22 +45,22 @@ MUTANTS = [
      "a run writes an arena that the previous run's work on another stream has not read yet"),
     (DELEGATES, "event.synchronize()",
      "a host copy is freed while the copy that reads it may still be queued"),
-    (EXECUTOR, "stream.synchronize()  # the host reads the copy next",
+    (INPUTS, "stream.synchronize()  # the host reads the copy next",
      "a device input meant for a host tensor is read before its copy has run"),
-    (EXECUTOR, "stream.synchronize()  # the caller gets the host copy next",
+    (OUTPUTS, "stream.synchronize()  # the caller gets the host copy next",
      "a host caller gets a device output before its copy has run"),
-    (EXECUTOR, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out",
+    (INPUTS, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out",
      "a device input meant for a host tensor is copied before the producer's stream has written it"),
-    (EXECUTOR, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in",
+    (INPUTS, "state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in",
      "a device input is copied into its arena before the producer's stream has written it"),
     ("pyrt/kernels/prim_kernels.py", "stream.synchronize()  # host kernels read it next",
      "a host kernel reads an et_copy device->host result before the copy has run"),
-    (EXECUTOR, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+    (OUTPUTS, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc_async(t.nbytes, stream)",
      "without a stream, a device output the caller uses on the legacy stream is freed on pyrt's stream"),
     (DELEGATES, "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
      "a dropped device output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
-    (EXECUTOR, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
+    (OUTPUTS, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc(max(t.nbytes, 1), t.device)",
      "dropping a device output frees it with cuMemFree, which synchronises the device"),
 ]
@@ -80,7 +81,7 @@ GRAPH_MUTANTS = [
     (GRAPH_FORWARD, "free_on = 0 if own else handle  # the legacy stream where pyrt used its own"
      " => free_on = handle",
      "without a stream, an output the caller uses on the legacy stream is freed on pyrt's stream"),
-    ("pyrt/cuda.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
+    ("pyrt/device/memory.py", "self._cuda.free_async(self.ptr, self.device, self._free_on)"
      " => self._cuda.free_memory(self.ptr, self.device)",
      "dropping an output frees it with cuMemFree, which synchronises the device"),
 ]

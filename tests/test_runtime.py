@@ -451,7 +451,7 @@ def test_budget_on_a_program_without_engines(model: Callable[[str], Path]) -> No
 def test_dlpack_capsule_reader() -> None:
     """The ctypes view of a DLPack capsule (used for CUDA DLPack inputs) reads pointer, shape and dtype."""
     from pyrt.format.dtypes import ScalarType
-    from pyrt.memory.tensors import _from_dlpack_capsule
+    from pyrt.memory.interop import _from_dlpack_capsule
 
     arr = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
     d = _from_dlpack_capsule(arr.__dlpack__(), 0, "x")

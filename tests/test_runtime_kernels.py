@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pyrt.errors import UnsupportedOperatorError
-from pyrt.kernels.numpy_kernels import _OPS
+from pyrt.errors import InputError, UnsupportedOperatorError
+from pyrt.kernels.numpy_base import _OPS
 from pyrt.kernels.numpy_library import supported
 from pyrt.kernels.registry import choose_library
 
@@ -133,6 +133,13 @@ def test_layout_ops() -> None:
 def test_upsample_nearest(size: Any, scales: Any) -> None:
     x = r(1, 2, 4, 6)
     check("aten::upsample_nearest2d.vec_out", (x, size, scales), aten.upsample_nearest2d.vec(t(x), size, scales))
+
+
+@pytest.mark.parametrize("name", ["aten::upsample_nearest2d.vec_out", "aten::upsample_bilinear2d.vec_out"])
+def test_upsample_without_size_or_scales(name: str) -> None:
+    args = (r(1, 2, 4, 6), None, None) if "nearest" in name else (r(1, 2, 4, 6), None, False, None)
+    with pytest.raises(InputError, match="neither an output size nor scale factors"):
+        _OPS[name].fn(*args)
 
 
 def test_norms_and_activations() -> None:

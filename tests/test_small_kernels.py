@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from pyrt.kernels import small_kernels  # noqa: E402
-from pyrt.kernels.small_kernels import BUILDERS, SMALL_NUMEL  # noqa: E402
+from pyrt.kernels.small_args import SMALL_NUMEL  # noqa: E402
+from pyrt.kernels.small_kernels import BUILDERS  # noqa: E402
 
 EXACT = {"add.out", "add.Scalar_out", "sub.out", "sub.Scalar_out", "mul.out", "mul.Scalar_out", "div.out",
          "neg.out", "abs.out", "rsqrt.out", "pow.Tensor_Scalar_out", "logical_not.out",

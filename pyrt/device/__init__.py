@@ -2,11 +2,14 @@
 
 Job: the lowest layer that touches hardware. :mod:`pyrt.cuda` (the public CUDA
 module) and the modules here wrap ``cuda.bindings`` and TensorRT behind two
-seams that tests replace with the fakes of :mod:`pyrt.testing`;
+seams that tests replace with the fakes of :mod:`pyrt.testing`: the checked
+driver calls, devices and contexts (:mod:`~pyrt.device.driver`), device memory
+handles (:mod:`~pyrt.device.memory`), stream and event handles
+(:mod:`~pyrt.device.streams`) and the TensorRT flavours (:mod:`~pyrt.device.tensorrt_seam`);
 :mod:`pyrt.engine` (one TensorRT engine: deserialize, budget, context, launch)
 and :mod:`pyrt.streaming` (weight-streaming budget arithmetic, pure integers)
 belong to this layer too.
 
 May import: :mod:`pyrt.errors`, :mod:`pyrt.format`, this layer's modules, the
-standard library; ``cuda.bindings`` and TensorRT only lazily, at first use.
+standard library, numpy; ``cuda.bindings`` and TensorRT only lazily, at first use.
 """

@@ -7,6 +7,10 @@
 
 Importing this package imports neither torch nor executorch; the names below
 load them on first use.
+
+May import: every layer below (format, device, memory, kernels, runtime; testing for the
+reference engines); torch, executorch, onnx and TensorRT only inside the functions that
+need them. Nothing below imports this package.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "to_pte", "ExportSummary", "EngineSummary", "PartitionInfo", "BUILDERS",
+    "to_pte", "decoder_to_pte", "ExportSummary", "EngineSummary", "PartitionInfo", "BUILDERS",
     "TensorRTBackend", "TensorRTPartitioner",
 ]
 
 _LAZY = {
     "to_pte": ("pyrt.export.api", "to_pte"),
+    "decoder_to_pte": ("pyrt.export.decoder", "decoder_to_pte"),
     "ExportSummary": ("pyrt.export._summary", "ExportSummary"),
     "EngineSummary": ("pyrt.export._summary", "EngineSummary"),
     "PartitionInfo": ("pyrt.export._options", "PartitionInfo"),

@@ -27,7 +27,7 @@ from typing import Any
 from pyrt.errors import ExportError
 from pyrt.export import _options as opt
 from pyrt.export._engines import EngineStore
-from pyrt.export._lower import lower, reexport
+from pyrt.export._lower import Lowered, lower, reexport
 from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
 from pyrt.export._summary import EngineSummary, ExportSummary
@@ -108,18 +108,26 @@ def to_pte(
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
                            progress=progress, writer=writer, external_weights=external_weights)
     target = _target(path)
-    sweep(target.parent)  # temporary files of exports that were killed before they could clean up
-    with sigterm_cleans(), third_party_quiet(), EngineStore(target.parent) as store:
-        gm, args, engines, original, reasons = stage_engines(model_or_exported_program, example_inputs, options,
-                                                             store)
-        with options.progress.task("re-exporting the engine graph"):
-            program = reexport(gm, args, original, options.dynamic_shapes)
-        del gm
-        lowered = lower(program, engines, store, target, options)
+    engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
                          options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size,
                          reasons)
+
+
+def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
+           target: Path) -> tuple[list[EngineSummary], Lowered, dict[str, str]]:
+    """The export's work: engines staged to disk, the engine graph re-exported, lowered and written
+    to ``target``. Temporary files go on every exit, SIGTERM included. Returns (engines, what was
+    written, fallback op -> reason)."""
+    sweep(target.parent)  # temporary files of exports that were killed before they could clean up
+    with sigterm_cleans(), third_party_quiet(), EngineStore(target.parent) as store:
+        gm, args, engines, original, reasons = stage_engines(model, example_inputs, options, store)
+        with options.progress.task("re-exporting the engine graph"):
+            program = reexport(gm, args, original, options.dynamic_shapes)
+        del gm
+        lowered = lower(program, engines, store, target, options)
+    return engines, lowered, reasons
 
 
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",

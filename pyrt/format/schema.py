@@ -1,6 +1,6 @@
 """Plain records of ExecuTorch's ``program.fbs``: what the reader decodes, typed.
 
-Both decoders build these (the general reader in :mod:`pyrt.pte_reader`, the bulk one in
+Both decoders build these (the general reader in :mod:`pyrt.format.decode`, the bulk one in
 :mod:`pyrt.format.values`); this module depends on neither, so they do not depend on each other's
 import order.
 """
@@ -206,3 +206,10 @@ class Chain:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     instructions: tuple[Instruction, ...]
+
+
+@dataclass(frozen=True)
+class BufferDevice:
+    buffer_idx: int
+    device_type: DeviceType
+    device_index: int

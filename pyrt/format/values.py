@@ -307,59 +307,73 @@ def _tensor(r: _Reader, pos: int, rows: dict[int, Row], allocs: dict[int, Row]) 
     _, _, o_sizes, o_dim, _, _, o_alloc, _, _, o_extra = offsets
     fields = order(unpack(data, pos) + zeros)
     st, storage_offset, rel_sizes, rel_dim, grad, dbi, rel_alloc, layout, dyn, rel_extra = fields
-    sizes: tuple[int, ...] = ()
-    if o_sizes:
-        start = pos + o_sizes + rel_sizes
-        if start + 4 > n:
-            raise Fallback
-        k = _U32(data, start)[0]
-        if start + 4 + 4 * k > n:
-            raise Fallback
-        unpack_sizes = r.int_vectors.get(k)
-        if unpack_sizes is None:
-            unpack_sizes = r.int_vectors[k] = struct.Struct(f"<{k}i").unpack_from
-        sizes = unpack_sizes(data, start + 4)
-        if sizes and min(sizes) < 0:
-            raise Fallback
-    dim_order: tuple[int, ...] = ()
-    if o_dim:
-        start = pos + o_dim + rel_dim
-        if start + 4 > n:
-            raise Fallback
-        k = _U32(data, start)[0]
-        if start + 4 + k > n:
-            raise Fallback
-        dim_order = tuple(data[start + 4: start + 4 + k])
-        if dim_order and (len(dim_order) != len(sizes) or dim_order not in r.permutations):
-            if sorted(dim_order) != list(range(len(sizes))):
-                raise Fallback
-            r.permutations.add(dim_order)
-    alloc = None
-    if o_alloc:
-        a = pos + o_alloc + rel_alloc
-        if a + 4 > n:
-            raise Fallback
-        _, asize, aunpack, aorder, azeros = allocs.get(a - _I32(data, a)[0]) or r.fill_row(a, _ALLOC_CODES, allocs)
-        if a + asize > n:
-            raise Fallback
-        mem, low, high = aorder(aunpack(data, a) + azeros)
-        alloc = _row(AllocationInfo, (mem, low | high << 32))
-    extra = None
-    if o_extra:
-        x = pos + o_extra + rel_extra
-        xe = r.table(x)
-        extra = ExtraTensorInfo(
-            mutable_data_segments_idx=_small(data, x, xe, 0, _U64, 8),
-            fully_qualified_name=r.string(x, xe, 1),
-            location=_member(_LOCATIONS, _small(data, x, xe, 2, _I8, 1)),
-            device_type=_member(_DEVICES, _small(data, x, xe, 3, _I8, 1)),
-            device_index=_small(data, x, xe, 4, _I8, 1),
-        )
+    sizes = _sizes(r, pos + o_sizes + rel_sizes) if o_sizes else ()
+    dim_order = _dim_order(r, pos + o_dim + rel_dim, sizes) if o_dim else ()
+    alloc = _allocation(r, pos + o_alloc + rel_alloc, allocs) if o_alloc else None
+    extra = _extra_info(r, pos + o_extra + rel_extra) if o_extra else None
     scalar_type, dynamism = _SCALAR_TYPES.get(st), _DYNAMISM.get(dyn)
     if scalar_type is None or dynamism is None:
         raise Fallback
     return _row(Tensor, (scalar_type, storage_offset, sizes, dim_order, bool(grad), dbi, alloc, layout, dynamism,
                          extra))
+
+
+def _sizes(r: _Reader, start: int) -> tuple[int, ...]:
+    """A Tensor's ``sizes`` vector at ``start`` (one struct per length, cached); negative sizes fall back."""
+    data, n = r.data, r.n
+    if start + 4 > n:
+        raise Fallback
+    k = _U32(data, start)[0]
+    if start + 4 + 4 * k > n:
+        raise Fallback
+    unpack_sizes = r.int_vectors.get(k)
+    if unpack_sizes is None:
+        unpack_sizes = r.int_vectors[k] = struct.Struct(f"<{k}i").unpack_from
+    sizes: tuple[int, ...] = unpack_sizes(data, start + 4)
+    if sizes and min(sizes) < 0:
+        raise Fallback
+    return sizes
+
+
+def _dim_order(r: _Reader, start: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """A Tensor's ``dim_order`` vector at ``start``; it must be a permutation of ``len(sizes)`` dims."""
+    data, n = r.data, r.n
+    if start + 4 > n:
+        raise Fallback
+    k = _U32(data, start)[0]
+    if start + 4 + k > n:
+        raise Fallback
+    dim_order = tuple(data[start + 4: start + 4 + k])
+    if dim_order and (len(dim_order) != len(sizes) or dim_order not in r.permutations):
+        if sorted(dim_order) != list(range(len(sizes))):
+            raise Fallback
+        r.permutations.add(dim_order)
+    return dim_order
+
+
+def _allocation(r: _Reader, a: int, allocs: dict[int, Row]) -> AllocationInfo:
+    """A Tensor's ``allocation_info`` table at ``a``: memory id and the 64-bit offset from its two halves."""
+    data, n = r.data, r.n
+    if a + 4 > n:
+        raise Fallback
+    _, asize, aunpack, aorder, azeros = allocs.get(a - _I32(data, a)[0]) or r.fill_row(a, _ALLOC_CODES, allocs)
+    if a + asize > n:
+        raise Fallback
+    mem, low, high = aorder(aunpack(data, a) + azeros)
+    return _row(AllocationInfo, (mem, low | high << 32))
+
+
+def _extra_info(r: _Reader, x: int) -> ExtraTensorInfo:
+    """A Tensor's ``extra_tensor_info`` table at ``x`` (rare: external or mutable tensors)."""
+    data = r.data
+    xe = r.table(x)
+    return ExtraTensorInfo(
+        mutable_data_segments_idx=_small(data, x, xe, 0, _U64, 8),
+        fully_qualified_name=r.string(x, xe, 1),
+        location=_member(_LOCATIONS, _small(data, x, xe, 2, _I8, 1)),
+        device_type=_member(_DEVICES, _small(data, x, xe, 3, _I8, 1)),
+        device_index=_small(data, x, xe, 4, _I8, 1),
+    )
 
 
 def _small(data: memoryview, pos: int, entry: tuple[tuple[int, ...], int], slot: int, unpack: Unpack, size: int) -> int:

@@ -22,10 +22,10 @@ from pyrt.errors import InputError, PteFormatError, PyrtError
 from pyrt.memory.tensors import Value
 
 if TYPE_CHECKING:
-    from pyrt.memory.table import ValueTable
+    from pyrt.memory.table import TensorInfo, ValueTable
     from pyrt.pte_reader import Operator
 
-Step = Callable[[], Any]
+Step = Callable[[], object]  # its result, if any, is ignored
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Kernel:
     needs_library: bool = True  # False: runs without torch or numpy kernels (prims, copies)
     writes: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     pure: bool = False
-    view: Callable[[list[Value], tuple[int, ...]], Any] | None = None
+    view: Callable[[list[Value], tuple[int, ...]], Any] | None = None  # Any: a torch view, or a list of them
     strided: bool = False
 
 
@@ -143,7 +143,11 @@ class KernelSite:
         return self.table.is_const(self.args[k])
 
     def value(self, k: int) -> Any:
-        """The load-time value of argument ``k`` (only meaningful when :meth:`is_const`)."""
+        """The load-time value of argument ``k`` (only meaningful when :meth:`is_const`).
+
+        Any (like :meth:`getter`'s values): a :data:`~pyrt.memory.tensors.Value` whose kind the operator's
+        schema fixes (a tensor, an int, an int list...), which each kernel knows and mypy cannot.
+        """
         return self.table.vals[self.args[k]]
 
     def getter(self, k: int) -> Callable[[], Any]:
@@ -152,13 +156,13 @@ class KernelSite:
     def kind(self, k: int) -> str:
         return self.table.kinds[self.args[k]]
 
-    def info(self, k: int) -> Any:
+    def info(self, k: int) -> TensorInfo | None:
         return self.table.infos.get(self.args[k])
 
-    def setter(self, k: int) -> Callable[[Any], None]:
+    def setter(self, k: int) -> Callable[[Value], None]:
         vals, i = self.table.vals, self.args[k]
 
-        def store(v: Any) -> None:
+        def store(v: Value) -> None:
             vals[i] = v
 
         return store

@@ -9,9 +9,15 @@ True
 
 from __future__ import annotations
 
-from pyrt.kernels import numpy_more  # noqa: F401  (importing it registers the rest of the portable set)
+from pyrt.kernels import (  # noqa: F401  (importing them registers their kernels)
+    numpy_elementwise,
+    numpy_index,
+    numpy_nn,
+    numpy_reduce,
+    numpy_shape,
+)
 from pyrt.kernels.base import RANDOM_OPS, Kernel
-from pyrt.kernels.numpy_kernels import _OPS, _build
+from pyrt.kernels.numpy_base import _OPS, _build
 from pyrt.pte_reader import Operator
 
 

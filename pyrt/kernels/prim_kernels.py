@@ -22,41 +22,50 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.kernels.base import Kernel, KernelSite, Step, shape_only
-from pyrt.memory.tensors import DeviceTensor, HostTensor, TorchHost, numpy_dtype
+from pyrt.memory.host import TorchHost
+from pyrt.memory.layout import numpy_dtype
+from pyrt.memory.tensors import DeviceTensor, HostTensor, Value
 from pyrt.pte_reader import Operator
 
+if TYPE_CHECKING:
+    import torch
 
-def _floordiv(a: Any, b: Any) -> Any:
+    from pyrt.memory.table import ValueTable
+
+Num: TypeAlias = int | float | bool  # the SymInt/SymFloat/SymBool values executorch_prim ops compute on
+
+
+def _floordiv(a: Num, b: Num) -> Num:
     if b == 0:
         raise InputError(f"executorch_prim::floordiv: division of {a} by zero")
     return a // b
 
 
-def _truediv(a: Any, b: Any) -> float:
+def _truediv(a: Num, b: Num) -> float:
     if b == 0:
         raise InputError(f"executorch_prim::truediv: division of {a} by zero")
     return a / b
 
 
-def _mod(a: Any, b: Any) -> Any:
+def _mod(a: Num, b: Num) -> Num:
     if b == 0:
         raise InputError(f"executorch_prim::mod: modulo of {a} by zero")
     return a % b
 
 
-_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+_BINARY: dict[str, Callable[[Num, Num], Num]] = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": _floordiv,
     "truediv": _truediv, "mod": _mod, "eq": operator.eq, "gt": operator.gt, "lt": operator.lt,
     "ge": operator.ge, "le": operator.le, "sym_max": max, "sym_min": min,
 }
-_UNARY: dict[str, Callable[[Any], Any]] = {
+_UNARY: dict[str, Callable[[Num], Num]] = {
     "neg": operator.neg, "sym_float": float, "sym_int": int, "ceil": math.ceil, "round": round,
     "trunc": math.trunc, "sym_not": operator.not_,
 }
@@ -66,7 +75,7 @@ def _last(args: tuple[int, ...]) -> tuple[int, ...]:
     return args[-1:]
 
 
-def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
+def _scalar_kernel(name: str, fn: Callable[..., Value], arity: int) -> Kernel:
     def build(site: KernelSite) -> Step:
         site.require_args(arity + 1)
         getters = [site.getter(k) for k in range(arity)]
@@ -85,7 +94,7 @@ def _scalar_kernel(name: str, fn: Callable[..., Any], arity: int) -> Kernel:
                   writes=_tensor_alias, pure=True)
 
 
-def _ite(b: Any, t: Any, f: Any) -> Any:
+def _ite(b: Value, t: Value, f: Value) -> Value:
     return t if b else f
 
 
@@ -119,7 +128,7 @@ def _et_view(site: KernelSite) -> Step:
     return shape_only(view, _scalar_reads(site, [1]), site.args[2:3], tensor=site.args[0])
 
 
-def _scalar_reads(site: KernelSite, ks: Any) -> tuple[int, ...]:
+def _scalar_reads(site: KernelSite, ks: Iterable[int]) -> tuple[int, ...]:
     """The values arguments ``ks`` read (an IntList: its items, read through the list at run time)."""
     out: list[int] = []
     for k in ks:
@@ -138,14 +147,14 @@ def _infer(size: list[int], numel: int, where: str) -> tuple[int, ...]:
     return tuple(size)
 
 
-def _copy_into(dst: Any, src: Any, torch_host: bool) -> None:
+def _copy_into(dst: Any, src: Any, torch_host: bool) -> None:  # Any: torch tensors or arrays, per torch_host
     if torch_host:
         dst.copy_(src)
     else:
         np.copyto(dst, src, casting="unsafe")
 
 
-def _resizing_out(site: KernelSite, k: int) -> Callable[[tuple[int, ...]], Any]:
+def _resizing_out(site: KernelSite, k: int) -> Callable[[tuple[int, ...]], HostTensor]:
     """Return ``shape -> out tensor`` for argument ``k`` (resizing dynamic outputs)."""
     info = site.info(k)
     table, idx = site.table, site.args[k]
@@ -153,7 +162,7 @@ def _resizing_out(site: KernelSite, k: int) -> Callable[[tuple[int, ...]], Any]:
     if info is None or not info.dynamic:
         return lambda shape: get()
 
-    def out(shape: tuple[int, ...]) -> Any:
+    def out(shape: tuple[int, ...]) -> HostTensor:
         t = get()
         return t if tuple(t.shape) == tuple(shape) else table.resize(idx, shape)
 
@@ -209,7 +218,7 @@ def _copy_(site: KernelSite) -> Step:
     return copy
 
 
-def _copy_device(dst: Any, src: Any, table: Any, where: str) -> None:
+def _copy_device(dst: Value, src: Value, table: ValueTable, where: str) -> None:
     if not (isinstance(dst, DeviceTensor) and isinstance(src, DeviceTensor)):
         raise InputError(f"{where}: copy_ between host and device memory (use et_copy's h2d/d2h copies)")
     if tuple(dst.shape) != tuple(src.shape) or dst.scalar_type != src.scalar_type:
@@ -285,7 +294,7 @@ def _d2h(site: KernelSite) -> Step:
         if not isinstance(src, DeviceTensor):
             raise InputError(f"{where}: self is not in device memory")
         dst = out_for(src.shape)
-        arr = dst.numpy() if torch_host else dst
+        arr = cast("torch.Tensor", dst).numpy() if torch_host else cast(np.ndarray, dst)
         if arr.dtype != numpy_dtype(src.scalar_type) or not arr.flags.c_contiguous:
             raise InputError(f"{where}: out must be a contiguous {src.dtype} tensor")
         if src.nbytes:
@@ -297,8 +306,11 @@ def _d2h(site: KernelSite) -> Step:
     return d2h
 
 
-def _devices(table: Any, where: str) -> Any:
-    """The method's device context (every method with a device tensor has one)."""
+def _devices(table: ValueTable, where: str) -> Any:
+    """The method's device context (every method with a device tensor has one).
+
+    Any: a :class:`pyrt.runtime.delegates.DeviceContext`, from the runtime layer above this one.
+    """
     if table.devices is None:
         raise InputError(f"{where}: a device copy in a method without CUDA memory")
     return table.devices
@@ -346,12 +358,12 @@ _WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors 
 _COPIES = frozenset({"dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out"})
 
 
-def _same_tensor(vals: list[Any], args: tuple[int, ...]) -> Any:
+def _same_tensor(vals: list[Value], args: tuple[int, ...]) -> torch.Tensor:
     """A copy's result as a view of its input (torch hosts; :mod:`pyrt.runtime.fold` checks dtype and layout)."""
-    return vals[args[0]][...]
+    return cast("torch.Tensor", vals[args[0]])[...]
 
 
-_VIEWS: dict[str, Callable[[list[Any], tuple[int, ...]], Any]] = dict.fromkeys(_COPIES, _same_tensor)
+_VIEWS: dict[str, Callable[[list[Value], tuple[int, ...]], torch.Tensor]] = dict.fromkeys(_COPIES, _same_tensor)
 
 
 _PURE = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_numel.default",

@@ -10,7 +10,7 @@ through a :class:`KernelSite`. Libraries, in lookup order:
   ops, ``et_view``, the dim-order ops, ``aten::copy_`` and the ``et_copy`` device copies;
   it needs neither torch nor a numpy kernel;
 * ``torch`` (:mod:`pyrt.kernels.torch_kernels`): allowed ATen ops through ``torch.ops``;
-* ``numpy`` (:mod:`pyrt.kernels.numpy_kernels`): a core set for machines without torch.
+* ``numpy`` (:mod:`pyrt.kernels.numpy_library`): the portable set for machines without torch.
 
 A ``.pte`` is untrusted input, and ``torch.ops`` also holds operators with side
 effects (``aten::from_file`` maps any file, shared and writable). So, whichever

@@ -45,21 +45,33 @@ import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from pyrt.kernels.base import KernelSite, Step
+from pyrt.kernels.small_args import (
+    FLOATS,
+    INTS,
+    SMALL_NUMEL,
+    Args,
+    _apart,
+    _apart_or_same,
+    _broadcast,
+    _floats,
+    _is_one,
+    _other_fits,
+    _same_dtype,
+    _shaped,
+    _tensor_slots,
+    _view,
+    site_args,
+)
+from pyrt.memory.tensors import Value
 
-SMALL_NUMEL = 4096  # elements per tensor; above this the work, not the call, dominates
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-INTS = (np.dtype(np.int32), np.dtype(np.int64))  # wrap around alike in both libraries
-
-Args = Mapping[str, Any]  # argument name -> value (numpy arrays in place of the tensors)
 Builder = Callable[[Args], "Step | None"]
 
 
-def quiet() -> contextlib.AbstractContextManager[Any]:
+def quiet() -> contextlib.AbstractContextManager[object]:
     """The context a run with numpy steps runs in: floating-point events (overflow to inf, 0/0...)
     stay silent, as in torch and ExecuTorch, instead of numpy's RuntimeWarnings (errors under
     ``-W error``). Entered once per run (a step's worth of time), thread-local like numpy's state."""
@@ -73,145 +85,7 @@ def _mark(step: Step) -> Step:
     return step
 
 
-# -- what numpy may see --------------------------------------------------------------------------
-
-
-def _view(t: Any, limit: int) -> np.ndarray | None:
-    """A numpy view of CPU tensor ``t`` sharing its memory, or None (too big, autograd, conj/neg bit...)."""
-    try:
-        if t.requires_grad or t.device.type != "cpu" or t.numel() > limit:
-            return None
-        a = t.numpy()
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-    return a
-
-
-def _tensor_arg(site: KernelSite, k: int, limit: int) -> np.ndarray | None:
-    """Argument ``k`` as a numpy view, where its slot and shape never change; else None."""
-    if not site.is_const(k) or site.kind(k) != "Tensor":
-        return None
-    info = site.info(k)
-    if info is None or info.dynamic or info.device is not None:
-        return None
-    return _view(site.value(k), limit)
-
-
-def _tensor_slots(site: KernelSite, k: int) -> Sequence[int]:
-    """The value slots of argument ``k``'s tensors: itself, a list's items, or none."""
-    kind = site.kind(k)
-    if kind == "Tensor":
-        return [site.args[k]]
-    return site.table.items[site.args[k]] if kind == "TensorList" else []
-
-
-def _list_arg(site: KernelSite, k: int, limit: int) -> list[np.ndarray] | None:
-    """A constant ``Tensor[]`` argument as numpy views, or None."""
-    if not site.is_const(k) or site.kind(k) != "TensorList":
-        return None
-    out = []
-    for j in _tensor_slots(site, k):
-        info = site.table.infos.get(j)
-        if j < 0 or info is None or info.dynamic or info.device is not None or not site.table.is_const(j):
-            return None
-        a = _view(site.table.vals[j], limit)
-        if a is None:
-            return None
-        out.append(a)
-    return out
-
-
-def site_args(site: KernelSite, names: Sequence[str], tensors: Collection[str],
-              limit: int = SMALL_NUMEL) -> dict[str, Any] | None:
-    """``name -> value`` of the instruction's arguments (schema ``names``), tensors as numpy views.
-
-    None when any tensor argument (``tensors``: the names the schema types ``Tensor`` or
-    ``Tensor[]``) may not go to numpy (see the module docstring), or is not a tensor in the
-    file, or any argument is rebound at run time.
-    """
-    if len(site.args) < len(names):
-        return None
-    args: dict[str, Any] = {}
-    for k, name in enumerate(names):
-        kind = site.kind(k)
-        if (name in tensors) != (kind in ("Tensor", "TensorList")):
-            return None  # torch will name the mismatch
-        a: Any
-        if kind == "Tensor":
-            a = _tensor_arg(site, k, limit)
-        elif kind == "TensorList":
-            a = _list_arg(site, k, limit)
-        elif not site.is_const(k):
-            return None
-        else:
-            a = site.value(k)
-            if kind in ("Null", "None"):
-                a = None
-        if a is None and kind in ("Tensor", "TensorList"):
-            return None
-        args[name] = a
-    return args
-
-
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The broadcast shape, or None where the shapes do not broadcast (torch raises then)."""
-    try:
-        return np.broadcast_shapes(*shapes)
-    except ValueError:
-        return None
-
-
-def _same_dtype(*arrays: np.ndarray) -> bool:
-    """One dtype for all (copies: exact in any dtype numpy can view)."""
-    return all(a.dtype == arrays[0].dtype for a in arrays)
-
-
-def _floats(*arrays: np.ndarray) -> bool:
-    """One floating dtype for all."""
-    return arrays[0].dtype in FLOATS and _same_dtype(*arrays)
-
-
-def _weak_scalar(v: Any, dtype: np.dtype) -> bool:
-    """A Python number numpy applies in floating ``dtype`` as torch does: weak (NEP 50), and in range
-    (inf and nan are; a finite double past the dtype's range is left to torch)."""
-    if type(v) not in (int, float) or dtype not in FLOATS:
-        return False
-    return math.isnan(v) or math.isinf(v) or abs(v) <= float(np.finfo(dtype).max)
-
-
-def _is_one(v: Any) -> bool:
-    return type(v) in (int, float) and v == 1
-
-
-def _apart(out: np.ndarray, *ins: Any) -> bool:
-    """``out`` shares no memory with any array in ``ins`` (torch rejects partial overlap; numpy would not)."""
-    return not any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in ins)
-
-
-def _apart_or_same(out: np.ndarray, *ins: Any) -> bool:
-    """Like :func:`_apart`, but an input that is exactly ``out`` (an in-place call) is fine for ufuncs."""
-    return all(not isinstance(a, np.ndarray) or not np.may_share_memory(out, a)
-               or (a.__array_interface__ == out.__array_interface__) for a in ins)
-
-
 # -- builders: args -> step or None ----------------------------------------------------------------
-
-
-def _other_fits(x: np.ndarray, y: Any, out: np.ndarray) -> bool:
-    """``y`` is a tensor of ``x``'s dtype that broadcasts with ``x`` to ``out``'s shape, or a weak
-    scalar and ``x`` already has ``out``'s shape."""
-    if isinstance(y, np.ndarray):
-        return y.dtype == x.dtype and _broadcast(x.shape, y.shape) == out.shape
-    return _weak_scalar(y, x.dtype) and x.shape == out.shape
-
-
-def _shaped(a: Any, shape: tuple[int, ...]) -> Any:
-    """``a`` viewed in ``shape`` where it broadcasts to ``shape`` without repeating anything (a
-    (64,) bias on a (1, 64) out): numpy's same-shape loops skip the broadcasting set-up (~0.5-1 us).
-    Anything else (a scalar, a real broadcast, a strided array) as it is."""
-    if isinstance(a, np.ndarray) and a.shape != shape and a.size == math.prod(shape) and a.flags.c_contiguous:
-        return a.reshape(shape)  # a view: reshaping a contiguous array never copies
-    return a
 
 
 def _binary(ufunc: np.ufunc, ints: bool = False) -> Builder:
@@ -245,7 +119,7 @@ def _compare(ufunc: np.ufunc) -> Builder:
     return build
 
 
-def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], Any]) -> Builder:
+def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], object]) -> Builder:
     """``op(self)`` -> the first ufunc into out, the others in place on out."""
 
     def build(a: Args) -> Step | None:
@@ -267,7 +141,7 @@ def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], Any]) -> Builder:
     return build
 
 
-def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> Any:
+def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return np.divide(1.0, x, out)
 
 
@@ -319,7 +193,7 @@ def _mean(a: Args) -> Step | None:
     count = math.prod(x.shape[i] for i in axis)
     if shape != out.shape or count == 0 or not _apart(out, x):
         return None
-    add_reduce: Any = np.add.reduce  # positional (array, axis, dtype, out, keepdims): the fastest call
+    add_reduce: Callable[..., object] = np.add.reduce  # positional (array, axis, dtype, out, keepdims): fastest
     divide = np.divide
 
     def step() -> None:
@@ -519,8 +393,8 @@ class Rebind:
     """
 
     name: str
-    fixed: Mapping[str, Any]
-    moving: tuple[tuple[str, tuple[int, ...], Callable[[], Any]], ...]
+    fixed: Mapping[str, Value]
+    moving: tuple[tuple[str, tuple[int, ...], Callable[[], Value]], ...]
     tensors: frozenset[str]
     limit: int
 
@@ -553,8 +427,8 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
     def at_site(site: KernelSite) -> Rebind | None:
         if len(site.args) < len(names):
             return None
-        fixed: dict[str, Any] = {}
-        moving: list[tuple[str, tuple[int, ...], Callable[[], Any]]] = []
+        fixed: dict[str, Value] = {}
+        moving: list[tuple[str, tuple[int, ...], Callable[[], Value]]] = []
         for k, name in enumerate(names):
             kind = site.kind(k)
             if any(j < 0 or (info := site.table.infos.get(j)) is None or info.device is not None
@@ -570,14 +444,14 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
     return at_site
 
 
-def bind(qualified_name: str, args: Mapping[str, Any], tensors: Collection[str],
+def bind(qualified_name: str, args: Mapping[str, Value], tensors: Collection[str],
          limit: int = SMALL_NUMEL) -> Step | None:
     """The numpy step of ``qualified_name`` on torch tensors ``args`` (by schema name; ``tensors``: the
     names the schema types as tensors or tensor lists), or None where torch must run it."""
     build = BUILDERS.get(qualified_name)
     if build is None:
         return None
-    viewed: dict[str, Any] = {}
+    viewed: dict[str, object] = {}
     for name, v in args.items():
         if name not in tensors:
             viewed[name] = v

@@ -14,6 +14,10 @@ resizes them in place (their storage is the arena, which cannot grow) and are
 checked against their memory-planned bound afterwards.
 
 >>> from pyrt.pte_reader import Operator
+
+if TYPE_CHECKING:  # torch is imported lazily, by TorchLibrary
+    import torch
+    from torch._ops import OpOverload
 >>> TorchLibrary().lookup(Operator("aten::add", "out")).name           # doctest: +SKIP
 'aten::add.out'
 """
@@ -21,14 +25,18 @@ checked against their memory-planned bound afterwards.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_kernels
+from pyrt.kernels import small_args, small_kernels, torch_outs
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
 from pyrt.pte_reader import Operator
+
+if TYPE_CHECKING:  # torch is imported lazily, by TorchLibrary
+    import torch
+    from torch._ops import OpOverload
 
 _FOUND: dict[tuple[str, int], Kernel] = {}
 VIEW_OPS = {  # *_copy operators -> the aten view op giving the same result as a view of the input
@@ -55,7 +63,7 @@ class TorchLibrary:
 
     name = "torch"
 
-    def __init__(self, small_numel: int = small_kernels.SMALL_NUMEL) -> None:
+    def __init__(self, small_numel: int = small_args.SMALL_NUMEL) -> None:
         import torch
 
         self.torch = torch
@@ -92,7 +100,7 @@ class TorchLibrary:
             strided=op.name not in BYTE_VIEW_OPS,
         )
 
-    def _view(self, op: Operator, schema: Any) -> Callable[[list[Value], tuple[int, ...]], Any] | None:
+    def _view(self, op: Operator, schema: torch.FunctionSchema) -> Callable[[list[Value], tuple[int, ...]], Any] | None:
         """``(vals, args) -> view`` of a ``*_copy`` out-variant through its view op (``VIEW_OPS``)."""
         if op.qualified_name == "aten::cat.out":
             return _cat_of_one
@@ -114,7 +122,7 @@ class TorchLibrary:
 
         return view
 
-    def _overload(self, op: Operator) -> Any:
+    def _overload(self, op: Operator) -> OpOverload | None:
         if op.qualified_name not in allowed_operators():
             return None
         ns, sep, name = op.name.partition("::")
@@ -126,7 +134,7 @@ class TorchLibrary:
         except (AttributeError, RuntimeError):
             return None
 
-    def _bindings(self, op: Operator, schema: Any) -> list[Callable[..., Any]]:
+    def _bindings(self, op: Operator, schema: torch.FunctionSchema) -> list[Callable[..., Any]]:
         """Faster entry points than ``torch.ops`` for an ``aten`` out-variant, to try in order.
 
         torch's Python binding called with ``out=`` (``torch.<op>`` or, for NN ops,
@@ -155,15 +163,16 @@ class TorchLibrary:
         return [found]
 
 
-def _cat_of_one(vals: list[Any], args: tuple[int, ...]) -> Any:
+def _cat_of_one(vals: list[Value], args: tuple[int, ...]) -> torch.Tensor:
     """``cat.out`` of a one-tensor list as a view of that tensor (ValueError for longer lists)."""
-    tensors = vals[args[0]]
+    tensors = cast("list[torch.Tensor]", vals[args[0]])  # a TensorList slot of the torch library's table
     if len(tensors) != 1:
         raise ValueError("cat of several tensors is no view")
     return tensors[0][...]
 
 
-def _fill_like(x: Any, fill_value: Any, *, memory_format: Any = None, out: Any) -> Any:
+def _fill_like(x: torch.Tensor, fill_value: float, *, memory_format: torch.memory_format | None = None,
+               out: torch.Tensor) -> torch.Tensor:
     """``full_like.out`` as ``out.fill_``: the same bytes where out has ``x``'s dtype and shape."""
     if out.dtype != x.dtype or out.shape != x.shape:
         raise TypeError("full_like: out differs from self in dtype or shape")
@@ -211,7 +220,7 @@ def _skipping(impls: Sequence[Callable[..., Any]], sig: _Signature, site: Kernel
     return out
 
 
-def _rebinds(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
+def _rebinds(schema: torch.FunctionSchema) -> Callable[[tuple[int, ...]], list[int]]:
     """``args -> slots`` of returns that are not aliases of an argument (scalar results, fresh tensors).
 
     The positions come from the schema once per operator, not once per instruction.
@@ -221,7 +230,7 @@ def _rebinds(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
     return lambda args: [args[k] for k in plain if k < len(args)]
 
 
-def _writes(schema: Any) -> Callable[[tuple[int, ...]], list[int]]:
+def _writes(schema: torch.FunctionSchema) -> Callable[[tuple[int, ...]], list[int]]:
     """``args -> written values``: the arguments the schema marks ``Tensor(a!)`` (outs, in-place ``self``).
 
     Return slots after the arguments that are not fresh results alias those outs (ExecuTorch
@@ -243,7 +252,7 @@ class _Signature:
 
     __slots__ = ("n", "tensor_args", "pos_idx", "kw", "plain_returns", "n_returns", "out_args", "defaults")
 
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: torch.FunctionSchema) -> None:
         args = schema.arguments
         self.n = len(args)
         self.tensor_args = [k for k, a in enumerate(args) if _is_tensor_type(str(a.type))]
@@ -264,12 +273,12 @@ class _Signature:
                 if not (k in self.defaults and site.is_const(k) and _is_default(site.value(k), self.defaults[k]))]
 
 
-def _is_default(v: Any, default: Any) -> bool:
+def _is_default(v: Value, default: object) -> bool:
     """Is ``v`` exactly the schema default (same type and value: ``1`` is not ``1.0`` or ``True``)?"""
     return type(v) is type(default) and v == default
 
 
-def _build(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = (),
+def _build(overload: OpOverload, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = (),
            small: Callable[[KernelSite], Step | None] | None = None,
            later: Callable[[KernelSite], small_kernels.Rebind | None] | None = None) -> Step:
     """The step of one call: numpy on small static tensors (``small``), else torch, with steady runs
@@ -313,7 +322,13 @@ def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
     return full
 
 
-def _build_torch(overload: Any, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]]) -> Step:
+def _build_torch(overload: OpOverload, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]]) -> Step:
+    return torch_outs.checking_static_outs(_build_torch_call(overload, sig, site, fast), site, sig.out_args,
+                                           sig.tensor_args)
+
+
+def _build_torch_call(overload: OpOverload, sig: _Signature, site: KernelSite,
+                      fast: Sequence[Callable[..., Any]]) -> Step:
     n = sig.n
     fn = overload._op
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]
@@ -362,7 +377,7 @@ def _reject_device(site: KernelSite, k: int) -> None:
             )
 
 
-def _one_dynamic_out(call: Callable[[], Any], out: Any, cap: int, where: str) -> Step:
+def _one_dynamic_out(call: Callable[[], Any], out: torch.Tensor, cap: int, where: str) -> Step:
     """The common dynamic step: one out tensor, the same object every run (torch resizes it in place)."""
     resize, numel = out.resize_, out.numel
 
@@ -376,8 +391,12 @@ def _one_dynamic_out(call: Callable[[], Any], out: Any, cap: int, where: str) ->
     return with_steady(step, call)
 
 
-def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[[], Any], int, Any]]:
-    """(getter, element bound, the tensor when its slot never changes) of each dynamic out tensor."""
+def _dynamic_outs(out_args: list[int],
+                  site: KernelSite) -> list[tuple[Callable[[], torch.Tensor], int, torch.Tensor | None]]:
+    """(getter, element bound, the tensor when its slot never changes) of each dynamic out tensor.
+
+    The torch library's table holds torch tensors (a ``TorchHost``), so its tensor slots are ``torch.Tensor``.
+    """
     out = []
     table = site.table
     for k in out_args:
@@ -387,7 +406,9 @@ def _dynamic_outs(out_args: list[int], site: KernelSite) -> list[tuple[Callable[
         for j in idxs:
             info = table.infos.get(j)
             if info is not None and info.dynamic:
-                out.append((table.getter(j), info.capacity, table.vals[j] if table.is_const(j) else None))
+                fixed = table.vals[j] if table.is_const(j) else None
+                out.append((cast("Callable[[], torch.Tensor]", table.getter(j)), info.capacity,
+                            cast("torch.Tensor | None", fixed)))
     return out
 
 

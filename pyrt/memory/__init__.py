@@ -1,8 +1,10 @@
 """What a method computes on: host and device tensors and the method's value table.
 
-Job: the tensor types every kernel, delegate and executor step exchanges
-(numpy or torch host tensors, :class:`~pyrt.memory.tensors.DeviceTensor`,
-interop with DLPack and ``__cuda_array_interface__``), and
+Job: the tensor types every kernel, delegate and executor step exchanges:
+dtype maps and strides (:mod:`~pyrt.memory.layout`), device tensors and the
+``Value`` types (:mod:`~pyrt.memory.tensors`), caller interop with DLPack and
+``__cuda_array_interface__`` (:mod:`~pyrt.memory.interop`), the numpy and torch
+host backends (:mod:`~pyrt.memory.host`), and
 :class:`~pyrt.memory.table.ValueTable`, one method's values at run time with
 what the plan knows about each slot.
 

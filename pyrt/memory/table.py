@@ -8,7 +8,7 @@ bound, dim order, where its memory lives). The plan
 
 >>> import numpy as np
 >>> from pyrt.format.dtypes import ScalarType
->>> from pyrt.memory.tensors import NumpyHost
+>>> from pyrt.memory.host import NumpyHost
 >>> info = TensorInfo(0, ScalarType.FLOAT, (2, 3), (0, 1), True, UNPLANNED)
 >>> table = ValueTable("forward", NumpyHost(), ["Tensor"], {}, {0: info}, [np.zeros((2, 3), np.float32)])
 >>> table.resize(0, (1, 3)).shape
@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from pyrt.errors import InputError
 from pyrt.format.dtypes import ScalarType
 from pyrt.format.schema import ValueKind
-from pyrt.memory.tensors import DeviceTensor, NumpyHost, TorchHost, Value, dim_order_strides
+from pyrt.memory.host import NumpyHost, TorchHost
+from pyrt.memory.layout import dim_order_strides
+from pyrt.memory.tensors import DeviceTensor, Value
 
 if TYPE_CHECKING:  # annotations only
     import torch

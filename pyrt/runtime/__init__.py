@@ -1,13 +1,16 @@
 """The runtime: a loaded program's plan and the loop that runs it.
 
 Job: ``file -> reader -> plan -> executor -> engine / kernels``. The plan
-(:mod:`~pyrt.runtime.plan`) turns an execution plan into value tables, arenas
-and one step per instruction; load-time folding and views
-(:mod:`~pyrt.runtime.fold`), the steady chain of repeated shapes
-(:mod:`~pyrt.runtime.steady`), TensorRT delegates on their devices and streams
-(:mod:`~pyrt.runtime.delegates`), CUDA-graph capture
-(:mod:`~pyrt.runtime.cuda_graphs`, :mod:`~pyrt.runtime.graph_forward`), the
-instruction loop (:mod:`~pyrt.runtime.executor`), the profiler, and the public
+(:mod:`~pyrt.runtime.plan`) turns an execution plan into value tables, arenas and one
+step per instruction, after validating it (:mod:`~pyrt.runtime.draft`) and allocating
+its memory (:mod:`~pyrt.runtime.materialize`); load-time folding and views
+(:mod:`~pyrt.runtime.fold`, its analysis :mod:`~pyrt.runtime.fold_analysis`), the steady
+chain of repeated shapes (:mod:`~pyrt.runtime.steady`), TensorRT delegates on their
+devices and streams (:mod:`~pyrt.runtime.delegates`), CUDA-graph capture
+(:mod:`~pyrt.runtime.cuda_graphs`, :mod:`~pyrt.runtime.graph_forward`), the instruction
+loop (:mod:`~pyrt.runtime.executor`; inputs bound by :mod:`~pyrt.runtime.inputs`,
+outputs handed back by :mod:`~pyrt.runtime.outputs`, per-run device state
+:mod:`~pyrt.runtime.run_state`), the profiler, and the public
 :class:`~pyrt.runtime.program.Program`.
 
 May import: every lower layer (errors, format, device, memory, kernels). Never

@@ -3,9 +3,11 @@
 The hot loop is a ``for`` over precomputed step closures (straight-line
 chains) or a program counter over the same steps when the chain jumps
 (``JumpFalseCall``). Inputs are copied into their memory-planned tensors (or
-bound zero-copy when the file did not plan them); outputs are copied out in
-the kind the caller used (torch in -> torch out, numpy in -> numpy out) and
-arranged like the method's pytree output when that is a plain tuple/list.
+bound zero-copy when the file did not plan them; :mod:`pyrt.runtime.inputs`);
+outputs are copied out in the kind the caller used (torch in -> torch out, numpy
+in -> numpy out; :mod:`pyrt.runtime.outputs`) and arranged like the method's
+pytree output when that is a plain tuple/list. Device work of a run shares one
+:class:`~pyrt.runtime.run_state.RunState`.
 
 >>> runner = MethodRunner(plan, default_kind="numpy")          # doctest: +SKIP
 >>> runner((x, y), stream=None)                                 # doctest: +SKIP
@@ -13,7 +15,6 @@ arranged like the method's pytree output when that is a plain tuple/list.
 
 from __future__ import annotations
 
-import math
 import operator
 import threading
 from collections.abc import Callable, Sequence
@@ -22,60 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.cuda import DeviceAllocation
-from pyrt.errors import (
-    ExecutionError,
-    InputError,
-    ProgramClosedError,
-    PteFormatError,
-    PyrtError,
-    UnsupportedOperatorError,
-)
+from pyrt.errors import ExecutionError, InputError, ProgramClosedError, PyrtError
 from pyrt.format.pytree import input_flattener, output_builder
 from pyrt.kernels.base import noop
-from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo
-from pyrt.memory.tensors import (
-    CAI,
-    NUMPY,
-    TORCH,
-    DeviceTensor,
-    NumpyHost,
-    OwnedDeviceTensor,
-    TorchHost,
-    caller_kind,
-    check_dense_torch,
-    device_input,
-    device_output,
-    host_output,
-    is_torch_tensor,
-    numpy_dtype,
-    scalar_type_of_torch,
-    torch_to_numpy,
-)
+from pyrt.memory.interop import caller_kind, is_torch_tensor
+from pyrt.memory.table import PLANNED
 from pyrt.runtime.cuda_graphs import Segment, segment_steps
 from pyrt.runtime.graph_forward import graph_forward
+from pyrt.runtime.inputs import input_failure, input_setter
+from pyrt.runtime.outputs import output_getter
 from pyrt.runtime.plan import Instr, MethodPlan
+from pyrt.runtime.run_state import RunState
 from pyrt.runtime.steady import shape_key, steady_chain
-
-Setter = Callable[[Any, "RunState | None"], None]
-Getter = Callable[[str, "RunState | None"], Any]
-
-
-class RunState:
-    """Per-run facts for device work: the caller's stream, streams in use, objects to keep alive.
-
-    ``device_caller``: some input lives in CUDA memory, so device outputs stay on the device.
-    """
-
-    __slots__ = ("stream", "keepalive", "streams", "device_caller", "ctx", "cuda")
-
-    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None, cuda: Any = None) -> None:
-        self.stream = stream
-        self.ctx = ctx  # pyrt.runtime.delegates.DeviceContext: stream(device) orders every copy of the run
-        self.cuda = ctx.cuda if ctx is not None else cuda  # the CUDA seam the program was loaded with
-        self.keepalive: list[Any] = []
-        self.streams: dict[int, Any] = {}
-        self.device_caller = any(caller_kind(x) == CAI or (is_torch_tensor(x) and x.is_cuda) for x in inputs)
 
 
 class MethodRunner:
@@ -96,8 +55,8 @@ class MethodRunner:
         self.closed = False
         table = plan.table
         self._vals = table.vals
-        self._setters = [_input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
-        self._getters = [_output_getter(plan, pos, i) for pos, i in enumerate(plan.outputs)]
+        self._setters = [input_setter(plan, pos, i) for pos, i in enumerate(plan.inputs)]
+        self._getters = [output_getter(plan, pos, i) for pos, i in enumerate(plan.outputs)]
         in_spec, out_spec = plan.io_specs
         self._flatten = input_flattener(in_spec, len(plan.inputs), plan.name)
         self._build = output_builder(out_spec, len(plan.outputs))
@@ -191,7 +150,7 @@ class MethodRunner:
                 except PyrtError:
                     raise
                 except Exception as exc:
-                    raise _input_failure(self.name, pos, flat[pos], exc) from exc
+                    raise input_failure(self.name, pos, flat[pos], exc) from exc
                 run = self._execute_keyed if self._steady is not None and self.observer is None else self._execute
                 if self._context is None:
                     run(state)
@@ -267,315 +226,12 @@ class MethodRunner:
         return ExecutionError(f"method {self.name!r} instruction {pc} ({what}) failed: {type(exc).__name__}: {exc}")
 
 
-def _input_failure(method: str, pos: int, x: Any, exc: Exception) -> InputError:
-    """The InputError for an untyped failure while binding input ``pos`` (a meta or sparse tensor named as such)."""
-    what = f"method {method!r} input {pos}"
-    if is_torch_tensor(x):  # the torch fast path copies without looking first
-        check_dense_torch(x, what)
-    return InputError(f"{what}: {_describe(x)} cannot be used: {type(exc).__name__}: {exc}")
-
-
-def _describe(x: Any) -> str:
-    """A short description of a caller's input for error messages (never raises)."""
-    try:
-        if is_torch_tensor(x):
-            return f"a torch tensor ({x.dtype}, layout {x.layout}, device {x.device})"
-        return f"a {type(x).__name__}"
-    except Exception:
-        return "an input"
-
-
 def _truthy(v: Any) -> bool:
     if isinstance(v, (bool, int, float)):
         return bool(v)
     if isinstance(v, np.ndarray) or is_torch_tensor(v):
         return bool(v.all())
     raise InputError(f"JumpFalseCall condition is a {type(v).__name__}, not a bool or tensor")
-
-
-# -- inputs ------------------------------------------------------------------------------------------
-
-
-def _input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
-    table = plan.table
-    kind = table.kinds[i]
-    what = f"method {plan.name!r} input {pos}"
-    if kind == "Tensor":
-        info = table.infos[i]
-        if info.device is not None:
-            return _device_input_setter(plan, info, what)
-        if info.storage == UNPLANNED:
-            return _bind_input(plan, info, what)
-        if info.storage == CONSTANT:
-            raise PteFormatError(f"{what} (value {i}) is a constant tensor in the file; inputs come from the caller")
-        return _copy_input(plan, info, what)
-    expected = table.vals[i]
-
-    def set_scalar(x: Any, state: RunState | None) -> None:
-        _check_scalar(x, kind, expected, what)
-
-    return set_scalar
-
-
-def _check_scalar(x: Any, kind: str, expected: Any, what: str) -> None:
-    ok = {
-        "Int": isinstance(x, (int, np.integer)) and not isinstance(x, bool),
-        "Double": isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool),
-        "Bool": isinstance(x, (bool, np.bool_)),
-        "String": isinstance(x, str),
-        "Null": x is None,
-    }.get(kind, False)
-    if not ok:
-        raise InputError(f"{what} must be a {kind} (the program was exported with {expected!r}), "
-                         f"got {type(x).__name__}")
-    if kind != "Null" and x != expected:
-        raise InputError(f"{what}: the program was exported with the constant {expected!r}; got {x!r} "
-                         f"(ExecuTorch specialises non-tensor inputs)")
-
-
-def _check_tensor(st_dtype: np.dtype, shape: tuple[int, ...], info: TensorInfo, what: str) -> None:
-    want = numpy_dtype(info.scalar_type)
-    if st_dtype != want:
-        raise InputError(f"{what} must be {info.scalar_type.dtype_name}, got {st_dtype}")
-    if len(shape) != len(info.sizes):
-        raise InputError(f"{what} must have rank {len(info.sizes)} (shape {info.sizes}), got shape {shape}")
-    if not info.dynamic:
-        if shape != info.sizes:
-            raise InputError(f"{what} must have shape {info.sizes}, got {shape}")
-    elif math.prod(shape) > info.capacity:
-        raise InputError(f"{what}: shape {shape} exceeds the method's upper bound {info.sizes}")
-
-
-def _np_dtype_of(x: Any) -> np.dtype:
-    if isinstance(x, np.ndarray):
-        return x.dtype
-    st = scalar_type_of_torch(x.dtype)
-    if st is None:
-        raise InputError(f"torch dtype {x.dtype} is not supported")
-    return numpy_dtype(st)
-
-
-def _copy_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
-    """Planned host input: check, then copy into its arena view (resizing dynamic ones)."""
-    table, i = plan.table, info.index
-    host = table.host
-    static = not info.dynamic
-    dst: Any = table.vals[i]  # the host's tensor (numpy or torch) this input is copied into
-    want_torch = host.dtype(info.scalar_type) if isinstance(host, TorchHost) else None
-    try:
-        dst_np = host.to_numpy(dst) if static else None  # set exactly when static
-        want_np = numpy_dtype(info.scalar_type)
-    except UnsupportedOperatorError as exc:
-        if want_torch is None:
-            raise
-        dst_np, want_np = None, None  # bfloat16, float8: only torch tensors can fill it
-        no_numpy = f"{what}: a {info.scalar_type.name} input must be a CPU torch tensor ({exc})"
-    sizes = info.sizes
-
-    tensor_type = host.torch.Tensor if isinstance(host, TorchHost) else None
-
-    rank, capacity = len(sizes), info.capacity
-
-    def set_input(x: Any, state: RunState | None) -> None:
-        if type(x) is tensor_type and not x.is_cuda:
-            if static:
-                if x.dtype is not want_torch or x.shape != sizes:
-                    _check_tensor(_np_dtype_of(x), tuple(x.shape), info, what)
-                dst.copy_(x.detach() if x.requires_grad else x)  # never let autograd reach the arena
-                return
-            if x.dtype is want_torch and x.dim() == rank and x.numel() <= capacity:  # a dynamic torch input
-                if dst.shape != x.shape:
-                    table.resize(i, x.shape)  # the same tensor object, resized in place
-                dst.copy_(x.detach() if x.requires_grad else x)
-                return
-        if want_np is None:
-            raise InputError(no_numpy)
-        if isinstance(x, np.ndarray):
-            arr = x
-        else:
-            dev = _caller_device_input(x, what, state)
-            if dev is not None:
-                arr = _device_to_host(dev, plan, what, state)
-            else:
-                arr = NumpyHost().from_caller(x, what, want_np)
-        if dst_np is not None:
-            if arr.dtype != want_np or arr.shape != sizes:
-                _check_tensor(arr.dtype, arr.shape, info, what)
-            np.copyto(dst_np, arr)
-            return
-        _check_tensor(arr.dtype, arr.shape, info, what)
-        t = table.resize(i, arr.shape)
-        np.copyto(host.to_numpy(t), arr)
-
-    return set_input
-
-
-def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
-    """Unplanned host input: bind the caller's memory (zero-copy when dtype and layout allow)."""
-    table, i = plan.table, info.index
-    host = table.host
-    vals = table.vals
-
-    def bind(x: Any, state: RunState | None) -> None:
-        dev = _caller_device_input(x, what, state)
-        if dev is not None:
-            x = _device_to_host(dev, plan, what, state)
-        t: Any = host.from_caller(x, what)  # np.ndarray or torch.Tensor, per the host
-        st = host.scalar_type(t)
-        _check_tensor(numpy_dtype(st) if st is not None else np.dtype("V1"), tuple(t.shape), info, what)
-        if isinstance(host, TorchHost):
-            if not t.is_contiguous():
-                t = t.contiguous()
-        elif not t.flags.c_contiguous:
-            t = np.ascontiguousarray(t)
-        vals[i] = t
-
-    return bind
-
-
-def _caller_device_input(x: Any, what: str, state: RunState | None) -> Any:
-    """``tensors.device_input`` with this run's CUDA seam and, for DLPack, its consumer stream."""
-    if state is None:
-        return device_input(x, what)
-    consumer = state.ctx.consumer_handle if state.ctx is not None else None
-    return device_input(x, what, state.cuda, consumer)
-
-
-def _device_to_host(dev: Any, plan: MethodPlan, what: str, state: RunState | None) -> np.ndarray:
-    """A caller's device input for a host tensor: copied after the work that produced it."""
-    if is_torch_tensor(dev.owner):
-        return dev.owner.detach().cpu().numpy()  # torch orders it after its own streams
-    if state is None or state.cuda is None:
-        raise ExecutionError(f"{what}: a device input, but the program was loaded without a CUDA seam")
-    seam = state.cuda
-    out = np.empty(dev.shape, dtype=numpy_dtype(dev.scalar_type))
-    src = seam.borrow(dev.ptr, dev.nbytes, dev.device)
-    if state.ctx is None:
-        seam.synchronize(dev.device)  # a host-only method: nothing of ours to order against
-        seam.memcpy_dtoh(out, src)
-        return out
-    stream = state.ctx.stream(dev.device)
-    if dev.stream is not None:
-        state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy out
-    seam.memcpy_dtoh(out, src, stream=stream)
-    stream.synchronize()  # the host reads the copy next
-    return out
-
-
-def _device_input_setter(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
-    """Input held in a CUDA arena: copy the caller's host or device data into it."""
-    table, i = plan.table, info.index
-
-    def set_device(x: Any, run: RunState | None) -> None:
-        state = _device_state(run)
-        dst: DeviceTensor = table.vals[i]  # type: ignore[assignment]  # planned in device memory
-        seam = state.ctx.cuda
-        stream = state.ctx.stream(dst.device)  # after this method's earlier work on that device
-        dev = _caller_device_input(x, what, state)
-        if dev is not None:
-            if dev.stream is not None:
-                state.ctx.wait_for(dev.stream, dev.device, stream)  # the producer first, then the copy in
-            _check_tensor(numpy_dtype(dev.scalar_type), dev.shape, info, what)
-            if info.dynamic:
-                dst.resize(dev.shape, what)
-            src = seam.borrow(dev.ptr, dev.nbytes, dev.device)
-            state.keepalive.append(dev.owner)
-            if dev.device == dst.device:
-                seam.memcpy_dtod(dst.allocation, src, dev.nbytes, dst_offset=dst.offset, stream=stream)
-            else:
-                seam.memcpy_peer(dst.allocation, src, dev.nbytes, dst_offset=dst.offset, stream=stream)
-            return
-        arr = np.ascontiguousarray(NumpyHost().from_caller(x, what, numpy_dtype(info.scalar_type)))
-        _check_tensor(arr.dtype, arr.shape, info, what)
-        if info.dynamic:
-            dst.resize(arr.shape, what)
-        if arr.nbytes:
-            state.ctx.copy_to_device(dst.allocation, arr, stream, dst_offset=dst.offset)
-
-    return set_device
-
-
-# -- outputs -----------------------------------------------------------------------------------------
-
-
-def _output_getter(plan: MethodPlan, pos: int, i: int) -> Getter:
-    table = plan.table
-    vals = table.vals
-    info = table.infos.get(i)
-    if info is not None and info.device is None and table.is_const(i) and not info.dynamic:
-        return _static_host_getter(table.host, vals[i])
-
-    def get(kind: str, state: RunState | None) -> Any:
-        return _export(vals[i], kind, state)
-
-    return get
-
-
-def _static_host_getter(host: Any, t: Any) -> Getter:
-    """Copy-out of a host tensor whose object and shape never change."""
-    if isinstance(host, TorchHost):
-        try:
-            view = torch_to_numpy(t)
-        except UnsupportedOperatorError:
-            return lambda kind, state: host_output(t, kind)  # torch callers only: numpy ones get the error
-
-        def get_torch_host(kind: str, state: Any) -> Any:
-            return t.clone() if kind == TORCH else view.copy()
-
-        return get_torch_host
-
-    def get_numpy_host(kind: str, state: Any) -> Any:
-        return host_output(t, kind) if kind == TORCH else t.copy()
-
-    return get_numpy_host
-
-
-def _export(v: Any, kind: str, state: RunState | None) -> Any:
-    if isinstance(v, DeviceTensor):
-        return _device_copy(v, kind, state)
-    if isinstance(v, list):
-        return [_export(x, kind, state) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    host_kind = TORCH if kind == TORCH else NUMPY
-    if kind == TORCH and isinstance(v, np.ndarray) and not _torch_loaded():
-        host_kind = NUMPY
-    return host_output(v, host_kind)
-
-
-def _torch_loaded() -> bool:
-    import sys
-
-    return "torch" in sys.modules
-
-
-def _device_state(state: RunState | None) -> RunState:
-    """The run state of device work (MethodRunner makes one whenever the method touches CUDA)."""
-    if state is None or state.ctx is None:
-        raise ExecutionError("internal error: device work without a run state")
-    return state
-
-
-def _device_copy(t: DeviceTensor, kind: str, run: RunState | None) -> Any:
-    """Device output: a fresh device buffer the caller owns (or a host copy for host callers)."""
-    state = _device_state(run)
-    seam = state.ctx.cuda
-    stream = state.streams.get(t.device)
-    if not state.device_caller:  # host callers get host results: the one place a run synchronises
-        out = np.empty(t.shape, dtype=numpy_dtype(t.scalar_type))
-        seam.memcpy_dtoh(out, t.allocation, src_offset=t.offset, stream=stream)
-        if stream is not None:
-            stream.synchronize()  # the caller gets the host copy next
-        return host_output(out, kind) if kind == TORCH else out
-    if stream is None or not seam.memory_pools(t.device):
-        alloc: DeviceAllocation = seam.alloc(max(t.nbytes, 1), t.device)
-    else:  # stream-ordered: dropping it frees it on the stream the caller gets it on, with no sync
-        alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))
-    out_t = OwnedDeviceTensor(alloc, 0, t.scalar_type, t.shape, math.prod(t.shape), t.dim_order)
-    if t.nbytes:
-        seam.memcpy_dtod(alloc, t.allocation, t.nbytes, src_offset=t.offset, stream=stream)
-    out_t.stream = None if stream is None else stream.handle  # consumers order on it (CAI v3 "stream")
-    return device_output(out_t, kind)
 
 
 __all__ = ["MethodRunner", "RunState", "output_builder", "input_flattener", "PLANNED"]

@@ -53,7 +53,8 @@ from typing import Any
 
 from pyrt.cuda import DeviceAllocation, StreamAllocation
 from pyrt.errors import DeviceError, InputError
-from pyrt.memory.tensors import TORCH, DeviceTensor, OutputTensor, device_input, device_output
+from pyrt.memory.interop import TORCH, device_input, device_output
+from pyrt.memory.tensors import DeviceTensor, OutputTensor
 from pyrt.runtime.cuda_graphs import Segment
 
 GRAPH_OUTPUTS = ("copy", "static")

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from pyrt.kernels.base import DATA_DEPENDENT_OPS, ShapeOnly, Step, noop
-from pyrt.memory.tensors import TorchHost, Value
+from pyrt.memory.host import TorchHost
+from pyrt.memory.tensors import Value
 from pyrt.runtime.plan import MethodPlan
 
 

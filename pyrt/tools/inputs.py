@@ -25,7 +25,7 @@ import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.format.dtypes import scalar_type_from_name
-from pyrt.memory.tensors import numpy_dtype
+from pyrt.memory.layout import numpy_dtype
 from pyrt.pte_reader import PteFile
 
 _NAME = re.compile(r"(?:input_?)?([0-9]+)", re.ASCII)

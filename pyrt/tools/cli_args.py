@@ -1,0 +1,205 @@
+"""The ``pyrt`` command line's argparse parser: the options every subcommand shares (parent
+parsers), one function per subcommand, and the converters that turn option text into values
+(a bad value is argparse's usage error, exit status 2). ``args.command`` names the subcommand
+(:data:`pyrt.tools.commands.COMMANDS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from pyrt._version import __version__
+from pyrt.serve import command as serve_command
+from pyrt.tools.inputs import parse_shape_arg
+
+_FMT = argparse.RawDescriptionHelpFormatter
+
+_EXAMPLES = {
+    "pyrt": """examples:
+  pyrt inspect model.pte                        readable report of the file
+  pyrt run model.pte --random                   run once on random inputs
+  pyrt bench model.pte --sweep 10%..100%        latency at ten weight-streaming budgets
+  pyrt profile model.pte --trace trace.json     time per operator and delegate, and a trace
+
+environment:
+  PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.testing; reference engines only)
+  PYRT_KERNELS=numpy      run non-delegated operators with pyrt's numpy kernels
+  PYRT_LOG=debug          pyrt's log level (debug, info, warning, error; -v is debug)
+  NO_COLOR=1              no colour on a terminal either""",
+    "inspect": """examples:
+  pyrt inspect model.pte
+  pyrt inspect --json model.pte | jq '.methods[0].delegates'
+  pyrt inspect model.pte --graph model.svg      SVG with Graphviz, else model.dot""",
+    "run": """examples:
+  pyrt run model.pte --random --seed 1
+  pyrt run model.pte --input 0=x.npy --input 1=mask.npy --save out.npz
+  pyrt run model.pte --input inputs.npz --json
+  pyrt run model.pte --random --shape 0=4,3,224,224 --budget 50%
+  PYRT_SIMULATED_GPUS=2 pyrt run model.pte --random --device-map cuda:0=cuda:1""",
+    "bench": """examples:
+  pyrt bench model.pte                           random inputs, >= 10 runs and >= 1 s
+  pyrt bench model.pte --iters 200 --warmup 20 --json
+  pyrt bench model.pte --budget 25% --budget 50% --budget 1GiB
+  pyrt bench model.pte --sweep 10%..100% --plot curve.png
+  pyrt bench model.pte --sweep 256MiB..2GiB:256MiB --seconds 3""",
+    "profile": """examples:
+  pyrt profile model.pte                         10 profiled runs on random inputs
+  pyrt profile model.pte --iters 50 --trace trace.json   (open in ui.perfetto.dev)
+  pyrt profile model.pte --input 0=x.npy --json""",
+}
+
+
+def _kv(text: str) -> tuple[Any, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected FROM=TO (e.g. cuda:0=cuda:1), got {text!r}")
+    return (int(key) if key.isdigit() else key), (int(value) if value.isdigit() else value)
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        return parse_shape_arg(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _budget(text: str) -> Any:
+    """``50%`` stays text (pyrt.streaming parses it); ``0=1GiB,1=50%`` -> {0: "1GiB", 1: "50%"}."""
+    if "=" not in text:
+        return text
+    out: dict[int, str] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key.strip().isdigit() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
+        out[int(key)] = value.strip()
+    return out
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return n
+
+
+def _positive(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return x
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``pyrt`` parser: global options and the inspect, run, bench and profile subcommands."""
+    common, load, inputs = _common(), _load(), _inputs()
+    parser = argparse.ArgumentParser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
+                                     description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
+                                                 "delegates.")
+    parser.add_argument("--version", action="version", version=f"pyrt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_inspect(sub, common)
+    _add_run(sub, [common, load, inputs])
+    _add_bench(sub, [common, load, inputs])
+    _add_profile(sub, [common, load, inputs])
+    serve_command.add_parser(sub, [common])
+    for name in PLUGINS:  # apps beside the tools add their subcommands (loaded here: no package circle)
+        importlib.import_module(name).add_commands(sub, [common, load])
+    return parser
+
+
+PLUGINS = ("pyrt.llm.command",)  # modules with add_commands(subparsers, parents): pyrt generate, bench --generate
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options of the program and of every subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show pyrt's debug log and third-party messages (as PYRT_LOG=debug)")
+    return common
+
+
+def _load() -> argparse.ArgumentParser:
+    """How run, bench and profile open the program."""
+    load = argparse.ArgumentParser(add_help=False)
+    load.add_argument("path", help="the .pte file")
+    load.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of external weights (repeatable)")
+    load.add_argument("--method", default="forward", help="method to run (default: forward)")
+    load.add_argument("--device-map", action="append", type=_kv, default=[], metavar="FROM=TO",
+                      help="move engines off the device the file names, e.g. cuda:0=cuda:1 (repeatable)")
+    load.add_argument("--kernels", choices=("torch", "numpy"), help="kernels for non-delegated operators")
+    load.add_argument("--trt", choices=("tensorrt", "tensorrt_rtx", "tensorrt_lean"),
+                      help="TensorRT flavour (default: the first that imports)")
+    return load
+
+
+def _inputs() -> argparse.ArgumentParser:
+    """Where run, bench and profile get the method's inputs."""
+    inputs = argparse.ArgumentParser(add_help=False)
+    inputs.add_argument("--input", action="append", default=[], metavar="[NAME=]FILE",
+                        help="an input from .npy (NAME: position, 0 or input0) or several from .npz (repeatable)")
+    inputs.add_argument("--random", action="store_true", help="draw every input not given with --input")
+    inputs.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
+    inputs.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=D0,D1,...",
+                        help="shape of a random dynamic input (default: its upper bound)")
+    return inputs
+
+
+def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("inspect", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["inspect"],
+                       help="describe a .pte file", description="Describe a .pte file without loading it.")
+    p.add_argument("path", help="the .pte file, or a .ptd data file")
+    p.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of the program (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON (the pyrt.inspect() dict)")
+    p.add_argument("--graph", metavar="OUT.svg|OUT.dot", help="draw the instruction chains (Graphviz)")
+
+
+def _add_run(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", parents=parents, formatter_class=_FMT, epilog=_EXAMPLES["run"],
+                       help="run a method once and summarise its outputs",
+                       description="Run a method once; print each output's dtype, shape and statistics.")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget: bytes (a total), 50%%, auto, "
+                   "or per engine 0=1GiB,1=50%%")
+    p.add_argument("--save", metavar="OUT.npz", help="save inputs (input0...) and outputs (output0...)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", parents=parents, formatter_class=_FMT, epilog=_EXAMPLES["bench"],
+                       help="latency and throughput, optionally across weight-streaming budgets",
+                       description="Time a method: latency min/p50/p90/p99/max and throughput, one row per "
+                                   "budget. Inputs are random unless given. CUDA events time programs that use "
+                                   "a GPU; host-only programs use the host clock.")
+    p.add_argument("--budget", action="append", type=_budget, default=[],
+                   help="a budget to time, as for run (repeatable: a sweep)")
+    p.add_argument("--sweep", metavar="START..STOP[:STEP]", help="budgets from START to STOP, e.g. 10%%..100%%")
+    p.add_argument("--warmup", type=_count, default=5, help="untimed runs before each row (default 5)")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--iters", type=_count, help="timed runs per row (default: >= 10 runs and >= 1 s)")
+    amount.add_argument("--seconds", type=_positive, help="time each row for this long")
+    p.add_argument("--plot", metavar="CURVE.png", help="plot throughput and latency against budget (matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_profile(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("profile", parents=parents, formatter_class=_FMT, epilog=_EXAMPLES["profile"],
+                       help="time per instruction, operator and delegate; a Chrome trace",
+                       description="Profile a method's runs: host (and, on a GPU, device) time per instruction, "
+                                   "by operator and by delegate. Inputs are random unless given.")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")
+    p.add_argument("--warmup", type=_count, default=1, help="unprofiled runs first (default 1)")
+    p.add_argument("--iters", type=_count, default=10, help="profiled runs (default 10)")
+    p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (ui.perfetto.dev, chrome://tracing)")
+    p.add_argument("--no-device-time", action="store_true", help="no CUDA timing events")
+    p.add_argument("--json", action="store_true", help="print JSON (Profiler.summary())")

@@ -1,0 +1,185 @@
+"""The ``pyrt`` subcommands (inspect, run, bench, profile) and the steps they share: reading
+inputs, opening the program, printing results. Each takes the parsed arguments
+(:mod:`pyrt.tools.cli_args`) and returns the exit status; :data:`COMMANDS` maps names to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyrt.pte_reader import PteFile
+from pyrt.runtime.program import Program
+from pyrt.serve import command as serve_command
+from pyrt.tools.bench import check_plot_support, device_names, format_rows, parse_sweep, plot, sweep
+from pyrt.tools.draw import to_dot, write_graph
+from pyrt.tools.inputs import assemble, flatten, load_files, method_inputs, parse_shapes, summarize
+from pyrt.tools.report import _size, format_report, inspect
+from pyrt.tools.terminal import EXIT_OK, _progress, _say
+
+
+def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Positional inputs for ``args.method`` and a description of each (position, kind, origin)."""
+    with PteFile.open(args.path) as pte:
+        specs = method_inputs(pte, args.method)
+    given = load_files(specs, args.input, method=args.method)
+    shapes = parse_shapes(args.shape, specs, args.method)
+    origins: dict[int, str] = {}
+    random = args.random or (random_default and not args.input)
+    values = assemble(specs, given, method=args.method, random=random, seed=args.seed, shapes=shapes,
+                      origins=origins)
+    described = []
+    for spec, x in zip(specs, values, strict=True):
+        item: dict[str, Any] = {"position": spec.position, "kind": spec.kind, "origin": origins[spec.position]}
+        if spec.kind == "Tensor":
+            item.update(dtype=spec.dtype, shape=list(x.shape), declared=list(spec.shape), dynamic=spec.dynamic)
+        else:
+            item["value"] = x
+        if origins[spec.position] == "random":
+            item["seed"] = args.seed
+        described.append(item)
+    return values, described
+
+
+def _program(args: argparse.Namespace, budget: Any = None) -> Any:
+    return Program(args.path, data=args.data, budget=budget, device_map=dict(args.device_map) or None,
+                   trt=args.trt, kernels=args.kernels)
+
+
+def _engines(prog: Any) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(w) for w in prog.weight_streaming]
+
+
+def _describe_inputs(items: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for it in items:
+        what = f"{it['dtype']}{it['shape']}" if it["kind"] == "Tensor" else f"{it['kind']} {it.get('value')!r}"
+        origin = it["origin"] + (f" (seed {it['seed']})" if "seed" in it else "")
+        lines.append(f"  {it['position']}  {what}  {origin}")
+    return lines
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    info = inspect(args.path, data=args.data)
+    if args.graph:
+        with PteFile.open(args.path) as pte:
+            text = to_dot(pte)
+        written, note = write_graph(text, args.graph)
+        if note:
+            _say("warning", note)
+        print(f"pyrt: wrote {written}", file=sys.stderr)
+    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    values, described = _inputs(args, random_default=False)
+    with _program(args, args.budget) as prog:
+        t0 = time.perf_counter()
+        result = prog.run(*values, method=args.method)
+        seconds = time.perf_counter() - t0
+        engines = _engines(prog)
+        kernels = prog.kernels
+    outputs = flatten(result)
+    info = {"source": args.path, "method": args.method, "kernels": kernels, "seconds": seconds,
+            "inputs": described, "outputs": [{"position": i, **summarize(x)} for i, x in enumerate(outputs)],
+            "weight_streaming": engines}
+    if args.save:
+        arrays: dict[str, Any] = {f"input{i}": np.asarray(v) for i, v in enumerate(values) if v is not None}
+        arrays.update({f"output{i}": np.asarray(x) for i, x in enumerate(outputs) if x is not None})
+        np.savez(args.save, **arrays)
+        print(f"pyrt: wrote {args.save}", file=sys.stderr)
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    lines = [f"{args.path}: method {args.method!r} ran in {seconds * 1000:.3f} ms (kernels: {kernels})", "inputs"]
+    lines += _describe_inputs(described) or ["  (none)"]
+    lines.append("outputs")
+    for o in info["outputs"]:
+        if o["kind"] != "Tensor":
+            lines.append(f"  {o['position']}  {o['kind']} {o['value']!r}")
+            continue
+        head = f"  {o['position']}  {o['dtype']}{o['shape']}"
+        if o["min"] is None:
+            lines.append(head + ("  (empty)" if not o["nan"] + o["inf"] else ""))
+        else:
+            lines.append(f"{head}  min {o['min']:.6g}  max {o['max']:.6g}  mean {o['mean']:.6g}  std {o['std']:.6g}")
+        if o["nan"] or o["inf"]:
+            lines.append(f"     nan {o['nan']}  inf {o['inf']}")
+    lines += _describe_engines(engines)
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def _describe_engines(engines: list[dict[str, Any]]) -> list[str]:
+    if not engines:
+        return []
+
+    lines = ["weight streaming"]
+    for e in engines:
+        budget = "-" if e["budget"] is None else _size(e["budget"])
+        lines.append(f"  engine {e['index']} ({e['method']}/delegate{e['delegate_index']}, cuda:{e['device']}): "
+                     f"budget {budget} of {_size(e['streamable_bytes'])} streamable ({e['source']})")
+    return lines
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    budgets: list[Any] = list(args.budget) + (parse_sweep(args.sweep) if args.sweep else [])
+    if args.plot:
+        check_plot_support()
+    values, described = _inputs(args, random_default=True)
+    with _program(args) as prog:
+        devices = sorted({w.device for w in prog.weight_streaming})
+        rows = sweep(prog, values, method=args.method, budgets=budgets or [None], warmup=args.warmup,
+                     iters=args.iters, seconds=args.seconds, progress=_progress(not args.no_progress))
+    clock = rows[0]["clock"]
+    where = (f"CUDA events on {device_names(devices)[0]}" if clock == "cuda-events"
+             else "host clock (the program does no GPU work)")
+    info = {"source": args.path, "method": args.method, "clock": clock, "devices": device_names(devices),
+            "inputs": described, "rows": rows}
+    if args.plot:
+        plot(rows, args.plot, title=f"{os.path.basename(args.path)} ({args.method})")
+        print(f"pyrt: wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    print(f"{args.path}: method {args.method!r}, {rows[0]['warmup']} warm-up run(s) per row; timed by {where}")
+    print(format_rows(rows))
+    return EXIT_OK
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    values, described = _inputs(args, random_default=True)
+    with _program(args, args.budget) as prog:
+        for _ in range(args.warmup):
+            prog.run(*values, method=args.method)
+        with prog.profile(device_time=not args.no_device_time) as prof:
+            for _ in range(args.iters):
+                prog.run(*values, method=args.method)
+        if args.trace:
+            prof.save_trace(args.trace)
+            print(f"pyrt: wrote {args.trace}", file=sys.stderr)
+        summary = prof.summary()
+        text = prof.table()
+    if args.json:
+        _print_json({**summary, "method": args.method, "inputs": described})
+    else:
+        print(text)
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile, "serve": serve_command.run,
+}
