@@ -86,6 +86,14 @@ def configure(verbose: bool = False, environ: Mapping[str, str] | None = None) -
     return level
 
 
+def reset() -> None:
+    """Undo :func:`configure`: its handler removed, the ``pyrt`` logger's level back to NOTSET."""
+    root = logging.getLogger("pyrt")
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.setLevel(logging.NOTSET)
+
+
 def _third_party_loggers() -> list[logging.Logger]:
     """Every logger of THIRD_PARTY's packages that sets its own level, and their roots."""
     known = [name for name in logging.Logger.manager.loggerDict if name.split(".")[0] in THIRD_PARTY]

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from pyrt.errors import PyrtError
-from pyrt.logs import configure, level_from_env, third_party_quiet
+from pyrt.logs import configure, level_from_env, reset, third_party_quiet
 from pyrt.streaming import BudgetWarning
+from pyrt.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +49,16 @@ def test_levels_come_from_verbose_then_the_environment() -> None:
         for handler in [h for h in logger.handlers if h not in before[1]]:
             logger.removeHandler(handler)
         logger.setLevel(before[0])
+
+
+def test_the_command_line_leaves_no_handler_behind(tmp_path: Path) -> None:
+    logger = logging.getLogger("pyrt")
+    before = list(logger.handlers), logger.level
+    assert main(["inspect", "-v", str(tmp_path / "missing.pte")]) == 1
+    assert (list(logger.handlers), logger.level) == before
+    configure(True, {})
+    reset()
+    assert (list(logger.handlers), logger.level) == before
 
 
 def test_third_party_records_and_warnings_are_held_back_and_restored(caplog: pytest.LogCaptureFixture) -> None:

@@ -57,7 +57,8 @@ def ray_serve() -> Iterator[str]:
 def dyn(ray_serve: str, programs: dict[str, Path]) -> str:
     """``dyn.pte`` as model "dyn": two replicas, one simulated GPU each, batches of up to 8 rows."""
     app = deployment(programs["dyn"], name="dyn", replicas=2, simulated_gpus=1, max_batch_size=8,
-                     batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5)
+                     batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5,
+                     budget="50%")
     run(app, path=str(programs["dyn"]))
     return ray_serve
 
@@ -87,6 +88,14 @@ def test_health_and_metadata(dyn: str) -> None:
     missing = requests.get(f"http://{dyn}/v2/models/nope", timeout=30)
     assert missing.status_code == 404 and "no model 'nope'" in missing.json()["error"]
     assert not client.is_model_ready("nope")
+
+
+def test_each_replica_applies_the_budget_to_its_engines(dyn: str, programs: dict[str, Path]) -> None:
+    with simulated_gpus(1), Program(programs["dyn"], kernels="numpy", budget="50%") as prog:
+        want = [(w.index, w.budget, w.source) for w in prog.weight_streaming]
+    for _ in range(4):
+        got = requests.get(f"http://{dyn}/v2/models/dyn/stats", timeout=30).json()["weight_streaming"]
+        assert [(e["engine"], e["budget"], e["source"]) for e in got] == want and want[0][1] > 0
 
 
 @pytest.mark.parametrize("route", ["generate", "generate_stream"])
@@ -289,3 +298,25 @@ def test_ready_only_once_every_replica_has_loaded(ray_serve: str, programs: dict
     assert _running("late") == 2
     assert requests.get(base + "/models/late/ready", timeout=30).json() == {"name": "late", "ready": True}
     serve.delete("late")
+
+
+@pytest.mark.slow
+def test_generate_routes_of_a_program_following_the_llm_convention(ray_serve: str,
+                                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A GPT-2 decoder exported by pyrt.export.decoder_to_pte: /generate and /generate_stream give eager's tokens."""
+    from tests import llm_models as L
+
+    gpt2 = L.Exported("gpt2", tmp_path_factory.mktemp("gen") / "gpt2.pte", "portable", route="pyrt")
+    run(deployment(gpt2.path, name="gpt2", app_name="gen", num_cpus=0.25), app_name="gen", path=str(gpt2.path),
+        route_prefix="/gen")
+    base = f"http://{ray_serve}/gen/v2/models/gpt2"
+    body = {"input_ids": L.PROMPT, "parameters": {"max_tokens": L.NEW_TOKENS, "eos_ids": []}}
+    reply = requests.post(f"{base}/generate", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["token_ids"] == gpt2.want and reply.json()["finish_reason"] == "length"
+    stream = requests.post(f"{base}/generate_stream", json=body, timeout=120)
+    events = [json.loads(c.removeprefix("data: ")) for c in stream.text.split("\n\n") if c]
+    assert [e["token_id"] for e in events[:-1]] == gpt2.want and events[-1]["token_ids"] == gpt2.want
+    bad = requests.post(f"{base}/generate", json={"input_ids": L.PROMPT, "parameters": {"colour": 1}}, timeout=60)
+    assert bad.status_code == 400 and "colour" in bad.json()["error"]
+    serve.delete("gen")

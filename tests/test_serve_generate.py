@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from fastapi import FastAPI, Request
 
 from pyrt.errors import ExecutionError, InputError
-from pyrt.serve import generate
 
+fastapi = pytest.importorskip("fastapi")  # the serve extra
+FastAPI, Request = fastapi.FastAPI, fastapi.Request
 TestClient = pytest.importorskip("starlette.testclient").TestClient
+
+from pyrt.serve import generate  # noqa: E402
 
 
 class FakeProgram:

@@ -69,7 +69,9 @@ class Generation:
         except InputError as exc:
             return _error(exc)
         try:
-            events = self.module.generate_events(self.program, body)
+            method = self.models[name].method  # the contract's signature is (program, body); forward is its default
+            extra = {} if method == "forward" else {"method": method}
+            events = self.module.generate_events(self.program, body, **extra)
         except Exception as exc:  # validation before any run: InputError -> 400
             return _error(exc)
         first = await self._next(events)  # validation errors surface here, before any status is sent
