@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pyrt
+import pyrt.llm
 from pyrt.errors import ExportError
 from pyrt.export import decoder_to_pte
 from pyrt.testing import simulated_gpus

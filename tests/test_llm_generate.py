@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pyrt
+import pyrt.llm
 from pyrt.errors import InputError
 from pyrt.llm.sampling import Sampling, probabilities, sample_token
 from tests import llm_models as L
