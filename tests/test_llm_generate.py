@@ -18,8 +18,8 @@ from tests import llm_models as L
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("llama", tmp_path_factory.mktemp("gen") / "llama.pte", "portable", route="pyrt")
+def llama() -> L.Exported:
+    return L.exported("llama", "portable", route="pyrt")
 
 
 @pytest.fixture

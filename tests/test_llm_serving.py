@@ -14,8 +14,8 @@ from tests import llm_models as L
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("gpt2", tmp_path_factory.mktemp("serve") / "gpt2.pte", "portable", route="pyrt")
+def gpt2() -> L.Exported:
+    return L.exported("gpt2", "portable", route="pyrt")
 
 
 @pytest.fixture
