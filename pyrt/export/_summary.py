@@ -38,11 +38,16 @@ class EngineSummary:
     outputs: tuple[IOBinding, ...]
     source: str  # "built" by pyrt or "converted" from a Torch-TensorRT engine
     route: str = ""
+    # outputs whose shape only the run knows (nonzero, masked_select, ...): name -> the upper-bound
+    # shape the program plans them at (ExecuTorch's DYNAMIC_BOUND)
+    bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str) -> EngineSummary:
+    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str,
+           bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
-                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""))
+                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""),
+                   bounded_outputs)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class ExportSummary:
             budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
             lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "
                          f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
+            lines.extend(f"    {out}: data-dependent shape, planned at its bound {list(shape)}"
+                         for out, shape in e.bounded_outputs)
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))

@@ -1,5 +1,8 @@
 """LLM generation on .pte files that follow ExecuTorch's LLM convention.
 
+May import: every layer below the apps (runtime, memory, format, errors) and numpy; a
+tokenizer (``transformers``) only lazily, for ``pyrt generate --prompt``.
+
 >>> import pyrt
 >>> with pyrt.Program("m.pte") as prog:                                    # doctest: +SKIP
 ...     out = pyrt.generate(prog, [1, 2, 3], max_new_tokens=32)
