@@ -6,7 +6,12 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,3 +112,17 @@ class Exported:
         self.path = path
         self.summary = decoder_to_pte(self.model, path, max_seq_len=MAX_SEQ_LEN, builder=builder, route=route,
                                       progress=False, **options)
+
+
+@functools.cache
+def _session_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="pyrt-llm-tests-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@functools.cache
+def exported(name: str, builder: str, route: str = "auto", weight_streaming: bool = False) -> Exported:
+    """One export per test session for each combination (the test files share them)."""
+    path = _session_dir() / f"{name}-{builder}-{route}-{int(weight_streaming)}.pte"
+    return Exported(name, path, builder, route, weight_streaming=weight_streaming)

@@ -17,9 +17,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("llama", tmp_path_factory.mktemp("cli") / "llama.pte", "reference", route="pyrt",
-                      weight_streaming=True)
+def llama() -> L.Exported:
+    return L.exported("llama", "reference", weight_streaming=True)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pyrt
+import pyrt.llm
 from pyrt.errors import ExportError
 from pyrt.export import decoder_to_pte
 from pyrt.testing import simulated_gpus
@@ -20,13 +21,13 @@ from tests import llm_models as L
 
 
 @pytest.fixture(scope="module")
-def llama_ref(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("llama", tmp_path_factory.mktemp("llm") / "llama.pte", "reference")
+def llama_ref() -> L.Exported:
+    return L.exported("llama", "reference", weight_streaming=True)
 
 
 @pytest.fixture(scope="module")
-def gpt2_portable(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("gpt2", tmp_path_factory.mktemp("llm") / "gpt2.pte", "portable", route="pyrt")
+def gpt2_portable() -> L.Exported:
+    return L.exported("gpt2", "portable", route="pyrt")
 
 
 def _generate(path: Path, **kw: Any) -> Any:
@@ -36,6 +37,7 @@ def _generate(path: Path, **kw: Any) -> Any:
 
 def test_llama_reference_engines_decode_as_eager(llama_ref: L.Exported) -> None:
     s = llama_ref.summary
+    assert llama_ref.model.generation_config.cache_implementation is None  # the caller's model is left as it was
     assert len(s.engines) == 1 and s.fallback_ops == {} and s.route in ("upstream", "pyrt"), str(s)
     out = _generate(llama_ref.path)
     assert len(out.tokens) == L.NEW_TOKENS and out.tokens == llama_ref.want and out.finish_reason == "length"

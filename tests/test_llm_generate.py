@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import pyrt
+import pyrt.llm
 from pyrt.errors import InputError
 from pyrt.llm.sampling import Sampling, probabilities, sample_token
 from tests import llm_models as L
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("llama", tmp_path_factory.mktemp("gen") / "llama.pte", "portable", route="pyrt")
+def llama() -> L.Exported:
+    return L.exported("llama", "portable", route="pyrt")
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from tests import llm_models as L
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> L.Exported:
-    return L.Exported("gpt2", tmp_path_factory.mktemp("serve") / "gpt2.pte", "portable", route="pyrt")
+def gpt2() -> L.Exported:
+    return L.exported("gpt2", "portable", route="pyrt")
 
 
 @pytest.fixture
@@ -81,3 +81,39 @@ def test_bad_bodies_are_input_errors_naming_the_field_before_any_run(prog: Any, 
 def test_follows_convention(prog: Any) -> None:
     assert serving.follows_convention(prog) and not serving.follows_convention(prog, method="get_max_seq_len")
     assert not serving.follows_convention("not a program")
+
+
+def test_the_serve_routes_answer_with_this_module(prog: Any, gpt2: L.Exported) -> None:
+    """pyrt.serve's generate routes over the real pyrt.llm.serving and a real program (no stand-in)."""
+    fastapi = pytest.importorskip("fastapi")
+    client_class = pytest.importorskip("starlette.testclient").TestClient
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyrt.serve import generate
+
+    with ThreadPoolExecutor(1) as pool:
+        gen = generate.Generation(prog, {"gpt2": types.SimpleNamespace(method="forward")}, pool)
+        assert gen.module is serving and "gpt2" in gen.models
+        app = fastapi.FastAPI()
+
+        async def one(name: str, request: Any) -> Any:
+            return await gen.generate(name, request, stream=False)
+
+        async def many(name: str, request: Any) -> Any:
+            return await gen.generate(name, request, stream=True)
+
+        for route, endpoint in (("generate", one), ("generate_stream", many)):
+            endpoint.__annotations__.update(name=str, request=fastapi.Request)  # FastAPI reads the real class
+            app.post(f"/v2/models/{{name}}/{route}")(endpoint)
+
+        client = client_class(app)
+        body = {"input_ids": L.PROMPT, "parameters": {"max_tokens": 8, "eos_ids": []}}
+        reply = client.post("/v2/models/gpt2/generate", json=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["token_ids"] == gpt2.want[:8] and reply.json()["finish_reason"] == "length"
+        streamed = client.post("/v2/models/gpt2/generate_stream", json=body)
+        events = [json.loads(c.removeprefix("data: ")) for c in streamed.text.split("\n\n") if c]
+        assert [e["token_id"] for e in events[:-1]] == gpt2.want[:8] and events[-1]["token_ids"] == gpt2.want[:8]
+        bad = client.post("/v2/models/gpt2/generate", json={"input_ids": [1, 500]})
+        assert bad.status_code == 400 and "input_ids[1]=500 is outside the vocabulary" in bad.json()["error"]

@@ -100,10 +100,14 @@ class UpstreamModule(torch.nn.Module):
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
         generation = getattr(model, "generation_config", None)
-        if generation is not None:
-            generation.cache_implementation = "static"
-            generation.use_cache = True
-        self.inner = TorchExportableModuleWithStaticCache(model, batch_size, max_seq_len)
+        saved = None if generation is None else (generation.cache_implementation, generation.use_cache)
+        try:  # the recipe insists on a static-cache generation config; the caller's model keeps its own
+            if generation is not None:
+                generation.cache_implementation, generation.use_cache = "static", True
+            self.inner = TorchExportableModuleWithStaticCache(model, batch_size, max_seq_len)
+        finally:
+            if generation is not None and saved is not None:
+                generation.cache_implementation, generation.use_cache = saved
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.inner(input_ids=tokens, cache_position=input_pos)

@@ -1,6 +1,7 @@
 """ExecuTorch's LLM convention, read from a loaded program.
 
-``forward(tokens [batch, seq] int64, input_pos [seq] int64) -> logits [batch, seq, vocab]``
+``forward(tokens [batch, seq] int64, input_pos [seq or 1] int64) -> logits [batch, seq, vocab]`` (or the
+last position's ``[batch, vocab]``, as ExecuTorch's llama export writes without full logits)
 with a KV cache kept in the program's state, plus constant methods (``get_max_seq_len``,
 ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
@@ -35,6 +36,7 @@ class Convention:
     eos_ids: tuple[int, ...]
     n_layers: int | None
     constants: dict[str, Any]
+    start_position: bool = False  # input_pos is [1], the first token's position (ExecuTorch's llama export)
 
 
 def read_convention(program: Any, method: str = "forward") -> Convention:
@@ -62,7 +64,8 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     layers = constants.get("get_n_layers")
     return Convention(method, tokens[0], tokens[1], tokens[2], context, vocab,
                       None if bos is None else _int(bos, where, "get_bos_id"), eos_ids,
-                      None if layers is None else _int(layers, where, "get_n_layers"), constants)
+                      None if layers is None else _int(layers, where, "get_n_layers"), constants,
+                      start_position=pos == (1,) and tokens[1] > 1)
 
 
 def follows_convention(program: Any, method: str = "forward") -> bool:
@@ -86,12 +89,14 @@ def _signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int,
         if int(t.scalar_type) != INT64 or len(t.sizes) != rank:
             raise InputError(f"{where}: input {name} is {t.scalar_type.dtype_name}{list(t.sizes)}; "
                              f"the convention needs int64 of rank {rank}")
-    if len(outs) != 1 or outs[0].kind != "Tensor" or len(outs[0].tensor.sizes) != 3:
-        raise InputError(f"{where}: the convention returns one logits tensor [batch, seq, vocab]")
+    if len(outs) != 1 or outs[0].kind != "Tensor" or len(outs[0].tensor.sizes) not in (2, 3):
+        raise InputError(f"{where}: the convention returns one logits tensor, [batch, seq, vocab] or the last "
+                         "position's [batch, vocab]")
     dynamic = tokens.shape_dynamism.name != "STATIC"
     batch, seq = tokens.sizes
-    if tuple(pos.sizes) != (seq,):
-        raise InputError(f"{where}: input_pos has sizes {list(pos.sizes)}, tokens {list(tokens.sizes)}")
+    if tuple(pos.sizes) not in ((seq,), (1,)):
+        raise InputError(f"{where}: input_pos has sizes {list(pos.sizes)}, tokens {list(tokens.sizes)}; the "
+                         "convention's input_pos is [seq] (each token's position) or [1] (the first one's)")
     return (batch, seq, dynamic), tuple(pos.sizes), tuple(outs[0].tensor.sizes)
 
 

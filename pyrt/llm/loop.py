@@ -129,6 +129,6 @@ def _prefill(program: Any, conv: Convention, prompt: list[int]) -> np.ndarray:
 
 def _forward(program: Any, conv: Convention, tokens: list[int], begin: int) -> np.ndarray:
     ids = np.asarray([tokens], dtype=np.int64)
-    pos = np.arange(begin, begin + len(tokens), dtype=np.int64)
+    pos = np.arange(begin, begin + (1 if conv.start_position else len(tokens)), dtype=np.int64)
     logits = program.run(ids, pos, method=conv.method)
-    return np.asarray(logits)[0, -1]
+    return np.asarray(logits).reshape(-1, conv.vocab_size)[-1]  # [1, seq, vocab] or the last position's [1, vocab]
