@@ -33,8 +33,7 @@ def test_a_two_profile_engine_runs_shapes_of_both_and_refuses_one_outside_both()
     assert not sim.driver.hazards
 
 
-def test_inspect_like_profiles_are_read_from_the_engine() -> None:
+def test_the_program_reports_every_profile_of_its_engines() -> None:
     sim = simulated_devices(1, memory=64 * MiB)
     with pyrt.Program(decoder_like(), devices=sim) as prog:
-        (d,) = prog._delegates
-        assert d.engine.profiles == [{"x": ((1, 4), (1, 4))}, {"x": ((2, 4), (8, 4))}]
+        assert prog.optimization_profiles == {"forward/delegate0": [{"x": ((1, 4), (1, 4))}, {"x": ((2, 4), (8, 4))}]}
