@@ -486,6 +486,9 @@ class Engine:
         return f"Engine({self.name!r}, device={self.device}, {state})"
 
 
+_dims = profiles_mod.dims  # a TensorRT Dims as a tuple (None: invalid); kept here for callers of this module
+
+
 def _nbytes(data: Any) -> int:
     try:
         return memoryview(data).nbytes

@@ -179,7 +179,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{args.path}: method {args.method!r}, {rows[0]['warmup']} warm-up run(s) per row; timed by {where}")
     print(format_rows(rows))
-    if any(r.get("memory") for r in rows):
+    if any((r.get("memory") or {}).get("devices") for r in rows):
         print("\nGPU memory per budget (pyrt.Program.memory_plan)")
         print(format_memory(rows))
     return EXIT_OK
