@@ -70,8 +70,7 @@ def to_pte(
     compile_specs: Any = None,
     progress: bool | None = None,
     writer: str = "pyrt",
-    external_weights: bool = False,
-    profiles: Any = None,
+    external_weights: bool = False, profiles: Any = None,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
@@ -79,8 +78,8 @@ def to_pte(
     ``dynamic_shapes``), a ``torch.export.ExportedProgram``, or a Torch-TensorRT compiled
     program (``tensorrt::execute_engine`` nodes; its engines are kept as they are).
     ``torch_executed_ops``: operators (``"aten.relu.default"``, ``torch.ops.aten.relu``, ...)
-    forced to run in ExecuTorch; ops no builder can build fall back too.
-    ``min_block_size``: fewest compute ops worth an engine.
+    forced to run in ExecuTorch; ops no builder can build fall back too. ``min_block_size``: fewest
+    compute ops worth an engine.
     ``device``: engines' CUDA device; a device, a mapping (partition index or name, or
     ``"*"`` -> device) or a callable ``PartitionInfo -> device``. Torch-TensorRT engines
     keep the device recorded in each engine.
@@ -90,14 +89,11 @@ def to_pte(
     ``builder``: "auto" (tensorrt, else tensorrt_rtx), "tensorrt", "tensorrt_rtx", "reference".
     ``compile_specs``: extra raw compile specs for every delegate.
     ``progress``: None = bar on a TTY, True/False = force on/off (always logged to "pyrt.export").
-    ``writer``: "pyrt" streams engines from disk; "executorch" uses ExecuTorch's in-memory writer.
+    ``writer``: "pyrt" streams engines from disk, "executorch" uses ExecuTorch's in-memory writer.
     ``external_weights``: the weights of operators that run in ExecuTorch go to a ``.ptd`` beside
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
-    ``profiles``: several optimization profiles, ``[{input: {"min": [...], "opt": [...], "max":
-    [...]}}, ...]`` by input name or position (every dynamic input in each); every engine gets one
-    profile per entry, its inputs' ranges derived through the graph (``pyrt/export/_profiles.py``).
-    Default: one profile, from ``dynamic_shapes``.
+    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_profiles.py``).
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
@@ -112,8 +108,7 @@ def to_pte(
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
                            weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
-                           progress=progress, writer=writer, external_weights=external_weights,
-                           profiles=profiles)
+                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles)
     target = _target(path)
     engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
