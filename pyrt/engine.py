@@ -9,7 +9,11 @@ file pages are dropped from the process once served), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
-enqueues on a stream. Every TensorRT return value is checked.
+enqueues on a stream. Every TensorRT return value is checked. An output whose
+shape only the run decides (``nonzero``; TensorRT reports -1 for it) gets an output
+allocator (:mod:`pyrt.device.output_allocator`): ``execute`` hands it the output's
+planned buffer and capacity, and :meth:`Engine.reported_shape` gives the shape
+TensorRT reported, known when ``execute_async_v3`` returns.
 
 >>> import numpy as np
 >>> from pyrt.testing import simulated_gpus
@@ -42,61 +46,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt import cuda as cuda_seam
+from pyrt.device import output_allocator, tensorrt_seam
 from pyrt.device import profiles as profiles_mod
 from pyrt.device import scratch as scratch_mod
-from pyrt.device import tensorrt_seam
-from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
-from pyrt.format.mapped import release_pages
+from pyrt.device.stream_reader import view_reader
+from pyrt.errors import BudgetError, DeviceError, EngineError, ExecutionError, InputError
 
 _log = logging.getLogger("pyrt.engine")
 
 STREAM_READER_MIN_BYTES = 64 << 20  # below this, handing TensorRT the buffer is as cheap and simpler
 STREAM_CHUNK_BYTES = 16 << 20  # most bytes one read hands TensorRT (a zero-copy slice of the engine)
-
-
-def _view_reader(module: Any, view: memoryview) -> Any:
-    """An ``IStreamReaderV2`` of ``module`` serving zero-copy slices of ``view`` (None if the flavour has none).
-
-    TensorRT asks for exact byte counts and asks again for what a short read left out;
-    the binding copies out of any buffer, so a memoryview slice needs no ``bytes()`` copy.
-    Constructing the real reader base dlopens libcuda, and raises RuntimeError where it cannot.
-    """
-    base = getattr(module, "IStreamReaderV2", None)
-    seek_position = getattr(module, "SeekPosition", None)
-    if base is None or seek_position is None:
-        return None
-    origins = {seek_position.SET: lambda r: 0, seek_position.CUR: lambda r: r.pos,
-               seek_position.END: lambda r: view.nbytes}
-
-    class ViewReader(base):  # type: ignore[misc, valid-type]  # base is the flavour's class
-        def __init__(self) -> None:
-            super().__init__()  # TensorRT's pybind base must be initialised explicitly
-            self.pos = 0
-            self.served: tuple[int, int] | None = None  # the last slice handed out (TensorRT copies it after)
-
-        def read(self, num_bytes: int, stream: int) -> memoryview:
-            self.release()  # the previous slice has been copied by now: its file pages may go
-            n = max(0, min(num_bytes, STREAM_CHUNK_BYTES, view.nbytes - self.pos))
-            chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
-            self.served = (self.pos, self.pos + n)
-            self.pos += n
-            return chunk
-
-        def release(self) -> None:
-            """Drop the file pages of the slice served last (they leave this process's RSS)."""
-            if self.served is not None:
-                start, end = self.served
-                release_pages(view[start:end])
-                self.served = None
-
-        def seek(self, offset: int, where: Any) -> bool:
-            origin = origins.get(where)
-            if origin is None or not 0 <= origin(self) + offset <= view.nbytes:
-                return False
-            self.pos = origin(self) + offset
-            return True
-
-    return ViewReader()
 
 
 @dataclass(frozen=True)
@@ -129,6 +88,8 @@ class Engine:
         self._budget_source: str | None = None
         self._shapes_set = False
         self._bound: list[int] = []  # addresses bound on the current context, in name order
+        self.data_dependent: tuple[str, ...] = ()  # outputs whose shape only the run decides
+        self._allocators: dict[str, tuple[output_allocator.PlannedOutput, Any]] = {}  # kept alive with the context
         self.scratch: Any = None  # a pyrt.device.scratch.SharedScratch: contexts use its memory (USER_MANAGED)
         self._active_profile = self._wanted_profile = 0
         self._check_bindings()
@@ -154,7 +115,7 @@ class Engine:
         source: Any = engine_bytes
         if _nbytes(engine_bytes) >= STREAM_READER_MIN_BYTES:
             try:
-                source = _view_reader(module, memoryview(engine_bytes).cast("B")) or engine_bytes
+                source = view_reader(module, memoryview(engine_bytes).cast("B"), STREAM_CHUNK_BYTES) or engine_bytes
             except RuntimeError as exc:  # the reader base dlopens libcuda: "Failed to open cuda driver."
                 raise DeviceError(f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not create the "
                                   f"stream reader for {_nbytes(engine_bytes)} engine bytes on device {device}: "
@@ -391,12 +352,12 @@ class Engine:
             raise EngineError(f"{self.name}: TensorRT shape inference failed: {exc}") from exc
         if missing:
             raise EngineError(f"{self.name}: TensorRT shape inference left {list(missing)} unspecified")
-        shapes = []
-        for name in self.output_names:
-            shape = tuple(int(d) for d in context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise EngineError(f"{self.name}: output {name!r} has a data-dependent shape {shape}; unsupported")
-            shapes.append(shape)
+        shapes = [tuple(int(d) for d in context.get_tensor_shape(name)) for name in self.output_names]
+        data_dependent = tuple(n for n, shape in zip(self.output_names, shapes, strict=True)
+                               if min(shape, default=0) < 0)
+        if data_dependent and set(data_dependent) != set(self._allocators):
+            self._allocators = output_allocator.install(self._trt, context, self.name, list(data_dependent))
+        self.data_dependent = data_dependent
         self._shapes_set = True
         return shapes
 
@@ -406,8 +367,14 @@ class Engine:
                              f"{self._logger.messages.take() or 'outside the optimization profile'}")
 
     # -- running -------------------------------------------------------------------------
-    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int) -> None:
-        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``."""
+    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int,
+                capacities: Sequence[int] | None = None) -> None:
+        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``.
+
+        ``capacities``: bytes planned at each output address (needed for data-dependent outputs:
+        TensorRT gets that buffer through the output allocator while its request fits, and a
+        request that does not is an ExecutionError naming the output, the size and the bound).
+        """
         context = self._ready()
         if len(input_ptrs) != len(self.input_names) or len(output_ptrs) != len(self.output_names):
             raise InputError(f"{self.name}: execute needs {len(self.input_names)} input and "
@@ -423,15 +390,38 @@ class Engine:
                     raise EngineError(f"{self.name}: TensorRT refused address {ptr:#x} for {name!r}: "
                                       f"{self._logger.messages.take() or 'no log'}")
             self._bound = ptrs
-        if not context.execute_async_v3(int(stream)):
+        if self._allocators:
+            self._plan_outputs(output_ptrs, capacities)
+        ok = context.execute_async_v3(int(stream))
+        failed = [p.failure for p, _ in self._allocators.values() if p.failure is not None]
+        if failed:
+            self._logger.messages.take()
+            raise failed[0]
+        if not ok:
             raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
                               f"{self._logger.messages.take() or 'no log'}")
+
+    def _plan_outputs(self, output_ptrs: Sequence[int], capacities: Sequence[int] | None) -> None:
+        if capacities is None or len(capacities) != len(self.output_names):
+            raise EngineError(f"{self.name}: outputs {list(self.data_dependent)} have data-dependent shapes: "
+                              f"execute needs the planned bytes of every output")
+        for name, ptr, capacity in zip(self.output_names, output_ptrs, capacities, strict=True):
+            if name in self._allocators:
+                self._allocators[name][0].plan(address=int(ptr), capacity=int(capacity))
+
+    def reported_shape(self, name: str) -> tuple[int, ...]:
+        """The shape TensorRT reported for data-dependent output ``name`` in the last ``execute``."""
+        entry = self._allocators.get(name)
+        if entry is None:
+            raise ExecutionError(f"{self.name}: output {name!r} has no output allocator (its shape is not "
+                                 f"data-dependent, or infer_output_shapes was not called)")
+        return entry[0].result()
 
     def enqueue(self, ptrs: list[int], stream: int) -> None:
         """The hot path of :meth:`execute` for a caller that validated once: ``ptrs`` (inputs
         then outputs, ints) against the shapes already set; binds only when ``ptrs`` changed."""
         context = self._context
-        if context is None or not self._shapes_set:
+        if context is None or not self._shapes_set or self._allocators:
             self.execute(ptrs[: len(self.input_names)], ptrs[len(self.input_names):], stream)
             return
         self._cuda.set_device(self.device)
@@ -463,6 +453,7 @@ class Engine:
         self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
         self._shapes_set = False
         self._bound = []
+        self._allocators = {}  # they belonged to that context
 
     def close(self) -> None:
         """Release the execution context, then the engine (idempotent)."""

@@ -16,13 +16,14 @@ Layout facts: ``docs/formats.md`` (shared) section 1.
 
 from __future__ import annotations
 
+import errno
 import mmap as mmap_mod
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
-from pyrt.errors import PteFormatError
+from pyrt.errors import PteFormatError, ResourceError
 from pyrt.format import values as _values
 from pyrt.format.bounds import Span
 from pyrt.format.decode import (
@@ -129,6 +130,9 @@ class PteFile:
                 return cls(read_private(fd, path, info.st_size), path)
             mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
         except OSError as exc:
+            if exc.errno == errno.ENOMEM:  # the address space is full (RLIMIT_AS): a resource, not a bad file
+                raise ResourceError(f"{path}: cannot map the file ({exc.strerror}): over the process's address-space "
+                                    f"limit or out of memory") from exc
             raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)

@@ -655,5 +655,5 @@ def relu_program(*, planned_input: bool = True, arena: int = 48, container: tupl
     f = ScalarType.FLOAT
     values = [hand_tensor(f, [2, 3], alloc=(1, 0) if planned_input else None),
               hand_tensor(f, out_sizes, alloc=None if unplanned_out else (1, 24))]
-    return hand_program(values, [s.KernelCall(op_index=0, args=[0, 1])], [("aten::relu", "out")],
+    return hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")],
                         inputs=[0], outputs=[1], buffer_sizes=[0, arena], container=container)

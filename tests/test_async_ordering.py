@@ -187,7 +187,9 @@ def test_without_a_stream_a_device_output_is_freed_on_the_legacy_stream(sim: Any
         np.testing.assert_allclose(_host(sim, out), _want(x), rtol=1e-6)
         free, alloc = sim.cuda.mem_info(out.device)[0], out.allocation
         del out
-        assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes  # the legacy stream had reached it
+        assert sim.cuda.mem_info(alloc.device)[0] == free  # queued on the legacy stream: the host did not wait
+        sim.cuda.borrowed_stream(0, alloc.device).synchronize()
+        assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes  # the legacy stream reached the free
 
 
 def test_without_the_stream_ordered_allocator_device_outputs_are_plain_allocations(

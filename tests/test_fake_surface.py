@@ -28,8 +28,9 @@ machine without a GPU, so their surfaces can be compared here, in CI:
    listed below. CUDA calls elsewhere in pyrt (tensors, gpu_reference) are
    found statically: every ``"cu..."`` name (and ``driver.cu...`` attribute) in pyrt's source, with the
    argument count of each ``.call("cu...", ...)`` / ``._copy(...)`` site.
-5. **Callbacks.** ``ILogger.log`` and ``IStreamReaderV2.read/seek`` are
-   called *by* TensorRT; their Python arity is the one the real classes
+5. **Callbacks.** ``ILogger.log``, ``IStreamReaderV2.read/seek`` and
+   ``IOutputAllocator.reallocate_output(_async)/notify_shape`` are called
+   *by* TensorRT; their Python arity is the one the real classes
    document (``def read(self, num_bytes: int, stream: int)``), and the fake
    bases take the same.
 
@@ -73,6 +74,8 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "driver": "the FakeDriver (or gpu_reference.DeviceMemory) the fake engines live on",
         "calls": "how often each fake call ran (tests assert on it)",
         "inject_failure": "make the next calls of a TensorRT function fail as TensorRT fails",
+        "ask_extra_bytes": "bytes added to what the fake asks an output allocator for (the overflow path)",
+        "allocations_asked": "(output, bytes) the fake asked output allocators for",
     },
     "Runtime": {
         "stream_requests": "byte counts the fake runtime asked a stream reader for",
@@ -258,7 +261,7 @@ def fakes() -> Iterator[dict[str, Any]]:
     context = engine.create_execution_context()
     yield {"module": trt, "Runtime": runtime, "ICudaEngine": engine, "IExecutionContext": context,
            "ILogger": trt.ILogger, "Logger": trt.Logger, "IStreamReaderV2": trt.IStreamReaderV2,
-           "Dims": trt.Dims, "driver": driver}
+           "IOutputAllocator": trt.IOutputAllocator, "Dims": trt.Dims, "driver": driver}
 
 
 def _real_owner(rtrt: Any, label: str) -> Any:
@@ -266,7 +269,7 @@ def _real_owner(rtrt: Any, label: str) -> Any:
 
 
 TRT_LABELS = ["module", "Runtime", "ICudaEngine", "IExecutionContext", "ILogger", "Logger", "IStreamReaderV2",
-              "Dims"]
+              "IOutputAllocator", "Dims"]
 
 
 # -- 1. what the fakes expose ----------------------------------------------------------------------
@@ -278,6 +281,8 @@ def _compare_member(fake_owner: Any, real_owner: Any, label: str, name: str) -> 
         fake_kind = ("enum" if hasattr(value, "__members__") else "class") if isinstance(value, type) else "data"
     real_kind = kind(real_owner, name)
     where = f"{label}.{name}"
+    if label == "IOutputAllocator" and f"def {name}(self" in (real_owner.__doc__ or ""):
+        return []  # a Python override TensorRT calls: documented in the class docstring only (point 5)
     if real_kind == "missing":
         return [f"{where}: the fake has it ({fake_kind}), {getattr(real_owner, '__name__', real_owner)} does not"]
     if (label, name) in KIND_DIFFERENCES:
@@ -288,7 +293,7 @@ def _compare_member(fake_owner: Any, real_owner: Any, label: str, name: str) -> 
         return [f"{where}: {fake_kind} in the fake, {real_kind} in TensorRT"]
     if fake_kind != "method" and (label, name) not in KIND_DIFFERENCES:
         return []
-    if (label, name) == ("ILogger", "log") or label == "IStreamReaderV2":
+    if (label, name) == ("ILogger", "log") or label in ("IStreamReaderV2", "IOutputAllocator"):
         return []  # callbacks: point 5
     fake = py_sig(getattr(fake_owner, name))
     reals = real_sigs(real_owner, name)
@@ -592,7 +597,9 @@ def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, 
 
 # -- 5. callbacks -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(("cls", "method"), [("ILogger", "log"), ("IStreamReaderV2", "read"),
-                                             ("IStreamReaderV2", "seek")])
+                                             ("IStreamReaderV2", "seek"), ("IOutputAllocator", "reallocate_output"),
+                                             ("IOutputAllocator", "reallocate_output_async"),
+                                             ("IOutputAllocator", "notify_shape")])
 def test_callbacks_take_what_tensorrt_passes(rtrt: Any, cls: str, method: str) -> None:
     # The binding's own method signature is the C++ side (read(destination, num_bytes, stream));
     # the Python override's arity is in the class docstring's example, and is what the

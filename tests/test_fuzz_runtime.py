@@ -393,8 +393,58 @@ def _mutate_delegate(draw: Callable[[Any], Any], plan: Any, program: Any) -> str
     return f"delegate: {how}"
 
 
+def _mutate_argument(draw: Callable[[Any], Any], plan: Any) -> str:
+    """Point one argument of a kernel or delegate call at a value of another kind, or past the values."""
+    calls = [(ci, pc, ins.instr_args) for ci, chain in enumerate(plan.chains)
+             for pc, ins in enumerate(chain.instructions) if hasattr(ins.instr_args, "args") and ins.instr_args.args]
+    if not calls or not plan.values:
+        return "argument: none"
+    ci, pc, body = calls[draw(st.integers(0, len(calls) - 1))]
+    j = draw(st.integers(0, len(body.args) - 1))
+    kinds = [type(v.val).__name__ for v in plan.values]
+    was = kinds[body.args[j]] if 0 <= body.args[j] < len(kinds) else "?"
+    other = [i for i, k in enumerate(kinds) if k != was]
+    how = draw(st.sampled_from(["other kind", "other kind", "past the end", "drop", "extra"]))
+    if how == "other kind" and other:
+        body.args[j] = draw(st.sampled_from(other))
+    elif how == "past the end":
+        body.args[j] = len(plan.values) + draw(st.integers(0, 3))
+    elif how == "drop":
+        del body.args[j]
+    else:
+        body.args.insert(j, draw(st.integers(0, len(plan.values) - 1)))
+    return f"argument: chain {ci} instruction {pc} argument {j} ({was}): {how}"
+
+
+# Byte counts around the limits a load checks: below and above what the address-space limit leaves the
+# subprocess runs (:data:`AS_HEADROOM`), near 4 GiB, and up to and past pyrt's 2**48-byte limit per item.
+DECLARED = (1 << 20, 1 << 28, 3 << 29, 1 << 31, (1 << 32) - 8, 1 << 32, 1 << 36, 1 << 44, (1 << 48) - 8, 1 << 48,
+            (1 << 48) + 8)
+
+
+def _mutate_declared_size(draw: Callable[[Any], Any], plan: Any) -> str:
+    """Declare a large size: an arena's, or a tensor's (planned or unplanned) through its sizes."""
+    nbytes = draw(st.sampled_from(DECLARED))
+    tensors = [i for i, v in enumerate(plan.values) if type(v.val).__name__ == "Tensor"]
+    if draw(st.booleans()) and len(plan.non_const_buffer_sizes) > 1:
+        mem = draw(st.integers(1, len(plan.non_const_buffer_sizes) - 1))
+        plan.non_const_buffer_sizes[mem] = nbytes
+        return f"declared: arena {mem} = {nbytes} bytes"
+    if not tensors:
+        return "declared: none"
+    i = draw(st.sampled_from(tensors))
+    t = plan.values[i].val
+    elements = max(nbytes // 4, 1)
+    t.sizes = [elements] if draw(st.booleans()) else [1 << 10, max(elements >> 10, 1)]
+    t.dim_order = list(range(len(t.sizes)))
+    if draw(st.booleans()):
+        t.allocation_info = None  # unplanned: pyrt allocates it unless it is an input
+    return f"declared: tensor {i} sizes {t.sizes} ({'planned' if t.allocation_info else 'unplanned'})"
+
+
 MUTATORS = {"value": _mutate_value, "chain": _mutate_chain, "operator": _mutate_operator,
-            "container": _mutate_container, "memory": _mutate_memory, "io": _mutate_io}
+            "container": _mutate_container, "memory": _mutate_memory, "io": _mutate_io,
+            "argument": _mutate_argument, "declared": _mutate_declared_size}
 
 
 def mutate(draw: Callable[[Any], Any], pte: Any) -> list[str]:
@@ -617,3 +667,173 @@ def test_unmutated_corpus_runs(corpus: dict[str, Any]) -> None:
         for kernels in ("torch", "numpy"):
             with guarded(), simulated_gpus(2):
                 assert exercise(blob, kernels, pte, rng) == "ran", (name, kernels)
+
+
+# -- in a subprocess, under an address-space limit ------------------------------------------------------------
+#
+# Services and sandboxes run with ``ulimit -v`` (RLIMIT_AS): there a declared size that fits the machine's
+# memory may not fit the process, and the allocator, not pyrt's estimate, has the last word. Mutated files
+# (the mutations above, with argument indices and declared sizes weighted up) are written to disk and a
+# child process, started under ``RLIMIT_AS`` (``preexec_fn``) and without ``$PYRT_MAX_HOST_BYTES``, runs
+# ``pyrt.inspect``, ``Program`` and every method twice on each. Only PyrtError subclasses may escape; a child
+# killed by a signal (a crash), a run past its watchdog (a hang, unless the program loops) or a child that stops
+# answering is a finding naming the case. Cases: ``$PYRT_FUZZ_AS_EXAMPLES`` per corpus program (default 50).
+
+AS_EXAMPLES = int(os.environ.get("PYRT_FUZZ_AS_EXAMPLES", "50"))
+AS_HEADROOM = 1 << 30  # address space the child may map beyond what this (larger) process maps now
+
+AS_CHILD = r"""
+import os, pickle, signal, sys, traceback
+import numpy as np
+import torch  # both kernel sets available, as in the parent
+import pyrt
+from pyrt.errors import PyrtError
+from pyrt.runtime.program import Program
+from pyrt.testing import simulated_gpus
+
+class Hang(BaseException):
+    pass
+
+def fire(signum, frame):
+    raise Hang()
+
+signal.signal(signal.SIGALRM, fire)
+directory, first, hang_seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+names = sorted(n for n in os.listdir(directory) if n.endswith(".case"))
+for n in names[first:]:
+    with open(os.path.join(directory, n), "rb") as f:
+        case = pickle.load(f)
+    print("start", n, flush=True)
+    outcome = "ran"
+    signal.setitimer(signal.ITIMER_REAL, hang_seconds)
+    try:
+        try:
+            pyrt.inspect(case["blob"])
+        except PyrtError:
+            pass
+        with simulated_gpus(2), Program(case["blob"], kernels=case["kernels"]) as prog:
+            outcome = "loaded"
+            for method, inputs in case["inputs"].items():
+                if method in prog.method_names:
+                    for _ in range(2):
+                        prog.run(*inputs, method=method)
+            outcome = "ran"
+    except Hang:
+        outcome = "loop" if case["loop"] else "HANG"
+    except PyrtError as exc:
+        outcome = f"{outcome}->{type(exc).__name__}" if outcome == "loaded" else type(exc).__name__
+    except BaseException as exc:
+        outcome = "UNTYPED " + "".join(traceback.format_exception_only(exc)).strip().replace("\n", " ")[:500]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    print("done", n, outcome, flush=True)
+"""
+
+
+def _as_cases(corpus: dict[str, Any], directory: Any, per_program: int) -> int:
+    """Write ``per_program`` mutated cases of every corpus program to ``directory``; how many were written."""
+    import pickle
+
+    written = [0]
+
+    def one(name: str, data: st.DataObject) -> None:
+        pte = copy.deepcopy(corpus[name])
+        notes = mutate(data.draw, pte)
+        for _ in range(data.draw(st.integers(0, 2))):  # and argument indices or declared sizes on top
+            plan = pte.program.execution_plan[0]
+            notes.append(data.draw(st.sampled_from([_mutate_argument, _mutate_declared_size]))(data.draw, plan))
+        blob = serialize(pte)
+        if blob is None:
+            return
+        rng = np.random.default_rng(data.draw(st.integers(0, 1 << 16)))
+        inputs = {plan.name: _inputs(plan, rng) for plan in pte.program.execution_plan}
+        case = {"blob": blob, "kernels": data.draw(st.sampled_from(["torch", "numpy"])), "inputs": inputs,
+                "loop": has_loop(pte), "notes": [name, *notes]}
+        with open(directory / f"{written[0]:06d}.case", "wb") as f:
+            pickle.dump(case, f)
+        written[0] += 1
+
+    @_settings(per_program * len(CORPUS))
+    @given(data=st.data())
+    def run(data: st.DataObject) -> None:
+        one(data.draw(st.sampled_from(CORPUS)), data)
+
+    run()
+    return written[0]
+
+
+def _limit_address_space(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
+def run_under_address_space_limit(directory: Any, n: int) -> tuple[Counter[str], list[str]]:
+    """Run the ``n`` cases in ``directory`` in children under RLIMIT_AS: (outcome counts, findings)."""
+    import pickle
+    import subprocess
+    import sys
+
+    limit = _vm_size() + AS_HEADROOM
+    env = {k: v for k, v in os.environ.items() if k != "PYRT_MAX_HOST_BYTES"}
+    names = sorted(p.name for p in directory.glob("*.case"))
+    counts: Counter[str] = Counter()
+    findings: list[str] = []
+    first = 0
+    while first < n:
+        proc = subprocess.Popen([sys.executable, "-c", AS_CHILD, str(directory), str(first), str(HANG_SECONDS)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=_limit_address_space(limit))
+        try:
+            out, err = proc.communicate(timeout=60 + (n - first) * (HANG_SECONDS + 5))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        started, done = None, first
+        for line in out.splitlines():
+            word, _, rest = line.partition(" ")
+            case, _, outcome = rest.partition(" ")
+            if word == "start":
+                started = case
+            elif word == "done":
+                started, done = None, done + 1
+                key = outcome if outcome.startswith(("UNTYPED", "HANG")) else outcome.split(" ")[0]
+                counts["cases"] += 1
+                counts[f"outcome:{key.split(' ')[0]}"] += 1
+                if outcome.startswith(("UNTYPED", "HANG")):
+                    notes = pickle.loads((directory / case).read_bytes())["notes"]
+                    findings.append(f"{case}: {outcome} after {notes}")
+        if started is not None or proc.returncode != 0:  # the child died or stopped answering in a case
+            bad = started or (names[done] if done < n else "?")
+            notes = pickle.loads((directory / bad).read_bytes())["notes"] if bad in names else []
+            findings.append(f"{bad}: child ended with {proc.returncode} ({err.strip().splitlines()[-1:]}) "
+                            f"after {notes}")
+            counts["crash"] += 1
+            done = (names.index(bad) + 1) if bad in names else n
+        first = done
+    return counts, findings
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.timeout(3600)
+def test_fuzz_under_address_space_limit(corpus: dict[str, Any], tmp_path: Any) -> None:
+    """Mutated files in a child under RLIMIT_AS: only PyrtError subclasses, no crash, no hang."""
+    n = _as_cases(corpus, tmp_path, AS_EXAMPLES)
+    assert n > 0
+    counts, findings = run_under_address_space_limit(tmp_path, n)
+    for line in findings:
+        _report(line)
+    path = os.environ.get("PYRT_FUZZ_STATS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"address_space_limit": dict(counts), "findings": len(findings)}) + "\n")
+    assert not findings, "\n".join(findings[:20])
+    assert counts["cases"] == n, counts

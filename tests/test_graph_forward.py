@@ -150,6 +150,22 @@ def test_a_producers_stream_is_waited_for(sim: Any, chain: Path) -> None:
         np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
 
 
+def test_without_a_stream_the_legacy_streams_work_comes_first(sim: Any, chain: Path) -> None:
+    """A device caller that names no stream may still be producing its input on the legacy default stream
+    (the input says nothing of it): the replay on pyrt's own stream is ordered after the legacy stream's work."""
+    with Program(chain, cuda_graphs=True) as prog:
+        xs = _inputs(4)
+        for x in xs[:2]:
+            prog(_device(sim, x))
+        x_next, other = _device(sim, xs[3]), sim.cuda.stream(0)
+        x = _device(sim, xs[2], stream=sim.cuda.borrowed_stream(0, 0))  # queued on the legacy stream, not run
+        x.stream = None  # the caller names no stream
+        (y,) = prog(x)
+        prog(x_next, stream=other)  # waits for the first replay's end on pyrt's stream, not for the legacy stream
+        other.synchronize()  # runs pyrt's stream: its input copy must come after the legacy stream's copy
+        np.testing.assert_allclose(_read(sim, y), _want(xs[2]), rtol=1e-6)
+
+
 def test_a_run_on_another_stream_waits_for_the_last_one(sim: Any, chain: Path) -> None:
     """Both runs write the same planned buffers: the second stream's work starts after the first's."""
     with Program(chain, cuda_graphs=True) as prog:
@@ -256,6 +272,7 @@ def test_a_dropped_output_is_freed_on_its_stream_without_a_sync(sim: Any, chain:
         assert y.__cuda_array_interface__["stream"] == stream.handle
         out = np.empty(4, np.float32)
         sim.cuda.memcpy_dtoh(out, y.allocation, stream=stream)  # the caller's own use, on the output's stream
+        sim.cuda.borrowed_stream(0, 0).synchronize()  # the earlier runs' dropped outputs, freed on the legacy stream
         free, queued, alloc = sim.cuda.mem_info(0)[0], sim.driver.pending(stream.handle), y.allocation
         del y
         assert alloc.freed and sim.driver.pending(stream.handle) == queued + 1  # the free is queued behind it
@@ -278,6 +295,8 @@ def test_without_a_stream_an_output_is_freed_on_the_legacy_stream(sim: Any, chai
         free, alloc = sim.cuda.mem_info(0)[0], y.allocation
         del y
         assert sim.driver.pending(own.handle) == 0  # nothing queued on pyrt's stream: the legacy stream frees it
+        assert sim.driver.pending(0) == 1 and sim.cuda.mem_info(0)[0] == free  # queued there, not waited for
+        sim.cuda.borrowed_stream(0, 0).synchronize()
         assert sim.cuda.mem_info(0)[0] == free + alloc.nbytes
 
 

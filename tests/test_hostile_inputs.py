@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
 
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
@@ -151,6 +152,52 @@ def test_address_space_limit_is_a_resource_error() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("RLIMIT_AS (ulimit -v) - VmSize"), proc.stdout
     assert "ResourceError:" in proc.stdout and "arena 1 (non_const_buffer_sizes[1]): 8589934592 bytes" in proc.stdout
+
+
+ALLOCATION_CHILD = """
+import os, resource, sys
+import torch  # imported before the limit: only the allocations under test should meet it
+from pyrt.errors import PyrtError
+from pyrt.runtime.program import Program
+from tests.ptefixtures import relu_program
+cases = {"arena": relu_program(arena=4 << 30),
+         "unplanned": relu_program(out_sizes=(1 << 15, 1 << 15), unplanned_out=True)}
+big = sys.argv[1]
+with open(big, "wb") as f:  # a sparse 4 GiB file that starts with a valid program
+    f.write(relu_program())
+    f.truncate(4 << 30)
+used = int(dict(l.split(":", 1) for l in open("/proc/self/status"))["VmSize"].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (used + (2 << 30), resource.RLIM_INFINITY))
+os.environ["PYRT_MAX_HOST_BYTES"] = str(1 << 40)  # the load-time figure lets everything through: the allocator decides
+runs = [(name, data, {"kernels": k}) for name, data in cases.items() for k in ("numpy", "torch")]
+runs += [("private copy", big, {"mmap": False}), ("mapping", big, {"mmap": True})]
+for name, source, kw in runs:
+    try:
+        Program(source, **kw).close()
+        print(name, kw, "loaded")
+    except BaseException as exc:
+        print(name, kw, type(exc).__name__, str(exc).replace(chr(10), " ")[:300])
+"""
+
+
+def test_failed_allocations_are_resource_errors_naming_what(tmp_path: Path) -> None:
+    """Under an address-space limit, each allocation a load makes that fails is a ResourceError naming it:
+    host arenas, unplanned tensors (numpy's MemoryError and torch's allocator's RuntimeError), the private
+    copy of ``mmap=False`` and the mapping itself."""
+    env = {k: v for k, v in os.environ.items() if k != limits.ENV_VAR}
+    proc = subprocess.run([sys.executable, "-c", ALLOCATION_CHILD, str(tmp_path / "big.pte")], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6, proc.stdout
+    want = [r"arena .*numpy.* ResourceError <bytes>: method 'forward': host arena 1 \(4294967296 bytes",
+            r"arena .*torch.* ResourceError <bytes>: method 'forward': host arena 1 \(4294967296 bytes",
+            r"unplanned .*numpy.* ResourceError method 'forward': unplanned tensor value 1 \(4294967296 bytes",
+            r"unplanned .*torch.* ResourceError method 'forward': unplanned tensor value 1 \(4294967296 bytes",
+            r"private copy .* ResourceError .*big.pte: reading the file into private memory \(mmap=False, 4294967296",
+            r"mapping .* ResourceError .*big.pte: cannot map the file"]
+    for line, pattern in zip(lines, want, strict=True):
+        assert re.match(pattern, line), (pattern, line)
 
 
 def test_env_var_sets_the_figure(monkeypatch: pytest.MonkeyPatch) -> None:

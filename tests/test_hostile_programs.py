@@ -11,6 +11,7 @@ kernels (found by tests/test_fuzz_runtime.py) gives typed errors to numpy caller
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,15 +48,24 @@ def _jump_program(cond: Any, *, changed_by_kernel: bool) -> bytes:
     return hand_program(values, instructions, [("executorch_prim::eq", "Scalar")], outputs=[0], buffer_sizes=[0, 8])
 
 
-@pytest.mark.parametrize("cond", ["false", "zero", "tensor"])
+@pytest.mark.parametrize("cond", ["false", "tensor"])
 def test_loop_whose_condition_never_changes_is_refused(cond: str) -> None:
     from executorch.exir import schema as s
 
-    value = {"false": s.EValue(s.Bool(False)), "zero": s.EValue(s.Int(0)),
-             "tensor": hand_tensor(_st().BOOL, [1], alloc=(1, 0))}[cond]
+    value = {"false": s.EValue(s.Bool(False)), "tensor": hand_tensor(_st().BOOL, [1], alloc=(1, 0))}[cond]
     data = _jump_program(value, changed_by_kernel=False)
     with pytest.raises(PteFormatError, match=r"instruction 1 jumps back to 0 on value 0 .*the loop would never end"):
         Program(data)
+
+
+@pytest.mark.parametrize("cond, kind", [("zero", "Int"), ("float", "FLOAT tensor")])
+def test_jump_condition_of_another_kind_is_refused(cond: str, kind: str) -> None:
+    """ExecuTorch's parse_cond_value takes a Bool or a BOOL tensor only; pyrt refuses others at load."""
+    from executorch.exir import schema as s
+
+    value = {"zero": s.EValue(s.Int(0)), "float": hand_tensor(_st().FLOAT, [1], alloc=(1, 0))}[cond]
+    with pytest.raises(PteFormatError, match=rf"chain 0 instruction 1: the condition \(value 0\) is a {kind}"):
+        Program(_jump_program(value, changed_by_kernel=False))
 
 
 def test_loop_whose_condition_changes_runs() -> None:
@@ -102,7 +112,7 @@ def test_bfloat16_planned_io_with_torch_kernels() -> None:
 
     st = _st().BFLOAT16
     values = [hand_tensor(st, [2, 3], alloc=(1, 0)), hand_tensor(st, [2, 3], alloc=(1, 16))]
-    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1])], [("aten::relu", "out")], inputs=[0],
+    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")], inputs=[0],
                         outputs=[1], buffer_sizes=[0, 32])
     x = torch.tensor([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], dtype=torch.bfloat16)
     with Program(data, kernels="torch") as prog:
@@ -141,13 +151,13 @@ def _constant_write_programs() -> dict[str, bytes]:
     sizes = s.EValue(s.IntList([4]))
     return {
         "copy_": program([const, x, false], [s.KernelCall(0, [0, 1, 2, 0])], [("aten::copy_", "")]),
-        "out": program([const, x], [s.KernelCall(0, [1, 0])], [("aten::relu", "out")]),
-        "move": program([const, x, spare], [s.MoveCall(0, 2), s.KernelCall(0, [1, 2])], [("aten::relu", "out")]),
+        "out": program([const, x], [s.KernelCall(0, [1, 0, 0])], [("aten::relu", "out")]),
+        "move": program([const, x, spare], [s.MoveCall(0, 2), s.KernelCall(0, [1, 2, 2])], [("aten::relu", "out")]),
         "view": program([const, x, sizes, spare, s.EValue(s.Int(4))],
-                        [s.KernelCall(0, [0, 4, 3]), s.KernelCall(1, [1, 3])],
+                        [s.KernelCall(0, [0, 2, 3]), s.KernelCall(1, [1, 3, 3])],
                         [("executorch_prim::et_view", "default"), ("aten::relu", "out")]),
         "list": program([const, x, s.EValue(s.TensorList([0])), s.EValue(s.Int(1)), s.EValue(s.Int(0))],
-                        [s.KernelCall(0, [1, 3, 4, 2])], [("aten::split_copy", "Tensor_out")]),
+                        [s.KernelCall(0, [1, 3, 4, 2, 2])], [("aten::split_copy", "Tensor_out")]),
     }
 
 
@@ -180,3 +190,42 @@ def test_writing_constant_data_is_refused_at_load(tmp_path: Path) -> None:
     assert len(lines) == 20, lines
     for line in lines:
         assert "PteFormatError" in line and "holds constant data from the file (read-only)" in line, line
+
+
+# -- a static out tensor of another shape than the result (torch resizes it with a warning only) -------------
+
+
+@pytest.mark.parametrize("out_sizes", [[2, 4], [3], [3, 2]])
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_static_out_of_another_shape_is_refused(out_sizes: list[int], kernels: str) -> None:
+    """torch's relu.out would resize the planned (static) out and hand back another shape than the file
+    declares; both kernel sets refuse, naming the instruction, the operator and both shapes, on every run."""
+    import warnings
+
+    from executorch.exir import schema as s
+
+    f = _st().FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0)), hand_tensor(f, out_sizes, alloc=(1, 32))]
+    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")], inputs=[0],
+                        outputs=[1], buffer_sizes=[0, 64])
+    planned = re.escape(str(tuple(out_sizes)))
+    with warnings.catch_warnings(), Program(data, kernels=kernels) as prog:
+        warnings.simplefilter("ignore", UserWarning)  # torch's own "An output ... was resized"
+        for _ in range(2):
+            with pytest.raises(InputError, match=rf"instruction 0 \(aten::relu\.out\): result shape \(2, 3\) does "
+                                                 rf"not match the planned {planned}"):
+                prog(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "numpy"])
+def test_static_out_of_the_result_shape_runs(kernels: str) -> None:
+    from executorch.exir import schema as s
+
+    f = _st().FLOAT
+    values = [hand_tensor(f, [2, 3], alloc=(1, 0)), hand_tensor(f, [2, 3], alloc=(1, 32))]
+    data = hand_program(values, [s.KernelCall(op_index=0, args=[0, 1, 1])], [("aten::relu", "out")], inputs=[0],
+                        outputs=[1], buffer_sizes=[0, 64])
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    with Program(data, kernels=kernels) as prog:
+        for _ in range(2):
+            np.testing.assert_array_equal(prog(x)[0], np.maximum(x, 0))

@@ -263,7 +263,8 @@ def test_device_output_stays_on_device_for_device_callers(tmp_path: Path) -> Non
         sim.cuda.memcpy_dtoh(back, dev_out.allocation)
         np.testing.assert_allclose(back, want, rtol=1e-6)
         before = sim.driver.live_allocations()
-        del dev_out  # the caller owns it: freed with the last reference
+        del dev_out  # the caller owns it: freed with the last reference (on the legacy stream, not waited for)
+        sim.cuda.borrowed_stream(0, 1).synchronize()
         assert sim.driver.live_allocations() == before - 1
         src.free()
 

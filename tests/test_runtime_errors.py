@@ -120,6 +120,34 @@ def _wrong_kind_in_list(plan: Any) -> None:
     plan.values[values_of(plan, "TensorList")[0]].val.items = [0, values_of(plan, "Int")[0]]
 
 
+def _kernel_calls(plan: Any) -> list[Any]:
+    from executorch.exir import schema as s
+
+    return [i.instr_args for i in plan.chains[0].instructions if isinstance(i.instr_args, s.KernelCall)]
+
+
+def _list_for_tensor(plan: Any) -> None:  # a tensor list where add.out's 'self' tensor belongs (AttributeError before)
+    _kernel_calls(plan)[0].args[0] = values_of(plan, "TensorList")[0]
+
+
+def _int_for_tensor_out(plan: Any) -> None:
+    call = _kernel_calls(plan)[0]
+    call.args[-1] = values_of(plan, "Int")[0]
+
+
+def _move_kind(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    move = s.MoveCall(move_from=values_of(plan, "Int")[0], move_to=values_of(plan, "Tensor")[0])
+    plan.chains[0].instructions.insert(0, s.Instruction(move))
+
+
+def _free_kind(plan: Any) -> None:
+    from executorch.exir import schema as s
+
+    plan.chains[0].instructions.append(s.Instruction(s.FreeCall(value_index=values_of(plan, "TensorList")[0])))
+
+
 def _bad_device_arena(plan: Any) -> None:
     from executorch.exir import schema as s
 
@@ -128,17 +156,22 @@ def _bad_device_arena(plan: Any) -> None:
 
 @pytest.mark.parametrize("edit, match", [
     (_bad_op_index, "op_index 42"),
-    (_bad_arg_count, "expects at least"),
+    (_bad_arg_count, r"instruction 0 \(aten::\w+\.out\): takes \d+ arguments"),
     (_bad_memory_id, "memory_id 7"),
     (_overrun, "overruns arena 1"),
     (_misaligned, "not aligned"),
-    (_bad_move, "move_to index 10000"),
+    (_bad_move, "move_to 10000 out of range"),
     (_bad_jump, "jumps to 99"),
-    (_bad_free, "value_index index -3"),
+    (_bad_free, "value_index -3 out of range"),
     (_bad_delegate, "delegate_index 3"),
     (_bad_tensor_list, "9999 out of range"),
     (_wrong_kind_in_list, "is a Int, not Tensor"),
     (_bad_device_arena, "names arena 5"),
+    (_list_for_tensor, r"instruction 0 \(aten::add\.out\): argument 0 \('self', value \d+\) is a TensorList; "
+                       r"the schema wants Tensor"),
+    (_int_for_tensor_out, r"instruction 0 \(aten::add\.out\): argument 4 \('result', value \d+\) is a Int"),
+    (_move_kind, r"chain 0 instruction 0: moves value \d+ \(a Int\) into value \d+ \(a Tensor\)"),
+    (_free_kind, r"frees value \d+, a TensorList; only a Tensor can be freed"),
 ])
 @pytest.mark.parametrize("kernels", ["torch", "numpy"])
 def test_corrupt_index_is_pte_format_error(base: Any, edit: Callable[[Any], None], match: str, kernels: str) -> None:
@@ -162,7 +195,11 @@ def test_numpy_set_reports_ops_it_lacks(base: Any) -> None:
     from executorch.exir import schema as s
 
     def edit(plan: Any) -> None:  # in ExecuTorch's kernel set, not in the numpy core set
+        assert plan.operators[0].name == "aten::add"
         plan.operators[0] = s.Operator(name="aten::bitwise_left_shift", overload="Tensor_out")
+        for ins in plan.chains[0].instructions:  # its schema has no alpha: (self, other, *, out) -> out
+            if isinstance(ins.instr_args, s.KernelCall) and ins.instr_args.op_index == 0:
+                del ins.instr_args.args[2]
 
     Program(corrupt(base, edit), kernels="torch").close()  # torch knows it: loads
     with pytest.raises(UnsupportedOperatorError, match=r"no kernel library \(numpy\).*aten::bitwise_left_shift"):
@@ -185,3 +222,18 @@ def test_foreign_delegate_backend_rejected(base: Any) -> None:
 def test_truncated_file_is_pte_format_error(base: Any) -> None:
     with pytest.raises(PteFormatError):
         Program(base[1][: len(base[1]) // 2])
+
+
+def test_delegate_argument_of_another_kind_is_refused_at_load(delegated_inline_pte: Any) -> None:
+    """A TensorRT delegate binds tensors: an Int (or any non-tensor) argument is refused before engines load."""
+    from executorch.exir import schema as s
+
+    program = raw_program(delegated_inline_pte.read_bytes())[1]
+    plan = program.execution_plan[0]
+    scalar = len(plan.values)
+    plan.values.append(s.EValue(s.Int(3)))
+    call = next(i.instr_args for c in plan.chains for i in c.instructions if isinstance(i.instr_args, s.DelegateCall))
+    call.args[0] = scalar
+    with pytest.raises(PteFormatError, match=rf"instruction \d+: delegate argument 0 \(value {scalar}\) is a Int; "
+                                             r"a delegate takes Tensor or TensorList values"):
+        Program(write(program))

@@ -122,15 +122,29 @@ def _rlimit_rooms() -> list[tuple[int, str]]:
     return rooms
 
 
+# torch's CPU allocator reports a failed allocation as a RuntimeError with this text (c10's alloc_cpu.cpp);
+# torch.OutOfMemoryError (a RuntimeError) is the device allocators' counterpart.
+_TORCH_NO_MEMORY = ("can't allocate memory", "out of memory")
+
+
 @contextlib.contextmanager
 def allocating(what: str) -> Iterator[None]:
-    """Turn a ``MemoryError`` inside the block into a ResourceError naming ``what`` was being allocated."""
+    """Turn a failed allocation inside the block into a ResourceError naming ``what`` was being allocated.
+
+    A failed allocation is a ``MemoryError`` (numpy, Python) or torch's allocator's ``RuntimeError``
+    ("DefaultCPUAllocator: can't allocate memory", ``torch.OutOfMemoryError``).
+    """
     try:
         yield
     except MemoryError as exc:
         if isinstance(exc, ResourceError):
             raise
         raise ResourceError(f"{what}: the allocation failed (out of memory or over the process's limits)") from exc
+    except RuntimeError as exc:
+        if type(exc).__name__ != "OutOfMemoryError" and not any(t in str(exc) for t in _TORCH_NO_MEMORY):
+            raise
+        raise ResourceError(f"{what}: the allocation failed (out of memory or over the process's limits): "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
 
 
 def check_host_memory(source: str, items: Sequence[tuple[str, int]]) -> None:

@@ -13,7 +13,7 @@ import stat
 
 from pyrt.errors import PteFormatError
 from pyrt.format.bounds import Span
-from pyrt.format.limits import check_host_memory
+from pyrt.format.limits import allocating, check_host_memory
 from pyrt.format.schema import ExtendedHeader
 
 FILE_IDENTIFIER = b"ET12"  # bytes 4..8
@@ -40,7 +40,8 @@ def require_regular(path: str, info: os.stat_result) -> None:
 def read_private(fd: int, path: str, size: int) -> memoryview:
     """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
     check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
-    buf = memoryview(bytearray(size))
+    with allocating(f"{path}: reading the file into private memory (mmap=False, {size} bytes)"):
+        buf = memoryview(bytearray(size))
     got = 0
     while got < size:
         n = os.readv(fd, [buf[got:]])

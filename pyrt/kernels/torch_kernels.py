@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_args, small_kernels
+from pyrt.kernels import small_args, small_kernels, torch_outs
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
@@ -323,6 +323,12 @@ def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
 
 
 def _build_torch(overload: OpOverload, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]]) -> Step:
+    return torch_outs.checking_static_outs(_build_torch_call(overload, sig, site, fast), site, sig.out_args,
+                                           sig.tensor_args)
+
+
+def _build_torch_call(overload: OpOverload, sig: _Signature, site: KernelSite,
+                      fast: Sequence[Callable[..., Any]]) -> Step:
     n = sig.n
     fn = overload._op
     returns = [(j, site.setter(n + j)) for j in sig.plain_returns if n + j < len(site.args)]

@@ -34,7 +34,7 @@ from pyrt.memory.host import TorchHost
 from pyrt.memory.layout import numpy_dtype
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
-from pyrt.runtime.cuda_graphs import mark_capturable
+from pyrt.runtime.cuda_graphs import data_dependent_refusal, mark_capturable, refuse_capture
 from pyrt.runtime.memory_plan import close_engines, share_scratch
 from pyrt.streaming import BudgetSource, EngineStreamingInfo, find_baked_budget, resolve_budgets
 
@@ -389,7 +389,7 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
     if not dynamic and not any(p.dynamic for p in outs):
         return _static_delegate_step(ctx, engine, ins_, outs, device, table, torch_host)
 
-    def step() -> None:
+    def step() -> None:  # dynamic shapes, or outputs whose shape only the run decides (pyrt.device.output_allocator)
         stream = ctx.stream(device)
         shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
         engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_, strict=True)])
@@ -402,11 +402,15 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
             out_shapes = static_shapes
         targets = [_out_target(p, s, table) for p, s in zip(outs, out_shapes, strict=True)]
         in_ptrs = [(p.staging if p.staging is not None else p.get()).ptr for p in ins_]
-        engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle)
+        engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle, [t.nbytes for t in targets])
+        for k, name in enumerate(engine.output_names):  # data-dependent: the shape TensorRT reported, before
+            if name in engine.data_dependent:           # any later step (or the copy below) reads the output
+                targets[k] = _out_target(outs[k], engine.reported_shape(name), table)
         for p, t in zip(outs, targets, strict=True):
             if p.staging is not None:
                 _stage_out(ctx, p, t, device, stream, table, torch_host)
 
+    refuse_capture(step, data_dependent_refusal(d.name, d.blob.io_bindings))
     return step
 
 
@@ -462,6 +466,8 @@ def _stage_in(ctx: DeviceContext, p: _Port, device: int, stream: Any, torch_host
 
 
 def _out_target(p: _Port, shape: tuple[int, ...], table: Any) -> DeviceTensor:
+    if min(shape, default=0) < 0:  # data-dependent: the planned buffer at its bound until TensorRT reports the shape
+        shape = p.sizes
     if not p.dynamic and shape != p.sizes:
         raise EngineError(f"engine output for value {p.index} has shape {shape}, the program planned {p.sizes}")
     if p.staging is not None:

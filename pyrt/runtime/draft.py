@@ -22,7 +22,6 @@ from pyrt.format.pytree import Spec, parse_spec
 from pyrt.format.schema import (
     DelegateCall,
     DeviceType,
-    FreeCall,
     JumpFalseCall,
     KernelCall,
     MoveCall,
@@ -36,6 +35,7 @@ from pyrt.kernels.registry import resolve
 from pyrt.memory.table import CONSTANT, LIST_KINDS, PLANNED, UNPLANNED, TensorInfo
 from pyrt.pte_reader import ExecutionPlan
 from pyrt.runtime.delegates import draft_delegates
+from pyrt.runtime.instructions import check_instructions
 
 SCALAR_KINDS = ("Int", "Double", "Bool")
 
@@ -151,29 +151,14 @@ def host_memory(plan: ExecutionPlan, infos: dict[int, TensorInfo], devices: dict
 
 
 def instruction_writes(plan: ExecutionPlan, kernels: list[Kernel]) -> set[int]:
-    """Values rebound at run time: MoveCall targets and what kernels rebind."""
+    """Values rebound at run time: MoveCall targets and what kernels rebind (indices checked already)."""
     out: set[int] = set()
-    for ci, chain in enumerate(plan.chains):
-        for pc, ins in enumerate(chain.instructions):
+    for chain in plan.chains:
+        for ins in chain.instructions:
             if isinstance(ins, MoveCall):
-                for idx, what in ((ins.move_from, "move_from"), (ins.move_to, "move_to")):
-                    plan.check_value_index(idx, f"chain {ci} instruction {pc} {what}")
                 out.add(ins.move_to)
             elif isinstance(ins, KernelCall):
-                if not 0 <= ins.op_index < len(kernels):
-                    raise PteFormatError(f"{where(plan)}: chain {ci} instruction {pc} op_index {ins.op_index} "
-                                         f"out of range ({len(kernels)} operators)")
                 out.update(kernels[ins.op_index].rebinds(ins.args))
-            elif isinstance(ins, JumpFalseCall):
-                plan.check_value_index(ins.cond_value_index, f"chain {ci} instruction {pc} cond_value_index")
-                if not 0 <= ins.destination_instruction <= len(chain.instructions):
-                    raise PteFormatError(f"{where(plan)}: chain {ci} instruction {pc} jumps to "
-                                         f"{ins.destination_instruction} ({len(chain.instructions)} instructions)")
-            elif isinstance(ins, FreeCall):
-                plan.check_value_index(ins.value_index, f"chain {ci} instruction {pc} value_index")
-            elif isinstance(ins, DelegateCall) and not 0 <= ins.delegate_index < len(plan.delegates):
-                raise PteFormatError(f"{where(plan)}: chain {ci} instruction {pc} delegate_index "
-                                     f"{ins.delegate_index} out of range ({len(plan.delegates)} delegates)")
     return out
 
 
@@ -313,6 +298,7 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
     specs = (parse_spec(in_text, f"{where(xplan)}: container_meta_type.encoded_inp_str"),
              parse_spec(out_text, f"{where(xplan)}: container_meta_type.encoded_out_str"))
     kernels = resolve(xplan.name, xplan.operators, libraries)
+    check_instructions(xplan, kinds, infos, where(xplan))
     rebound = instruction_writes(xplan, kernels)
     check_loops(xplan, rebound, kinds, items, raw)
     held = constant_holders(xplan, kinds, items, infos)

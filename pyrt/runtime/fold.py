@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.errors import InputError
+from pyrt.format.limits import allocating
 from pyrt.format.schema import KernelCall
 from pyrt.kernels.base import Kernel, Step, noop, with_steady
 from pyrt.memory.host import TorchHost
@@ -323,7 +324,9 @@ class Folder(ChainAnalysis):
         vals, host = self.table.vals, self.table.host
         for j in tensors:
             info = self.table.infos[j]
-            vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
+            with allocating(f"method {self.table.method!r}: load-time folding, private memory for value {j} "
+                            f"({info.nbytes} bytes)"):
+                vals[j] = host.empty(info.scalar_type, info.sizes, info.dim_order)
             if j in self.alias_of:  # contiguous private memory: each alias is a contiguous view of it
                 self._follow(j, vals[j])
         self.private.update(tensors)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from pyrt.errors import PteFormatError
+from pyrt.format.limits import allocating
 from pyrt.format.schema import Payload, ValueKind
 from pyrt.format.schema import Tensor as TensorDecl
 from pyrt.memory.host import NumpyHost, TorchHost
@@ -20,7 +21,7 @@ from pyrt.memory.layout import Constant
 from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo, ValueTable
 from pyrt.memory.tensors import DeviceTensor, Value
 from pyrt.pte_reader import ExecutionPlan
-from pyrt.runtime.draft import SCALAR_KINDS
+from pyrt.runtime.draft import SCALAR_KINDS, where
 
 
 def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: dict[int, int],
@@ -36,7 +37,8 @@ def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: d
             device_allocs.append(alloc)
             arenas[mem] = alloc
         else:
-            arenas[mem] = host.arena(int(size))
+            with allocating(f"{where(plan)}: host arena {mem} ({size} bytes, non_const_buffer_sizes[{mem}])"):
+                arenas[mem] = host.arena(int(size))
     return arenas, device_allocs
 
 
@@ -74,7 +76,9 @@ def materialize(plan: ExecutionPlan, host: NumpyHost | TorchHost, kinds: list[Va
                 _initialize(vals[i], program.external_data(decl), host)
             elif decl.data_buffer_idx > 0:  # mutable buffer with an initial value in the file
                 _initialize(vals[i], program.mutable_data(decl), host)
-    for info, const in zip(constants, host.constants(data), strict=True):
+    with allocating(f"{where(plan)}: {len(constants)} constant tensors"):
+        made = host.constants(data)
+    for info, const in zip(constants, made, strict=True):
         vals[info.index] = const
     for mem, group in windows.items():
         views = host.views(arenas[mem], [(info.offset, info.scalar_type, info.sizes, info.dim_order) for info in group])
@@ -126,7 +130,9 @@ def bind_unplanned(table: ValueTable, inputs: Sequence[int]) -> None:
     """Unplanned tensors that are not inputs (e.g. outputs when alloc_graph_output=False): own buffers."""
     for i, info in table.infos.items():
         if info.storage == UNPLANNED and i not in inputs and i not in table.unstable:
-            table.vals[i] = table.host.empty(info.scalar_type, info.sizes, info.dim_order)
+            with allocating(f"method {table.method!r}: unplanned tensor value {i} ({info.nbytes} bytes, sizes "
+                            f"{list(info.sizes)}, {info.scalar_type.name})"):
+                table.vals[i] = table.host.empty(info.scalar_type, info.sizes, info.dim_order)
     for i, it in table.items.items():  # constant lists now see those buffers
         if i not in table.unstable:
             table.vals[i] = [None if j < 0 else table.vals[j] for j in it]

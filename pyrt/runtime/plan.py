@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrt.errors import UnsupportedOperatorError
+from pyrt.format.limits import allocating
 from pyrt.format.pytree import Spec
 from pyrt.format.schema import DelegateCall, JumpFalseCall, KernelCall, MoveCall
 from pyrt.kernels.base import Kernel, KernelSite, Step, noop
@@ -139,14 +140,15 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
     xplan = draft.xplan
     arenas, device_allocs = allocate_arenas(xplan, host, draft.arena_devices, cuda)
     try:
-        vals = materialize(xplan, host, draft.kinds, draft.items, draft.raw, draft.infos, arenas)
-        table = ValueTable(xplan.name, host, draft.kinds, draft.items, draft.infos, vals, arenas=arenas,
-                           devices=devices, read_only=draft.constant_holders)
-        classify(table, draft.rebound, xplan.inputs)
-        bind_unplanned(table, xplan.inputs)
-        delegate_step = devices.step_factory(draft, table) if draft.delegates else None
-        chains = build_steps(xplan, table, draft.kernels, delegate_step,
-                             Folder(xplan, table, draft.kernels, draft.raw) if fold else None)
+        with allocating(f"{where(xplan)}: the method's values and steps"):  # what the named allocations left
+            vals = materialize(xplan, host, draft.kinds, draft.items, draft.raw, draft.infos, arenas)
+            table = ValueTable(xplan.name, host, draft.kinds, draft.items, draft.infos, vals, arenas=arenas,
+                               devices=devices, read_only=draft.constant_holders)
+            classify(table, draft.rebound, xplan.inputs)
+            bind_unplanned(table, xplan.inputs)
+            delegate_step = devices.step_factory(draft, table) if draft.delegates else None
+            chains = build_steps(xplan, table, draft.kernels, delegate_step,
+                                 Folder(xplan, table, draft.kernels, draft.raw) if fold else None)
     except BaseException:
         for alloc in device_allocs:
             alloc.free()

@@ -18,6 +18,7 @@ from pyrt.testing.fake_cuda.handles import (
 from pyrt.testing.fake_cuda.memory import MemoryDriver
 from pyrt.testing.fake_cuda.state import (
     _POISON,
+    SYNC,
 )
 
 
@@ -86,7 +87,7 @@ class CopyDriver(MemoryDriver):
 
         return write
 
-    def _copy_in(self, dst: Any, src_host: Any, nbytes: int, stream: Any = None) -> CUresult:
+    def _copy_in(self, dst: Any, src_host: Any, nbytes: int, stream: Any = SYNC) -> CUresult:
         error = self._ready()
         if error:
             return error
@@ -108,7 +109,7 @@ class CopyDriver(MemoryDriver):
 
         return self._enqueue(stream, run, "cuMemcpyHtoD")
 
-    def _copy_out(self, dst_host: Any, src: Any, nbytes: int, stream: Any = None) -> CUresult:
+    def _copy_out(self, dst_host: Any, src: Any, nbytes: int, stream: Any = SYNC) -> CUresult:
         error = self._ready()
         if error:
             return error
@@ -130,7 +131,7 @@ class CopyDriver(MemoryDriver):
         return self._enqueue(stream, run, "cuMemcpyDtoH")
 
     def _copy_dd(self, dst: Any, src: Any, nbytes: int, dst_dev: int | None, src_dev: int | None,
-                 stream: Any = None) -> CUresult:
+                 stream: Any = SYNC) -> CUresult:
         error = self._ready()
         if error:
             return error

@@ -2,7 +2,10 @@
 
 Work queued on a stream runs when something synchronises with it (a stream or event sync,
 a context sync, cuMemFree, or queued work on another stream that waits on an event);
-during stream capture it is recorded instead.
+during stream capture it is recorded instead. The legacy default stream (0) is such a queue
+too, one per device: asynchronous work on it waits like any other, and a synchronous call
+(cuMemcpyHtoD...) first runs what the legacy stream has queued, as CUDA orders it there.
+pyrt's own streams are non-blocking, so only events order them with the legacy stream.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pyrt.testing.fake_cuda.handles import (
 )
 from pyrt.testing.fake_cuda.state import (
     _LEGACY,
+    SYNC,
     DriverState,
+    _legacy_key,
     _Op,
     _Queue,
 )
@@ -44,16 +49,16 @@ class QueueDriver(DriverState):
 
     def pending(self, stream: int | None = None) -> int:
         """Operations queued and not yet run (on ``stream``, or on all streams)."""
-        queues = self._queues.values() if stream is None else [self._queues.get(int(stream))]
+        queues = self._queues.values() if stream is None else [self._queue_of(stream)]
         return sum(len(q.ops) for q in queues if q is not None)
 
     # -- the asynchronous engine -----------------------------------------------
     def _enqueue(self, stream: Any, fn: Callable[[], CUresult], what: str,
                  after: tuple[_Queue, int] | None = None) -> CUresult:
-        handle = int(stream) if stream is not None else 0
-        if handle in _LEGACY:  # the legacy (or per-thread) default stream: pyrt's own streams never synchronise with it
+        if stream is SYNC:  # a synchronous call: after the legacy stream's queued work, then at once
             if self._capturing():
                 return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+            self._note(self._drain(self._legacy_queue()), f"legacy-stream work before {what}")
             if after is not None:
                 self._drain(*after)
             self._local.running = self._is_running() + 1
@@ -61,6 +66,14 @@ class QueueDriver(DriverState):
                 self._note(fn(), what)
             finally:
                 self._local.running -= 1
+            return CUresult.CUDA_SUCCESS
+        handle = int(stream) if stream is not None else 0
+        if handle in _LEGACY:  # the legacy (or per-thread) default stream: queued like any other, never captured
+            if self._capturing():
+                return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+            queue = self._legacy_queue()
+            queue.ops.append(_Op(fn, what, after))
+            queue.enqueued += 1
             return CUresult.CUDA_SUCCESS
         queue = self._queues[handle]
         if queue.capture is not None:
@@ -71,6 +84,24 @@ class QueueDriver(DriverState):
         queue.ops.append(_Op(fn, what, after))
         queue.enqueued += 1
         return CUresult.CUDA_SUCCESS
+
+    def _legacy_queue(self, device: int | None = None) -> _Queue:
+        """The current (or ``device``'s) context's legacy default stream; pyrt's non-blocking streams never
+        synchronise with it implicitly: only events, stream and context synchronisation and synchronous calls do."""
+        device = self._context_device() if device is None else device
+        key = _legacy_key(device)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(device)
+        return queue
+
+    def _queue_of(self, stream: Any) -> _Queue | None:
+        """The queue of ``stream`` (0, 1, 2: the current context's legacy stream), None for an unknown one."""
+        handle = int(stream) if stream is not None else 0
+        if handle not in _LEGACY:
+            return self._queues.get(handle)
+        device = self.current_device()  # no current context: no legacy stream to have queued anything on
+        return None if device is None else self._legacy_queue(device)
 
     def _capturing(self) -> bool:
         return any(q.capture is not None for q in self._queues.values())

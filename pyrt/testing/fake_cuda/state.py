@@ -25,6 +25,15 @@ from pyrt.testing.fake_cuda.handles import (
 _ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
 _POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
 _LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
+
+
+SYNC = object()  # the "stream" of a synchronous call (cuMemcpyHtoD...): ordered after the legacy stream, then run
+
+
+def _legacy_key(device: int) -> int:
+    """The key of a device's legacy-stream queue among the stream queues (stream handles are positive)."""
+    return -1 - device
+
 _POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 _FREED_REMEMBERED = 1 << 16  # stream-ordered frees whose later use is still named as such (older: "no allocation")

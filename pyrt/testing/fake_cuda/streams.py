@@ -44,7 +44,7 @@ class StreamDriver(CopyDriver):
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
         if self._capturing():
             return (self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),)
-        queue = self._queues.get(int(hStream))
+        queue = self._queue_of(hStream)
         return (CUresult.CUDA_SUCCESS if queue is None else self._drain(queue),)
 
     def cuStreamWaitEvent(self, hStream: Any, hEvent: Any, Flags: int) -> tuple[CUresult]:
@@ -78,7 +78,7 @@ class StreamDriver(CopyDriver):
             code = self._enqueue(hStream, stamp, "cuEventRecord")
             if code:
                 return (code,)
-        queue = self._queues.get(int(hStream)) if hStream is not None else None  # legacy work has run
+        queue = self._queue_of(hStream)
         self._event_marks[int(hEvent)] = None if queue is None else (queue, queue.enqueued)
         return (CUresult.CUDA_SUCCESS,)
 

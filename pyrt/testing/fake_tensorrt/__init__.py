@@ -40,6 +40,7 @@ from pyrt.testing.fake_tensorrt.bindings import (
     Dims,
     ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -52,5 +53,5 @@ from pyrt.testing.fake_tensorrt.runtime import FakeRuntime
 __all__ = [
     "FakeTensorRT", "FakeRuntime", "FakeCudaEngine", "FakeExecutionContext", "DataType", "TensorIOMode",
     "ExecutionContextAllocationStrategy", "ILogger",
-    "Logger", "SeekPosition", "IStreamReaderV2", "Dims", "__version__",
+    "Logger", "SeekPosition", "IStreamReaderV2", "IOutputAllocator", "Dims", "__version__",
 ]

@@ -19,13 +19,17 @@ from pyrt.testing.fake_tensorrt.bindings import (
     Dims,
     ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     TensorIOMode,
+    _callback,
     _InvalidDims,
     _log,
     _Severity,
 )
 from pyrt.testing.fake_tensorrt.failures import FailureInjection
 from pyrt.testing.refengine import DTYPES, RefEngine, RefTensor
+
+OUTPUT_ALIGNMENT = 256  # what the fake asks an output allocator for (cudaMalloc's guarantee)
 
 
 class FakeCudaEngine:
@@ -191,6 +195,7 @@ class FakeExecutionContext:
             t.name: tuple(t.shape) for t in engine.ref.inputs if -1 not in t.shape
         }
         self._addresses: dict[str, int] = {}
+        self._allocators: dict[str, IOutputAllocator] = {}
         self._inferred: tuple[Any, dict[str, tuple[int, ...]]] | None = None
         weakref.finalize(self, _free_all, engine._trt.driver, held)
 
@@ -293,6 +298,22 @@ class FakeExecutionContext:
         self._addresses[name] = int(memory)
         return True
 
+    def set_output_allocator(self, name: str, output_allocator: IOutputAllocator | None) -> bool:
+        entry = self.engine._tensors.get(name)
+        if entry is None or entry[1] is not TensorIOMode.OUTPUT:
+            return self._error(f"setOutputAllocator: {name!r} is not an output tensor")
+        if output_allocator is None:
+            self._allocators.pop(name, None)
+        elif not isinstance(output_allocator, IOutputAllocator):
+            raise TypeError(f"set_output_allocator(): incompatible function arguments: {output_allocator!r} "
+                            "is not an IOutputAllocator")
+        else:
+            self._allocators[name] = output_allocator
+        return True
+
+    def get_output_allocator(self, name: str) -> IOutputAllocator | None:
+        return self._allocators.get(name)
+
     def execute_async_v3(self, stream_handle: int) -> bool:
         engine, driver = self.engine, self.engine._trt.driver
         if engine._trt._fails("execute_async_v3"):
@@ -313,6 +334,8 @@ class FakeExecutionContext:
             out_shapes = self._output_shapes()
         except PyrtError as exc:
             return self._error(f"enqueueV3: shape inference failed: {exc}")
+        if any(-1 in shape for shape in out_shapes.values()):
+            return self._execute_data_dependent(int(stream_handle), out_shapes)
         for t in engine.ref.inputs:  # addresses are checked at enqueue time, the data read when it runs
             if self._view(t, self._shapes[t.name]) is None:
                 return False
@@ -350,6 +373,44 @@ class FakeExecutionContext:
 
         if not driver.launch(int(stream_handle), work, f"enqueueV3 of an engine on device {engine.device}"):
             return self._error(f"enqueueV3: stream {int(stream_handle):#x} is not a live stream")
+        return True
+
+    def _execute_data_dependent(self, stream_handle: int, out_shapes: dict[str, tuple[int, ...]]) -> bool:
+        """An engine with a data-dependent output learns its shape by running, as TensorRT does: the
+        stream's earlier work runs first, then the engine; each such output asks its allocator for
+        memory (``reallocate_output_async``) and reports its shape (``notify_shape``), all before
+        enqueueV3 returns. ``ask_extra_bytes`` makes the fake ask for more than the result needs."""
+        engine, trt = self.engine, self.engine._trt
+        dynamic = [n for n, s in out_shapes.items() if -1 in s]
+        missing = [n for n in dynamic if n not in self._allocators]
+        if missing:
+            return self._error(f"enqueueV3: outputs {missing} have data-dependent shapes and no output allocator")
+        if any(self._view(t, self._shapes[t.name]) is None for t in engine.ref.inputs):
+            return False
+        trt.driver.cuStreamSynchronize(stream_handle)  # TensorRT waits for the inputs to know the shape
+        inputs = {t.name: (self._view(t, self._shapes[t.name]), self._shapes[t.name]) for t in engine.ref.inputs}
+        try:
+            results = engine.ref.run_bytes(inputs)  # type: ignore[arg-type]  # views checked above
+        except PyrtError as exc:
+            return self._error(f"enqueueV3: {exc}")
+        for t in engine.ref.outputs:
+            raw, shape = results[t.name]
+            if t.name in dynamic:
+                size = int(raw.nbytes) + trt.ask_extra_bytes
+                trt.allocations_asked.append((t.name, size))
+                ptr = _callback(self._allocators[t.name], "reallocate_output_async", t.name,
+                                self._addresses.get(t.name, 0), size, OUTPUT_ALIGNMENT, stream_handle)
+                if not ptr:
+                    return self._error(f"enqueueV3: the output allocator of {t.name!r} gave no memory "
+                                       f"for {size} bytes")
+                self._addresses[t.name] = int(ptr)
+            target = self._view(t, shape) if raw.nbytes else None
+            if raw.nbytes and target is None:
+                return False
+            if target is not None:
+                target[:] = raw
+            if t.name in dynamic:
+                _callback(self._allocators[t.name], "notify_shape", t.name, Dims(shape))
         return True
 
     def _view(self, t: RefTensor, shape: tuple[int, ...], addresses: dict[str, int] | None = None

@@ -12,6 +12,7 @@ from pyrt.testing.fake_tensorrt.bindings import (
     Dims,
     ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -39,6 +40,7 @@ class FakeTensorRT(FailureInjection):
     Logger = Logger
     Dims = Dims
     SeekPosition = SeekPosition
+    IOutputAllocator = IOutputAllocator
 
     def __init__(self, driver: FakeDriver) -> None:
         super().__init__(driver)
