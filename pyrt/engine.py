@@ -46,7 +46,7 @@ from pyrt import cuda as cuda_seam
 from pyrt.device import output_allocator, tensorrt_seam
 from pyrt.device import profiles as profiles_mod
 from pyrt.device import scratch as scratch_mod
-from pyrt.device.stream_reader import view_reader as _view_reader
+from pyrt.device.stream_reader import view_reader
 from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
 
 _log = logging.getLogger("pyrt.engine")
@@ -111,7 +111,7 @@ class Engine:
         source: Any = engine_bytes
         if _nbytes(engine_bytes) >= STREAM_READER_MIN_BYTES:
             try:
-                source = _view_reader(module, memoryview(engine_bytes).cast("B"), STREAM_CHUNK_BYTES) or engine_bytes
+                source = view_reader(module, memoryview(engine_bytes).cast("B"), STREAM_CHUNK_BYTES) or engine_bytes
             except RuntimeError as exc:  # the reader base dlopens libcuda: "Failed to open cuda driver."
                 raise DeviceError(f"{label}: TensorRT ({tensorrt_seam.flavour_of(module)}) could not create the "
                                   f"stream reader for {_nbytes(engine_bytes)} engine bytes on device {device}: "
@@ -456,6 +456,9 @@ class Engine:
     def __repr__(self) -> str:
         state = "closed" if self._engine is None else f"budget={self._applied_budget}"
         return f"Engine({self.name!r}, device={self.device}, {state})"
+
+
+_dims = profiles_mod.dims  # a TensorRT Dims as a tuple (None: invalid); kept here for callers of this module
 
 
 def _nbytes(data: Any) -> int:

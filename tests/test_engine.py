@@ -416,11 +416,11 @@ def test_engine_bytes_reach_tensorrt_without_a_copy(sim, monkeypatch) -> None:
 
 
 def test_view_reader_seeks_within_the_engine_only(sim) -> None:
-    from pyrt.engine import _view_reader
+    from pyrt.device.stream_reader import view_reader
 
     trt = sim.tensorrt
     data = memoryview(b"0123456789")
-    reader = _view_reader(trt, data)
+    reader = view_reader(trt, data, 16 << 20)
     assert isinstance(reader, trt.IStreamReaderV2)
     assert reader.seek(-3, trt.SeekPosition.END)
     chunk = reader.read(100, 0)
@@ -430,7 +430,7 @@ def test_view_reader_seeks_within_the_engine_only(sim) -> None:
     assert reader.read(2, 0) == b"56"
     assert not reader.seek(11, trt.SeekPosition.SET) and not reader.seek(-1, trt.SeekPosition.SET)
     assert reader.read(1, 0) == b"7"  # a refused seek leaves the position alone
-    assert _view_reader(types.SimpleNamespace(), memoryview(b"x")) is None  # flavour without readers
+    assert view_reader(types.SimpleNamespace(), memoryview(b"x"), 1) is None  # flavour without readers
 
 
 def test_addresses_are_bound_once_per_context_until_they_change(sim) -> None:

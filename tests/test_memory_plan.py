@@ -82,3 +82,35 @@ def test_plan_split_is_exact_and_clamped() -> None:
     assert big.budgets == {0: 7, 2: 13, 3: 1000}
     with pytest.raises(pyrt.BudgetError, match="headroom"):
         plan_memory(engines, {0: (100, 100)}, headroom="auto")
+
+
+def test_inspect_memory_prints_the_plan_for_a_gpu_size_not_present(tmp_path, monkeypatch, capsys) -> None:
+    from pyrt.tools.cli import main
+
+    path = tmp_path / "m.pte"
+    path.write_bytes(program())
+    monkeypatch.setenv("PYRT_SIMULATED_GPUS", "1")
+    assert main(["inspect", "--memory", str(path), "--gpu-memory", "24GiB", "--headroom", "2GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "GPUs of 24GiB" in out and "weights resident (budget)" in out and "24.00 GiB" in out
+    assert "activations saved by sharing" in out and "32.00 MiB" in out  # 48 MiB unshared, 16 shared
+    assert main(["inspect", "--memory", "--json", str(path), "--gpu-memory", "128MiB", "--headroom", "32MiB"]) == 0
+    import json
+
+    plan = json.loads(capsys.readouterr().out)["memory_plan"]
+    (d,) = plan["devices"]
+    assert d["total"] == 128 * MiB and d["headroom"] == 32 * MiB
+    assert sum(plan["budgets"].values()) == d["weights_resident"] < d["streamable"]
+
+
+def test_bench_sweep_prints_the_memory_plan_beside_throughput(tmp_path, monkeypatch, capsys) -> None:
+    from pyrt.tools.cli import main
+
+    path = tmp_path / "m.pte"
+    path.write_bytes(program())
+    monkeypatch.setenv("PYRT_SIMULATED_GPUS", "1")
+    assert main(["bench", str(path), "--sweep", "0%..100%:50%", "--iters", "2", "--warmup", "0",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU memory per budget" in out and "cuda:0 weights resident" in out and "cuda:0 activations" in out
+    assert out.count("runs/s") >= 2

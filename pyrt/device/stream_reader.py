@@ -1,6 +1,10 @@
-"""TensorRT's ``IStreamReaderV2`` over an engine's bytes: zero-copy slices, file pages dropped once served.
+"""TensorRT's ``IStreamReaderV2`` over a read-only mapping: an engine served in zero-copy slices.
 
-Moved out of :mod:`pyrt.engine` unchanged (``chunk_bytes`` is its ``STREAM_CHUNK_BYTES``).
+An engine of ``pyrt.engine.STREAM_READER_MIN_BYTES`` or more is handed to TensorRT through
+this reader as memoryview slices of the file's mapping, of at most ``limit`` bytes each
+(``pyrt.engine.STREAM_CHUNK_BYTES``), so TensorRT never holds a second full host copy of
+streamable weights; each slice's file
+pages are dropped from the process once TensorRT has copied it.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from typing import Any
 from pyrt.format.mapped import release_pages
 
 
-def view_reader(module: Any, view: memoryview, chunk_bytes: int = 16 << 20) -> Any:
+def view_reader(module: Any, view: memoryview, limit: int) -> Any:
     """An ``IStreamReaderV2`` of ``module`` serving zero-copy slices of ``view`` (None if the flavour has none).
 
     TensorRT asks for exact byte counts and asks again for what a short read left out;
@@ -32,7 +36,7 @@ def view_reader(module: Any, view: memoryview, chunk_bytes: int = 16 << 20) -> A
 
         def read(self, num_bytes: int, stream: int) -> memoryview:
             self.release()  # the previous slice has been copied by now: its file pages may go
-            n = max(0, min(num_bytes, chunk_bytes, view.nbytes - self.pos))
+            n = max(0, min(num_bytes, limit, view.nbytes - self.pos))
             chunk = view[self.pos : self.pos + n]  # empty only at the end: TensorRT then aborts
             self.served = (self.pos, self.pos + n)
             self.pos += n

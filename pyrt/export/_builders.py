@@ -26,6 +26,7 @@ from pyrt.export._engines import EngineRecord, EngineStore, timed
 from pyrt.export._onnx import Unavailable, export_partition
 from pyrt.export._partition import Extracted
 from pyrt.export._prepare import onnx_translates
+from pyrt.export._profiles import activation_bytes, input_bounds
 from pyrt.format.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -62,6 +63,7 @@ class ReferenceBuilder:
     """
 
     name = "reference"
+    symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
 
     def supports(self, node: fx.Node) -> bool:
         return converts(node) and reference_builder.supports(node)
@@ -71,9 +73,17 @@ class ReferenceBuilder:
         limits = part.module.meta.get("range_constraints")
         profiles = [reference_builder.Profile(shape_ranges(a.meta["val"], a.name, limits)) for a in part.inputs]
         io: dict[str, Any] = {}
+        several = None
+        if self.symbol_profiles:
+            several = [([input_bounds(a.meta["val"], sym) for a in part.inputs], activation_bytes(part.module, sym))
+                       for sym in self.symbol_profiles]
+            profiles = [reference_builder.Profile(tuple(
+                (min(p[0][k][0][d] for p in several), max(p[0][k][2][d] for p in several))
+                for d in range(len(a.meta["val"].shape)))) for k, a in enumerate(part.inputs)]
 
         def write(sink: Any) -> None:
-            io["bindings"] = reference_builder.build(part.module, profiles, sink, weight_streaming=weight_streaming)
+            io["bindings"] = reference_builder.build(part.module, profiles, sink, weight_streaming=weight_streaming,
+                                                     several=several)
 
         record, seconds = timed(lambda: store.add_stream(key, write))
         record.build_seconds = seconds
@@ -85,6 +95,8 @@ class ReferenceBuilder:
 
 class TensorRTBuilder:
     """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX)."""
+
+    symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
 
     def __init__(self, flavour: str) -> None:
         self.trt_builder = trt_builder
@@ -101,19 +113,22 @@ class TensorRTBuilder:
         ranges: dict[int | str, dict[str, list[int]]] = {
             i: _profile(v, a.name, limits)
             for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
+        several = [{i: dict(zip(("min", "opt", "max"), map(list, input_bounds(v, sym)), strict=True))
+                    for i, v in enumerate(vals) if _is_dynamic(v)} for sym in self.symbol_profiles or []]
+        shapes: Any = several or ranges
         names = [f"input_{i}" for i in range(len(vals))]
         outs = [f"output_{i}" for i in range(len(part.outputs))]
         result: dict[str, Any] = {}
 
         def write(sink: Any) -> None:  # the engine goes to its spill file as TensorRT serializes it
             try:
-                result["built"] = self._build_direct(part, ranges, names, outs, weight_streaming, progress, sink)
+                result["built"] = self._build_direct(part, shapes, names, outs, weight_streaming, progress, sink)
             except Unavailable as exc:
                 log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
                 examples = [_example(v, a.name, limits) for v, a in zip(vals, part.inputs, strict=True)]
                 result["built"] = self.trt_builder.build_engine(
                     part.module, examples, flavour=self.module,
-                    weight_streaming=weight_streaming, dynamic_shapes=ranges or None, input_names=names,
+                    weight_streaming=weight_streaming, dynamic_shapes=shapes or None, input_names=names,
                     output_names=outs, progress=progress, out=sink)
 
         try:
@@ -125,7 +140,7 @@ class TensorRTBuilder:
         record.extra["route"] = built.route
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
 
-    def _build_direct(self, part: Extracted, ranges: dict[int | str, dict[str, list[int]]], names: list[str],
+    def _build_direct(self, part: Extracted, ranges: Any, names: list[str],
                       outs: list[str], weight_streaming: bool, progress: Any, out: Any = None) -> Any:
         """ONNX straight from the partition's graph (``pyrt.export._onnx``), then parse and build."""
         started = time.perf_counter()
@@ -135,11 +150,18 @@ class TensorRTBuilder:
             path = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
             built = self.trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
-                dynamic_shapes={names[int(i)]: r for i, r in ranges.items()} or None, progress=progress, out=out)
+                dynamic_shapes=_by_name(ranges, names), progress=progress, out=out)
         got = ([b.name for b in built.inputs], [b.name for b in built.outputs])
         if got != (names, outs):
             raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")
         return replace(built, build_seconds=time.perf_counter() - started)
+
+
+def _by_name(ranges: Any, names: list[str]) -> Any:
+    """Ranges keyed by position -> keyed by ONNX input name; a list (several profiles) item by item."""
+    if isinstance(ranges, list):
+        return [_by_name(r, names) for r in ranges]
+    return {names[int(i)]: r for i, r in ranges.items()} or None
 
 
 def _is_dynamic(t: torch.Tensor) -> bool:

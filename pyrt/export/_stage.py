@@ -45,6 +45,7 @@ from pyrt.export._prepare import (
     is_sym_node,
     strip_assertions,
 )
+from pyrt.export._profiles import symbol_profiles
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export._summary import EngineSummary
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
@@ -71,6 +72,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     else:
         raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
     reasons: dict[str, str] = {}
+    if options.profiles is not None and builder is not None:
+        builder.symbol_profiles = symbol_profiles(program, options.profiles)
     if contains_torchtrt(program.graph_module):
         gm = unlift(program)
         engines = convert_torchtrt(gm, program, options, store)

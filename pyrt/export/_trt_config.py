@@ -13,7 +13,8 @@ from pyrt.export._trt_flavour import _errors, _Options, _Session
 from pyrt.export._trt_shapes import ShapeRange
 
 
-def _configure(session: _Session, network: Any, ranges: dict[int | str, ShapeRange], options: _Options) -> Any:
+def _configure(session: _Session, network: Any, ranges: list[dict[int | str, ShapeRange]],
+               options: _Options) -> Any:
     trt = session.trt
     config = session.builder.create_builder_config()
     if config is None:
@@ -28,7 +29,8 @@ def _configure(session: _Session, network: Any, ranges: dict[int | str, ShapeRan
             raise ExportError(f"{session.name} did not keep workspace={options.workspace}")
     if options.compute_capabilities is not None:
         _set_compute_capabilities(session, config, options.compute_capabilities)
-    _add_profile(session, network, config, ranges)
+    for profile in ranges:  # one optimization profile each, in order (profile 0 first)
+        _add_profile(session, network, config, profile)
     return config
 
 

@@ -28,6 +28,7 @@ from pyrt.errors import ExportError
 from pyrt.export import _options as opt
 from pyrt.export._engines import EngineStore
 from pyrt.export._lower import Lowered, lower, reexport
+from pyrt.export._profiles import check_profiles
 from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
 from pyrt.export._summary import EngineSummary, ExportSummary
@@ -52,6 +53,7 @@ class Options:
     dynamic_shapes: Any = None
     progress: Progress = field(default_factory=Progress)
     external_weights: bool = False
+    profiles: Any = None  # tuple of {input: (min, opt, max)}, or None: one profile from the dynamic shapes
 
 
 def to_pte(
@@ -69,7 +71,7 @@ def to_pte(
     compile_specs: Any = None,
     progress: bool | None = None,
     writer: str = "pyrt",
-    external_weights: bool = False,
+    external_weights: bool = False, profiles: Any = None,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
@@ -77,8 +79,8 @@ def to_pte(
     ``dynamic_shapes``), a ``torch.export.ExportedProgram``, or a Torch-TensorRT compiled
     program (``tensorrt::execute_engine`` nodes; its engines are kept as they are).
     ``torch_executed_ops``: operators (``"aten.relu.default"``, ``torch.ops.aten.relu``, ...)
-    forced to run in ExecuTorch; ops no builder can build fall back too.
-    ``min_block_size``: fewest compute ops worth an engine.
+    forced to run in ExecuTorch; ops no builder can build fall back too. ``min_block_size``: fewest
+    compute ops worth an engine.
     ``device``: engines' CUDA device; a device, a mapping (partition index or name, or
     ``"*"`` -> device) or a callable ``PartitionInfo -> device``. Torch-TensorRT engines
     keep the device recorded in each engine.
@@ -88,10 +90,11 @@ def to_pte(
     ``builder``: "auto" (tensorrt, else tensorrt_rtx), "tensorrt", "tensorrt_rtx", "reference".
     ``compile_specs``: extra raw compile specs for every delegate.
     ``progress``: None = bar on a TTY, True/False = force on/off (always logged to "pyrt.export").
-    ``writer``: "pyrt" streams engines from disk; "executorch" uses ExecuTorch's in-memory writer.
+    ``writer``: "pyrt" streams engines from disk, "executorch" uses ExecuTorch's in-memory writer.
     ``external_weights``: the weights of operators that run in ExecuTorch go to a ``.ptd`` beside
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
+    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_profiles.py``).
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
@@ -106,7 +109,7 @@ def to_pte(
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
                            weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
-                           progress=progress, writer=writer, external_weights=external_weights)
+                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles)
     target = _target(path)
     engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
@@ -133,7 +136,7 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
                  weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
                  dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
-                 writer: Any = "pyrt", external_weights: Any = False) -> Options:
+                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None) -> Options:
     """Check every ``to_pte`` option (same names and defaults) before any work starts."""
     budget = weight_streaming_budget
     for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
@@ -154,6 +157,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, devic
         dynamic_shapes=dynamic_shapes,
         progress=Progress(progress),
         external_weights=external_weights,
+        profiles=check_profiles(profiles),
     )
 
 

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.format.trt_blob import IOBinding
-from pyrt.testing.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.testing.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
 # kwargs that say where a result lives, not what it is: an engine ignores them. (memory_format
 # is kept: ``clone(memory_format=contiguous_format)`` is what makes a later ``view`` legal.)
@@ -59,9 +59,12 @@ class Profile:
     ranges: tuple[tuple[int, int], ...]
 
 
-def build(module: fx.GraphModule, profiles: list[Profile], sink: BinaryIO, *, weight_streaming: bool
-          ) -> tuple[list[IOBinding], list[IOBinding]]:
-    """Write the engine for ``module`` to ``sink``; returns its (inputs, outputs) bindings."""
+def build(module: fx.GraphModule, profiles: list[Profile], sink: BinaryIO, *, weight_streaming: bool,
+          several: list[tuple[list[Any], int]] | None = None) -> tuple[list[IOBinding], list[IOBinding]]:
+    """Write the engine for ``module`` to ``sink``; returns its (inputs, outputs) bindings.
+
+    ``several``: the engine's optimization profiles (``to_pte(profiles=...)``), each (per input position
+    (min, opt, max), activation bytes); ``profiles`` then gives each input's range over all of them."""
     names: dict[Any, str] = {}
     outputs = list(next(n for n in module.graph.nodes if n.op == "output").args[0])
     for k, out in enumerate(outputs):
@@ -81,7 +84,10 @@ def build(module: fx.GraphModule, profiles: list[Profile], sink: BinaryIO, *, we
         elif node.op == "call_function":
             nodes.append(_node(node, names))
     out_tensors = [_output_tensor(names[_key(o)], o) for o in outputs]
-    engine = RefEngine(inputs, out_tensors, weights, nodes, weight_streaming)  # validates names and dtypes
+    dynamic = {t.name for t in inputs if -1 in t.shape}
+    refs = [RefProfile({t.name: b for t, b in zip(inputs, bounds, strict=True) if t.name in dynamic}, memory)
+            for bounds, memory in several or []]
+    engine = RefEngine(inputs, out_tensors, weights, nodes, weight_streaming, refs)  # validates names, dtypes
     engine.write_to(sink)
     return [_binding(t, True) for t in inputs], [_binding(t, False) for t in out_tensors]
 

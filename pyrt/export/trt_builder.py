@@ -124,16 +124,18 @@ def build_engine(
     module = _as_module(gm)
     names = _check_names(input_names, len(examples), "input_names") or _default_names(module, len(examples))
     _check_names(output_names, None, "output_names")
-    ranges = parse_dynamic_shapes(dynamic_shapes, names, [tuple(x.shape) for x in examples])
+    several = _several(dynamic_shapes)  # with several profiles, the example may sit in any one of them
+    shapes = [tuple(x.shape) for x in examples] if len(several) == 1 else None
+    profiles = [parse_dynamic_shapes(d, names, shapes) for d in several]
     options = _options(weight_streaming, workspace, compute_capabilities)
     session = _open_session(flavour, options)
     if fp16:
         module, examples = _to_half(module, examples)
     with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
         _stage(progress, "export_onnx")
-        dims = [_dynamic_dims(ranges.get(i)) for i in range(len(examples))]
+        dims = [sorted({d for p in profiles for d in _dynamic_dims(p.get(i))}) for i in range(len(examples))]
         path, weights = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
-        built = _build(session, path, ranges, options, progress, out, weights)
+        built = _build(session, path, profiles, options, progress, out, weights)
         del weights
     _check_io(built, examples, input_names, output_names)
     built = replace(built, build_seconds=time.perf_counter() - start)
@@ -156,7 +158,8 @@ def build_engine_from_onnx(
 ) -> BuiltEngine:
     """Build an engine from an ONNX file (its external data beside it).
 
-    ``dynamic_shapes`` keys are ONNX input names or positions. I/O bindings come from
+    ``dynamic_shapes`` keys are ONNX input names or positions (a list of such mappings: one
+    optimization profile each). I/O bindings come from
     the parsed network, inputs in the ONNX graph's order. ``out`` as for :func:`build_engine`.
 
     >>> build_engine_from_onnx("model.onnx", flavour="tensorrt_rtx").flavour  # doctest: +SKIP
@@ -166,9 +169,9 @@ def build_engine_from_onnx(
     path = Path(onnx_path)
     if not path.is_file():
         raise ExportError(f"ONNX model {str(path)!r} does not exist or is not a file")
-    ranges = parse_dynamic_shapes(dynamic_shapes, None, None)
+    profiles = [parse_dynamic_shapes(d, None, None) for d in _several(dynamic_shapes)]
     options = _options(weight_streaming, workspace, compute_capabilities)
-    built = _build(_open_session(flavour, options), path, ranges, options, progress, out)
+    built = _build(_open_session(flavour, options), path, profiles, options, progress, out)
     _stage(progress, "done")
     return replace(built, build_seconds=time.perf_counter() - start)
 
@@ -190,7 +193,16 @@ def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
 # -- build -------------------------------------------------------------------------------------
 
 
-def _build(session: _Session, path: Path, ranges: dict[int | str, ShapeRange],
+def _several(dynamic_shapes: Any) -> list[Any]:
+    """``dynamic_shapes`` as a list of optimization profiles (a list gives several, a mapping one)."""
+    if isinstance(dynamic_shapes, (list, tuple)):
+        if not dynamic_shapes:
+            raise ExportError("dynamic_shapes=[] names no optimization profile")
+        return list(dynamic_shapes)
+    return [dynamic_shapes]
+
+
+def _build(session: _Session, path: Path, ranges: list[dict[int | str, ShapeRange]],
            options: _Options, progress: Progress | None, out: Writable | None = None,
            weights: Mapping[str, Any] | None = None) -> BuiltEngine:
     trt, builder = session.trt, session.builder

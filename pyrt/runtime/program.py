@@ -313,6 +313,12 @@ class Program:
         return self._plan.with_budgets({d.global_index: d.engine.applied_budget for d in self._delegates},
                                        self._facts)
 
+    @property
+    def optimization_profiles(self) -> dict[str, list[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]]]:
+        """Per engine ("method/delegateN"): each optimization profile's (min, max) per dynamic input."""
+        self._check_open()
+        return {d.name: d.engine.profiles for d in self._delegates}
+
     def plan_memory(self, *, gpu_memory: Any = None, headroom: Any = None) -> MemoryPlan:
         """The ``budget="fit"`` plan of this program (nothing is applied): on its devices as measured at
         load, or on GPUs of ``gpu_memory`` bytes each ("24GiB") holding nothing else."""

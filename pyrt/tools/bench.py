@@ -193,8 +193,9 @@ def sweep(prog: Any, inputs: Sequence[Any], *, method: str = "forward", budgets:
                     bar.close()
             streamable = sum(e["streamable_bytes"] for e in engines)
             applied = sum(e["budget"] or 0 for e in engines)
-            rows.append({"budget": _label(b), "engines": engines,
-                         "streamable_bytes": streamable, "applied_bytes": applied, **m})
+            plan = getattr(prog, "memory_plan", None)
+            rows.append({"budget": _label(b), "engines": engines, "streamable_bytes": streamable,
+                         "applied_bytes": applied, **m, "memory": plan.as_dict() if plan is not None else None})
     finally:
         if stream is not None:
             stream.close()
@@ -215,6 +216,23 @@ def _label(budget: Any) -> str | None:
 
 def _size(n: int | None) -> str:
     return "-" if n is None else size(n)
+
+
+MEMORY_ITEMS = ("weights_resident", "weights_streamed", "activations", "streaming_scratch", "arenas", "graphs",
+                "headroom")
+
+
+def format_memory(rows: Sequence[dict[str, Any]]) -> str:
+    """The memory plan's items per device (rows) for each budget of a sweep (columns), with throughput."""
+    head = ["device / item", *(r["budget"] or "as loaded" for r in rows)]
+    body = []
+    devices = [d["device"] for d in (rows[0].get("memory") or {}).get("devices", [])]
+    for k, dev in enumerate(devices):
+        for item in MEMORY_ITEMS:
+            body.append([f"cuda:{dev} {item.replace('_', ' ')}",
+                         *(_size(r["memory"]["devices"][k][item]) for r in rows)])
+    body.append(["runs/s", *(f"{r['throughput_per_s']:.1f}" for r in rows)])
+    return "\n".join(_columns(head, body))
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
@@ -272,4 +290,5 @@ def check_plot_support() -> None:
         raise PyrtError("--plot needs matplotlib: pip install 'pyrt-executorch[plot]'")
 
 
-__all__ = ["parse_sweep", "measure", "sweep", "stats", "format_rows", "plot", "check_plot_support", "gpu_stream"]
+__all__ = ["parse_sweep", "measure", "sweep", "stats", "format_rows", "format_memory", "plot", "check_plot_support",
+           "gpu_stream"]

@@ -31,7 +31,9 @@ environment:
     "inspect": """examples:
   pyrt inspect model.pte
   pyrt inspect --json model.pte | jq '.methods[0].delegates'
-  pyrt inspect model.pte --graph model.svg      SVG with Graphviz, else model.dot""",
+  pyrt inspect model.pte --graph model.svg      SVG with Graphviz, else model.dot
+  pyrt inspect --memory model.pte --gpu-memory 24GiB   the budget="fit" plan on a 24 GiB GPU
+  PYRT_SIMULATED_GPUS=1 pyrt inspect --memory model.pte --gpu-memory 80GiB   (reference engines)""",
     "run": """examples:
   pyrt run model.pte --random --seed 1
   pyrt run model.pte --input 0=x.npy --input 1=mask.npy --save out.npz
@@ -162,6 +164,16 @@ def _add_inspect(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", metavar="PTD", help="a .ptd file of the program (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON (the pyrt.inspect() dict)")
     p.add_argument("--graph", metavar="OUT.svg|OUT.dot", help="draw the instruction chains (Graphviz)")
+    p.add_argument("--memory", action="store_true",
+                   help="load the program (at budget 0) and print its GPU memory plan per device")
+    p.add_argument("--gpu-memory", type=_budget, metavar="SIZE",
+                   help="plan for GPUs of SIZE each (e.g. 24GiB) instead of the devices present (implies --memory)")
+    p.add_argument("--headroom", type=_budget, metavar="SIZE|SHARE",
+                   help="memory the plan leaves free on each GPU (default 5%%)")
+    p.add_argument("--device-map", action="append", type=_kv, default=[], metavar="FROM=TO",
+                   help="with --memory: move engines off the device the file names, e.g. cuda:0=cuda:1")
+    p.add_argument("--trt", choices=("tensorrt", "tensorrt_rtx", "tensorrt_lean"),
+                   help="with --memory: TensorRT flavour (default: the first that imports)")
 
 
 def _add_run(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

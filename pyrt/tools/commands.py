@@ -17,7 +17,15 @@ from typing import Any
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
-from pyrt.tools.bench import check_plot_support, device_names, format_rows, parse_sweep, plot, sweep
+from pyrt.tools.bench import (
+    check_plot_support,
+    device_names,
+    format_memory,
+    format_rows,
+    parse_sweep,
+    plot,
+    sweep,
+)
 from pyrt.tools.draw import to_dot, write_graph
 from pyrt.tools.inputs import assemble, flatten, load_files, method_inputs, parse_shapes, summarize
 from pyrt.tools.report import _size, format_report, inspect
@@ -78,6 +86,21 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if note:
             _say("warning", note)
         print(f"pyrt: wrote {written}", file=sys.stderr)
+    if args.memory or args.gpu_memory is not None:
+        with Program(args.path, data=args.data, budget=0, device_map=dict(args.device_map) or None,
+                     trt=args.trt, headroom=args.headroom) as prog:
+            plan = prog.plan_memory(gpu_memory=args.gpu_memory)
+            profiles = {k: v for k, v in prog.optimization_profiles.items() if len(v) > 1}
+        if args.json:
+            _print_json({**info, "memory_plan": plan.as_dict(), "profiles": profiles})
+            return EXIT_OK
+        print(format_report(info))
+        where = f"GPUs of {args.gpu_memory}" if args.gpu_memory is not None else "the GPUs present"
+        print(f"\nmemory plan (budget=\"fit\") on {where}\n{plan.table()}\n{plan.explain()}")
+        for name, ranges in profiles.items():
+            print(f"{name}: optimization profiles " + "; ".join(
+                f"{p}: " + ", ".join(f"{n} {lo}..{hi}" for n, (lo, hi) in r.items()) for p, r in enumerate(ranges)))
+        return EXIT_OK
     print(json.dumps(info, indent=2) if args.json else format_report(info))
     return EXIT_OK
 
@@ -157,6 +180,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{args.path}: method {args.method!r}, {rows[0]['warmup']} warm-up run(s) per row; timed by {where}")
     print(format_rows(rows))
+    if any((r.get("memory") or {}).get("devices") for r in rows):
+        print("\nGPU memory per budget (pyrt.Program.memory_plan)")
+        print(format_memory(rows))
     return EXIT_OK
 
 
