@@ -271,3 +271,15 @@ def test_devices_passed_explicitly_change_nothing_process_wide(programs: dict[st
             assert other.driver.live_allocations() == 0 and other.tensorrt.calls["deserialize_cuda_engine"] == 0
         assert sim.driver.live_allocations() > 0
     assert sim.driver.live_allocations() == 0 and sim.driver.hazards == [] and pyrt.cuda.current() is default
+
+
+def test_a_host_only_method_waits_for_the_device_before_reading_a_device_input(sim: Any) -> None:
+    """A method with no device work copies a device input to the host synchronously, after all of the
+    device's work: here the producer's copy is still queued on a stream the input does not name."""
+    from tests.ptefixtures import relu_program
+
+    with Program(relu_program(), kernels="numpy") as prog, sim.cuda.stream(0) as producer:
+        x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+        x_dev = _device_tensor(sim, x, stream=producer)  # queued, not run
+        x_dev.stream = None  # the caller names no stream
+        np.testing.assert_array_equal(prog(x_dev)[0], np.maximum(x, 0))
