@@ -38,15 +38,17 @@ from _common import RESULTS, command_line, machine, markdown_table, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _median_time(fn: Callable[[], Any], inner: int) -> float:
-    t0 = time.perf_counter()
+def _median_time(fn: Callable[[], Any], inner: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    t0 = clock()
     for _ in range(inner):
         fn()
-    return (time.perf_counter() - t0) / inner
+    return (clock() - t0) / inner
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], samples: int, inner: int) -> dict[str, float]:
-    """Median seconds per call of each function, samples taken in turn."""
+def interleaved(fns: dict[str, Callable[[], Any]], samples: int, inner: int,
+                clock: Callable[[], float] = time.perf_counter,
+                summary: Callable[[list[float]], float] = statistics.median) -> dict[str, float]:
+    """Median (``summary``) seconds per call of each function (``clock``: wall), samples taken in turn."""
     for fn in fns.values():
         fn()  # warm up
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -54,10 +56,10 @@ def interleaved(fns: dict[str, Callable[[], Any]], samples: int, inner: int) -> 
     try:
         for _ in range(samples):
             for k, fn in fns.items():
-                times[k].append(_median_time(fn, inner))
+                times[k].append(_median_time(fn, inner, clock))
     finally:
         gc.enable()
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: summary(v) for k, v in times.items()}
 
 
 def load_fns(path: Path) -> dict[str, Callable[[], Any]]:

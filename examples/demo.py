@@ -1,7 +1,11 @@
 """pyrt demo: export a small model to a .pte with TensorRT delegates, inspect it, run it.
 
-    bash scripts/demo.sh                      # sets up .venv, then runs this file
-    .venv/bin/python examples/demo.py [DIR]   # writes DIR/demo.pte (default: ./demo-out)
+    bash scripts/demo.sh [--verbose]          # sets up .venv, then runs this file
+    .venv/bin/python examples/demo.py [DIR] [--verbose]   # writes DIR/demo.pte (default: ./demo-out)
+
+Only pyrt's own lines are printed; ``--verbose`` (or ``PYRT_LOG=debug``) adds pyrt's
+debug log and the third-party messages (torch.export, torchao, TensorRT) it keeps out
+of sight otherwise (``pyrt.logs``).
 
 1. Export with a real TensorRT engine (full TensorRT if installed, else
    TensorRT-RTX, which builds on a CPU-only machine), part of the model
@@ -16,15 +20,14 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-import warnings
+import argparse
 from pathlib import Path
 
 import torch
 
 import pyrt
 import pyrt.export
+import pyrt.logs
 from pyrt import cuda
 from pyrt.tools.report import format_report
 
@@ -52,17 +55,13 @@ def compare(prog: pyrt.Program, model: torch.nn.Module, x: torch.Tensor, budget:
               f"budget {w.budget} ({w.source})")
 
 
-def quiet_third_party_logs() -> None:
-    """torch.onnx and torch.export chatter (missing torchvision ops, deprecations) is not the demo."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, module="executorch")
-    for name in ("torch.onnx", "torch._export", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def main() -> None:
-    quiet_third_party_logs()
-    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "demo-out")
+    parser = argparse.ArgumentParser(description="pyrt demo: export, inspect and run a small model")
+    parser.add_argument("dir", nargs="?", default="demo-out", help="where demo.pte goes (default: demo-out)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="pyrt's debug log and third-party messages")
+    args = parser.parse_args()
+    pyrt.logs.configure(args.verbose)
+    out_dir = Path(args.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = SmallNet().eval()

@@ -31,7 +31,7 @@ from pyrt.errors import (
 from pyrt.tools.report import inspect
 
 __all__ = [
-    "Program", "inspect", "__version__",
+    "Program", "generate", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
     "ProgramClosedError", "ResourceError",
@@ -44,4 +44,8 @@ def __getattr__(name: str) -> Any:
         from pyrt.runtime.program import Program
 
         return Program
+    if name == "generate":  # pyrt.llm.generate (imports numpy and the runtime)
+        from pyrt.llm.loop import generate
+
+        return generate
     raise AttributeError(f"module 'pyrt' has no attribute {name!r}")

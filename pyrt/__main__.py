@@ -1,3 +1,5 @@
+"""``python -m pyrt``: the `pyrt` command line (:func:`pyrt.tools.cli.main`)."""
+
 import sys
 
 from pyrt.tools.cli import main

@@ -9,7 +9,11 @@ file pages are dropped from the process once served), :meth:`Engine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
-enqueues on a stream. Every TensorRT return value is checked.
+enqueues on a stream. Every TensorRT return value is checked. An output whose
+shape only the run decides (``nonzero``; TensorRT reports -1 for it) gets an output
+allocator (:mod:`pyrt.device.output_allocator`): ``execute`` hands it the output's
+planned buffer and capacity, and :meth:`Engine.reported_shape` gives the shape
+TensorRT reported, known when ``execute_async_v3`` returns.
 
 >>> import numpy as np
 >>> from pyrt.testing import simulated_gpus
@@ -42,8 +46,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt import cuda as cuda_seam
-from pyrt.device import tensorrt_seam
-from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
+from pyrt.device import output_allocator, tensorrt_seam
+from pyrt.device import profiles as profiles_mod
+from pyrt.device import scratch as scratch_mod
+from pyrt.errors import BudgetError, DeviceError, EngineError, ExecutionError, InputError
 from pyrt.format.mapped import release_pages
 
 _log = logging.getLogger("pyrt.engine")
@@ -104,6 +110,7 @@ class _Input:
     shape: tuple[int, ...]  # -1 for a dynamic dim
     min_shape: tuple[int, ...]
     max_shape: tuple[int, ...]
+    profiles: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (min, max) per optimization profile
 
 
 class Engine:
@@ -126,6 +133,10 @@ class Engine:
         self._budget_source: str | None = None
         self._shapes_set = False
         self._bound: list[int] = []  # addresses bound on the current context, in name order
+        self.data_dependent: tuple[str, ...] = ()  # outputs whose shape only the run decides
+        self._allocators: dict[str, tuple[output_allocator.PlannedOutput, Any]] = {}  # kept alive with the context
+        self.scratch: Any = None  # a pyrt.device.scratch.SharedScratch: contexts use its memory (USER_MANAGED)
+        self._active_profile = self._wanted_profile = 0
         self._check_bindings()
 
     # -- loading -----------------------------------------------------------------
@@ -197,17 +208,32 @@ class Engine:
                 self._inputs.append(self._profile(b.name, b.dtype, shape))
 
     def _profile(self, name: str, dtype: str, shape: tuple[int, ...]) -> _Input:
+        """The input's (min, max) under every optimization profile; min/max_shape span them all."""
         if -1 not in shape:
             return _Input(name, dtype, shape, shape, shape)
-        # Always three Dims (min, opt, max); a failed query returns invalid ones (nbDims -1).
-        profile = [_dims(d) for d in self._engine.get_tensor_profile_shape(name, 0)]
-        lo, hi = (profile[0], profile[2]) if len(profile) == 3 else (None, None)
-        if lo is None or hi is None or not len(lo) == len(hi) == len(shape) or not all(
-                0 <= a <= b and d in (-1, a) and d in (-1, b) for a, b, d in zip(lo, hi, shape, strict=True)):
-            raise EngineError(f"{self.name}: no usable optimization profile for dynamic input {name!r} of shape "
-                              f"{shape}: TensorRT gives min/opt/max {profile} "
-                              f"(None: invalid): {self._logger.messages.take() or 'no log'}")
-        return _Input(name, dtype, shape, lo, hi)
+        ranges = profiles_mod.read_ranges(self._engine, name, shape, self.name, self._logger.messages.take)
+        lo = tuple(min(r[0][k] for r in ranges) for k in range(len(shape)))
+        hi = tuple(max(r[1][k] for r in ranges) for k in range(len(shape)))
+        return _Input(name, dtype, shape, lo, hi, ranges)
+
+    @property
+    def profiles(self) -> list[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
+        """Per optimization profile: each dynamic input's (min, max) shape."""
+        count = max((len(i.profiles) for i in self._inputs), default=0)
+        return [{i.name: i.profiles[p] for i in self._inputs if i.profiles} for p in range(count)]
+
+    def use_profile(self, stream: int) -> None:
+        """Switch the context to the profile :meth:`check_inputs` picked, on ``stream`` (a no-op when active)."""
+        want = self._wanted_profile
+        context = self._ready()
+        if want == self._active_profile:
+            return
+        self._cuda.set_device(self.device)
+        if not context.set_optimization_profile_async(want, int(stream)):
+            raise EngineError(f"{self.name}: TensorRT could not switch to optimization profile {want}: "
+                              f"{self._logger.messages.take() or 'no log'}")
+        self._active_profile = want
+        self._shapes_set = False  # input shapes are set again under the new profile
 
     # -- weight streaming ------------------------------------------------------------
     @property
@@ -265,16 +291,55 @@ class Engine:
                 applied = self._set_budget(min(budget, streamable), retry_with_zero=False)
         elif budget is not None:
             _log.warning("%s: %s budget %d ignored: the engine has no streamable weights", self.name, source, budget)
-        context = engine.create_execution_context()
+        context = self._create_context()
         if context is None:
             raise EngineError(f"{self.name}: could not create an execution context on device {self.device} "
                               f"(budget {applied}): {self._logger.messages.take() or 'no log'}")
         self._context = context
+        self._active_profile = 0
         self._applied_budget, self._budget_source = applied, source
         for spec in self._inputs:
             if -1 not in spec.shape:
                 self._set_shape(spec.name, spec.shape)
         self._shapes_set = all(-1 not in spec.shape for spec in self._inputs)
+
+    # -- activation memory -----------------------------------------------------------
+    @property
+    def activation_bytes(self) -> int:
+        """Device bytes of activation memory a context needs (the largest over the profiles)."""
+        return self._streaming_property("device_memory_size_v2")
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None
+
+    @property
+    def has_context(self) -> bool:
+        return self._context is not None
+
+    def _create_context(self) -> Any:
+        """A context with TensorRT's own activation memory, or, with a shared scratch, the scratch's."""
+        strategy = getattr(self._trt, "ExecutionContextAllocationStrategy", None)
+        if self.scratch is None or strategy is None:
+            return self._engine.create_execution_context()
+        context = self._engine.create_execution_context(strategy.USER_MANAGED)
+        if context is not None:
+            self._context = context
+            try:
+                ptr, size = self.scratch.reserve(self)
+                self.bind_activation_memory(ptr, size)
+            except BaseException:
+                self._drop_context()
+                raise
+        return context
+
+    def bind_activation_memory(self, ptr: int, size: int) -> None:
+        """Point the live context at ``size`` bytes of activation memory at ``ptr``."""
+        if self._context is None or size == 0:
+            return
+        self._logger.messages.take()
+        self._context.set_device_memory(ptr, size)
+        scratch_mod.check_bound(self, self._logger.messages.take())
 
     def _set_budget(self, value: int, *, retry_with_zero: bool) -> int:
         """Set and read back ``value``; for the automatic budget, fall back to 0 once."""
@@ -310,9 +375,12 @@ class Engine:
             if len(shape) != len(spec.shape):
                 raise InputError(f"{self.name}: input {spec.name!r} must have rank {len(spec.shape)} "
                                  f"(shape {spec.shape}), got shape {shape}")
-            if not all(lo <= d <= hi for d, lo, hi in zip(shape, spec.min_shape, spec.max_shape, strict=True)):
+            if len(spec.profiles) < 2 and not profiles_mod.within(shape, spec.min_shape, spec.max_shape):
                 raise InputError(f"{self.name}: input {spec.name!r} shape {shape} is outside the engine's "
                                  f"optimization profile [{spec.min_shape}, {spec.max_shape}]")
+        if any(len(spec.profiles) > 1 for spec in self._inputs):
+            self._wanted_profile = profiles_mod.pick_profile(self.name, self.profiles, {
+                spec.name: tuple(s) for spec, (s, _) in zip(self._inputs, shapes_dtypes, strict=True)})
 
     def infer_output_shapes(self, input_shapes: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """Set the input shapes; return every output's shape, in ``output_names`` order."""
@@ -329,12 +397,12 @@ class Engine:
             raise EngineError(f"{self.name}: TensorRT shape inference failed: {exc}") from exc
         if missing:
             raise EngineError(f"{self.name}: TensorRT shape inference left {list(missing)} unspecified")
-        shapes = []
-        for name in self.output_names:
-            shape = tuple(int(d) for d in context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise EngineError(f"{self.name}: output {name!r} has a data-dependent shape {shape}; unsupported")
-            shapes.append(shape)
+        shapes = [tuple(int(d) for d in context.get_tensor_shape(name)) for name in self.output_names]
+        data_dependent = tuple(n for n, shape in zip(self.output_names, shapes, strict=True)
+                               if min(shape, default=0) < 0)
+        if data_dependent and set(data_dependent) != set(self._allocators):
+            self._allocators = output_allocator.install(self._trt, context, self.name, list(data_dependent))
+        self.data_dependent = data_dependent
         self._shapes_set = True
         return shapes
 
@@ -344,8 +412,14 @@ class Engine:
                              f"{self._logger.messages.take() or 'outside the optimization profile'}")
 
     # -- running -------------------------------------------------------------------------
-    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int) -> None:
-        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``."""
+    def execute(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int,
+                capacities: Sequence[int] | None = None) -> None:
+        """Bind device addresses (inputs, outputs in name order) and enqueue on ``stream``.
+
+        ``capacities``: bytes planned at each output address (needed for data-dependent outputs:
+        TensorRT gets that buffer through the output allocator while its request fits, and a
+        request that does not is an ExecutionError naming the output, the size and the bound).
+        """
         context = self._ready()
         if len(input_ptrs) != len(self.input_names) or len(output_ptrs) != len(self.output_names):
             raise InputError(f"{self.name}: execute needs {len(self.input_names)} input and "
@@ -361,15 +435,38 @@ class Engine:
                     raise EngineError(f"{self.name}: TensorRT refused address {ptr:#x} for {name!r}: "
                                       f"{self._logger.messages.take() or 'no log'}")
             self._bound = ptrs
-        if not context.execute_async_v3(int(stream)):
+        if self._allocators:
+            self._plan_outputs(output_ptrs, capacities)
+        ok = context.execute_async_v3(int(stream))
+        failed = [p.failure for p, _ in self._allocators.values() if p.failure is not None]
+        if failed:
+            self._logger.messages.take()
+            raise failed[0]
+        if not ok:
             raise EngineError(f"{self.name}: execute_async_v3 failed on device {self.device}: "
                               f"{self._logger.messages.take() or 'no log'}")
+
+    def _plan_outputs(self, output_ptrs: Sequence[int], capacities: Sequence[int] | None) -> None:
+        if capacities is None or len(capacities) != len(self.output_names):
+            raise EngineError(f"{self.name}: outputs {list(self.data_dependent)} have data-dependent shapes: "
+                              f"execute needs the planned bytes of every output")
+        for name, ptr, capacity in zip(self.output_names, output_ptrs, capacities, strict=True):
+            if name in self._allocators:
+                self._allocators[name][0].plan(address=int(ptr), capacity=int(capacity))
+
+    def reported_shape(self, name: str) -> tuple[int, ...]:
+        """The shape TensorRT reported for data-dependent output ``name`` in the last ``execute``."""
+        entry = self._allocators.get(name)
+        if entry is None:
+            raise ExecutionError(f"{self.name}: output {name!r} has no output allocator (its shape is not "
+                                 f"data-dependent, or infer_output_shapes was not called)")
+        return entry[0].result()
 
     def enqueue(self, ptrs: list[int], stream: int) -> None:
         """The hot path of :meth:`execute` for a caller that validated once: ``ptrs`` (inputs
         then outputs, ints) against the shapes already set; binds only when ``ptrs`` changed."""
         context = self._context
-        if context is None or not self._shapes_set:
+        if context is None or not self._shapes_set or self._allocators:
             self.execute(ptrs[: len(self.input_names)], ptrs[len(self.input_names):], stream)
             return
         self._cuda.set_device(self.device)
@@ -401,6 +498,7 @@ class Engine:
         self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
         self._shapes_set = False
         self._bound = []
+        self._allocators = {}  # they belonged to that context
 
     def close(self) -> None:
         """Release the execution context, then the engine (idempotent)."""
@@ -422,18 +520,6 @@ class Engine:
     def __repr__(self) -> str:
         state = "closed" if self._engine is None else f"budget={self._applied_budget}"
         return f"Engine({self.name!r}, device={self.device}, {state})"
-
-
-def _dims(dims: Any) -> tuple[int, ...] | None:
-    """A TensorRT Dims as a tuple, or None for an invalid one (nbDims -1: ``len()`` raises).
-
-    Indexes rather than iterates: iterating an invalid Dims reads past its end in the binding.
-    """
-    try:
-        n = len(dims)
-    except (TypeError, ValueError):
-        return None
-    return tuple(int(dims[i]) for i in range(n))
 
 
 def _nbytes(data: Any) -> int:

@@ -80,7 +80,7 @@ _BYTES_RE = re.compile(rf"({_NUMBER})\s*([a-z]*)", re.ASCII | re.IGNORECASE)
 _PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
 
 BudgetKind = Literal["auto", "bytes", "share"]
-BudgetSource = Literal["load-time", "baked", "automatic", "none"]
+BudgetSource = Literal["load-time", "baked", "automatic", "none", "fit"]
 BudgetValue = Union[None, str, int, float, "BudgetSpec"]
 LoadTimeBudget = BudgetValue | Mapping[int, BudgetValue]
 

@@ -120,7 +120,8 @@ def test_broken_pipe_is_quiet(portable_pte: Path) -> None:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first write, like `| head` finishing early
-    err = proc.stderr.read().decode()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert err == ""
 

@@ -28,8 +28,9 @@ machine without a GPU, so their surfaces can be compared here, in CI:
    listed below. CUDA calls elsewhere in pyrt (tensors, gpu_reference) are
    found statically: every ``"cu..."`` name (and ``driver.cu...`` attribute) in pyrt's source, with the
    argument count of each ``.call("cu...", ...)`` / ``._copy(...)`` site.
-5. **Callbacks.** ``ILogger.log`` and ``IStreamReaderV2.read/seek`` are
-   called *by* TensorRT; their Python arity is the one the real classes
+5. **Callbacks.** ``ILogger.log``, ``IStreamReaderV2.read/seek`` and
+   ``IOutputAllocator.reallocate_output(_async)/notify_shape`` are called
+   *by* TensorRT; their Python arity is the one the real classes
    document (``def read(self, num_bytes: int, stream: int)``), and the fake
    bases take the same.
 
@@ -73,6 +74,8 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "driver": "the FakeDriver (or gpu_reference.DeviceMemory) the fake engines live on",
         "calls": "how often each fake call ran (tests assert on it)",
         "inject_failure": "make the next calls of a TensorRT function fail as TensorRT fails",
+        "ask_extra_bytes": "bytes added to what the fake asks an output allocator for (the overflow path)",
+        "allocations_asked": "(output, bytes) the fake asked output allocators for",
     },
     "Runtime": {
         "stream_requests": "byte counts the fake runtime asked a stream reader for",
@@ -258,7 +261,7 @@ def fakes() -> Iterator[dict[str, Any]]:
     context = engine.create_execution_context()
     yield {"module": trt, "Runtime": runtime, "ICudaEngine": engine, "IExecutionContext": context,
            "ILogger": trt.ILogger, "Logger": trt.Logger, "IStreamReaderV2": trt.IStreamReaderV2,
-           "Dims": trt.Dims, "driver": driver}
+           "IOutputAllocator": trt.IOutputAllocator, "Dims": trt.Dims, "driver": driver}
 
 
 def _real_owner(rtrt: Any, label: str) -> Any:
@@ -266,7 +269,7 @@ def _real_owner(rtrt: Any, label: str) -> Any:
 
 
 TRT_LABELS = ["module", "Runtime", "ICudaEngine", "IExecutionContext", "ILogger", "Logger", "IStreamReaderV2",
-              "Dims"]
+              "IOutputAllocator", "Dims"]
 
 
 # -- 1. what the fakes expose ----------------------------------------------------------------------
@@ -278,6 +281,8 @@ def _compare_member(fake_owner: Any, real_owner: Any, label: str, name: str) -> 
         fake_kind = ("enum" if hasattr(value, "__members__") else "class") if isinstance(value, type) else "data"
     real_kind = kind(real_owner, name)
     where = f"{label}.{name}"
+    if label == "IOutputAllocator" and f"def {name}(self" in (real_owner.__doc__ or ""):
+        return []  # a Python override TensorRT calls: documented in the class docstring only (point 5)
     if real_kind == "missing":
         return [f"{where}: the fake has it ({fake_kind}), {getattr(real_owner, '__name__', real_owner)} does not"]
     if (label, name) in KIND_DIFFERENCES:
@@ -288,7 +293,7 @@ def _compare_member(fake_owner: Any, real_owner: Any, label: str, name: str) -> 
         return [f"{where}: {fake_kind} in the fake, {real_kind} in TensorRT"]
     if fake_kind != "method" and (label, name) not in KIND_DIFFERENCES:
         return []
-    if (label, name) == ("ILogger", "log") or label == "IStreamReaderV2":
+    if (label, name) == ("ILogger", "log") or label in ("IStreamReaderV2", "IOutputAllocator"):
         return []  # callbacks: point 5
     fake = py_sig(getattr(fake_owner, name))
     reals = real_sigs(real_owner, name)
@@ -333,7 +338,8 @@ def test_every_public_member_of_the_fake_driver_is_real(rdrv: Any, fakes: dict[s
 # -- 2. enum members ---------------------------------------------------------------------------------
 def _fake_enums(trt: FakeTensorRT) -> dict[str, Any]:
     return {"DataType": trt.DataType, "TensorIOMode": trt.TensorIOMode, "SeekPosition": trt.SeekPosition,
-            "ILogger.Severity": trt.ILogger.Severity}
+            "ILogger.Severity": trt.ILogger.Severity,
+            "ExecutionContextAllocationStrategy": trt.ExecutionContextAllocationStrategy}
 
 
 def _real_enum(module: Any, path: str) -> Any:
@@ -342,7 +348,8 @@ def _real_enum(module: Any, path: str) -> Any:
     return module
 
 
-@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity"])
+@pytest.mark.parametrize("path", ["DataType", "TensorIOMode", "SeekPosition", "ILogger.Severity",
+                                  "ExecutionContextAllocationStrategy"])
 def test_tensorrt_enum_members_match(rtrt: Any, fakes: dict[str, Any], path: str) -> None:
     fake, real = _fake_enums(fakes["module"])[path], _real_enum(rtrt, path)
     for name, member in fake.__members__.items():
@@ -394,7 +401,8 @@ class Recorder:
     WRAP: typing.ClassVar[dict[type, str]] = {
         FakeRuntime: "Runtime", FakeCudaEngine: "ICudaEngine", FakeExecutionContext: "IExecutionContext",
     }
-    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition"}
+    ENUMS: typing.ClassVar[set[str]] = {"DataType", "TensorIOMode", "SeekPosition",
+                                        "ExecutionContextAllocationStrategy"}
 
     def __init__(self, target: Any, label: str, uses: set[tuple[str, str, Any]]) -> None:
         object.__setattr__(self, "_target", target)
@@ -459,10 +467,35 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
                 stream.synchronize()
                 event.synchronize()
             cuda.synchronize(0)
+    _drive_profiles_and_shared_memory(trt, cuda)
     with contextlib.suppress(PyrtError):  # refused bytes: the error path's calls
         Engine.load(memoryview(b"not an engine"), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda)
     with contextlib.suppress(PyrtError):  # out of memory: CUresult names
         cuda.alloc(1 << 40, 0)
+
+
+def _drive_profiles_and_shared_memory(trt: Any, cuda: Cuda) -> None:
+    """A two-profile engine on shared (USER_MANAGED) activation memory, run under its second profile."""
+    from pyrt.device.scratch import SharedScratch
+    from pyrt.testing.refengine import RefProfile
+
+    ref = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))],
+                    nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])],
+                    profiles=[RefProfile({"x": ((1, 4), (1, 4), (1, 4))}, 4096),
+                              RefProfile({"x": ((2, 4), (4, 4), (8, 4))}, 8192)])
+    x = np.ones((3, 4), np.float32)
+    scratch = SharedScratch(cuda, 0, "surface")
+    with Engine.load(memoryview(ref.to_bytes()), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
+        engine.scratch = scratch
+        engine.configure(None, "test")
+        assert engine.activation_bytes == 8192 and len(engine.profiles) == 2
+        with cuda.stream(0) as stream, cuda.alloc(x.nbytes, 0) as a:
+            engine.check_inputs([(x.shape, "float32")])
+            engine.use_profile(stream.handle)
+            engine.infer_output_shapes([x.shape])
+            engine.execute([a.ptr], [a.ptr], stream.handle)
+            stream.synchronize()
+    scratch.close()
 
 
 def _pyrt_uses(monkeypatch: pytest.MonkeyPatch) -> set[tuple[str, str, Any]]:
@@ -495,7 +528,10 @@ def test_what_pyrt_calls_on_tensorrt_is_real(rtrt: Any, monkeypatch: pytest.Monk
     assert not problems, "\n".join(problems)
     assert {("module", "Runtime", 1), ("Runtime", "deserialize_cuda_engine", 1),
             ("ICudaEngine", "weight_streaming_budget_v2", "set"), ("ICudaEngine", "get_tensor_profile_shape", 2),
-            ("IExecutionContext", "execute_async_v3", 1), ("SeekPosition", "END", "get")} <= uses
+            ("IExecutionContext", "execute_async_v3", 1), ("SeekPosition", "END", "get"),
+            ("ICudaEngine", "create_execution_context", 1), ("IExecutionContext", "set_device_memory", 2),
+            ("IExecutionContext", "set_optimization_profile_async", 2),
+            ("ExecutionContextAllocationStrategy", "USER_MANAGED", "get")} <= uses
 
 
 def test_what_pyrt_calls_on_the_cuda_driver_is_real(rdrv: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -561,7 +597,9 @@ def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, 
 
 # -- 5. callbacks -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(("cls", "method"), [("ILogger", "log"), ("IStreamReaderV2", "read"),
-                                             ("IStreamReaderV2", "seek")])
+                                             ("IStreamReaderV2", "seek"), ("IOutputAllocator", "reallocate_output"),
+                                             ("IOutputAllocator", "reallocate_output_async"),
+                                             ("IOutputAllocator", "notify_shape")])
 def test_callbacks_take_what_tensorrt_passes(rtrt: Any, cls: str, method: str) -> None:
     # The binding's own method signature is the C++ side (read(destination, num_bytes, stream));
     # the Python override's arity is in the class docstring's example, and is what the

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Bottom first. A module belongs to the first layer with a prefix equal to its name or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("pyrt.errors", "pyrt._version")),
+    ("base", ("pyrt.errors", "pyrt._version", "pyrt.logs")),
     ("format", ("pyrt.format", "pyrt.pte_reader")),
     ("device", ("pyrt.device", "pyrt.cuda", "pyrt.engine", "pyrt.streaming")),
     ("memory", ("pyrt.memory",)),
@@ -44,6 +44,7 @@ HOME = {"pyrt.pte_reader": "pyrt.format", "pyrt.cuda": "pyrt.device", "pyrt.engi
 EXEMPT = {
     ("pyrt", "pyrt.runtime.program"): "the package root resolves Program on first use, so that `import pyrt` "
                                       "and pyrt.inspect stay cheap (no runtime, no CUDA seam)",
+    ("pyrt", "pyrt.llm.loop"): "pyrt.generate resolves on first use, as Program does",
 }
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -385,3 +389,35 @@ def test_bfloat16_weights_need_torch() -> None:
     assert again.run({"x": x}, backend="torch")["y"].tolist() == [3.0, -6.0]
     with pytest.raises(UnsupportedOperatorError, match="bfloat16"):
         again.run({"x": x.float().numpy()}, backend="numpy")
+
+
+def test_first_runs_on_many_threads_at_once_import_torch_once() -> None:
+    """A fresh process: 16 threads start their first reference-engine run together (torch not yet imported)."""
+    pytest.importorskip("torch")
+    code = """
+import sys, threading
+import numpy as np
+from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.testing.refengine import backends
+assert "torch" not in sys.modules
+eng = RefEngine(inputs=[RefTensor("x", "float32", (2,))], outputs=[RefTensor("y", "float32", (2,))],
+                weights={"w": np.array([10.0, 20.0], dtype=np.float32)},
+                nodes=[RefNode("aten::mul.Tensor", [Ref("x"), Ref("w")], {}, ["y"])])
+gate, seen, bad = threading.Barrier(16), [], []
+def first_run(i):
+    gate.wait()
+    try:
+        raw, shape = eng.run_bytes({"x": (np.array([i, 1], np.float32).view(np.uint8), (2,))})["y"]
+        assert raw.view(np.float32).tolist() == [10.0 * i, 20.0], raw
+        seen.append(id(backends._backend("auto")))
+    except BaseException as exc:
+        bad.append(repr(exc))
+threads = [threading.Thread(target=first_run, args=(i,)) for i in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(len(set(seen)), len(seen), bad)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "1 16 []"  # one backend, shared; every thread got its right result

@@ -125,10 +125,8 @@ class _Messages:
         if severity in ("INTERNAL_ERROR", "ERROR"):
             self.errors.append(msg)
             _log.error("%s", msg)
-        elif severity == "WARNING":
-            _log.warning("%s", msg)
-        else:
-            _log.debug("%s", msg)
+        else:  # TensorRT's warnings and information are its chatter: debug lines (pyrt.logs)
+            _log.debug("%s: %s", severity, msg)
 
     def take(self) -> str:
         """Errors logged since the last take, joined for a message ('' if none)."""

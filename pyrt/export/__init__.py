@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "to_pte", "ExportSummary", "EngineSummary", "PartitionInfo", "BUILDERS",
+    "to_pte", "decoder_to_pte", "ExportSummary", "EngineSummary", "PartitionInfo", "BUILDERS",
     "TensorRTBackend", "TensorRTPartitioner",
 ]
 
 _LAZY = {
     "to_pte": ("pyrt.export.api", "to_pte"),
+    "decoder_to_pte": ("pyrt.export.decoder", "decoder_to_pte"),
     "ExportSummary": ("pyrt.export._summary", "ExportSummary"),
     "EngineSummary": ("pyrt.export._summary", "EngineSummary"),
     "PartitionInfo": ("pyrt.export._options", "PartitionInfo"),

@@ -110,8 +110,9 @@ class TensorRTBuilder:
                 result["built"] = self._build_direct(part, ranges, names, outs, weight_streaming, progress, sink)
             except Unavailable as exc:
                 log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
+                examples = [_example(v, a.name, limits) for v, a in zip(vals, part.inputs, strict=True)]
                 result["built"] = self.trt_builder.build_engine(
-                    part.module, [_example(v) for v in vals], flavour=self.module,
+                    part.module, examples, flavour=self.module,
                     weight_streaming=weight_streaming, dynamic_shapes=ranges or None, input_names=names,
                     output_names=outs, progress=progress, out=sink)
 
@@ -148,31 +149,47 @@ def _is_dynamic(t: torch.Tensor) -> bool:
 def shape_ranges(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[tuple[int, int], ...]:
     """(min, max) per dim; symbolic dims are bounded by the program's range constraints
     (what the user declared; the shape environment's own ranges specialise away 0 and 1)."""
+    return tuple((s, s) if isinstance(s, int) else _dim_range(s, name, d, constraints) for d, s in enumerate(t.shape))
+
+
+def _dim_range(size: Any, name: str, dim: int, constraints: Any = None) -> tuple[int, int]:
+    """(min, max) of a symbolic dim; ExportError when it has no finite upper bound."""
     from torch.utils._sympy.value_ranges import bound_sympy
 
-    out = []
-    for d, size in enumerate(t.shape):
-        if isinstance(size, int):
-            out.append((size, size))
-            continue
-        node = size.node
-        ranges = dict(node.shape_env.var_to_range)
-        ranges.update({k: v for k, v in (constraints or {}).items() if getattr(k, "is_Symbol", False)})
-        rng = bound_sympy(node.expr, ranges)
-        if not rng.upper.is_finite:
-            raise ExportError(f"input {name!r} dim {d} ({node.expr}) has no upper bound; give Dim(max=...)")
-        out.append((int(rng.lower), int(rng.upper)))
-    return tuple(out)
+    node = size.node
+    ranges = dict(node.shape_env.var_to_range)
+    ranges.update({k: v for k, v in (constraints or {}).items() if getattr(k, "is_Symbol", False)})
+    rng = bound_sympy(node.expr, ranges)
+    lower, upper = _finite(rng.lower), _finite(rng.upper)
+    if upper is None:
+        raise ExportError(f"input {name!r} dim {dim} ({node.expr}) has no upper bound; give Dim(max=...)")
+    return max(lower or 0, 0), upper
 
 
-def _hint(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else int(d.node.hint) for d in t.shape)
+def _finite(value: Any) -> int | None:
+    """A sympy bound as an int; None for an infinite one (sympy's oo or torch's int_oo)."""
+    return int(value) if getattr(value, "is_Integer", False) else None
+
+
+def size_hint(size: Any, name: str, dim: int, constraints: Any = None) -> int:
+    """A dimension's example value: its trace hint, else (a data-dependent size such as
+    ``nonzero``'s, which has none) its upper bound; no finite bound is an ExportError."""
+    if isinstance(size, int):
+        return size
+    hint = size.node.hint
+    if hint is not None:
+        return int(hint)
+    return _dim_range(size, name, dim, constraints)[1]
+
+
+def _hint(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[int, ...]:
+    return tuple(size_hint(d, name, i, constraints) for i, d in enumerate(t.shape))
 
 
 def _profile(t: torch.Tensor, name: str, limits: Any) -> dict[str, list[int]]:
     ranges = shape_ranges(t, name, limits)
-    return {"min": [a for a, _ in ranges], "opt": list(_hint(t)), "max": [b for _, b in ranges]}
+    return {"min": [a for a, _ in ranges], "opt": list(_hint(t, name, limits)), "max": [b for _, b in ranges]}
 
 
-def _example(t: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(_hint(t), dtype=t.dtype)
+def _example(t: torch.Tensor, name: str, constraints: Any = None) -> torch.Tensor:
+    return torch.zeros(_hint(t, name, constraints), dtype=t.dtype)

@@ -15,6 +15,7 @@ their I/O in CUDA arenas; a runtime must implement both copies.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -31,10 +32,15 @@ from pyrt.export._atomic import atomic_write_all
 from pyrt.export._external import ExternalWeights, weights_by_reference
 from pyrt.export._graph import dynamic_shapes_of
 from pyrt.export._ops import is_engine_call
+from pyrt.export._prepare import assertion_ops
 from pyrt.export._state import StateOnDevice
 
 log = logging.getLogger("pyrt.export")
+DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
 DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
+# ExecuTorch constant methods (name -> value) for the program being lowered; set by pyrt.export.decoder
+CONSTANT_METHODS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("constant_methods",
+                                                                                         default=None)
 
 
 @dataclass
@@ -65,7 +71,9 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     ``DIRECT`` is off or ``options.writer`` asks for ExecuTorch's serializer.
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
-    delegated = _direct.describe(program) if DIRECT and options.writer == "pyrt" else None
+    constant_methods = CONSTANT_METHODS.get()
+    direct = DIRECT and options.writer == "pyrt" and not constant_methods
+    delegated = _direct.describe(program) if direct else None
     if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
         return _write_direct(delegated, store.records[delegated.spec.key], target, options)
     with options.progress.task("importing ExecuTorch"):
@@ -79,6 +87,12 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
     defaults = ExecutorchBackendConfig()
     config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external,
                                      to_out_var_pass=StateOnDevice(defaults.to_out_var_pass))
+    if any(getattr(e, "bounded_outputs", ()) for e in engines):
+        # TensorRT's output allocator may ask for cudaMalloc's alignment: plan every tensor on it, so the
+        # planned buffer of a data-dependent output can be handed over as it is (pyrt.device.output_allocator)
+        from executorch.exir.passes import MemoryPlanningPass  # extra: export (executorch)
+
+        config.memory_planning_pass = MemoryPlanningPass(alignment=DATA_DEPENDENT_ALIGNMENT)
     streaming = options.writer == "pyrt"
     weights = ExternalWeights()
     with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
@@ -89,7 +103,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
         # ToOutVarPass still refuses any without kernels.
         edge = to_edge_transform_and_lower(
             program, partitioner=[TensorRTPartitioner(options.extra_specs)],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            compile_config=EdgeCompileConfig(_check_ir_validity=False), constant_methods=constant_methods)
         fallback = fallback_ops(edge.exported_program().graph_module)
         _check_all_delegated(edge.exported_program().graph_module)
         with (weights_by_reference(weights) if external and streaming else contextlib.nullcontext()):
@@ -152,13 +166,29 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
     from executorch.exir.delegate import executorch_call_delegate
 
     out: Counter[str] = Counter()
+    live = _kept(gm)  # an assertion (and the sizes only it reads) is removed by to_executorch
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is executorch_call_delegate:
+        if node.op != "call_function" or node.target is executorch_call_delegate or node not in live:
             continue
         schema = getattr(node.target, "_schema", None)
         if schema is not None:
             out[schema.name] += 1
     return out
+
+
+def _kept(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes the output depends on, and side-effecting calls other than assertions."""
+    asserts = {str(op._schema.name) for op in assertion_ops()}
+    stack = [n for n in gm.graph.nodes if n.op == "output" or (
+        n.op == "call_function" and n.is_impure() and getattr(getattr(n.target, "_schema", None), "name", "")
+        not in asserts)]
+    kept: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node not in kept:
+            kept.add(node)
+            stack.extend(node.all_input_nodes)
+    return kept
 
 
 def _check_all_delegated(gm: fx.GraphModule) -> None:

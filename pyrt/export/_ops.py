@@ -44,7 +44,10 @@ def _dtype(name: str) -> torch.dtype:
 @torch.library.register_fake(QUALIFIED, lib=_lib)
 def _fake(inputs: list[torch.Tensor], engine: torch.Tensor, spec: str) -> list[torch.Tensor]:
     s = parse_spec(spec)
-    env = {name: (inputs[i].shape[d] - off) // coeff for name, (i, d, coeff, off) in s.symbols.items()}
+    env: dict[str, Any] = {name: (inputs[i].shape[d] - off) // coeff for name, (i, d, coeff, off) in s.symbols.items()}
+    if s.data_dependent:  # sizes only the engine's run knows: fresh unbacked sizes with the recorded bounds
+        ctx = torch.library.get_ctx()
+        env.update({name: ctx.new_dynamic_size(min=0, max=bound) for name, bound in s.data_dependent.items()})
     device = inputs[0].device if inputs else engine.device
     return [
         torch.empty([evaluate(d, env) for d in dims], dtype=_dtype(b.dtype), device=device)

@@ -47,9 +47,10 @@ class EngineSpec:
     hardware_compatible: bool = False
     serialized_metadata: str = ""
     target_platform: str | None = None
+    data_dependent: dict[str, int] = field(default_factory=dict)  # unbacked symbol -> upper bound
 
     def to_json(self) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "key": self.key, "device": self.device, "budget": self.budget, "flavour": self.flavour,
             "streamable": self.streamable,
             "inputs": [b.to_json() for b in self.inputs], "outputs": [b.to_json() for b in self.outputs],
@@ -59,6 +60,8 @@ class EngineSpec:
             "hardware_compatible": self.hardware_compatible,
             "serialized_metadata": self.serialized_metadata, "target_platform": self.target_platform,
         }
+        if self.data_dependent:
+            doc["data_dependent"] = dict(self.data_dependent)
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -75,6 +78,7 @@ class EngineSpec:
                 aliased_io=tuple(AliasedIO(**a) for a in doc["aliased_io"]),
                 hardware_compatible=doc["hardware_compatible"],
                 serialized_metadata=doc["serialized_metadata"], target_platform=doc["target_platform"],
+                data_dependent={str(k): int(v) for k, v in doc.get("data_dependent", {}).items()},
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ExportError(f"pyrt::execute_engine spec is malformed ({exc}): {text[:200]!r}") from None
@@ -163,8 +167,13 @@ def _eliminate(expr: Any, var: str, where: tuple[int, int], found: dict[str, Any
         subs[unknown[0]] = solutions[0]
 
 
-def dim_expr(size: Any, symbols: Symbols, where: str) -> Dim:
-    """An int, or the expression tree of a SymInt over ``symbols``."""
+def dim_expr(size: Any, symbols: Symbols, where: str, unbacked: dict[str, int] | None = None) -> Dim:
+    """An int, or the expression tree of a SymInt over ``symbols``.
+
+    With ``unbacked`` (a dict to fill), a symbol no input determines but whose range has
+    a finite upper bound (a data-dependent size such as ``nonzero``'s) is kept as
+    ``["sym", name]`` and its bound recorded there; without it, such a size is an ExportError.
+    """
     if isinstance(size, int):
         return size
     node = getattr(size, "node", None)
@@ -175,7 +184,23 @@ def dim_expr(size: Any, symbols: Symbols, where: str) -> Dim:
         import sympy
 
         expr = sympy.expand(expr.xreplace(symbols.subs))
-    return _to_tree(expr, symbols.table, where)
+    table: dict[str, Any] = symbols.table
+    if unbacked is not None:
+        bounds = {str(s): symbol_bound(node, s) for s in expr.free_symbols if str(s) not in table}
+        found = {k: v for k, v in bounds.items() if v is not None}
+        table = {**table, **found}
+        tree = _to_tree(expr, table, where)
+        unbacked.update(found)
+        return tree
+    return _to_tree(expr, table, where)
+
+
+def symbol_bound(node: Any, symbol: Any) -> int | None:
+    """The finite upper bound of ``symbol`` in the shape environment of SymNode ``node``, else None."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    upper = bound_sympy(symbol, node.shape_env.var_to_range).upper
+    return int(upper) if getattr(upper, "is_Integer", False) else None
 
 
 def _linear(size: Any) -> tuple[str, int, int] | None:

@@ -19,7 +19,8 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import _options as opt
-from pyrt.export._builders import BuildFailed, Built, make_builder
+from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
+from pyrt.export._datadep import bounded_outputs, rewrite_masked_select
 from pyrt.export._engines import EngineStore
 from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._ops import execute_engine_op
@@ -92,6 +93,7 @@ def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Grap
     forced = forced_nodes(gm, forced_fallback)
     for name in check_forced_matched(forced_fallback, set(forced.values()), before):
         log.warning("torch_executed_ops names %r, which matches no operator of this model", name)
+    rewrite_masked_select(gm, keep=forced)  # one torch.onnx translates (a forced one stays as it is)
     gm.recompile()
     return forced
 
@@ -131,7 +133,7 @@ def _example_args(program: torch.export.ExportedProgram, example_inputs: Any) ->
 def _zeros_like(val: Any) -> Any:
     if not isinstance(val, torch.Tensor):
         return val
-    shape = [d if isinstance(d, int) else int(d.node.hint) for d in val.shape]
+    shape = [size_hint(d, "example input", i) for i, d in enumerate(val.shape)]
     return torch.zeros(shape, dtype=val.dtype)
 
 
@@ -151,12 +153,18 @@ class _Planner:
         self.blocked: dict[fx.Node, str] = {}
         self.built: dict[tuple[str, ...], tuple[Extracted, Built]] = {}
         self.probes: dict[Any, bool] = {}
+        self.extracted: dict[tuple[str, ...], Extracted] = {}
 
     def supported(self, node: fx.Node) -> bool:
         return node not in self.blocked and refusal(node, self.forced) is None and self.builder.supports(node)
 
     def plan(self) -> list[Extracted]:
-        """Partitions that extract cleanly: sizes known, outputs expressible, all outputs live."""
+        """Partitions that extract cleanly: sizes known, outputs expressible, all outputs live.
+
+        Every round that does not return blocks at least one more node (else ExportError),
+        so this ends after at most as many rounds as the graph has nodes; a partition that
+        did not change since an earlier round is not extracted again.
+        """
         while True:
             groups = propose(self.gm, self.supported, self.options.min_block_size)
             try:
@@ -177,11 +185,22 @@ class _Planner:
         key = tuple(n.name for n in nodes)
         if key in self.built:
             return self.built[key][0]
-        return extract(self.gm, nodes, self.state_inputs)
+        if key not in self.extracted:
+            self.extracted[key] = extract(self.gm, nodes, self.state_inputs)
+        return self.extracted[key]
 
     def _block(self, nodes: Any, reason: str) -> None:
+        """Keep ``nodes`` out of engines (a getitem by its producer: the partitioner follows that)."""
+        fresh = []
         for n in nodes:
-            self.blocked.setdefault(n, reason)
+            if n.op == "call_function" and n.target in NON_COMPUTE and isinstance(n.args[0], fx.Node):
+                n = n.args[0]
+            if n not in self.blocked:
+                self.blocked[n] = reason
+                fresh.append(n)
+        if not fresh:  # the next round would propose the same partitions again
+            names = ", ".join(sorted({n.name for n in nodes}))
+            raise ExportError(f"partitioning made no progress: {names} already left engines ({reason})")
 
     def run(self) -> list[tuple[Extracted, Built]]:
         while True:
@@ -303,13 +322,17 @@ def _signature(node: fx.Node) -> tuple[Any, ...]:
 
 
 def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
-    """Outputs whose shape no input dimension determines (e.g. nonzero's)."""
+    """Outputs whose shape neither an input dimension determines nor a finite bound limits.
+
+    (nonzero's size is data-dependent but bounded by its input's element count: such an
+    output stays, planned at its bound; see ``pyrt.export._datadep``.)
+    """
     symbols = symbols_from_inputs([tuple(a.meta["val"].shape) for a in part.inputs if is_tensor_node(a)])
     bad = []
     for out in part.outputs:
         try:
             for d in out.meta["val"].shape:
-                dim_expr(d, symbols, out.name)
+                dim_expr(d, symbols, out.name, unbacked={})
         except ExportError:
             bad.append(out)
     return bad
@@ -342,7 +365,8 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options
         part.inputs = [remap.get(a, a) for a in part.inputs]
         replace_with_engine(gm, part, attr, spec.to_json(), execute_engine_op(), remap)
         built.record.spec = spec
-        summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built"))
+        bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
+        summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded))
     options.device.check_all_used()
     options.budget.check_all_used()
     finish(gm)
@@ -354,10 +378,12 @@ def engine_spec(built: Built, part: Any, device: str, budget: int | None) -> Eng
     in_shapes = [tuple(a.meta["val"].shape) for a in part.inputs]
     symbols = symbols_from_inputs(in_shapes)
     where = f"engine {built.record.key}"
-    dims = tuple(tuple(dim_expr(s, symbols, where) for s in o.meta["val"].shape) for o in part.outputs)
+    unbacked: dict[str, int] = {}
+    dims = tuple(tuple(dim_expr(s, symbols, where, unbacked) for s in o.meta["val"].shape) for o in part.outputs)
     return EngineSpec(
         key=built.record.key, device=device, budget=budget, flavour=built.flavour, streamable=built.streamable,
         inputs=tuple(built.inputs), outputs=tuple(built.outputs), output_dims=dims, symbols=symbols.table,
+        data_dependent=unbacked,
     )
 
 

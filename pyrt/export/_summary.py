@@ -38,11 +38,16 @@ class EngineSummary:
     outputs: tuple[IOBinding, ...]
     source: str  # "built" by pyrt or "converted" from a Torch-TensorRT engine
     route: str = ""
+    # outputs whose shape only the run knows (nonzero, masked_select, ...): name -> the upper-bound
+    # shape the program plans them at (ExecuTorch's DYNAMIC_BOUND)
+    bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str) -> EngineSummary:
+    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str,
+           bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
-                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""))
+                   record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""),
+                   bounded_outputs)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class ExportSummary:
     data_path: str | None = None  # the .ptd written beside the .pte (external_weights=True)
     data_size: int = 0
     fallback_reasons: dict[str, str] = field(default_factory=dict)
+    route: str = ""  # decoder_to_pte: how the decoder was wrapped, "pyrt" or "upstream"
+    route_reason: str = ""  # why that route (the upstream route's failure, or the caller's choice)
+    constant_methods: dict[str, Any] = field(default_factory=dict)  # ExecuTorch's LLM metadata methods
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -74,9 +82,15 @@ class ExportSummary:
             budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
             lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "
                          f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
+            lines.extend(f"    {out}: data-dependent shape, planned at its bound {list(shape)}"
+                         for out, shape in e.bounded_outputs)
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))
+        if self.route:
+            lines.append(f"decoder route: {self.route}" + (f" ({self.route_reason})" if self.route_reason else ""))
+        if self.constant_methods:
+            lines.append("constant methods: " + ", ".join(f"{k}={v!r}" for k, v in self.constant_methods.items()))
         return "\n".join(lines)
 
 

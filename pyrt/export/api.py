@@ -32,6 +32,7 @@ from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
 from pyrt.export._summary import EngineSummary, ExportSummary
 from pyrt.export._tempfiles import sigterm_cleans, sweep
+from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
 
@@ -120,7 +121,7 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
     to ``target``. Temporary files go on every exit, SIGTERM included. Returns (engines, what was
     written, fallback op -> reason)."""
     sweep(target.parent)  # temporary files of exports that were killed before they could clean up
-    with sigterm_cleans(), EngineStore(target.parent) as store:
+    with sigterm_cleans(), third_party_quiet(), EngineStore(target.parent) as store:
         gm, args, engines, original, reasons = stage_engines(model, example_inputs, options, store)
         with options.progress.task("re-exporting the engine graph"):
             program = reexport(gm, args, original, options.dynamic_shapes)

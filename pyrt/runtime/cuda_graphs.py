@@ -41,6 +41,29 @@ def mark_capturable(step: Callable[[], None], device: int) -> None:
     setattr(step, "graph_device", device)  # noqa: B010 - an attribute of a closure
 
 
+def refuse_capture(step: Callable[[], None], reason: str | None) -> None:
+    """Say why ``step`` may never be captured (logged when CUDA graphs are on); None: nothing to say."""
+    if reason:
+        setattr(step, "graph_refusal", reason)  # noqa: B010 - an attribute of a closure
+
+
+def data_dependent_refusal(engine: str, bindings: Sequence[Any]) -> str | None:
+    """Why an engine whose outputs have data-dependent shapes is never captured, or None for another engine.
+
+    Such an output is -1 in a dim while every input is static: TensorRT learns its size while
+    running (through the output allocator, ``pyrt.device.output_allocator``) and the host must
+    resize the output before the next step reads it, which a replayed graph cannot do.
+    """
+    if any(-1 in b.shape for b in bindings if b.is_input):
+        return None
+    outs = [b.name for b in bindings if not b.is_input and -1 in b.shape]
+    if not outs:
+        return None
+    return (f"{engine}: outputs {outs} have data-dependent shapes (TensorRT reports them while running, through "
+            "its output allocator, and pyrt resizes them on the host), so it is not captured in a CUDA graph "
+            "and runs eagerly")
+
+
 class Segment:
     """Steps replayed as one CUDA graph; ``state`` is "eager", "warm", "graph" or "refused"."""
 
@@ -135,6 +158,9 @@ def segment_steps(steps: Sequence[Callable[[], None]], devices: Any) -> tuple[li
 
     for step in steps:
         device = graph_device(step)
+        refusal = getattr(step, "graph_refusal", None)
+        if refusal:
+            _log.info("CUDA graphs: %s", refusal)
         if device is None or (run_device is not None and device != run_device):
             flush()
         if device is None:

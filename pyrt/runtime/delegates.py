@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,8 +34,9 @@ from pyrt.memory.host import TorchHost
 from pyrt.memory.layout import numpy_dtype
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import BackendDelegate, DelegateCall, ExecutionPlan
-from pyrt.runtime.cuda_graphs import mark_capturable
-from pyrt.streaming import EngineStreamingInfo, find_baked_budget, resolve_budgets
+from pyrt.runtime.cuda_graphs import data_dependent_refusal, mark_capturable, refuse_capture
+from pyrt.runtime.memory_plan import close_engines, share_scratch
+from pyrt.streaming import BudgetSource, EngineStreamingInfo, find_baked_budget, resolve_budgets
 
 TARGET_DEVICE = "target_device"
 
@@ -83,27 +84,41 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
     return out
 
 
-def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any) -> None:
-    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``)."""
+def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any,
+                 share_activations: bool = True, planner: Callable[[Sequence[DelegateDraft]], Any] | None = None,
+                 label: str | None = None) -> None:
+    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``).
+
+    ``share_activations``: engines of one method on one device share one activation scratch
+    (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
+    ``planner(drafts)``, called once the engines are deserialized and before any context exists,
+    returns the budget to apply (``budget`` is not used then); ``label`` replaces the budgets' source.
+    """
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
             d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
                                    trt=trt, cuda=cuda, name=d.name)
-        apply_budgets(drafts, budget, source="load-time budget")
+        if share_activations:
+            share_scratch(drafts, cuda_seam.resolve(cuda))
+        if planner is not None:
+            budget = planner(drafts)
+        apply_budgets(drafts, budget, source="load-time budget", label=label)
     except BaseException:
-        for d in drafts:
-            if d.engine is not None:
-                d.engine.close()
-                d.engine = None
+        close_engines(drafts)
         raise
 
 
-def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str) -> None:
-    """Resolve budgets for all engines (validated first), then configure each one."""
+def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str, label: str | None = None) -> None:
+    """Resolve budgets for all engines (validated first), then configure each one.
+
+    ``label`` ("fit") names where explicit budgets came from instead of "load-time".
+    """
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
     resolved = resolve_budgets(infos, budget, source=source)
     for d, r in zip(drafts, resolved, strict=True):
+        if label is not None and r.source == "load-time":
+            r = replace(r, source=cast(BudgetSource, label))
         d.engine.configure(r.budget, r.source)
         d.resolved = r
 
@@ -374,10 +389,11 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
     if not dynamic and not any(p.dynamic for p in outs):
         return _static_delegate_step(ctx, engine, ins_, outs, device, table, torch_host)
 
-    def step() -> None:
+    def step() -> None:  # dynamic shapes, or outputs whose shape only the run decides (pyrt.device.output_allocator)
         stream = ctx.stream(device)
         shapes = [_stage_in(ctx, p, device, stream, torch_host) for p in ins_]
         engine.check_inputs([(s, p.dtype) for s, p in zip(shapes, ins_, strict=True)])
+        engine.use_profile(stream.handle)
         if dynamic or not static_shapes:
             out_shapes = engine.infer_output_shapes(shapes)
             if not dynamic:
@@ -386,11 +402,15 @@ def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, tabl
             out_shapes = static_shapes
         targets = [_out_target(p, s, table) for p, s in zip(outs, out_shapes, strict=True)]
         in_ptrs = [(p.staging if p.staging is not None else p.get()).ptr for p in ins_]
-        engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle)
+        engine.execute(in_ptrs, [t.ptr for t in targets], stream.handle, [t.nbytes for t in targets])
+        for k, name in enumerate(engine.output_names):  # data-dependent: the shape TensorRT reported, before
+            if name in engine.data_dependent:           # any later step (or the copy below) reads the output
+                targets[k] = _out_target(outs[k], engine.reported_shape(name), table)
         for p, t in zip(outs, targets, strict=True):
             if p.staging is not None:
                 _stage_out(ctx, p, t, device, stream, table, torch_host)
 
+    refuse_capture(step, data_dependent_refusal(d.name, d.blob.io_bindings))
     return step
 
 
@@ -446,6 +466,8 @@ def _stage_in(ctx: DeviceContext, p: _Port, device: int, stream: Any, torch_host
 
 
 def _out_target(p: _Port, shape: tuple[int, ...], table: Any) -> DeviceTensor:
+    if min(shape, default=0) < 0:  # data-dependent: the planned buffer at its bound until TensorRT reports the shape
+        shape = p.sizes
     if not p.dynamic and shape != p.sizes:
         raise EngineError(f"engine output for value {p.index} has shape {shape}, the program planned {p.sizes}")
     if p.staging is not None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyrt import cuda as cuda_seam
-from pyrt.errors import InputError, ProgramClosedError
+from pyrt.device.scratch import ScratchInfo
+from pyrt.errors import BudgetError, InputError, ProgramClosedError
 from pyrt.format.limits import check_host_memory
 from pyrt.format.ptd_reader import ExternalData
 from pyrt.kernels.registry import ENV_VAR, choose_library, library
@@ -44,9 +45,23 @@ from pyrt.runtime.delegates import DeviceContext, apply_budgets, load_engines
 from pyrt.runtime.draft import MethodDraft, draft_method
 from pyrt.runtime.executor import MethodRunner
 from pyrt.runtime.graph_forward import check_graph_outputs
+from pyrt.runtime.memory_plan import (
+    DEFAULT_HEADROOM,
+    EngineMemory,
+    MemoryPlan,
+    check_arenas,
+    check_headroom,
+    close_engines,
+    device_arenas,
+    engine_memory,
+    graph_reserve,
+    is_fit,
+    plan_memory,
+    scratches,
+)
 from pyrt.runtime.plan import MethodPlan, finish_method
 from pyrt.runtime.profile import Profiler
-from pyrt.streaming import validate_budget
+from pyrt.streaming import parse_budget, validate_budget
 
 if TYPE_CHECKING:
     from pyrt.runtime.profile import Profiler
@@ -77,7 +92,10 @@ class Program:
     mapping, checked against the entry's dtype, sizes and byte count.
     ``budget``: weight-streaming budget for every TensorRT engine (see
     :mod:`pyrt.streaming`: bytes as a total split across engines, "50%", 0.5,
-    "auto", or ``{engine_index: value}``); ``device_map``: ``{0: 1}`` or
+    "auto", or ``{engine_index: value}``), or "fit": one plan per device
+    (:mod:`pyrt.runtime.memory_plan`) giving the weights what the GPU has left beside the
+    arenas, shared activations, streaming scratch, CUDA-graph reserve and ``headroom``
+    (bytes or a share of the GPU, default 5%); ``Program.memory_plan`` shows it; ``device_map``: ``{0: 1}`` or
     ``{"cuda:0": "cuda:1"}`` remapping the devices the file names; ``trt``:
     a TensorRT module or one of "tensorrt", "tensorrt_rtx", "tensorrt_lean"
     (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto);
@@ -93,6 +111,8 @@ class Program:
     (default: fresh stream-ordered device buffers the caller owns, freed on drop with no sync on
     the stream they are ready on; see :mod:`pyrt.runtime.graph_forward`) or "static" (views of the method's output
     buffers that its next run overwrites, as torch's CUDA graphs hand out).
+    ``share_activations``: engines of one method on one device share one activation area sized to
+    the largest (``Program.activation_memory`` reports it); False gives each its own (TensorRT's default).
     ``fold``: run each method's pure kernel calls on constant data once at load instead
     of on every run (weight transposes, rotary tables, static masks; see :mod:`pyrt.runtime.fold`):
     faster runs for a slower load and at most 64 MiB of private memory per method.
@@ -123,7 +143,7 @@ class Program:
     def __init__(self, path: str | os.PathLike[str] | bytes | memoryview, *, data: Any = None, budget: Any = None,
                  device_map: Mapping[Any, Any] | None = None, trt: Any = None, kernels: str | None = None,
                  devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
-                 mmap: bool = True, fold: bool = True) -> None:
+                 mmap: bool = True, fold: bool = True, share_activations: bool = True, headroom: Any = None) -> None:
         self._closed = True  # until loaded: __del__ and close() of a half-built Program do nothing twice
         self._runners: dict[str, MethodRunner] = {}
         self._plans: list[MethodPlan] = []
@@ -133,6 +153,15 @@ class Program:
         check_graph_outputs(graph_outputs)
         if not isinstance(fold, bool):
             raise InputError(f"fold={fold!r} must be True (fold constant kernel calls at load) or False")
+        if not isinstance(share_activations, bool):
+            raise InputError(f"share_activations={share_activations!r} must be True or False")
+        self._share = share_activations
+        self._headroom = DEFAULT_HEADROOM if headroom is None else headroom
+        check_headroom(self._headroom)
+        self._plan: MemoryPlan | None = None
+        self._facts: list[EngineMemory] = []
+        self._measured: dict[int, tuple[int, int]] = {}  # device -> (free, total) once the engines loaded
+        self._engine_bytes: dict[int, int] = {}  # device -> bytes deserializing the engines took
         if not isinstance(mmap, bool):
             raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
         self._pte = PteFile.open(path, mmap=mmap)
@@ -152,7 +181,9 @@ class Program:
     def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
               devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
               fold: bool = True) -> None:
-        validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
+        fit = is_fit(budget)
+        if not fit:
+            validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
         xplans = self._pte.program.execution_plan
         prim = library("prim")
         needs_lib = any(prim.lookup(op) is None for p in xplans for op in p.operators)
@@ -167,9 +198,25 @@ class Program:
         self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
         cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
+        arenas, graphs = device_arenas(drafts), graph_reserve(drafts, cuda_graphs)
+        before = {dev: cuda.mem_info(dev) for dev in sorted({d for dr in drafts for d in dr.devices()})} if cuda else {}
+        check_arenas(arenas, before, self.source)  # before any engine is deserialized
+
+        def planner(delegates: Sequence[Any]) -> Any:
+            self._measured = {dev: cuda.mem_info(dev) for dev in before}
+            self._engine_bytes = {dev: max(0, before[dev][0] - self._measured[dev][0]) for dev in before}
+            self._facts = engine_memory(delegates)
+            self._plan = plan_memory(self._facts, self._measured, arenas=arenas, graphs=graphs,
+                                     headroom=self._headroom, fit=fit, source=self.source)
+            return self._plan.budgets if fit else budget
+
+        self._arenas, self._graphs = arenas, graphs
         if self._delegates:
-            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget)
-        elif budget is not None:  # still a typed error when malformed; a warning that nothing streams
+            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget, share_activations=self._share,
+                         planner=planner, label="fit" if fit else None)
+        else:
+            planner([])
+        if budget is not None and not self._delegates and not fit:  # still a typed error when malformed
 
             apply_budgets([], budget, source="load-time budget")
         for draft in drafts:
@@ -249,19 +296,58 @@ class Program:
             for d in self._delegates
         ]
 
-    def set_budget(self, budget: Any) -> None:
+    @property
+    def activation_memory(self) -> list[ScratchInfo]:
+        """Per group of engines sharing activation memory (one method on one device): bytes held, bytes
+        one area per engine would hold, and the saving. Empty with ``share_activations=False``."""
+        self._check_open()
+        return [s.info() for s in scratches(self._delegates)]
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """Per device: weights resident (the budgets TensorRT read back) and streamed, shared activations,
+        streaming scratch, arenas, graphs and headroom (:mod:`pyrt.runtime.memory_plan`); ``.table()``,
+        ``.explain()``."""
+        self._check_open()
+        assert self._plan is not None
+        return self._plan.with_budgets({d.global_index: d.engine.applied_budget for d in self._delegates},
+                                       self._facts)
+
+    def plan_memory(self, *, gpu_memory: Any = None, headroom: Any = None) -> MemoryPlan:
+        """The ``budget="fit"`` plan of this program (nothing is applied): on its devices as measured at
+        load, or on GPUs of ``gpu_memory`` bytes each ("24GiB") holding nothing else."""
+        self._check_open()
+        measured = self._measured
+        if gpu_memory is not None:
+            spec = parse_budget(gpu_memory, source="gpu_memory")
+            if spec is None or spec.kind != "bytes":
+                raise BudgetError(f"gpu_memory={gpu_memory!r} must be a byte count such as '24GiB'")
+            total = int(spec.value or 0)
+            measured = {dev: (max(0, total - self._engine_bytes.get(dev, 0)), total) for dev in measured}
+        return plan_memory(self._facts, measured, arenas=self._arenas, graphs=self._graphs,
+                           headroom=self._headroom if headroom is None else headroom, source=self.source)
+
+    def set_budget(self, budget: Any, *, headroom: Any = None) -> None:
         """Apply a new weight-streaming budget between runs (None: back to baked / automatic).
 
-        The budget is validated before any engine is touched; each engine's execution
-        context is destroyed and recreated with no run in flight.
+        ``"fit"`` applies :meth:`plan_memory` (with ``headroom`` if given). The budget is validated
+        before any engine is touched; each engine's execution context is destroyed and recreated with
+        no run in flight.
         """
         self._check_open()
-
+        fit = is_fit(budget)
+        if fit:
+            if headroom is not None:
+                check_headroom(headroom)
+                self._headroom = headroom
+            budget = self.plan_memory().budgets
         with self._no_runs():
             self._check_open()  # closed while waiting for runs to finish
             for runner in self._runners.values():  # graphs hold the old contexts' work: capture again
                 runner.reset_graphs()
-            apply_budgets(self._delegates, budget, source="set_budget")
+            apply_budgets(self._delegates, budget, source="set_budget", label="fit" if fit else None)
+            if fit:
+                self._plan = self.plan_memory()
 
     # -- lifetime -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -298,10 +384,7 @@ class Program:
         for runner in self._runners.values():
             runner.reset_graphs()
         self._runners.clear()
-        for d in self._delegates:
-            if d.engine is not None:
-                d.engine.close()
-                d.engine = None
+        close_engines(self._delegates)
         for plan in self._plans:
             plan.close()
         for ctx in self._contexts:

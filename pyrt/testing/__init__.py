@@ -6,6 +6,9 @@ above the seams (engines, programs) runs unchanged and computes real results
 for reference engines (:mod:`pyrt.testing.refengine`). Importing this package
 imports neither torch nor TensorRT.
 
+May import: every layer below it (base, format, device, memory, kernels, runtime); never
+imported by them (the runtime is handed its seams, it does not look for fakes).
+
 >>> import pyrt.cuda
 >>> with simulated_gpus(2, memory=[1 << 30, 2 << 30]) as sim:
 ...     [d.total_memory >> 30 for d in pyrt.cuda.devices()]
@@ -24,11 +27,11 @@ from pyrt import cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeTensorRT
-from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefTensor, RefWeight
+from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
 __all__ = [
     "SimulatedGPUs", "simulated_gpus", "simulated_devices", "FakeDriver", "FakeTensorRT",
-    "RefEngine", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
+    "RefEngine", "RefProfile", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
 ]
 
 

@@ -236,7 +236,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str, *, title: str = "") -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PyrtError("--plot needs matplotlib: pip install 'pyrt[plot]'") from None
+        raise PyrtError("--plot needs matplotlib: pip install 'pyrt-executorch[plot]'") from None
     streamable = rows[0]["streamable_bytes"] if rows else 0
     if streamable:
         xs = [100.0 * r["applied_bytes"] / streamable for r in rows]
@@ -269,7 +269,7 @@ def check_plot_support() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise PyrtError("--plot needs matplotlib: pip install 'pyrt[plot]'")
+        raise PyrtError("--plot needs matplotlib: pip install 'pyrt-executorch[plot]'")
 
 
 __all__ = ["parse_sweep", "measure", "sweep", "stats", "format_rows", "plot", "check_plot_support", "gpu_stream"]

@@ -27,6 +27,8 @@ import traceback
 from collections.abc import Sequence
 
 from pyrt.errors import PyrtError
+from pyrt.logs import configure as configure_logging
+from pyrt.logs import reset as reset_logging
 from pyrt.testing import simulated_gpus
 from pyrt.tools.cli_args import parser
 from pyrt.tools.commands import COMMANDS
@@ -63,9 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE if exc.code else EXIT_OK
         debug = debug or getattr(args, "debug", False)
         with contextlib.ExitStack() as stack:
+            stack.callback(reset_logging)  # main() called in a process that goes on (tests) leaves no handler
+            configure_logging(getattr(args, "verbose", False))
             stack.enter_context(_warnings_to_stderr())
             _simulated(stack)
-            status: int = COMMANDS[args.command](args)
+            status: int = (getattr(args, "handler", None) or COMMANDS[args.command])(args)
             sys.stdout.flush()
         return status
     except BrokenPipeError:

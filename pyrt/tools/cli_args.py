@@ -7,9 +7,11 @@ parsers), one function per subcommand, and the converters that turn option text 
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
 
 from pyrt._version import __version__
+from pyrt.serve import command as serve_command
 from pyrt.tools.inputs import parse_shape_arg
 
 _FMT = argparse.RawDescriptionHelpFormatter
@@ -24,6 +26,7 @@ _EXAMPLES = {
 environment:
   PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.testing; reference engines only)
   PYRT_KERNELS=numpy      run non-delegated operators with pyrt's numpy kernels
+  PYRT_LOG=debug          pyrt's log level (debug, info, warning, error; -v is debug)
   NO_COLOR=1              no colour on a terminal either""",
     "inspect": """examples:
   pyrt inspect model.pte
@@ -107,7 +110,13 @@ def parser() -> argparse.ArgumentParser:
     _add_run(sub, [common, load, inputs])
     _add_bench(sub, [common, load, inputs])
     _add_profile(sub, [common, load, inputs])
+    serve_command.add_parser(sub, [common])
+    for name in PLUGINS:  # apps beside the tools add their subcommands (loaded here: no package circle)
+        importlib.import_module(name).add_commands(sub, [common, load])
     return parser
+
+
+PLUGINS = ("pyrt.llm.command",)  # modules with add_commands(subparsers, parents): pyrt generate, bench --generate
 
 
 def _common() -> argparse.ArgumentParser:
@@ -115,6 +124,8 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show pyrt's debug log and third-party messages (as PYRT_LOG=debug)")
     return common
 
 

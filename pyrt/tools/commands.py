@@ -16,6 +16,7 @@ from typing import Any
 
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
+from pyrt.serve import command as serve_command
 from pyrt.tools.bench import check_plot_support, device_names, format_rows, parse_sweep, plot, sweep
 from pyrt.tools.draw import to_dot, write_graph
 from pyrt.tools.inputs import assemble, flatten, load_files, method_inputs, parse_shapes, summarize
@@ -180,5 +181,5 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile,
+    "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile, "serve": serve_command.run,
 }

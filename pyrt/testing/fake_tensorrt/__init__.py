@@ -38,7 +38,9 @@ from __future__ import annotations
 from pyrt.testing.fake_tensorrt.bindings import (
     DataType,
     Dims,
+    ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -49,6 +51,7 @@ from pyrt.testing.fake_tensorrt.module import FakeTensorRT, __version__
 from pyrt.testing.fake_tensorrt.runtime import FakeRuntime
 
 __all__ = [
-    "FakeTensorRT", "FakeRuntime", "FakeCudaEngine", "FakeExecutionContext", "DataType", "TensorIOMode", "ILogger",
-    "Logger", "SeekPosition", "IStreamReaderV2", "Dims", "__version__",
+    "FakeTensorRT", "FakeRuntime", "FakeCudaEngine", "FakeExecutionContext", "DataType", "TensorIOMode",
+    "ExecutionContextAllocationStrategy", "ILogger",
+    "Logger", "SeekPosition", "IStreamReaderV2", "IOutputAllocator", "Dims", "__version__",
 ]

@@ -44,6 +44,15 @@ class TensorIOMode(_Enum):
     OUTPUT = 2
 
 
+class ExecutionContextAllocationStrategy(_Enum):
+    """Who provides an execution context's activation memory: TensorRT at creation (STATIC), TensorRT
+    per profile (ON_PROFILE_CHANGE), or the caller through ``set_device_memory`` (USER_MANAGED)."""
+
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
 class _Severity(_Enum):
     INTERNAL_ERROR = 0
     ERROR = 1
@@ -142,6 +151,26 @@ class IStreamReaderV2(metaclass=_Bound):
         raise NotImplementedError("[ERROR] Failed to find override seek function in python.")
 
 
+class IOutputAllocator(metaclass=_Bound):
+    """Base class of output allocators, as in TensorRT: call ``__init__``, override
+    ``reallocate_output_async(tensor_name, memory, size, alignment, stream)`` (returns the address
+    TensorRT writes to, 0 to fail the launch) and ``notify_shape(tensor_name, shape)``."""
+
+    _bound_root = True
+
+    def __init__(self) -> None:
+        self._bound_init = True
+
+    def reallocate_output(self, tensor_name: str, memory: int, size: int, alignment: int) -> int:
+        raise NotImplementedError('Tried to call pure virtual function "IOutputAllocator::reallocateOutput"')
+
+    def reallocate_output_async(self, tensor_name: str, memory: int, size: int, alignment: int, stream: int) -> int:
+        return self.reallocate_output(tensor_name, memory, size, alignment)  # TensorRT's default does this
+
+    def notify_shape(self, tensor_name: str, shape: Dims) -> None:
+        raise NotImplementedError('Tried to call pure virtual function "IOutputAllocator::notifyShape"')
+
+
 class Dims(tuple):
     """A shape, as TensorRT returns it (-1 for a dimension not yet known)."""
 
@@ -168,5 +197,6 @@ class _InvalidDims(Dims):
 
 # The binding classes' home is the package, as TensorRT's are its module's: messages and reprs name
 # pyrt.testing.fake_tensorrt.ILogger (cf. tensorrt_rtx.ILogger), not this submodule.
-for _cls in (DataType, TensorIOMode, ILogger, Logger, SeekPosition, IStreamReaderV2, Dims):
+for _cls in (DataType, TensorIOMode, ExecutionContextAllocationStrategy, ILogger, Logger, SeekPosition,
+             IStreamReaderV2, IOutputAllocator, Dims):
     _cls.__module__ = "pyrt.testing.fake_tensorrt"

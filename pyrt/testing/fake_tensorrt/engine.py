@@ -17,14 +17,19 @@ from pyrt.testing.fake_tensorrt.bindings import (
     _IO_DTYPES,
     DataType,
     Dims,
+    ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     TensorIOMode,
+    _callback,
     _InvalidDims,
     _log,
     _Severity,
 )
 from pyrt.testing.fake_tensorrt.failures import FailureInjection
 from pyrt.testing.refengine import DTYPES, RefEngine, RefTensor
+
+OUTPUT_ALIGNMENT = 256  # what the fake asks an output allocator for (cudaMalloc's guarantee)
 
 
 class FakeCudaEngine:
@@ -49,11 +54,20 @@ class FakeCudaEngine:
 
     @property
     def num_optimization_profiles(self) -> int:
-        return 1
+        return len(self.ref.optimization_profiles())
 
     @property
     def device_memory_size_v2(self) -> int:
-        return 0  # activations live in host memory in the fake
+        """Activation bytes a context needs: the largest of its profiles' (the reference engine declares them)."""
+        return max(p.device_memory for p in self.ref.optimization_profiles())
+
+    def get_device_memory_size_for_profile_v2(self, profile_index: int) -> int:
+        profiles = self.ref.optimization_profiles()
+        if not 0 <= profile_index < len(profiles):
+            self._error(f"getDeviceMemorySizeForProfileV2: profile index {profile_index} is out of range "
+                        f"[0, {len(profiles)})")
+            return 0
+        return profiles[profile_index].device_memory
 
     def _error(self, msg: str) -> None:
         _log(self.logger, _Severity.ERROR, msg)
@@ -93,12 +107,12 @@ class FakeCudaEngine:
         entry = self._tensors.get(name)
         if self._trt._fails("get_tensor_profile_shape"):
             entry = None
-        if entry is None or entry[1] is not TensorIOMode.INPUT or profile_index != 0:
+        profiles = self.ref.optimization_profiles()
+        if entry is None or entry[1] is not TensorIOMode.INPUT or not 0 <= profile_index < len(profiles):
             self._error(f"getProfileShape: Error Code 3: API Usage Error ({name!r} is not an input of "
                         f"optimization profile {profile_index})")
             return [_InvalidDims(), _InvalidDims(), _InvalidDims()]
-        lo, hi = entry[0].profile()
-        return [Dims(lo), Dims(hi), Dims(hi)]
+        return [Dims(d) for d in profiles[profile_index].bounds(entry[0])]
 
     # -- weight streaming ------------------------------------------------------------
     @property
@@ -136,21 +150,29 @@ class FakeCudaEngine:
         room = free - self.weight_streaming_scratch_memory_size - self.device_memory_size_v2
         return max(0, min(self.streamable_weights_size, room))
 
-    def create_execution_context(self, strategy: Any = None) -> FakeExecutionContext | None:
+    def create_execution_context(self, strategy: Any = ExecutionContextAllocationStrategy.STATIC
+                                 ) -> FakeExecutionContext | None:
         """A context holding the resident weights; None (logged) when device memory runs out.
 
-        ``strategy`` (an ExecutionContextAllocationStrategy in TensorRT) is accepted and ignored.
+        ``strategy``: STATIC takes the activation memory of the largest profile now,
+        ON_PROFILE_CHANGE that of profile 0 (the fake keeps it for every profile), USER_MANAGED
+        none: the caller must ``set_device_memory`` before a launch.
         """
         if self._trt._fails("create_execution_context"):
             self._error("createExecutionContext: injected failure")
             return None
+        if not isinstance(strategy, ExecutionContextAllocationStrategy):
+            raise TypeError(f"create_execution_context(): incompatible function arguments: {strategy!r}")
         held: list[int] = []
+        need = 0
         if self.ref.weight_streaming:
-            resident = min(self._budget, self.streamable_weights_size)
-            need = resident + self.weight_streaming_scratch_memory_size + self.device_memory_size_v2
-            if not self._hold("execution context (resident weights + scratch)", need, held):
-                return None
-        context = FakeExecutionContext(self, held)
+            need = min(self._budget, self.streamable_weights_size) + self.weight_streaming_scratch_memory_size
+        if strategy is not ExecutionContextAllocationStrategy.USER_MANAGED:
+            need += self.device_memory_size_v2
+        if not self._hold("execution context (resident weights, scratch, activations)", need, held):
+            return None
+        user = strategy is ExecutionContextAllocationStrategy.USER_MANAGED
+        context = FakeExecutionContext(self, held, user_managed=user)
         self._contexts.add(context)
         return context
 
@@ -164,12 +186,16 @@ def _free_all(driver: FakeDriver, pointers: list[int]) -> None:
 class FakeExecutionContext:
     """``trt.IExecutionContext``: shapes, addresses and a CPU launch on device memory."""
 
-    def __init__(self, engine: FakeCudaEngine, held: list[int]) -> None:
+    def __init__(self, engine: FakeCudaEngine, held: list[int], *, user_managed: bool = False) -> None:
         self.engine = engine
+        self._profile = 0
+        self._user_managed = user_managed
+        self._memory: tuple[int, int] | None = None  # (address, size) given by set_device_memory
         self._shapes: dict[str, tuple[int, ...]] = {
             t.name: tuple(t.shape) for t in engine.ref.inputs if -1 not in t.shape
         }
         self._addresses: dict[str, int] = {}
+        self._allocators: dict[str, IOutputAllocator] = {}
         self._inferred: tuple[Any, dict[str, tuple[int, ...]]] | None = None
         weakref.finalize(self, _free_all, engine._trt.driver, held)
 
@@ -184,13 +210,54 @@ class FakeExecutionContext:
         if entry is None or entry[1] is not TensorIOMode.INPUT:
             return self._error(f"setInputShape: {name!r} is not an input tensor")
         shape = tuple(int(d) for d in shape)
-        lo, hi = entry[0].profile()
+        lo, _, hi = self.engine.ref.optimization_profiles()[self._profile].bounds(entry[0])
         if len(shape) != len(lo) or not all(a <= d <= b for d, a, b in zip(shape, lo, hi, strict=True)):
-            return self._error(
-                f"setInputShape: {name!r} shape {shape} is outside the optimization profile [{lo}, {hi}]"
-            )
+            return self._error(f"setInputShape: {name!r} shape {shape} is outside optimization profile "
+                               f"{self._profile} [{lo}, {hi}]")
         self._shapes[name] = shape
         return True
+
+    @property
+    def active_optimization_profile(self) -> int:
+        return self._profile
+
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        """Switch profile (input shapes of dynamic inputs must then be set again)."""
+        engine = self.engine
+        if not 0 <= int(profile_index) < engine.num_optimization_profiles:
+            return self._error(f"setOptimizationProfileAsync: profile index {profile_index} is out of range "
+                               f"[0, {engine.num_optimization_profiles})")
+        if engine._trt.driver.stream_device(stream_handle) != engine.device:
+            return self._error(f"setOptimizationProfileAsync: stream {int(stream_handle):#x} is not a live "
+                               f"stream of device {engine.device}")
+        self._profile = int(profile_index)
+        self._shapes = {t.name: tuple(t.shape) for t in engine.ref.inputs if -1 not in t.shape}
+        return True
+
+    def set_device_memory(self, memory: int, size: int) -> None:
+        """The activation memory of a USER_MANAGED context: ``size`` bytes at ``memory`` on the engine's
+        device, at least ``device_memory_size_v2`` (a refusal only logs, as in the binding)."""
+        engine = self.engine
+        need = engine.device_memory_size_v2
+        if int(size) < need:
+            self._error(f"setDeviceMemoryV2: {size} bytes are fewer than the {need} the engine needs")
+        elif need and engine._trt.driver.view(int(memory), int(size), engine.device) is None:
+            self._error(f"setDeviceMemoryV2: {int(memory):#x} is not {size} bytes of device {engine.device}'s memory")
+        elif int(memory) % 256:
+            self._error(f"setDeviceMemoryV2: {int(memory):#x} is not 256-byte aligned")
+        else:
+            self._memory = (int(memory), int(size))
+
+    def _activations(self) -> tuple[int, int] | None:
+        """(address, bytes) of the activation memory this launch uses; None (logged) when unusable."""
+        need = self.engine.ref.optimization_profiles()[self._profile].device_memory
+        if not self._user_managed:
+            return (0, 0)
+        if self._memory is None and need:
+            self._error("enqueueV3: the context was created with USER_MANAGED memory and set_device_memory "
+                        "was never called")
+            return None
+        return (self._memory[0], need) if self._memory and need else (0, 0)
 
     def _output_shapes(self) -> dict[str, tuple[int, ...]]:
         key = tuple(sorted(self._shapes.items()))
@@ -231,6 +298,22 @@ class FakeExecutionContext:
         self._addresses[name] = int(memory)
         return True
 
+    def set_output_allocator(self, name: str, output_allocator: IOutputAllocator | None) -> bool:
+        entry = self.engine._tensors.get(name)
+        if entry is None or entry[1] is not TensorIOMode.OUTPUT:
+            return self._error(f"setOutputAllocator: {name!r} is not an output tensor")
+        if output_allocator is None:
+            self._allocators.pop(name, None)
+        elif not isinstance(output_allocator, IOutputAllocator):
+            raise TypeError(f"set_output_allocator(): incompatible function arguments: {output_allocator!r} "
+                            "is not an IOutputAllocator")
+        else:
+            self._allocators[name] = output_allocator
+        return True
+
+    def get_output_allocator(self, name: str) -> IOutputAllocator | None:
+        return self._allocators.get(name)
+
     def execute_async_v3(self, stream_handle: int) -> bool:
         engine, driver = self.engine, self.engine._trt.driver
         if engine._trt._fails("execute_async_v3"):
@@ -251,15 +334,25 @@ class FakeExecutionContext:
             out_shapes = self._output_shapes()
         except PyrtError as exc:
             return self._error(f"enqueueV3: shape inference failed: {exc}")
+        if any(-1 in shape for shape in out_shapes.values()):
+            return self._execute_data_dependent(int(stream_handle), out_shapes)
         for t in engine.ref.inputs:  # addresses are checked at enqueue time, the data read when it runs
             if self._view(t, self._shapes[t.name]) is None:
                 return False
         for t in engine.ref.outputs:
             if self._view(t, out_shapes[t.name]) is None:
                 return False
+        scratch = self._activations()
+        if scratch is None:
+            return False
         shapes, addresses = dict(self._shapes), dict(self._addresses)
 
         def work() -> str | None:
+            if scratch[1]:  # activations are written as the engine runs: the memory must still be there
+                region = engine._trt.driver.view(scratch[0], scratch[1], engine.device)
+                if region is None:
+                    return f"activation memory at {scratch[0]:#x} ({scratch[1]} bytes) is no longer valid"
+                region[:: max(1, scratch[1] // 64)] = len(engine._order)
             inputs = {}
             for t in engine.ref.inputs:
                 view = self._view(t, shapes[t.name], addresses)
@@ -280,6 +373,44 @@ class FakeExecutionContext:
 
         if not driver.launch(int(stream_handle), work, f"enqueueV3 of an engine on device {engine.device}"):
             return self._error(f"enqueueV3: stream {int(stream_handle):#x} is not a live stream")
+        return True
+
+    def _execute_data_dependent(self, stream_handle: int, out_shapes: dict[str, tuple[int, ...]]) -> bool:
+        """An engine with a data-dependent output learns its shape by running, as TensorRT does: the
+        stream's earlier work runs first, then the engine; each such output asks its allocator for
+        memory (``reallocate_output_async``) and reports its shape (``notify_shape``), all before
+        enqueueV3 returns. ``ask_extra_bytes`` makes the fake ask for more than the result needs."""
+        engine, trt = self.engine, self.engine._trt
+        dynamic = [n for n, s in out_shapes.items() if -1 in s]
+        missing = [n for n in dynamic if n not in self._allocators]
+        if missing:
+            return self._error(f"enqueueV3: outputs {missing} have data-dependent shapes and no output allocator")
+        if any(self._view(t, self._shapes[t.name]) is None for t in engine.ref.inputs):
+            return False
+        trt.driver.cuStreamSynchronize(stream_handle)  # TensorRT waits for the inputs to know the shape
+        inputs = {t.name: (self._view(t, self._shapes[t.name]), self._shapes[t.name]) for t in engine.ref.inputs}
+        try:
+            results = engine.ref.run_bytes(inputs)  # type: ignore[arg-type]  # views checked above
+        except PyrtError as exc:
+            return self._error(f"enqueueV3: {exc}")
+        for t in engine.ref.outputs:
+            raw, shape = results[t.name]
+            if t.name in dynamic:
+                size = int(raw.nbytes) + trt.ask_extra_bytes
+                trt.allocations_asked.append((t.name, size))
+                ptr = _callback(self._allocators[t.name], "reallocate_output_async", t.name,
+                                self._addresses.get(t.name, 0), size, OUTPUT_ALIGNMENT, stream_handle)
+                if not ptr:
+                    return self._error(f"enqueueV3: the output allocator of {t.name!r} gave no memory "
+                                       f"for {size} bytes")
+                self._addresses[t.name] = int(ptr)
+            target = self._view(t, shape) if raw.nbytes else None
+            if raw.nbytes and target is None:
+                return False
+            if target is not None:
+                target[:] = raw
+            if t.name in dynamic:
+                _callback(self._allocators[t.name], "notify_shape", t.name, Dims(shape))
         return True
 
     def _view(self, t: RefTensor, shape: tuple[int, ...], addresses: dict[str, int] | None = None

@@ -16,6 +16,10 @@ class FailureInjection:
         self.driver = driver
         self.calls: Counter[str] = Counter()
         self._failures: Counter[str] = Counter()
+        # Data-dependent outputs: bytes added to what the fake asks an output allocator for (a test
+        # makes it ask for more than the bound), and every (output name, bytes) it asked for.
+        self.ask_extra_bytes = 0
+        self.allocations_asked: list[tuple[str, int]] = []
 
     def inject_failure(self, call: str, times: int = 1) -> None:
         """Make the next ``times`` calls of ``call`` fail as TensorRT fails.

@@ -10,7 +10,9 @@ from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt.bindings import (
     DataType,
     Dims,
+    ExecutionContextAllocationStrategy,
     ILogger,
+    IOutputAllocator,
     IStreamReaderV2,
     Logger,
     SeekPosition,
@@ -33,10 +35,12 @@ class FakeTensorRT(FailureInjection):
     __version__ = __version__
     DataType = DataType
     TensorIOMode = TensorIOMode
+    ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy
     ILogger: TypeAlias = ILogger  # an alias, so Runtime's annotation can name it in the class body
     Logger = Logger
     Dims = Dims
     SeekPosition = SeekPosition
+    IOutputAllocator = IOutputAllocator
 
     def __init__(self, driver: FakeDriver) -> None:
         super().__init__(driver)

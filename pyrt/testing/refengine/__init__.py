@@ -16,7 +16,9 @@ and its graph runs on the CPU with real arithmetic. Layout (little-endian)::
 The JSON lists ``inputs`` (name, dtype, shape, min_shape, max_shape),
 ``outputs`` (name, dtype, shape), ``weights`` (name, dtype, shape, offset,
 nbytes), ``nodes`` (target such as ``aten::add.Tensor``, args, kwargs,
-outputs) and ``weight_streaming``. An argument is ``{"ref": name}``,
+outputs) and ``weight_streaming``; optionally ``profiles`` (each ``{"shapes": {input: [min, opt,
+max]}, "device_memory": bytes}``) and ``device_memory`` (activation bytes of the implicit single
+profile; an input's own min/max is then the union of its profiles). An argument is ``{"ref": name}``,
 ``{"list": [...]}``, ``{"lit": value}`` (finite), ``{"float": "inf" | "-inf" |
 "nan"}``, ``{"dtype": "float32"}``, ``{"memory_format": "contiguous_format"}``
 or ``{"none": true}``. Targets are ATen ops (``aten::add.Tensor``) or SymInt
@@ -52,12 +54,14 @@ from pyrt.testing.refengine.model import (
     RefEngineExecutionError,
     RefEngineFormatError,
     RefNode,
+    RefProfile,
     RefTensor,
     RefWeight,
 )
 
 __all__ = [
-    "RefEngine", "RefTensor", "RefWeight", "RefNode", "Ref", "DType", "MemoryFormat", "RefEngineFormatError",
-    "RefEngineExecutionError", "DTYPES", "MAGIC", "VERSION", "HEADER", "ALIGN", "MEMORY_FORMATS", "NONFINITE",
+    "RefEngine", "RefProfile", "RefTensor", "RefWeight", "RefNode", "Ref", "DType", "MemoryFormat",
+    "RefEngineFormatError", "RefEngineExecutionError", "DTYPES", "MAGIC", "VERSION", "HEADER", "ALIGN",
+    "MEMORY_FORMATS", "NONFINITE",
     "SYM_OPS",
 ]

@@ -4,6 +4,7 @@ core set that refuses every other operator by name.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,12 +50,35 @@ class _Backend:
         raise NotImplementedError
 
 
+_TORCH_LOCK = threading.Lock()
+_TORCH: list[_Backend | ImportError] = []  # the one torch backend of the process, or why torch did not import
+
+
+def _torch_backend() -> _Backend:
+    """The process's torch backend, made once: torch's first import runs under a lock.
+
+    Runs on several threads (a served Program's replicas, the fake GPU's worker) may ask for
+    it at the same moment; only one thread imports torch, the others wait for the finished module.
+    """
+    if not _TORCH:
+        with _TORCH_LOCK:
+            if not _TORCH:
+                try:
+                    _TORCH.append(_TorchBackend())
+                except ImportError as exc:
+                    _TORCH.append(exc)
+    found = _TORCH[0]
+    if isinstance(found, ImportError):
+        raise found
+    return found
+
+
 def _backend(choice: str) -> _Backend:
     if choice not in ("auto", "torch", "numpy"):
         raise PyrtError(f"reference executor backend must be 'auto', 'torch' or 'numpy', got {choice!r}")
     if choice in ("auto", "torch"):
         try:
-            return _TorchBackend()
+            return _torch_backend()
         except ImportError:
             if choice == "torch":
                 raise
@@ -88,6 +112,8 @@ class _TorchBackend(_Backend):
         return value if isinstance(value, self.torch.Tensor) else self.torch.from_numpy(np.asarray(value))
 
     def from_raw(self, raw: np.ndarray, dtype: str, shape: Sequence[int]) -> Any:
+        if not np.size(raw):  # an empty tensor (nonzero found nothing): a 0-byte view cannot change dtype
+            return self.torch.empty(tuple(shape), dtype=self.dtype_object(dtype))
         flat = self.torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True))
         return flat.view(self.dtype_object(dtype)).reshape(tuple(shape))
 

@@ -16,6 +16,7 @@ from pyrt.testing.refengine.model import (
     Ref,
     RefEngineFormatError,
     RefNode,
+    RefProfile,
     RefTensor,
     RefWeight,
 )
@@ -115,11 +116,29 @@ def _shape(value: Any, where: str, *, dynamic: bool) -> tuple[int, ...]:
 
 def _parse(
     data: memoryview, source: str
-) -> tuple[list[RefTensor], list[RefTensor], dict[str, RefWeight], list[RefNode], bool]:
-    """(inputs, outputs, weights, nodes, weight_streaming) of the engine in ``data``; weights are views of it."""
+) -> tuple[list[RefTensor], list[RefTensor], dict[str, RefWeight], list[RefNode], bool, tuple[Any, ...]]:
+    """(inputs, outputs, weights, nodes, weight_streaming, (profiles, device_memory)) of the engine in
+    ``data``; weights are views of it."""
     base, doc = _read_header(data, source)
     return (_parse_inputs(doc, source), _parse_outputs(doc, source), _parse_weights(doc, data, base, source),
-            _parse_nodes(doc, source), _field(doc, "weight_streaming", bool, source))
+            _parse_nodes(doc, source), _field(doc, "weight_streaming", bool, source), _parse_profiles(doc, source))
+
+
+def _parse_profiles(doc: dict[str, Any], source: str) -> tuple[list[RefProfile], int]:
+    """Optional keys (engines written before profiles have neither): ``profiles``, ``device_memory``."""
+    if "profiles" not in doc and "device_memory" not in doc:
+        return [], 0
+    profiles = []
+    for i, p in enumerate(_field(doc, "profiles", list, source)):
+        where = f"{source}: profiles[{i}]"
+        shapes = {}
+        for name, bounds in _field(p, "shapes", dict, where).items():
+            if not isinstance(bounds, list) or len(bounds) != 3:
+                raise RefEngineFormatError(f"{where}: shapes[{name!r}] must be [min, opt, max], got {bounds!r:.80}")
+            lo, opt, hi = (_shape(b, f"{where}.shapes[{name!r}]", dynamic=False) for b in bounds)
+            shapes[str(name)] = (lo, opt, hi)
+        profiles.append(RefProfile(shapes, _field(p, "device_memory", int, where)))
+    return profiles, _field(doc, "device_memory", int, source)
 
 
 def _read_header(data: memoryview, source: str) -> tuple[int, dict[str, Any]]:

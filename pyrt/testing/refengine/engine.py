@@ -7,14 +7,15 @@ from __future__ import annotations
 import io
 import json
 import operator
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pyrt.errors import UnsupportedOperatorError
-from pyrt.testing.refengine.backends import _Backend, _backend
+from pyrt.errors import PyrtError, UnsupportedOperatorError
+from pyrt.testing.refengine.backends import _NUMPY_OPS, _Backend, _backend, _split_target
 from pyrt.testing.refengine.blob import _CHUNK, HEADER, MAGIC, VERSION, _align, _encode_arg, _parse, _tensor_json
 from pyrt.testing.refengine.model import (
     DType,
@@ -23,10 +24,11 @@ from pyrt.testing.refengine.model import (
     RefEngineExecutionError,
     RefEngineFormatError,
     RefNode,
+    RefProfile,
     RefTensor,
     RefWeight,
 )
-from pyrt.testing.refengine.validation import _fits, _validate
+from pyrt.testing.refengine.validation import _check_profiles, _fits, _validate
 
 SYM_OPS: dict[str, Any] = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
@@ -44,12 +46,30 @@ class RefEngine:
     weights: dict[str, Any] = field(default_factory=dict)
     nodes: list[RefNode] = field(default_factory=list)
     weight_streaming: bool = False
+    profiles: list[RefProfile] = field(default_factory=list)  # empty: one, the inputs' min/max
+    device_memory: int = 0  # activation bytes of the implicit profile (``profiles`` carry their own)
 
     _weights_by_backend: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _numpy_runs_all: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.weights = {name: RefWeight.of(w) for name, w in self.weights.items()}
         _validate(self, "RefEngine")
+        _check_profiles(self, "RefEngine")
+
+    def optimization_profiles(self) -> list[RefProfile]:
+        """The engine's optimization profiles (at least one)."""
+        return list(self.profiles) or [RefProfile({}, self.device_memory)]
+
+    def _auto(self) -> _Backend:
+        """torch if it is imported already or this graph needs it, else numpy: a run imports no torch for nothing."""
+        if self._numpy_runs_all is None:
+            self._numpy_runs_all = "bfloat16" not in repr((self.inputs, self.outputs, self.nodes)) and all(
+                w.dtype != "bfloat16" for w in self.weights.values()) and all(
+                n.target.startswith("sym::") or (n.target.startswith("aten::") and
+                                                 "{1}.{2}".format(*_split_target(n.target)) in _NUMPY_OPS)
+                for n in self.nodes)
+        return _backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
 
     def _env(self, be: _Backend) -> dict[str, Any]:
         """A fresh environment holding the weights (converted once per backend)."""
@@ -105,6 +125,10 @@ class RefEngine:
             ],
             "weight_streaming": self.weight_streaming,
         }
+        if self.profiles or self.device_memory:
+            doc["device_memory"] = self.device_memory
+            doc["profiles"] = [{"shapes": {n: [list(d) for d in b] for n, b in p.shapes.items()},
+                                "device_memory": p.device_memory} for p in self.profiles]
         try:
             text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         except ValueError as exc:
@@ -115,9 +139,9 @@ class RefEngine:
     @classmethod
     def from_bytes(cls, data: Any, *, source: str = "<refengine>") -> RefEngine:
         """Parse and validate; weights are zero-copy views of ``data``."""
-        inputs, outputs, weights, nodes, streaming = _parse(memoryview(data).cast("B"), source)
+        inputs, outputs, weights, nodes, streaming, extra = _parse(memoryview(data).cast("B"), source)
         try:
-            return RefEngine(inputs, outputs, weights, nodes, streaming)
+            return RefEngine(inputs, outputs, weights, nodes, streaming, *extra)
         except RefEngineFormatError as exc:
             raise RefEngineFormatError(f"{source}: {exc}") from None
 
@@ -146,7 +170,7 @@ class RefEngine:
         self, inputs: Mapping[str, tuple[np.ndarray, tuple[int, ...]]]
     ) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
         """Execute from raw bytes: ``{name: (uint8 array, shape)}`` in and out."""
-        be = _backend("auto")
+        be = self._auto()
         env = self._env(be)
         for spec in self.inputs:
             raw, shape = inputs[spec.name]
@@ -155,10 +179,15 @@ class RefEngine:
         return {name: be.to_raw(value) for name, value in out.items()}
 
     def infer_output_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        """Output shapes for given input shapes (declared ones when every output is static)."""
+        """Output shapes for given input shapes (declared ones when every output is static).
+
+        A dim only the data decides (``nonzero``'s rows) is -1, as TensorRT reports it before
+        running: the graph runs on meta tensors, and where an op has no meta kernel, on torch's
+        fake tensors with a shape environment, whose data-dependent sizes stay symbolic.
+        """
         if all(-1 not in t.shape for t in self.outputs):
             return {t.name: tuple(t.shape) for t in self.outputs}
-        be = _backend("auto")
+        be = self._auto()
         env: dict[str, Any] = {n: be.weight(w, meta=True) for n, w in self.weights.items()}
         for spec in self.inputs:
             env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=True)
@@ -167,11 +196,32 @@ class RefEngine:
         except RefEngineExecutionError:
             if be.name != "torch":
                 raise
+            symbolic = self._symbolic_shapes(be, input_shapes)
+            if symbolic is not None:
+                return symbolic
             env = self._env(be)
             for spec in self.inputs:
                 env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=False)
             out = self._execute(be, env)
         return {name: tuple(int(d) for d in value.shape) for name, value in out.items()}
+
+    def _symbolic_shapes(self, be: _Backend, input_shapes: Mapping[str, Sequence[int]]
+                         ) -> dict[str, tuple[int, ...]] | None:
+        """Output shapes under torch's FakeTensorMode (-1 for an unbacked size); None if it fails."""
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        try:
+            with FakeTensorMode(shape_env=ShapeEnv()):
+                env: dict[str, Any] = {n: be.empty(w.shape, w.dtype, meta=False) for n, w in self.weights.items()}
+                for spec in self.inputs:
+                    env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=False)
+                out = self._execute(be, env)
+        except (PyrtError, RuntimeError):
+            return None
+        return {name: tuple(d if isinstance(d, int) else -1 for d in value.shape) for name, value in out.items()
+                if not isinstance(value, torch.SymInt)}
 
     def _execute(self, be: _Backend, env: dict[str, Any]) -> dict[str, Any]:
         for node in self.nodes:
@@ -188,13 +238,13 @@ class RefEngine:
         out = {}
         for spec in self.outputs:
             value = env[spec.name]
-            got_dtype, got_shape = be.dtype(value), tuple(int(d) for d in value.shape)
+            got_dtype, got_shape = be.dtype(value), tuple(d if isinstance(d, int) else -1 for d in value.shape)
             if got_dtype != spec.dtype:
                 raise RefEngineExecutionError(
                     f"output {spec.name!r} computed as {got_dtype}, declared {spec.dtype}"
                 )
             if len(got_shape) != len(spec.shape) or any(
-                d != -1 and d != g for d, g in zip(spec.shape, got_shape, strict=True)
+                d != -1 and g != -1 and d != g for d, g in zip(spec.shape, got_shape, strict=True)
             ):
                 raise RefEngineExecutionError(
                     f"output {spec.name!r} computed with shape {got_shape}, declared {tuple(spec.shape)}"
@@ -210,7 +260,7 @@ def _sym_call(target: str, args: list[Any]) -> Any:
         raise UnsupportedOperatorError(f"reference executor: unknown size operator {target!r}; "
                                        f"known: {', '.join('sym::' + k for k in SYM_OPS)}")
     try:
-        return fn(*(int(a) for a in args))
+        return fn(*(a if type(a).__name__ == "SymInt" else int(a) for a in args))  # symbolic: shape inference
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise RefEngineExecutionError(f"{target}{tuple(args)} failed: {exc}") from exc
 

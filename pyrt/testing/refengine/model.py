@@ -4,7 +4,7 @@ kinds, the dtypes it knows, and the errors the format and the executor raise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,25 @@ class RefTensor:
     def profile(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(min_shape, max_shape); a static input's are its shape."""
         return tuple(self.min_shape or self.shape), tuple(self.max_shape or self.shape)
+
+
+@dataclass(frozen=True)
+class RefProfile:
+    """One optimization profile: ``shapes`` maps each dynamic input to (min, opt, max); static
+    inputs may be left out (their shape is all three). ``device_memory``: the activation bytes an
+    execution context needs with this profile (TensorRT's ``get_device_memory_size_for_profile_v2``).
+    """
+
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    device_memory: int = 0
+
+    def bounds(self, t: RefTensor) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(min, opt, max) of input ``t`` under this profile."""
+        if t.name in self.shapes:
+            lo, opt, hi = self.shapes[t.name]
+            return tuple(lo), tuple(opt), tuple(hi)
+        lo, hi = t.profile()
+        return lo, hi, hi
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pyrt.testing.refengine.model import (
     Ref,
     RefEngineFormatError,
     RefNode,
+    RefProfile,
     RefTensor,
 )
 
@@ -108,3 +109,30 @@ def _names(args: Any, kind: type[Ref] | type[DType]) -> list[str]:
         return [r for a in args for r in _names(a, kind)]
     return []
 
+
+
+def _check_profiles(eng: Any, where: str) -> None:
+    """Each optimization profile: known inputs, min <= opt <= max inside the input's declared
+    min/max (the union of the profiles), static dims fixed, a byte count of activation memory."""
+    if isinstance(eng.device_memory, bool) or not isinstance(eng.device_memory, int) or eng.device_memory < 0:
+        raise RefEngineFormatError(f"{where}: device_memory must be an int >= 0, got {eng.device_memory!r}")
+    inputs = {t.name: t for t in eng.inputs}
+    for i, p in enumerate(eng.profiles):
+        at = f"{where}: profiles[{i}]"
+        if not isinstance(p, RefProfile):
+            raise RefEngineFormatError(f"{at} is not a RefProfile: {p!r:.80}")
+        d = p.device_memory
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise RefEngineFormatError(f"{at}: device_memory must be an int >= 0, got {d!r}")
+        for name in p.shapes:
+            if name not in inputs:
+                raise RefEngineFormatError(f"{at} names {name!r}, which is not an input")
+        for t in eng.inputs:
+            bounds = p.bounds(t)
+            lo, hi = t.profile()
+            ok = all(len(b) == len(t.shape) for b in bounds) and all(
+                a <= b <= c and lo[k] <= a and c <= hi[k] and (t.shape[k] == -1 or a == c == t.shape[k])
+                for k, (a, b, c) in enumerate(zip(*bounds, strict=True)))
+            if not ok:
+                raise RefEngineFormatError(f"{at}: input {t.name!r} min/opt/max {bounds} is not ordered inside "
+                                           f"the input's declared range [{lo}, {hi}] with shape {t.shape}")

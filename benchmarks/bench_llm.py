@@ -1,0 +1,211 @@
+"""LLM generation speed: prefill ms and decode tokens/s, pyrt against ExecuTorch's Python runtime
+(the same portable-kernel .pte) and eager ``model.generate``, one thread on every side.
+
+Models: random-init ``transformers`` Llama, Qwen2 and GPT-2 (``--size small``: 4 layers, hidden
+256, vocab 2048; ``tiny``: the test configs of ``tests/llm_models.py``), exported once with
+``pyrt.export.decoder_to_pte(builder="portable")``. Per sample and side, one greedy generation of
+``--new-tokens`` after a ``--prompt-len`` prompt, sides interleaved; medians over samples.
+
+* pyrt: ``pyrt.generate`` (its own timings: prefill = the prompt's forward call, decode = the
+  tokens after the first per second);
+* ExecuTorch: ``Runtime.get().load_program(path).load_method("forward")``, the same loop in
+  Python (prefill call, then argmax and one call per token), timed the same way;
+* eager: ``model.generate(do_sample=False)`` (its dynamic cache); prefill = ``max_new_tokens=1``,
+  decode rate = (new - 1) / (time(new) - time(1)).
+
+All three must produce the same tokens. Then, on the simulated GPU, decode tokens/s per
+weight-streaming budget of a reference-engine export (``pyrt bench --generate --sweep``'s code):
+it shows the sweep works end to end; its numbers time CPU reference engines, not a GPU.
+
+    python benchmarks/bench_llm.py [--size small] [--samples 5] [--models llama,qwen2,gpt2] [--no-write]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from _common import command_line, machine, markdown_table, write_results  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SMALL = {"num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 2048, "max_position_embeddings": 256, "bos_token_id": 1,
+         "eos_token_id": 2}
+
+
+def build(name: str, size: str) -> Any:
+    import torch
+    import transformers as tf
+
+    from tests import llm_models
+
+    if size == "tiny":
+        return llm_models.build(name)
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048, bos_token_id=1,
+                            eos_token_id=2)
+        return tf.GPT2LMHeadModel(cfg).eval()
+    classes = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}
+    config, model = classes[name]
+    return model(config(**SMALL)).eval()
+
+
+def pyrt_side(path: Path, prompt: list[int], new: int) -> Any:
+    import pyrt
+
+    prog = pyrt.Program(path)
+
+    def run() -> tuple[list[int], float, float]:
+        out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[])
+        return out.tokens, out.timings.prefill_ms, out.timings.decode_tokens_per_s
+
+    return run
+
+
+def executorch_side(path: Path, prompt: list[int], new: int) -> Any:
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(path).load_method("forward")
+
+    def run() -> tuple[list[int], float, float]:
+        t0 = time.perf_counter()
+        logits = method.execute([torch.tensor([prompt]), torch.arange(len(prompt))])[0]
+        t1 = time.perf_counter()
+        tokens = [int(logits[0, -1].argmax())]
+        t2 = time.perf_counter()
+        for i in range(new - 1):
+            logits = method.execute([torch.tensor([[tokens[-1]]]), torch.tensor([len(prompt) + i])])[0]
+            tokens.append(int(logits[0, -1].argmax()))
+        t3 = time.perf_counter()
+        return tokens, (t1 - t0) * 1e3, (new - 1) / (t3 - t2)
+
+    return run
+
+
+def eager_side(model: Any, prompt: list[int], new: int) -> Any:
+    import torch
+
+    ids = torch.tensor([prompt])
+
+    def timed(n: int) -> tuple[list[int], float]:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+            return [int(t) for t in out[0, len(prompt):]], time.perf_counter() - t0
+
+    def run() -> tuple[list[int], float, float]:
+        _, first = timed(1)
+        tokens, whole = timed(new)
+        return tokens, first * 1e3, (new - 1) / max(whole - first, 1e-9)
+
+    return run
+
+
+def measure(sides: dict[str, Any], samples: int) -> dict[str, dict[str, Any]]:
+    for run in sides.values():
+        run()  # warm up
+    got: dict[str, list[tuple[list[int], float, float]]] = {k: [] for k in sides}
+    for _ in range(samples):
+        for name, run in sides.items():
+            got[name].append(run())
+    out = {}
+    for name, runs in got.items():
+        out[name] = {"tokens": runs[0][0], "prefill_ms": statistics.median(r[1] for r in runs),
+                     "decode_tps": statistics.median(r[2] for r in runs)}
+    return out
+
+
+def sweep_rows(model: Any, directory: Path, prompt_len: int, new: int) -> list[dict[str, Any]]:
+    import pyrt
+    from pyrt.export import decoder_to_pte
+    from pyrt.llm.gen_bench import generation_sweep
+    from pyrt.testing import simulated_gpus
+
+    path = directory / "ws.pte"
+    decoder_to_pte(model, path, max_seq_len=prompt_len + new, builder="reference", weight_streaming=True,
+                   progress=False)
+    with simulated_gpus(1), pyrt.Program(path) as prog:
+        return generation_sweep(prog, budgets=["10%", "40%", "70%", "100%"], prompt_len=prompt_len,
+                                new_tokens=new, iters=3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=("tiny", "small"), default="small")
+    ap.add_argument("--models", default="llama,qwen2,gpt2")
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    import importlib.metadata
+
+    import numpy as np
+    import torch
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    from pyrt.export import decoder_to_pte
+
+    torch.set_num_threads(1)
+    _unsafe_reset_threadpool(1)
+    rows, table = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            model = build(name, args.size)
+            vocab = model.config.vocab_size
+            prompt = np.random.default_rng(0).integers(3, vocab, args.prompt_len).tolist()
+            path = Path(tmp) / f"{name}.pte"
+            summary = decoder_to_pte(model, path, max_seq_len=args.prompt_len + args.new_tokens, builder="portable",
+                                     progress=False)
+            sides = {"pyrt": pyrt_side(path, prompt, args.new_tokens),
+                     "executorch": executorch_side(path, prompt, args.new_tokens),
+                     "eager": eager_side(model, prompt, args.new_tokens)}
+            got = measure(sides, args.samples)
+            same = got["pyrt"]["tokens"] == got["executorch"]["tokens"] == got["eager"]["tokens"]
+            if not same:
+                raise SystemExit(f"{name}: the sides generated different tokens: {got}")
+            r = {k: got[k] for k in got} | {"route": summary.route}
+            rows.append((name, r))
+            p, e, g = got["pyrt"], got["executorch"], got["eager"]
+            table.append([name, summary.route, f"{p['prefill_ms']:.2f}", f"{e['prefill_ms']:.2f}",
+                          f"{g['prefill_ms']:.2f}", f"{p['decode_tps']:.0f}", f"{e['decode_tps']:.0f}",
+                          f"{g['decode_tps']:.0f}", f"{p['decode_tps'] / e['decode_tps']:.2f}x",
+                          f"{p['decode_tps'] / g['decode_tps']:.2f}x"])
+            print(table[-1], flush=True)
+        sweep = sweep_rows(build("llama", "tiny"), Path(tmp), 8, 16)
+    head = ["model", "route", "prefill ms pyrt", "ExecuTorch", "eager", "decode tok/s pyrt", "ExecuTorch", "eager",
+            "pyrt/ET", "pyrt/eager"]
+    sweep_table = markdown_table(["budget", "applied bytes", "prefill ms", "decode tok/s"], [
+        [r["budget"], f"{r['applied_bytes']} of {r['streamable_bytes']}", f"{r['prefill_ms']:.1f}",
+         f"{r['decode_tokens_per_s']:.1f}"] for r in sweep])
+    text = "\n".join([
+        f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers "
+        f"{importlib.metadata.version('transformers')}, executorch {importlib.metadata.version('executorch')}; "
+        f"threads 1 on every side)", "",
+        f"{args.size} configs, {args.prompt_len}-token prompt, {args.new_tokens} new tokens (greedy, all three sides "
+        f"gave the same tokens), median of {args.samples} samples, sides interleaved:", "",
+        markdown_table(head, table), "",
+        "Decode tokens/s per weight-streaming budget, tiny Llama, reference engines on the simulated GPU "
+        "(8-token prompt, 16 new tokens; these time CPU reference engines, not a GPU: they only show the sweep "
+        "works end to end):", "", sweep_table])
+    print(text)
+    if not args.no_write:
+        write_results(f"bench_llm_{args.size}", "LLM generation", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

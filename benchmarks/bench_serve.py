@@ -1,0 +1,248 @@
+"""``pyrt serve`` against direct Program calls and a plain FastAPI + uvicorn app wrapping the same Program.
+
+For a reference-engine MLP and a small ResNet (``pyrt.testing.archs``, batch 1..32),
+each exported once with reference engines and run on one simulated GPU: requests/s
+and p50/p99 latency at concurrency 1, 8 and 32 of
+
+- ``direct``: ``Program`` calls in this process (threads share one Program);
+- ``fastapi``: one uvicorn process, a POST route taking the raw float32 bytes;
+- ``serve``: ``pyrt serve`` (one replica, binary KServe v2 bodies as tritonclient writes them),
+  with dynamic batching (``--max-batch-size 32``) and without (``1``);
+- ``ray serve no-op``: the floor of Ray Serve itself on this machine: a FastAPI ingress
+  replica that reads the same body and answers ``{}`` without running anything.
+
+Each request is one row. Clients are threads with keep-alive sessions in this process, on
+the same cores as the servers; every figure is from the same run. Threads pinned to 1.
+
+    python benchmarks/bench_serve.py [--requests 400] [--no-write]
+"""
+
+
+import argparse
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import requests  # noqa: E402
+import torch  # noqa: E402
+from fastapi import FastAPI, Request, Response  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, command_line, machine, markdown_table, write_results  # noqa: E402
+
+CONCURRENCY = (1, 8, 32)
+MAX_ROWS = 32
+SHAPES = {"mlp": (8,), "resnet": (3, 32, 32)}
+
+
+def export(directory: Path) -> dict[str, Path]:
+    from pyrt.export import to_pte
+    from pyrt.testing import archs
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(8, 256), torch.nn.Linear(256, 4)
+
+        def forward(self, x: Any) -> Any:
+            return self.l2(torch.relu(self.l1(x)))
+
+    torch.manual_seed(0)
+    resnet, _ = archs.build("resnet")
+    batch = {0: torch.export.Dim("batch", min=1, max=MAX_ROWS)}
+    out = {"mlp": directory / "mlp.pte", "resnet": directory / "resnet.pte"}
+    to_pte(Mlp().eval(), out["mlp"], (torch.randn(2, 8),), builder="reference", dynamic_shapes=(batch,),
+           progress=False)
+    to_pte(resnet, out["resnet"], (torch.randn(2, 3, 32, 32),), builder="reference", dynamic_shapes=(batch,),
+           progress=False)
+    return out
+
+
+def measure(call: Callable[[int], None], concurrency: int, n: int) -> dict[str, float]:
+    """requests/s, p50 and p99 (ms) of ``n`` calls from ``concurrency`` threads (after a warm-up)."""
+    for i in range(min(20, n)):
+        call(i)
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        mine = []
+        for i in range(k, n, concurrency):
+            t0 = time.perf_counter()
+            call(i)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            lat.extend(mine)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    wall = time.perf_counter() - start
+    ms = np.asarray(lat) * 1e3
+    return {"rps": n / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+
+
+def direct(path: Path, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
+    from pyrt.runtime.program import Program
+    from pyrt.testing import simulated_gpus
+
+    with simulated_gpus(1), Program(path) as prog:
+        return {c: measure(lambda i: prog(x), c, n) for c in CONCURRENCY}
+
+
+FASTAPI_APP = """
+import os, sys, numpy as np, torch, uvicorn
+from fastapi import FastAPI, Request, Response
+from pyrt.runtime.program import Program
+from pyrt.testing import simulated_gpus
+torch.set_num_threads(1)
+path, port, shape = sys.argv[1], int(sys.argv[2]), tuple(int(d) for d in sys.argv[3].split(","))
+with simulated_gpus(1):
+    prog = Program(path)
+    app = FastAPI()
+
+    @app.post("/infer")
+    def infer(body: bytes = __import__("fastapi").Body(..., media_type="application/octet-stream")) -> Response:
+        x = np.frombuffer(body, np.float32).reshape(-1, *shape)
+        return Response(np.ascontiguousarray(prog(x)).tobytes(), media_type="application/octet-stream")
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+"""
+
+
+def _wait_http(url: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=2)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _client(url: str, body: bytes, headers: dict[str, str]) -> Callable[[int], None]:
+    local = threading.local()
+
+    def call(i: int) -> None:
+        session = getattr(local, "s", None) or setattr(local, "s", requests.Session()) or local.s
+        reply = session.post(url, data=body, headers=headers, timeout=120)
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}: {reply.status_code} {reply.text[:200]}")
+    return call
+
+
+def fastapi(path: Path, name: str, x: np.ndarray, n: int, port: int) -> dict[int, dict[str, float]]:
+    shape = ",".join(map(str, SHAPES[name]))
+    proc = subprocess.Popen([sys.executable, "-c", FASTAPI_APP, str(path), str(port), shape], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/docs")
+        call = _client(f"http://127.0.0.1:{port}/infer", x.tobytes(), {"Content-Type": "application/octet-stream"})
+        return {c: measure(call, c, n) for c in CONCURRENCY}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def kserve_body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    import tritonclient.http as th
+
+    inp = th.InferInput("input0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    body, size = th.InferenceServerClient.generate_request_body(
+        [inp], outputs=[th.InferRequestedOutput("output0", binary_data=True)])
+    return body, {"Inference-Header-Content-Length": str(size), "Content-Type": "application/octet-stream"}
+
+
+def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: int) -> dict[int, dict[str, float]]:
+    from ray import serve
+
+    from pyrt.serve.app import deployment, run
+
+    run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0), path=str(path))
+    body, headers = kserve_body(x)
+    call = _client(f"http://127.0.0.1:{port}/v2/models/{name}/infer", body, headers)
+    try:
+        return {c: measure(call, c, n) for c in CONCURRENCY}
+    finally:
+        serve.delete("pyrt")
+
+
+def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
+    from ray import serve
+
+    api = FastAPI()
+
+    @serve.deployment
+    @serve.ingress(api)
+    class Noop:
+        @api.post("/v2/models/{name}/infer")
+        async def infer(self, name: str, request: Request) -> Response:
+            await request.body()
+            return Response(b"{}", media_type="application/json")
+
+    # the same max_ongoing_requests as pyrt's replicas (Ray's default, 5, makes the router back off at 32 clients)
+    serve.run(Noop.options(max_ongoing_requests=64).bind(), name="pyrt", route_prefix="/")  # type: ignore[attr-defined]
+    body, headers = kserve_body(x)
+    call = _client(f"http://127.0.0.1:{port}/v2/models/noop/infer", body, headers)
+    try:
+        return {c: measure(call, c, n) for c in CONCURRENCY}
+    finally:
+        serve.delete("pyrt")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=400, help="requests per measurement (default 400)")
+    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from pyrt.serve.app import start
+    from tests.serve_fixtures import free_port
+
+    rows_out: list[list[str]] = []
+    summary: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = export(Path(tmp))
+        port = free_port()
+        start(port=port, num_cpus=2, num_gpus=1)
+        for name, path in paths.items():
+            x = np.random.default_rng(0).standard_normal((1, *SHAPES[name])).astype(np.float32)
+            results = {"direct": direct(path, x, args.requests),
+                       "fastapi": fastapi(path, name, x, args.requests, free_port()),
+                       "serve (batch 32)": pyrt_serve(path, name, x, args.requests, port, MAX_ROWS),
+                       "serve (no batching)": pyrt_serve(path, name, x, args.requests, port, 1),
+                       "ray serve no-op": ray_noop(port, x, args.requests)}
+            for server, by_c in results.items():
+                for c, r in by_c.items():
+                    rows_out.append([name, server, str(c), f"{r['rps']:.0f}", f"{r['p50']:.2f}", f"{r['p99']:.2f}"])
+            s, d = results["serve (batch 32)"], results["direct"]
+            summary.append(
+                f"- {name}: p50 at concurrency 1, serve {s[1]['p50']:.2f} ms vs direct {d[1]['p50']:.2f} ms "
+                f"(+{s[1]['p50'] - d[1]['p50']:.2f} ms); at concurrency 32 batching gives "
+                f"{s[32]['rps'] / results['serve (no batching)'][32]['rps']:.2f}x the unbatched throughput and "
+                f"{s[32]['rps'] / results['fastapi'][32]['rps']:.2f}x the FastAPI app's; Ray Serve's own floor "
+                f"(no-op replica) is {results['ray serve no-op'][1]['p50']:.2f} ms p50 at concurrency 1")
+    table = markdown_table(["model", "server", "concurrency", "requests/s", "p50 ms", "p99 ms"], rows_out)
+    text = "\n".join([f"`{command_line()}` ({machine()}; one simulated GPU, reference engines; clients in the "
+                      "same process, on the same cores)", "", table, "", *summary])
+    print(text)
+    if not args.no_write:
+        write_results("bench_serve", "Serving", text)
+
+
+if __name__ == "__main__":
+    main()

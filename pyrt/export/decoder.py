@@ -1,0 +1,221 @@
+"""``decoder_to_pte``: a Hugging Face causal LM -> a .pte that follows ExecuTorch's LLM convention.
+
+The file's ``forward(tokens [batch, seq] int64, input_pos [seq] int64) -> logits`` keeps a
+static KV cache as program state (device memory when engines update it), and the file
+carries the constant methods ExecuTorch's llama export writes (``get_max_seq_len``,
+``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
+``use_kv_cache``, ``enable_dynamic_shape``), so ExecuTorch's runners and :func:`pyrt.generate`
+read the same files.
+
+Routes (``summary.route``): ``"upstream"`` (transformers' ExecuTorch integration) is tried
+first by ``route="auto"``; where it fails (torch 2.13 cannot decompose its dynamic-length
+program) pyrt's own wrapper (:class:`pyrt.export._decoder_wrap.DecoderModule`) takes over and
+``summary.route_reason`` says why.
+
+>>> import transformers as tf                                               # doctest: +SKIP
+>>> model = tf.LlamaForCausalLM(tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, ...))  # doctest: +SKIP
+>>> s = decoder_to_pte(model, "m.pte", max_seq_len=64, builder="reference")  # doctest: +SKIP
+>>> s.route, s.constant_methods["get_max_seq_len"]                          # doctest: +SKIP
+('pyrt', 64)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import sympy
+import torch
+from torch.utils._sympy.numbers import int_oo
+
+from pyrt.errors import ExportError
+from pyrt.export import _decoder_wrap as wrap
+from pyrt.export._atomic import atomic_write_all
+from pyrt.export._lower import CONSTANT_METHODS, fallback_ops
+from pyrt.export._prepare import decompose
+from pyrt.export._summary import ExportSummary
+from pyrt.export.api import make_options, to_pte
+
+log = logging.getLogger("pyrt.export")
+BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
+ROUTES = ("auto", "upstream", "pyrt")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def decoder_to_pte(
+    model: Any,
+    path: str | Path,
+    *,
+    max_seq_len: int,
+    builder: str = "auto",
+    batch_size: int = 1,
+    dtype: Any = None,
+    dynamic_prefill: bool = True,
+    route: str = "auto",
+    weight_streaming: bool = False,
+    weight_streaming_budget: Any = None,
+    device: Any = "cuda:0",
+    bos_id: int | None = None,
+    eos_ids: Any = None,
+    progress: bool | None = None,
+) -> ExportSummary:
+    """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
+
+    ``builder``: as for :func:`pyrt.export.to_pte`, or ``"portable"``: no delegate, every
+    operator on ExecuTorch's portable kernels (the file ExecuTorch's own runtime runs).
+    ``dynamic_prefill``: the sequence length is dynamic (1..max_seq_len), so a whole prompt is
+    prefilled in one call; False exports one token per call. ``dtype``: cast the model first
+    (``torch.float16``, ``"bfloat16"``, ...; the caller's model is not changed).
+    ``route``: "auto", "upstream" (transformers' recipe) or "pyrt" (pyrt's wrapper).
+    ``bos_id`` / ``eos_ids``: written as ``get_bos_id`` / ``get_eos_ids``; default from the
+    model's generation config (else its config). Weight streaming, budgets and devices
+    mean what they mean for ``to_pte``. Every option is checked before any work.
+    """
+    started = time.perf_counter()
+    check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
+    if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
+        make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
+                     builder=builder, progress=progress)
+    methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
+    if check is not None:
+        model = copy.deepcopy(model).to(check)
+    program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+    if builder == "portable":
+        summary = _portable(program, path, methods, started)
+    else:
+        token = CONSTANT_METHODS.set(methods)
+        try:
+            summary = to_pte(program, path, builder=builder, device=device, weight_streaming=weight_streaming,
+                             weight_streaming_budget=weight_streaming_budget, progress=progress)
+        finally:
+            CONSTANT_METHODS.reset(token)
+    return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
+                   seconds=time.perf_counter() - started)
+
+
+def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = None, eos_ids: Any = None
+                     ) -> dict[str, Any]:
+    """The metadata methods ExecuTorch's llama export writes (``get_bos_id``/``get_eos_ids`` when known)."""
+    config = wrap.text_config(model)
+    vocab = getattr(config, "vocab_size", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(vocab, int) or not isinstance(layers, int):
+        raise ExportError(f"model config {type(config).__name__} has no integer vocab_size / num_hidden_layers: "
+                          "is it a causal language model?")
+    generation = getattr(model, "generation_config", None)
+    bos = bos_id if bos_id is not None else _first(generation, config, "bos_token_id")
+    eos = eos_ids if eos_ids is not None else _first(generation, config, "eos_token_id")
+    methods: dict[str, Any] = {"get_max_seq_len": max_seq_len, "get_max_context_len": max_seq_len,
+                               "get_vocab_size": vocab, "get_n_layers": layers, "use_kv_cache": True,
+                               "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": dynamic}
+    if bos is not None:
+        methods["get_bos_id"] = _token_id(bos, vocab, "bos_id")
+    if eos is not None:
+        ids = [eos] if isinstance(eos, int) else list(eos) if isinstance(eos, (list, tuple)) else eos
+        if not isinstance(ids, list):
+            raise ExportError(f"eos_ids={eos!r} must be an int or a list of ints")
+        methods["get_eos_ids"] = [_token_id(i, vocab, "eos_ids") for i in ids]
+    return methods
+
+
+def _first(generation: Any, config: Any, name: str) -> Any:
+    for source in (generation, config):
+        value = getattr(source, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _token_id(value: Any, vocab: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+        raise ExportError(f"{name}: {value!r} is not a token id in [0, {vocab})")
+    return value
+
+
+def _check(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
+           ) -> Any:
+    """Every decoder option; returns the torch dtype to cast to (None: keep the model's)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ExportError(f"model must be a transformers causal LM (an nn.Module), got {type(model).__name__}")
+    config = wrap.text_config(model)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ExportError(f"{type(model).__name__} is an encoder-decoder model; decoder_to_pte exports "
+                          "decoder-only LMs")
+    for name, value, low in (("max_seq_len", max_seq_len, 2), ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ExportError(f"{name}={value!r} must be an int >= {low}")
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if isinstance(positions, int) and max_seq_len > positions:
+        raise ExportError(f"max_seq_len={max_seq_len} exceeds the model's {positions} position embeddings")
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, int) and max_seq_len > window:
+        raise ExportError(f"max_seq_len={max_seq_len} exceeds the model's sliding window ({window}); "
+                          "sliding-window caches are not exported")
+    for name, value, choices in (("builder", builder, BUILDERS), ("route", route, ROUTES)):
+        if value not in choices:
+            raise ExportError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    if not isinstance(dynamic, bool):
+        raise ExportError(f"dynamic_prefill={dynamic!r} must be a bool")
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)} (or a torch dtype of them)")
+
+
+def _program(model: Any, route: str, batch_size: int, max_seq_len: int, dynamic: bool
+             ) -> tuple[torch.export.ExportedProgram, str, str]:
+    """(exported program, route taken, why): "auto" tries upstream, then pyrt's wrapper."""
+    if route == "pyrt":
+        module = wrap.wrap("pyrt", model, max_seq_len, batch_size)
+        return wrap.export(module, "pyrt", batch_size, max_seq_len, dynamic), "pyrt", "asked for"
+    try:
+        module = wrap.wrap("upstream", model, max_seq_len, batch_size)
+        program = wrap.export(module, "upstream", batch_size, max_seq_len, dynamic)
+        _check_bounded(decompose(program))  # decomposing fails in torch 2.13 (issue #22); to_pte redoes it
+        return program, "upstream", "asked for" if route == "upstream" else "the upstream route worked"
+    except ExportError as exc:
+        if route == "upstream":
+            raise
+        reason = f"upstream route failed: {exc}"
+    log.info("decoder_to_pte: %s; using pyrt's wrapper", reason)
+    module = wrap.wrap("pyrt", model, max_seq_len, batch_size)
+    return wrap.export(module, "pyrt", batch_size, max_seq_len, dynamic), "pyrt", _short(reason)
+
+
+def _check_bounded(program: torch.export.ExportedProgram) -> None:
+    """ExportError when a size has no upper bound (engines need one; OPT's upstream program has one)."""
+    for symbol, bounds in program.range_constraints.items():
+        if bounds.upper in (int_oo, sympy.oo):
+            raise ExportError(f"size {symbol} has no upper bound ({bounds})")
+
+
+def _short(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float
+              ) -> ExportSummary:
+    """No delegate: ExecuTorch's ``to_edge`` + ``to_executorch`` (portable kernels), written atomically."""
+    from executorch.exir import to_edge
+
+    target = Path(path)
+    if target.is_dir() or not target.parent.is_dir():
+        raise ExportError(f"path {str(target)!r} is a directory or its directory does not exist")
+    try:
+        edge = to_edge(program, constant_methods=methods)
+        ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
+        manager = edge.to_executorch()
+    except Exception as exc:  # ExecuTorch raises many error types
+        raise ExportError(f"ExecuTorch lowering (portable kernels) failed: {type(exc).__name__}: {exc}") from exc
+    (size,) = atomic_write_all([(target, manager.write_to_file)])
+    return ExportSummary(str(target.resolve()), size, (), dict(ops), "portable", time.perf_counter() - started)
+
+
+__all__ = ["decoder_to_pte", "constant_methods", "BUILDERS", "ROUTES"]

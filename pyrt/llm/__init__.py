@@ -1,0 +1,21 @@
+"""LLM generation on .pte files that follow ExecuTorch's LLM convention.
+
+May import: every layer below the apps (runtime, memory, format, errors) and numpy; a
+tokenizer (``transformers``) only lazily, for ``pyrt generate --prompt``.
+
+>>> import pyrt
+>>> with pyrt.Program("m.pte") as prog:                                    # doctest: +SKIP
+...     out = pyrt.generate(prog, [1, 2, 3], max_new_tokens=32)
+...     out.tokens, out.finish_reason, out.timings.decode_tokens_per_s
+...     for token in pyrt.generate(prog, [1, 2, 3], max_new_tokens=8, stream=True):
+...         print(token)
+"""
+
+from __future__ import annotations
+
+from pyrt.llm.convention import Convention, follows_convention, read_convention
+from pyrt.llm.loop import Generation, GenerationResult, generate
+from pyrt.llm.timings import Timings
+
+__all__ = ["generate", "Generation", "GenerationResult", "Timings", "Convention", "follows_convention",
+           "read_convention"]

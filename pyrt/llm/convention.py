@@ -1,0 +1,108 @@
+"""ExecuTorch's LLM convention, read from a loaded program.
+
+``forward(tokens [batch, seq] int64, input_pos [seq] int64) -> logits [batch, seq, vocab]``
+with a KV cache kept in the program's state, plus constant methods (``get_max_seq_len``,
+``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
+``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
+Missing optional methods fall back as ExecuTorch's runner does (the context is the
+sequence length, the vocabulary the logits' last dimension, no BOS/EOS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyrt.errors import InputError, PyrtError
+from pyrt.runtime.program import Program
+
+CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
+                    "get_n_layers", "use_kv_cache", "enable_dynamic_shape")
+INT64 = 4  # ScalarType.LONG
+
+
+@dataclass(frozen=True)
+class Convention:
+    """What a generation loop needs to know about a conforming program."""
+
+    method: str
+    batch: int
+    max_prefill: int  # tokens one forward call takes (the seq dimension's upper bound)
+    dynamic: bool  # the seq dimension is dynamic: a prompt is prefilled in one call
+    max_context_len: int  # cache positions
+    vocab_size: int
+    bos_id: int | None
+    eos_ids: tuple[int, ...]
+    n_layers: int | None
+    constants: dict[str, Any]
+
+
+def read_convention(program: Any, method: str = "forward") -> Convention:
+    """The convention ``program``'s ``method`` follows; InputError naming what does not conform."""
+    if not isinstance(program, Program):
+        raise InputError(f"program must be a pyrt.Program, got {type(program).__name__}")
+    where = f"{program.source}: method {method!r}"
+    plans = {p.name: p for p in program._pte.program.execution_plan}  # the reader's records, read-only
+    plan = plans.get(method)
+    if plan is None:
+        raise InputError(f"{program.source}: no method {method!r} (methods: {sorted(plans)}); "
+                         "an LLM file needs forward(tokens, input_pos)")
+    tokens, pos, logits = _signature(plan, where)
+    constants = {name: _constant(program, name) for name in CONSTANT_METHODS if name in plans}
+    if constants.get("use_kv_cache") is False:
+        raise InputError(f"{where}: use_kv_cache is False; pyrt generates with a KV cache only")
+    context = _int(constants.get("get_max_context_len", constants.get("get_max_seq_len", tokens[1])), where,
+                   "get_max_context_len")
+    vocab = _int(constants.get("get_vocab_size", logits[-1]), where, "get_vocab_size")
+    if vocab != logits[-1]:
+        raise InputError(f"{where}: get_vocab_size is {vocab} but the logits' last dimension is {logits[-1]}")
+    bos = constants.get("get_bos_id")
+    eos = constants.get("get_eos_ids", ())
+    eos_ids = tuple(_int(e, where, "get_eos_ids") for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    layers = constants.get("get_n_layers")
+    return Convention(method, tokens[0], tokens[1], tokens[2], context, vocab,
+                      None if bos is None else _int(bos, where, "get_bos_id"), eos_ids,
+                      None if layers is None else _int(layers, where, "get_n_layers"), constants)
+
+
+def follows_convention(program: Any, method: str = "forward") -> bool:
+    """True when ``program``'s ``method`` follows the LLM convention (:func:`read_convention` succeeds)."""
+    try:
+        read_convention(program, method)
+    except PyrtError:
+        return False
+    return True
+
+
+def _signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int, ...], tuple[int, ...]]:
+    """((batch, max seq, dynamic), input_pos sizes, logits sizes) or InputError."""
+    ins = [plan.values[i] for i in plan.inputs]
+    outs = [plan.values[i] for i in plan.outputs]
+    if len(ins) != 2 or any(v.kind != "Tensor" for v in ins):
+        raise InputError(f"{where} takes {len(ins)} input(s) ({', '.join(v.kind for v in ins)}); the LLM "
+                         "convention is forward(tokens [batch, seq] int64, input_pos [seq] int64)")
+    tokens, pos = (v.tensor for v in ins)
+    for name, t, rank in (("tokens", tokens, 2), ("input_pos", pos, 1)):
+        if int(t.scalar_type) != INT64 or len(t.sizes) != rank:
+            raise InputError(f"{where}: input {name} is {t.scalar_type.dtype_name}{list(t.sizes)}; "
+                             f"the convention needs int64 of rank {rank}")
+    if len(outs) != 1 or outs[0].kind != "Tensor" or len(outs[0].tensor.sizes) != 3:
+        raise InputError(f"{where}: the convention returns one logits tensor [batch, seq, vocab]")
+    dynamic = tokens.shape_dynamism.name != "STATIC"
+    batch, seq = tokens.sizes
+    if tuple(pos.sizes) != (seq,):
+        raise InputError(f"{where}: input_pos has sizes {list(pos.sizes)}, tokens {list(tokens.sizes)}")
+    return (batch, seq, dynamic), tuple(pos.sizes), tuple(outs[0].tensor.sizes)
+
+
+def _constant(program: Program, name: str) -> Any:
+    try:
+        return program.run(method=name)
+    except PyrtError as exc:
+        raise InputError(f"{program.source}: constant method {name!r} failed: {exc}") from exc
+
+
+def _int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{where}: {name} is {value!r}, not a non-negative int")
+    return value

@@ -1,0 +1,96 @@
+"""Build and start a served program: :func:`deployment` returns the Ray Serve application.
+
+>>> from ray import serve                                            # doctest: +SKIP
+>>> app = deployment("model.pte", replicas=2, budget="50%")          # doctest: +SKIP
+>>> start(port=8000); serve.run(app, name="pyrt", route_prefix="/")  # doctest: +SKIP
+
+The file is opened and checked where the application is built, so a file that
+is not a valid program is a :class:`pyrt.errors.PteFormatError` naming it
+before anything is deployed; a replica that fails to load its Program fails the
+deployment (:func:`run` raises a :class:`pyrt.errors.PyrtError` naming the file)
+instead of restarting forever.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve import Application
+
+from pyrt.errors import PyrtError
+from pyrt.pte_reader import PteFile
+from pyrt.serve.config import ServeConfig, simulated_from_env
+from pyrt.serve.protocol import models_of
+from pyrt.serve.replica import PyrtReplica
+
+GRACEFUL_SHUTDOWN_S = 30.0
+
+
+def _check(cfg: ServeConfig) -> bool:
+    """Open the file as every replica will (typed errors name it); True when it has delegates."""
+    with PteFile.open(cfg.path) as pte:
+        models_of(pte, cfg.name)
+        return any(plan.delegates for plan in pte.program.execution_plan)
+
+
+def _paths(data: Any) -> tuple[str, ...]:
+    return (os.fspath(data),) if isinstance(data, (str, os.PathLike)) else tuple(os.fspath(d) for d in data)
+
+
+def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 1,
+               gpus_per_replica: float | None = None, budget: Any = None, data: Any = (),
+               kernels: str | None = None, max_batch_size: int = 8, batch_wait_ms: float = 2.0,
+               max_request_bytes: int | None = None, simulated_gpus: int | None = None,
+               app_name: str = "pyrt", num_cpus: float = 1.0) -> Application:
+    """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
+
+    Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
+    TensorRT delegates, else 0) and loads the Program on them with ``budget`` (resolved
+    for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
+    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead.
+    """
+    extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
+    sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
+    cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
+                      budget=budget, data=_paths(data),
+                      kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
+                      simulated_gpus=sim, app_name=app_name, **extra)
+    has_delegates = _check(cfg)
+    gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
+    cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})
+    return PyrtReplica.options(  # type: ignore[attr-defined]
+        name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
+        ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
+        max_ongoing_requests=max(64, 2 * cfg.max_batch_size), graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+        health_check_period_s=2.0,
+    ).bind(cfg)
+
+
+def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
+          num_gpus: int | None = None, metrics_port: int | None = None) -> None:
+    """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP proxy."""
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
+            if metrics_port is not None:
+                kwargs["_metrics_export_port"] = metrics_port
+        ray.init(**kwargs)
+    serve.start(http_options={"host": host, "port": port})
+
+
+def run(app: Application, *, app_name: str = "pyrt", path: str = "", route_prefix: str = "/") -> Any:
+    """Deploy ``app`` (built with the same ``app_name``) and wait until every replica has loaded.
+
+    A replica that cannot load its Program fails the deployment: PyrtError naming ``path``.
+    """
+    try:
+        return serve.run(app, name=app_name, route_prefix=route_prefix)
+    except RuntimeError as exc:
+        raise PyrtError(f"{path or 'the program'}: serving failed to start: a replica could not load it:\n{exc}") \
+            from None

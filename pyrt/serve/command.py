@@ -1,0 +1,135 @@
+"""``pyrt serve MODEL.pte``: serve a program over the Open Inference Protocol on Ray Serve.
+
+    pyrt serve model.pte --replicas 2 --budget 50% --port 8000
+    pyrt serve model.pte --address auto            # join a running Ray cluster (ray start --head ...)
+    PYRT_SIMULATED_GPUS=2 pyrt serve model.pte     # two simulated GPUs (reference engines only)
+
+It starts a local Ray (or joins ``--address``), deploys the program, prints where
+it serves once every replica has loaded it, and serves until Ctrl-C or SIGTERM,
+which drain the requests in flight and exit 0. Ray and Serve come with the
+``serve`` extra (``pip install 'pyrt[serve]'``); this module imports them only
+when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, simulated_from_env
+
+APP_NAME = "pyrt"
+EXAMPLES = """examples:
+  pyrt serve model.pte                               one replica on one GPU, http://127.0.0.1:8000/v2
+  pyrt serve model.pte --replicas 4 --budget 50%     four replicas, half of each engine's streamable weights
+  pyrt serve model.pte --address auto --host 0.0.0.0 join the Ray cluster this machine belongs to
+  PYRT_SIMULATED_GPUS=2 pyrt serve model.pte --replicas 2"""
+
+
+def _whole(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+    return parse
+
+
+def _number(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return x
+
+
+def _budget(text: str) -> Any:
+    """``50%`` stays text (pyrt.streaming parses it); ``0=1GiB,1=50%`` -> {0: "1GiB", 1: "50%"}."""
+    if "=" not in text:
+        return text
+    out: dict[int, str] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key.strip().isdigit() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
+        out[int(key)] = value.strip()
+    return out
+
+
+def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """Add ``serve`` to a command line's subparsers; the parsed namespace's ``func`` runs it."""
+    p = subparsers.add_parser("serve", parents=list(parents), formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=EXAMPLES, help="serve a .pte over the Open Inference Protocol (Ray Serve)",
+                              description="Serve a .pte program on Ray Serve, speaking KServe v2 / Triton's HTTP "
+                                          "protocol, with dynamic batching and one Program per replica.")
+    p.add_argument("path", help="the .pte file")
+    p.add_argument("--name", default="", help="model name (default: the file's stem); methods serve as NAME.METHOD")
+    p.add_argument("--replicas", type=_whole(1), default=1, help="replicas, each with its own Program (default 1)")
+    p.add_argument("--gpus-per-replica", type=_number, help="GPUs Ray assigns each replica (default: 1 when the "
+                                                            "program has TensorRT delegates, else 0)")
+    p.add_argument("--cpus-per-replica", type=_number, default=1.0, help="CPUs Ray reserves per replica (default 1)")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget per replica: bytes, 50%%, auto, 0=1GiB")
+    p.add_argument("--data", action="append", default=[], metavar="PTD", help="a .ptd file of external weights")
+    p.add_argument("--kernels", choices=("torch", "numpy"), help="kernels for non-delegated operators")
+    p.add_argument("--max-batch-size", type=_whole(1), default=8, help="most rows in one batched run (1: no batching)")
+    p.add_argument("--batch-wait-ms", type=_number, default=2.0, help="how long a batch waits to fill (default 2)")
+    p.add_argument("--max-request-bytes", type=_whole(1), default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="larger request bodies are refused with 413 (default 64 MiB)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
+    p.add_argument("--metrics-port", type=_whole(1), help="Prometheus port of a Ray this command starts")
+    p.set_defaults(func=run)
+    return p
+
+
+def _wait_for_stop(stop: threading.Event) -> None:
+    """Block until ``stop`` is set (SIGTERM) or Ctrl-C."""
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0."""
+    import ray  # extra: serve
+    from ray import serve  # extra: serve
+
+    from pyrt.serve.app import deployment, start  # extra: serve
+    from pyrt.serve.app import run as deploy  # extra: serve
+
+    sim = simulated_from_env()
+    app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+                     budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
+                     batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
+                     simulated_gpus=sim, num_cpus=args.cpus_per_replica)
+    start(address=args.address, host=args.host, port=args.port, num_gpus=sim if not args.address else None,
+          metrics_port=args.metrics_port)
+    stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        deploy(app, app_name=APP_NAME, path=args.path)
+        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s)); "
+              "Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
+        _wait_for_stop(stop)
+        print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
+    finally:
+        with contextlib.suppress(Exception):  # the proxy keeps answering while the replicas finish their requests
+            serve.delete(APP_NAME)
+        serve.shutdown()
+        ray.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+

@@ -1,0 +1,72 @@
+"""What a served program is loaded with: one frozen record, passed to every replica.
+
+>>> cfg = ServeConfig("model.pte", max_batch_size=16)
+>>> cfg.name, cfg.batch_wait_ms, cfg.replicas
+('model', 2.0, 1)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyrt.errors import InputError
+
+SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Load and serving options of one program (the ``pyrt serve`` flags).
+
+    ``name``: the model name (default: the file's stem); ``budget``, ``data``, ``kernels``:
+    as for :class:`pyrt.Program`; ``gpus_per_replica``: GPUs Ray assigns each replica
+    (None: 1 when the program has TensorRT delegates, else 0); ``max_batch_size``: most rows
+    one batched run holds (1: no batching); ``batch_wait_ms``: how long a batch waits to
+    fill; ``simulated_gpus``: run each replica on that many simulated GPUs (None: read
+    ``$PYRT_SIMULATED_GPUS`` where the application is built).
+    """
+
+    path: str
+    name: str = ""
+    replicas: int = 1
+    gpus_per_replica: float | None = None
+    budget: Any = None
+    data: tuple[str, ...] = ()
+    kernels: str | None = None
+    max_batch_size: int = 8
+    batch_wait_ms: float = 2.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    simulated_gpus: int | None = None
+    app_name: str = "pyrt"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", str(Path(self.path).resolve()))
+        if not self.name:
+            object.__setattr__(self, "name", Path(self.path).stem)
+        if isinstance(self.data, (str, os.PathLike)):
+            object.__setattr__(self, "data", (str(self.data),))
+        object.__setattr__(self, "data", tuple(str(Path(d).resolve()) for d in self.data))
+        for key in ("replicas", "max_batch_size", "max_request_bytes"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"serve {key}={value!r}: expected a whole number >= 1")
+        if not self.batch_wait_ms >= 0:
+            raise InputError(f"serve batch_wait_ms={self.batch_wait_ms!r}: expected a number of ms >= 0")
+        if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
+            raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
+        if "/" in self.name or not self.name:
+            raise InputError(f"serve name={self.name!r}: a model name must be non-empty and have no '/'")
+
+
+def simulated_from_env() -> int | None:
+    """``$PYRT_SIMULATED_GPUS`` as a count (None when unset); InputError naming a bad value."""
+    value = os.environ.get(SIMULATED_GPUS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise InputError(f"{SIMULATED_GPUS_ENV}={value!r}: expected a whole number of GPUs")
+    return int(value)

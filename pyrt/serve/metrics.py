@@ -1,0 +1,90 @@
+"""pyrt's per-model serving metrics, on the Prometheus endpoint Ray exposes, and kept per replica.
+
+Ray Serve exports these with its own (``ray_serve_*``) on each node's metrics
+port (``ray.init(_metrics_export_port=P)``, then ``http://HOST:P/metrics``),
+tagged with the deployment and replica; names there carry Ray's ``ray_``
+prefix:
+
+- ``pyrt_serve_requests_total{model}``: infer requests answered (any status);
+- ``pyrt_serve_errors_total{model, error}``: failed ones by class (``InputError``,
+  ``RequestTooLarge``, ``ExecutionError``, ...);
+- ``pyrt_serve_batch_rows{model}``: histogram of the rows in each run (1: unbatched);
+- ``pyrt_serve_run_seconds{model}``: histogram of each run's wall time;
+- ``pyrt_serve_weight_streaming_budget_bytes{model, engine, device}``: each engine's
+  applied weight-streaming budget, as TensorRT reads it back.
+
+The same counts, for the replica that answers, come from ``GET /v2/models/{name}/stats``
+(:meth:`ServeMetrics.stats`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter as Tally
+from typing import Any
+
+from ray.serve import metrics
+
+BATCH_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+RUN_BOUNDARIES = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+
+
+class ServeMetrics:
+    """Counters of one replica: exported to Ray's metrics and kept for the stats route."""
+
+    def __init__(self) -> None:
+        self.requests = metrics.Counter("pyrt_serve_requests", "infer requests answered", tag_keys=("model",))
+        self.errors = metrics.Counter("pyrt_serve_errors", "failed infer requests by class",
+                                      tag_keys=("model", "error"))  # type: ignore[arg-type]
+        self.rows = metrics.Histogram("pyrt_serve_batch_rows", "rows in each run of a method",
+                                      boundaries=BATCH_BOUNDARIES, tag_keys=("model",))
+        self.seconds = metrics.Histogram("pyrt_serve_run_seconds", "wall time of each run",
+                                         boundaries=RUN_BOUNDARIES, tag_keys=("model",))
+        self.budget = metrics.Gauge("pyrt_serve_weight_streaming_budget_bytes",
+                                    "applied weight-streaming budget per engine",
+                                    tag_keys=("model", "engine", "device"))  # type: ignore[arg-type]
+        self._lock = threading.Lock()
+        self._requests: Tally[str] = Tally()
+        self._errors: Tally[tuple[str, str]] = Tally()
+        self._batches: dict[str, Tally[int]] = {}
+        self._budgets: dict[str, list[dict[str, Any]]] = {}
+
+    def request(self, model: str) -> None:
+        self.requests.inc(tags={"model": model})
+        with self._lock:
+            self._requests[model] += 1
+
+    def error(self, model: str, kind: str) -> None:
+        self.errors.inc(tags={"model": model, "error": kind})
+        with self._lock:
+            self._errors[model, kind] += 1
+
+    def run(self, model: str, rows: int, seconds: float) -> None:
+        self.rows.observe(rows, tags={"model": model})
+        self.seconds.observe(seconds, tags={"model": model})
+        with self._lock:
+            self._batches.setdefault(model, Tally())[rows] += 1
+
+    def budgets(self, model: str, engines: list[Any]) -> None:
+        """Record each engine's applied budget (``Program.weight_streaming`` entries)."""
+        rows = []
+        for w in engines:
+            if w.budget is not None:
+                self.budget.set(w.budget, tags={"model": model, "engine": str(w.index), "device": str(w.device)})
+            rows.append({"engine": w.index, "device": w.device, "budget": w.budget, "source": w.source,
+                         "streamable_bytes": w.streamable_bytes})
+        self._budgets[model] = rows
+
+    def stats(self, model: str) -> dict[str, Any]:
+        """This replica's counts for ``model`` (and its process id): requests, errors by class, runs by rows,
+        engine budgets."""
+        with self._lock:
+            return {
+                "name": model,
+                "pid": os.getpid(),
+                "requests": self._requests[model],
+                "errors": {k: n for (m, k), n in self._errors.items() if m == model},
+                "batch_rows": {str(r): n for r, n in sorted(self._batches.get(model, Tally()).items())},
+                "weight_streaming": self._budgets.get(model, []),
+            }

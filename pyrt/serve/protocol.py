@@ -1,0 +1,309 @@
+"""The Open Inference Protocol (KServe v2, what Triton's clients speak) over a pyrt program's methods.
+
+Pure functions, no server: what a method declares (:class:`ModelInfo`), model
+metadata, infer requests decoded from JSON or the binary tensor data extension
+(``Inference-Header-Content-Length``; binary tensors become numpy views of the
+request body, never Python lists), and responses encoded the same two ways.
+Every bad request is a :class:`pyrt.errors.InputError` naming the model and the
+input, which the server answers with 400.
+
+>>> import numpy as np
+>>> from pyrt.serve.specs import InputSpec
+>>> info = ModelInfo("m", "forward", [InputSpec(0, "Tensor", "float32", (4, 2), True)],
+...                  [OutputSpec("output0", "float32", (4, 2), True)])
+>>> body = b'{"inputs": [{"name": "input0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}'
+>>> req = decode_infer(info, body, None)
+>>> req.arrays[0]
+array([[1., 2.]], dtype=float32)
+>>> json_body, headers = encode_infer(info, req, [req.arrays[0] * 2])
+>>> json.loads(json_body)["outputs"][0]["data"], headers
+([2.0, 4.0], {})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pyrt.errors import InputError
+from pyrt.pte_reader import PteFile
+from pyrt.serve.specs import InputSpec, check_array, method_inputs
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+VERSION = "1"
+# pyrt's dtype names (ScalarType.dtype_name) -> the protocol's tensor datatypes
+DATATYPES = {
+    "bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
+    "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "float16": "FP16", "float32": "FP32",
+    "float64": "FP64", "bfloat16": "BF16",
+}
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One declared output tensor: pyrt dtype name and sizes (upper bounds when ``dynamic``)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    dynamic: bool
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A served model: one method of a program, its declared inputs and outputs."""
+
+    name: str
+    method: str
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec]
+
+    @property
+    def tensors(self) -> list[InputSpec]:
+        """The inputs a client sends (scalars keep the value the program was exported with)."""
+        return [s for s in self.inputs if s.kind == "Tensor"]
+
+    @property
+    def batch_bound(self) -> int:
+        """Rows a batched run may hold: the smallest leading-dim bound, 0 when the method cannot batch.
+
+        A method batches when every input and output is a dynamic tensor of rank >= 1 (the leading
+        dim is the batch); a static method runs requests one at a time.
+        """
+        tensors = self.tensors
+        if not tensors or len(tensors) != len(self.inputs) or not self.outputs:
+            return 0
+        specs: list[Any] = [*tensors, *self.outputs]
+        if not all(s.dynamic and s.shape for s in specs):
+            return 0
+        return min(s.shape[0] for s in tensors)
+
+
+def input_name(spec: InputSpec) -> str:
+    return f"input{spec.position}"
+
+
+def datatype(dtype: str | None, where: str) -> str:
+    """The protocol datatype of a pyrt dtype name (InputError naming ``where`` when there is none)."""
+    dt = DATATYPES.get(dtype or "")
+    if dt is None:
+        raise InputError(f"{where}: dtype {dtype!r} has no Open Inference Protocol datatype")
+    return dt
+
+
+def method_outputs(pte: PteFile, method: str) -> list[OutputSpec]:
+    """The declared tensor outputs of ``method``, named ``output0``, ``output1``, ..."""
+    plan = {p.name: p for p in pte.program.execution_plan}[method]
+    out: list[OutputSpec] = []
+    for i in plan.outputs:
+        v = plan.values[i]
+        if v.kind == "Tensor":
+            t = v.tensor
+            out.append(OutputSpec(f"output{len(out)}", t.scalar_type.dtype_name, tuple(t.sizes),
+                                  t.shape_dynamism.name != "STATIC"))
+    return out
+
+
+def models_of(pte: PteFile, name: str) -> dict[str, ModelInfo]:
+    """The models a program serves: ``name`` (forward, when it has one) and ``name.METHOD`` for each method."""
+    out = {}
+    for plan in pte.program.execution_plan:
+        model = name if plan.name == "forward" else f"{name}.{plan.name}"
+        out[model] = ModelInfo(model, plan.name, method_inputs(pte, plan.name), method_outputs(pte, plan.name))
+    return out
+
+
+def _shape(spec: Any) -> list[int]:
+    return [-1] * len(spec.shape) if spec.dynamic else list(spec.shape)
+
+
+def model_metadata(info: ModelInfo, max_batch_size: int | None = None) -> dict[str, Any]:
+    """``GET /v2/models/{name}``: inputs and outputs with protocol datatypes; -1 for a dynamic dim.
+
+    ExecuTorch records only upper bounds for a dynamic tensor, so each of its dims is -1 here;
+    ``parameters.max_shape`` gives the bounds; ``parameters.max_batch_size`` the rows one batched
+    run holds (0: the method runs requests one at a time).
+    """
+    rows = info.batch_bound if max_batch_size is None else min(info.batch_bound, max_batch_size)
+    where = f"model {info.name!r}"
+    ins = [{"name": input_name(s), "datatype": datatype(s.dtype, where), "shape": _shape(s),
+            "parameters": {"max_shape": list(s.shape)}} for s in info.tensors]
+    outs = [{"name": s.name, "datatype": datatype(s.dtype, where), "shape": _shape(s),
+             "parameters": {"max_shape": list(s.shape)}} for s in info.outputs]
+    return {"name": info.name, "versions": [VERSION], "platform": "pyrt_executorch", "inputs": ins,
+            "outputs": outs, "parameters": {"method": info.method, "max_batch_size": rows if rows > 1 else 0}}
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class InferRequest:
+    """A decoded infer request: one array per tensor input, in position order."""
+
+    id: str | None
+    arrays: list[np.ndarray]
+    outputs: list[str] | None = None            # requested outputs (None: all)
+    binary: dict[str, bool] = field(default_factory=dict)  # per requested output
+    binary_default: bool = False                # parameters.binary_data_output
+
+    @property
+    def rows(self) -> int:
+        return int(self.arrays[0].shape[0])
+
+
+def _loads(data: bytes | memoryview, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(bytes(data))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{where}: the request is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: the request must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _split_body(body: bytes, header_length: str | None, where: str) -> tuple[dict[str, Any], int]:
+    if header_length is None:
+        return _loads(body, where), len(body)
+    try:
+        n = int(header_length)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= len(body):
+        raise InputError(f"{where}: {HEADER_LENGTH} {header_length!r} is not a length within the "
+                         f"{len(body)}-byte body")
+    return _loads(memoryview(body)[:n], where), n
+
+
+def decode_infer(info: ModelInfo, body: bytes, header_length: str | None) -> InferRequest:
+    """Decode ``POST /v2/models/{name}/infer`` (JSON, or JSON + binary tensors) against ``info``."""
+    where = f"model {info.name!r}"
+    doc, cursor = _split_body(body, header_length, where)
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise InputError(f"{where}: 'inputs' must be a list of tensor objects")
+    by_name: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name = str(item.get("name"))
+        if name in by_name:
+            raise InputError(f"{where}: input {name!r} is given twice")
+        by_name[name] = item
+    specs = {input_name(s): s for s in info.tensors}
+    extra = sorted(set(by_name) - set(specs))
+    if extra:
+        raise InputError(f"{where}: no input {extra[0]!r}; the model takes {sorted(specs)}")
+    arrays = []
+    for name, spec in specs.items():
+        if name not in by_name:
+            raise InputError(f"{where}: input {name!r} is missing; the model takes {sorted(specs)}")
+        arr, cursor = _tensor(by_name[name], spec, body, cursor, f"{where} input {name!r}")
+        arrays.append(arr)
+    if cursor != len(body):
+        raise InputError(f"{where}: {len(body) - cursor} bytes of binary data follow the last binary input")
+    req = InferRequest(doc.get("id") if isinstance(doc.get("id"), str) else None, arrays)
+    _requested_outputs(doc, info, req, where)
+    return req
+
+
+def _tensor(item: dict[str, Any], spec: InputSpec, body: bytes, cursor: int, where: str) -> tuple[np.ndarray, int]:
+    want = datatype(spec.dtype, where)
+    if item.get("datatype") != want:
+        raise InputError(f"{where}: datatype {item.get('datatype')!r}, the model takes {want}")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise InputError(f"{where}: shape {shape!r} must be a list of whole numbers >= 0")
+    dtype = _np_dtype(spec.dtype, where)
+    count = math.prod(shape)
+    params = item.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if not isinstance(size, int) or not 0 <= size <= len(body) - cursor:
+            raise InputError(f"{where}: binary_data_size {size!r} exceeds the {len(body) - cursor} bytes left")
+        if size != count * dtype.itemsize:
+            raise InputError(f"{where}: {size} bytes of binary data; shape {shape} {want} needs "
+                             f"{count * dtype.itemsize}")
+        arr = np.frombuffer(body, dtype=dtype, count=count, offset=cursor).reshape(shape)
+        cursor += size
+    else:
+        arr = _from_json(item.get("data"), dtype, shape, count, where)
+    check_array(spec, arr, where)
+    return arr, cursor
+
+
+def _np_dtype(dtype: str | None, where: str) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        try:
+            import ml_dtypes  # noqa: PLC0415 - optional, for bfloat16
+
+            return np.dtype(getattr(ml_dtypes, str(dtype)))
+        except (ImportError, AttributeError):
+            raise InputError(f"{where}: dtype {dtype!r} needs ml_dtypes (pip install ml_dtypes)") from None
+
+
+def _from_json(data: Any, dtype: np.dtype, shape: list[int], count: int, where: str) -> np.ndarray:
+    if not isinstance(data, list):
+        raise InputError(f"{where}: 'data' must be a list (or send binary_data_size)")
+    try:
+        arr = np.asarray(data)
+        if arr.dtype.kind not in "biuf" or (dtype.kind != "b" and arr.dtype.kind == "b"):
+            raise ValueError(f"values of type {arr.dtype.name}")
+        out = arr.astype(dtype).reshape(-1)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InputError(f"{where}: 'data' is not a list of {dtype.name} numbers ({exc})") from None
+    if out.size != count:
+        raise InputError(f"{where}: {out.size} values in 'data'; shape {shape} needs {count}")
+    return out.reshape(shape)
+
+
+def _requested_outputs(doc: dict[str, Any], info: ModelInfo, req: InferRequest, where: str) -> None:
+    params = doc.get("parameters") or {}
+    req.binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    outs = doc.get("outputs")
+    if outs is None:
+        return
+    names = [o.name for o in info.outputs]
+    if not isinstance(outs, list) or not all(isinstance(o, dict) for o in outs):
+        raise InputError(f"{where}: 'outputs' must be a list of objects")
+    req.outputs = []
+    for o in outs:
+        name = o.get("name")
+        if name not in names:
+            raise InputError(f"{where}: no output {name!r}; the model has {names}")
+        p = o.get("parameters") or {}
+        req.outputs.append(name)
+        req.binary[name] = bool(p.get("binary_data", req.binary_default)) if isinstance(p, dict) else False
+
+
+# -- responses ---------------------------------------------------------------------------------------
+
+
+def encode_infer(info: ModelInfo, req: InferRequest, outputs: Sequence[np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """The response body and its extra headers (``Inference-Header-Content-Length`` when binary)."""
+    named = {spec.name: np.ascontiguousarray(x) for spec, x in zip(info.outputs, outputs, strict=True)}
+    wanted = req.outputs if req.outputs is not None else list(named)
+    entries, blobs = [], []
+    for name in wanted:
+        x = named[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype(x.dtype.name, f"model {info.name!r}"),
+                                 "shape": list(x.shape)}
+        if req.binary.get(name, req.binary_default):
+            entry["parameters"] = {"binary_data_size": x.nbytes}
+            blobs.append(x.reshape(-1).view(np.uint8).data)
+        else:
+            entry["data"] = x.reshape(-1).tolist()
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": info.name, "model_version": VERSION, "outputs": entries}
+    if req.id is not None:
+        doc["id"] = req.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, {}
+    return b"".join([head, *blobs]), {HEADER_LENGTH: str(len(head))}

@@ -1,0 +1,210 @@
+"""The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
+
+One hop: the replica class is the FastAPI ingress (``@serve.ingress``), with
+``@serve.batch`` inside it, so a request goes proxy -> replica -> Program and
+back. Runs happen on one worker thread per replica (a Program's runs of one
+method take turns anyway) while the event loop keeps decoding requests, so
+the next batch fills during a run. Status codes: 404 unknown model, 400 a bad
+request (the ``InputError`` text), 413 a body over ``max_request_bytes``, 500
+a failed run (the typed error), 503 not ready.
+"""
+
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+
+from pyrt._version import __version__
+from pyrt.errors import InputError, PyrtError
+from pyrt.pte_reader import PteFile
+from pyrt.runtime.program import Program
+from pyrt.serve import generate
+from pyrt.serve.batching import run_batched
+from pyrt.serve.config import ServeConfig
+from pyrt.serve.metrics import ServeMetrics
+from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
+from pyrt.serve.protocol import model_metadata as describe
+from pyrt.serve.specs import flatten
+from pyrt.testing import simulated_devices
+
+api = FastAPI(title="pyrt serve", version=__version__)
+Item = tuple[str, list[np.ndarray]]
+
+
+class RequestTooLarge(InputError):
+    """A request body over the server's ``max_request_bytes`` (413)."""
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status a failure is answered with."""
+    if isinstance(exc, RequestTooLarge):
+        return 413
+    return 400 if isinstance(exc, InputError) else 500
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    text = str(exc) if isinstance(exc, PyrtError) else f"{type(exc).__name__}: {exc}"
+    return JSONResponse({"error": text}, status_code=status_of(exc))
+
+
+def load_program(cfg: ServeConfig) -> Program:
+    """The replica's Program, on the GPUs Ray assigned it (or simulated ones)."""
+    devices = None
+    if cfg.simulated_gpus is not None:
+        devices = simulated_devices(int(cfg.gpus_per_replica or 0) or cfg.simulated_gpus)
+    data = list(cfg.data) or None
+    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
+
+
+@serve.deployment
+@serve.ingress(api)
+class PyrtReplica:
+    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        with PteFile.open(cfg.path) as pte:
+            self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
+        self.program = load_program(cfg)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
+        self.metrics = ServeMetrics()
+        for info in self.models.values():
+            self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
+        batcher: Any = self._infer_batch  # serve.batch's handle has the setters; its stubs do not say so
+        batcher.set_max_batch_size(cfg.max_batch_size)
+        batcher.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
+        self.generation = generate.Generation(self.program, self.models, self.pool)
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One Program run of ``info``'s method; scalar inputs keep their exported values."""
+        it = iter(arrays)
+        args = [next(it) if spec.kind == "Tensor" else spec.value for spec in info.inputs]
+        start = time.perf_counter()
+        out = self.program.run(*args, method=info.method)
+        self.metrics.run(info.name, int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1,
+                         time.perf_counter() - start)
+        return [x for x in flatten(out) if isinstance(x, np.ndarray)]
+
+    def run_items(self, items: list[Item]) -> list[Any]:
+        """A batch of (model, arrays) items: each model's requests batched together, results in order."""
+        results: list[Any] = [None] * len(items)
+        by_model: dict[str, list[int]] = {}
+        for i, (name, _) in enumerate(items):
+            by_model.setdefault(name, []).append(i)
+        for name, idx in by_model.items():
+            info = self.models[name]
+            limit = min(self.cfg.max_batch_size, info.batch_bound)
+            out = run_batched(partial(self.run, info), [items[i][1] for i in idx], limit)
+            for i, r in zip(idx, out, strict=True):
+                results[i] = r
+        return results
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002,
+                 batch_size_fn=lambda items: sum(int(a[0].shape[0]) for _, a in items))
+    async def _infer_batch(self, items: list[Item]) -> list[Any]:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run_items, items)
+
+    async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
+        """Batched where the method batches and the request fits a batch, else one run of its own."""
+        limit = min(self.cfg.max_batch_size, info.batch_bound)
+        if limit > 1 and req.rows <= limit:
+            result = await self._infer_batch((info.name, req.arrays))
+            if isinstance(result, BaseException):
+                raise result
+            return list(result)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
+
+    # -- routes -----------------------------------------------------------------------------------
+    @api.get("/v2/health/live")
+    async def live(self) -> dict[str, bool]:
+        return {"live": True}
+
+    @api.get("/v2/health/ready")
+    async def ready(self) -> JSONResponse:
+        ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    def _all_replicas_running(self) -> bool:
+        try:
+            status = serve.status().applications[self.cfg.app_name]
+        except (KeyError, RuntimeError):
+            return False
+        return status.status == "RUNNING"
+
+    @api.get("/v2")
+    async def server_metadata(self) -> dict[str, Any]:
+        return {"name": "pyrt", "version": __version__,
+                "extensions": ["binary_tensor_data", "statistics", "generate"]}
+
+    @api.get("/v2/models/{name}")
+    @api.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(self, name: str, version: str = "") -> JSONResponse:
+        info = self.models.get(name)
+        if info is None:
+            return self._unknown(name)
+        return JSONResponse(describe(info, self.cfg.max_batch_size))
+
+    @api.get("/v2/models/{name}/ready")
+    @api.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(self, name: str, version: str = "") -> JSONResponse:
+        if name not in self.models:
+            return self._unknown(name)
+        ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+    @api.get("/v2/models/{name}/stats")
+    async def model_stats(self, name: str) -> JSONResponse:
+        if name not in self.models:
+            return self._unknown(name)
+        return JSONResponse(self.metrics.stats(name))
+
+    @api.post("/v2/models/{name}/infer")
+    @api.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(self, name: str, request: Request, version: str = "") -> Response:
+        info = self.models.get(name)
+        if info is None:
+            return self._unknown(name)
+        self.metrics.request(name)
+        try:
+            body = await self._body(request)
+            req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
+            outputs = await self.dispatch(info, req)
+            data, headers = encode_infer(info, req, outputs)
+        except Exception as exc:  # answered, never raised: the replica keeps serving
+            self.metrics.error(name, type(exc).__name__)
+            return error_response(exc)
+        media = "application/octet-stream" if headers else "application/json"
+        return Response(data, media_type=media, headers=headers)
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.cfg.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(f"request body of {declared} bytes is over the server's limit of {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"request body is over the server's limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @api.post("/v2/models/{name}/generate")
+    async def generate(self, name: str, request: Request) -> Response:
+        return await self.generation.generate(name, request, stream=False)
+
+    @api.post("/v2/models/{name}/generate_stream")
+    async def generate_stream(self, name: str, request: Request) -> Response:
+        return await self.generation.generate(name, request, stream=True)
+
+    def _unknown(self, name: str) -> JSONResponse:
+        self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values
+        return JSONResponse({"error": f"no model {name!r}; models are {sorted(self.models)}"}, status_code=404)

@@ -1,0 +1,23 @@
+"""docs/architecture.md's module map lists every module of the package with its docstring's first line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_module_map_is_current() -> None:
+    proc = subprocess.run([sys.executable, "scripts/module_map.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_package_says_its_job_and_what_it_may_import() -> None:
+    for init in sorted((ROOT / "pyrt").glob("*/__init__.py")):
+        text = init.read_text(encoding="utf-8")
+        assert text.lstrip().startswith('"""'), f"{init.relative_to(ROOT)} has no docstring"
+        where = init.relative_to(ROOT)
+        assert "may import" in text.split('"""')[1].lower(), f"{where}'s docstring does not say what it may import"
