@@ -180,6 +180,17 @@ def test_a_dropped_device_output_is_freed_on_the_callers_stream_without_a_sync(s
         assert sim.cuda.mem_info(alloc.device)[0] == free + alloc.nbytes
 
 
+def test_without_a_stream_the_legacy_streams_work_comes_first(sim: Any, programs: dict[str, Path]) -> None:
+    """A device caller that names no stream may still be producing its input on the legacy default stream
+    (the input says nothing of it): pyrt's own stream is ordered after the legacy stream's work."""
+    with Program(programs["device_in"]) as prog:
+        x = _inputs(13, runs=1)[0]
+        x_dev = _device_tensor(sim, x, stream=sim.cuda.borrowed_stream(0, 0))  # queued on the legacy stream
+        x_dev.stream = None  # the caller names no stream
+        (y,) = prog(x_dev)  # host results: pyrt's streams run (and read the input) before the call returns
+        np.testing.assert_allclose(y, _want(x), rtol=1e-6)
+
+
 def test_without_a_stream_a_device_output_is_freed_on_the_legacy_stream(sim: Any, programs: dict[str, Path]) -> None:
     with Program(programs["device_out"]) as prog:
         x = _inputs(11, runs=1)[0]
@@ -260,3 +271,15 @@ def test_devices_passed_explicitly_change_nothing_process_wide(programs: dict[st
             assert other.driver.live_allocations() == 0 and other.tensorrt.calls["deserialize_cuda_engine"] == 0
         assert sim.driver.live_allocations() > 0
     assert sim.driver.live_allocations() == 0 and sim.driver.hazards == [] and pyrt.cuda.current() is default
+
+
+def test_a_host_only_method_waits_for_the_device_before_reading_a_device_input(sim: Any) -> None:
+    """A method with no device work copies a device input to the host synchronously, after all of the
+    device's work: here the producer's copy is still queued on a stream the input does not name."""
+    from tests.ptefixtures import relu_program
+
+    with Program(relu_program(), kernels="numpy") as prog, sim.cuda.stream(0) as producer:
+        x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+        x_dev = _device_tensor(sim, x, stream=producer)  # queued, not run
+        x_dev.stream = None  # the caller names no stream
+        np.testing.assert_array_equal(prog(x_dev)[0], np.maximum(x, 0))
