@@ -44,10 +44,15 @@ def test_levels_come_from_verbose_then_the_environment() -> None:
         assert configure(False, {}) == logging.WARNING
         assert configure(False, {"PYRT_LOG": "info"}) == logging.INFO
         assert configure(True, {"PYRT_LOG": "error"}) == logging.DEBUG
-        assert len(logger.handlers) == len(before[1]) + 1  # a second call replaces its handler
+        ours = [h for h in logger.handlers if h.get_name() == "pyrt.logs.configure"]
+        others = [h for h in before[1] if h.get_name() != "pyrt.logs.configure"]
+        assert len(ours) == 1 and len(logger.handlers) == len(others) + 1  # a second call replaces its handler
     finally:
         for handler in [h for h in logger.handlers if h not in before[1]]:
             logger.removeHandler(handler)
+        for handler in before[1]:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
         logger.setLevel(before[0])
 
 
