@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 from pyrt.errors import BudgetError, InputError
+from pyrt.format.method_io import InputSpec
 from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
 from pyrt.tools.bench import PLOT_DPI, PLOT_SIZE, parse_sweep
-from pyrt.tools.inputs import InputSpec, assemble, parse_shape_arg, summarize
+from pyrt.tools.inputs import assemble, parse_shape_arg, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from pyrt.errors import InputError
+from pyrt.format.method_io import InputSpec
 from pyrt.serve.batching import pack, run_batched, split
 from pyrt.serve.protocol import HEADER_LENGTH, ModelInfo, OutputSpec, decode_infer, encode_infer, model_metadata
-from pyrt.serve.specs import InputSpec
 
 th = pytest.importorskip("tritonclient.http")
 

@@ -8,7 +8,7 @@ Every bad request is a :class:`pyrt.errors.InputError` naming the model and the
 input, which the server answers with 400.
 
 >>> import numpy as np
->>> from pyrt.serve.specs import InputSpec
+>>> from pyrt.format.method_io import InputSpec
 >>> info = ModelInfo("m", "forward", [InputSpec(0, "Tensor", "float32", (4, 2), True)],
 ...                  [OutputSpec("output0", "float32", (4, 2), True)])
 >>> body = b'{"inputs": [{"name": "input0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}'
@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
+from pyrt.format.method_io import InputSpec, method_inputs
 from pyrt.pte_reader import PteFile
-from pyrt.serve.specs import InputSpec, check_array, method_inputs
+from pyrt.serve.specs import check_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"

@@ -23,6 +23,7 @@ from ray import serve
 
 from pyrt._version import __version__
 from pyrt.errors import InputError, PyrtError
+from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import generate
@@ -31,7 +32,6 @@ from pyrt.serve.config import ServeConfig
 from pyrt.serve.metrics import ServeMetrics
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
-from pyrt.serve.specs import flatten
 from pyrt.testing import simulated_devices
 
 api = FastAPI(title="pyrt serve", version=__version__)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pyrt.format.method_io import flatten, method_inputs
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
@@ -27,7 +28,7 @@ from pyrt.tools.bench import (
     sweep,
 )
 from pyrt.tools.draw import to_dot, write_graph
-from pyrt.tools.inputs import assemble, flatten, load_files, method_inputs, parse_shapes, summarize
+from pyrt.tools.inputs import assemble, load_files, parse_shapes, summarize
 from pyrt.tools.report import _size, format_report, inspect
 from pyrt.tools.terminal import EXIT_OK, _progress, _say
 

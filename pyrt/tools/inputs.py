@@ -18,55 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.format.dtypes import scalar_type_from_name
+from pyrt.format.method_io import InputSpec, check_shape, flatten, method_inputs
 from pyrt.memory.layout import numpy_dtype
-from pyrt.pte_reader import PteFile
 
 _NAME = re.compile(r"(?:input_?)?([0-9]+)", re.ASCII)
-_SCALARS = ("Int", "Double", "Bool", "String", "Null")
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One declared input: a tensor (dtype, sizes: upper bounds when ``dynamic``) or a specialised scalar."""
-
-    position: int
-    kind: str
-    dtype: str | None = None
-    shape: tuple[int, ...] = ()
-    dynamic: bool = False
-    value: Any = None  # scalars: the exported constant
-
-    def describe(self) -> str:
-        """``float32[2, 4]``, ``float32[<=8, 8]`` (dynamic: bounds), ``Int 3``."""
-        if self.kind == "Tensor":
-            dims = ", ".join(f"<={d}" if self.dynamic else str(d) for d in self.shape)
-            return f"{self.dtype}[{dims}]"
-        return self.kind if self.kind in ("Null", "TensorList") else f"{self.kind} {self.value!r}"
-
-
-def method_inputs(pte: PteFile, method: str) -> list[InputSpec]:
-    """The declared inputs of ``method`` (InputError naming the methods when there is none such)."""
-    plans = {p.name: p for p in pte.program.execution_plan}
-    plan = plans.get(method)
-    if plan is None:
-        raise InputError(f"{pte.source}: no method {method!r}; methods are {list(plans)}")
-    out = []
-    for pos, i in enumerate(plan.inputs):
-        v = plan.values[i]
-        if v.kind == "Tensor":
-            t = v.tensor
-            out.append(InputSpec(pos, "Tensor", t.scalar_type.dtype_name, tuple(t.sizes),
-                                 t.shape_dynamism.name != "STATIC"))
-        else:
-            out.append(InputSpec(pos, v.kind, value=v.value if v.kind in _SCALARS else None))
-    return out
 
 
 def position(name: str, specs: Sequence[InputSpec], method: str) -> int:
@@ -98,7 +59,7 @@ def parse_shapes(items: Iterable[tuple[str, tuple[int, ...]]], specs: Sequence[I
         where = f"--shape {name}={','.join(map(str, shape))}"
         if spec.kind != "Tensor":
             raise InputError(f"{where}: method {method!r} input {pos} is a {spec.kind}, not a tensor")
-        _check_shape(spec, shape, f"{where} (method {method!r} input {pos}, {spec.describe()})")
+        check_shape(spec, shape, f"{where} (method {method!r} input {pos}, {spec.describe()})")
         out[pos] = shape
     return out
 
@@ -198,26 +159,7 @@ def check_array(spec: InputSpec, x: np.ndarray, where: str) -> None:
     """InputError unless ``x`` has the input's dtype and a shape within its bounds."""
     if x.dtype.name != spec.dtype:
         raise InputError(f"{where}: got {x.dtype.name}{list(x.shape)}; convert it, e.g. x.astype({spec.dtype!r})")
-    _check_shape(spec, tuple(x.shape), where)
-
-
-def _check_shape(spec: InputSpec, shape: tuple[int, ...], where: str) -> None:
-    if len(shape) != len(spec.shape):
-        raise InputError(f"{where}: shape {list(shape)} has rank {len(shape)}, the method takes rank "
-                         f"{len(spec.shape)}")
-    if not spec.dynamic and shape != spec.shape:
-        raise InputError(f"{where}: shape {list(shape)} differs from the static shape {list(spec.shape)}")
-    over = [i for i, (d, b) in enumerate(zip(shape, spec.shape, strict=True)) if not 0 <= d <= b]
-    if over:
-        raise InputError(f"{where}: shape {list(shape)} exceeds the upper bound {list(spec.shape)} "
-                         f"in dimension {over[0]}")
-
-
-def flatten(x: Any) -> list[Any]:
-    """Leaves of nested tuples/lists (method outputs) in order."""
-    if isinstance(x, (list, tuple)):
-        return [leaf for item in x for leaf in flatten(item)]
-    return [x]
+    check_shape(spec, tuple(x.shape), where)
 
 
 def summarize(x: Any) -> dict[str, Any]:
