@@ -229,6 +229,24 @@ a share must be in (0, 1] (a percentage in (0, 100]); pass an int for a byte cou
                  "'auto', an int of bytes, a str like '2GiB' or '50%', or a float share")
 
 
+def budget_argument(text: str) -> str | dict[int, str]:
+    """A command line's budget: ``50%`` stays text (:func:`parse_budget` reads it at load);
+    ``0=1GiB,1=50%`` becomes ``{0: "1GiB", 1: "50%"}``. ValueError for a malformed map.
+
+    >>> budget_argument("0=1GiB, 1=50%")
+    {0: '1GiB', 1: '50%'}
+    """
+    if "=" not in text:
+        return text
+    out: dict[int, str] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key.strip().isdigit() or not value.strip():
+            raise ValueError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
+        out[int(key)] = value.strip()
+    return out
+
+
 def parse_compile_spec_budget(raw: bytes | bytearray | memoryview | str, *,
                               source: str) -> int:
     """Parse a baked ``weight_streaming_budget`` compile-spec value (ASCII decimal).

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, simulated_from_env
+from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
 EXAMPLES = """examples:
@@ -54,16 +55,11 @@ def _number(text: str) -> float:
 
 
 def _budget(text: str) -> Any:
-    """``50%`` stays text (pyrt.streaming parses it); ``0=1GiB,1=50%`` -> {0: "1GiB", 1: "50%"}."""
-    if "=" not in text:
-        return text
-    out: dict[int, str] = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if not key.strip().isdigit() or not value.strip():
-            raise argparse.ArgumentTypeError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
-        out[int(key)] = value.strip()
-    return out
+    """``--budget``: :func:`pyrt.streaming.budget_argument`, its ValueError as a usage error."""
+    try:
+        return budget_argument(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pyrt._version import __version__
 from pyrt.serve import command as serve_command
+from pyrt.streaming import budget_argument
 from pyrt.tools.inputs import parse_shape_arg
 
 _FMT = argparse.RawDescriptionHelpFormatter
@@ -68,16 +69,11 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def _budget(text: str) -> Any:
-    """``50%`` stays text (pyrt.streaming parses it); ``0=1GiB,1=50%`` -> {0: "1GiB", 1: "50%"}."""
-    if "=" not in text:
-        return text
-    out: dict[int, str] = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if not key.strip().isdigit() or not value.strip():
-            raise argparse.ArgumentTypeError(f"expected ENGINE=BUDGET[,ENGINE=BUDGET...], got {text!r}")
-        out[int(key)] = value.strip()
-    return out
+    """``--budget``: :func:`pyrt.streaming.budget_argument`, its ValueError as a usage error."""
+    try:
+        return budget_argument(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:
