@@ -11,8 +11,10 @@ with fresh inputs and requires the driver to have seen no hazard.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,9 @@ import pytest
 
 from pyrt.cuda import DeviceAllocation
 from pyrt.format.dtypes import ScalarType
+from pyrt.kernels.prim_kernels import _copy_device
 from pyrt.memory.tensors import DeviceTensor
+from pyrt.runtime.delegates import DeviceContext
 from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
 from tests import gpu_programs
@@ -283,3 +287,84 @@ def test_a_host_only_method_waits_for_the_device_before_reading_a_device_input(s
         x_dev = _device_tensor(sim, x, stream=producer)  # queued, not run
         x_dev.stream = None  # the caller names no stream
         np.testing.assert_array_equal(prog(x_dev)[0], np.maximum(x, 0))
+
+
+def test_a_device_copy_to_another_gpu_waits_for_the_sources_writer(sim: Any) -> None:
+    """aten::copy_ from a cuda:0 tensor into a cuda:1 tensor (a device-resident buffer's write-back):
+    the source is still being written on cuda:0's stream, so the peer copy on cuda:1's stream waits for it."""
+    devices = DeviceContext(sim.cuda, {0, 1})
+    table = SimpleNamespace(devices=devices)  # the method's value table, as the kernel sees it
+    try:
+        with sim.cuda.alloc(64, 0) as a, sim.cuda.alloc(64, 1) as b:
+            src, dst = (DeviceTensor(m, 16, ScalarType.FLOAT, (2, 3), 6) for m in (a, b))
+            for x in _inputs(14):
+                sim.cuda.memcpy_htod(a, x, dst_offset=16, stream=devices.stream(0))  # the writer: queued on cuda:0
+                _copy_device(dst, src, table, "aten::copy_")
+                devices.stream(1).synchronize()  # runs cuda:1's queue; cuda:0's only through an event
+                np.testing.assert_array_equal(_host(sim, dst), x)
+    finally:
+        devices.close()
+
+
+class _PooledExport:
+    """A DLPack producer that exports a private copy of its data from a memory pool: the capsule owns the
+    copy, and releasing the capsule hands the block to the pool's next allocation, which writes it at once
+    on the legacy stream (as torch's or CuPy's caching allocators do)."""
+
+    def __init__(self, sim: Any, x: np.ndarray, fill: Callable[[Any], None]) -> None:
+        self.sim, self.x, self.fill = sim, x, fill
+        self._keep: list[Any] = []  # the exports' blocks and ctypes objects
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)  # kDLCUDA, cuda:0
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        block = self.sim.cuda.alloc(self.x.nbytes, 0)
+        self.sim.cuda.memcpy_htod(block, self.x)  # synchronous: ready for any consumer stream
+        shape = (ctypes.c_int64 * self.x.ndim)(*self.x.shape)
+        managed = _DLManaged()
+        managed.t.data, managed.t.device.device_type, managed.t.ndim = block.ptr, 2, self.x.ndim
+        managed.t.dtype.code, managed.t.dtype.bits, managed.t.dtype.lanes, managed.t.shape = 2, 32, 1, shape
+
+        def release(_capsule: int) -> None:  # the capsule's destructor: the block goes back to the pool
+            self.fill(block)
+
+        destructor = _CAPSULE_DESTRUCTOR(release)
+        self._keep.append((block, shape, managed, destructor))
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
+        return new(ctypes.addressof(managed), _DLTENSOR, destructor)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensorC(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManaged(ctypes.Structure):
+    _fields_ = [("t", _DLTensorC), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DLTENSOR = b"dltensor"
+
+
+def test_a_dlpack_input_is_kept_until_its_copy_into_a_device_arena_ran(sim: Any, programs: dict[str, Path]) -> None:
+    """The capsule pyrt reads a DLPack input through owns the memory; it is kept for the run, so the copy
+    into the device arena (queued on pyrt's stream) reads the data before the producer reuses the block."""
+    def reuse(block: Any) -> None:
+        sim.cuda.memcpy_htod(block, np.full(block.nbytes, 0xAB, np.uint8))  # the pool's next user
+
+    with Program(programs["device_in"]) as prog:
+        for x in _inputs(15):
+            (out,) = prog(_PooledExport(sim, x, reuse))
+            np.testing.assert_allclose(out, _want(x), rtol=1e-6)

@@ -62,14 +62,6 @@ EXEMPT = {
         "creates the run's keep-alive list; the statement that fills it is the mutant",
     "pyrt/runtime/delegates.py: self._keep: list[Any] = []  # private host copies read by this run's queued copies":
         "creates the keep-alive list; the statement that fills it is the mutant",
-    "pyrt/kernels/prim_kernels.py: devices.order(src.device, dst.device)  # the source's writer (on its device's "
-    "stream) first":
-        "KNOWN GAP, not a reason to keep it untested: aten::copy_ between device tensors on two GPUs; no program "
-        "the tests build has one (exports write et_copy copies), so no test sees this order yet",
-    "pyrt/runtime/inputs.py: state.keepalive.append(dev.owner)":
-        "KNOWN GAP, not a reason to keep it untested: keeps a device input's owner (a DLPack capsule's, or the "
-        "contiguous copy pyrt makes of a torch tensor) alive while the call queues the copy that reads it; the "
-        "fake's producers free memory only after the call returns, so no test sees it yet",
     "pyrt/serve/command.py: while not stop.wait(0.5):":
         "a threading.Event the serve command waits on, not a CUDA event",
     "pyrt/runtime/delegates.py: self._keep = []":
