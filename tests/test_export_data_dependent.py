@@ -131,6 +131,13 @@ def test_an_engine_output_without_an_upper_bound_is_a_typed_error(tmp_path: Path
         ReferenceBuilder().build(part, "b0", store, weight_streaming=False)
 
 
+def test_an_unbounded_size_outside_engines_fails_to_pte_with_a_typed_error(tmp_path: Path) -> None:
+    """ExecuTorch's memory planning raised a bare RuntimeError for it."""
+    program = torch.export.export(RepeatRows(), (torch.ones(3, 4), torch.tensor([1, 0, 2])))
+    with pytest.raises(ExportError, match=r"no upper bound \(.*u\d+.*\); give Dim\(max="):
+        to_pte(program, tmp_path / "m.pte", builder="reference")
+
+
 def _planner(model: nn.Module, args: tuple, tmp: Path) -> tuple[_Planner, EngineStore]:
     gm, forced, options = _staged(model, args)
     store = EngineStore(tmp)
