@@ -8,16 +8,18 @@ TensorRT profile (an untyped TypeError), and the planner once looped for minutes
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, _constrain_range_for_size
 
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._builders import _profile, size_hint
+from pyrt.export._builders import ReferenceBuilder, _profile, check_outputs, shape_ranges, size_hint
 from pyrt.export._engines import EngineStore
 from pyrt.export._stage import _Planner
 from pyrt.testing import datadep_models as dm
@@ -66,6 +68,74 @@ def test_an_unbacked_size_is_hinted_by_its_upper_bound() -> None:
 def test_an_unbacked_size_without_a_bound_is_a_typed_error() -> None:
     with pytest.raises(ExportError, match=r"input 'input_0' dim 0 .* has no upper bound"):
         size_hint(_unbacked(None), "input_0", 0)
+
+
+class RepeatRows(nn.Module):
+    """repeat_interleave by a count tensor: a data-dependent size with no upper bound."""
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(x, counts, dim=0) * 2
+
+
+def _dim_without_max() -> torch.SymInt:
+    """Dim 0 of an input exported with ``Dim("n")`` (no max: its range ends at torch's int_oo)."""
+    program = torch.export.export(nn.ReLU(), (torch.ones(3, 4),), dynamic_shapes=({0: torch.export.Dim("n")},))
+    x = next(n for n in program.graph.nodes if n.op == "placeholder")
+    return x.meta["val"].shape[0]
+
+
+@pytest.mark.parametrize("size", [
+    pytest.param(lambda: _unbacked(None), id="unbacked"),
+    pytest.param(lambda: _unbacked(None) * 2 + 1, id="unbacked-expression"),
+    pytest.param(_dim_without_max, id="dim-without-max"),
+    pytest.param(lambda: sympy.Symbol("s9", integer=True, positive=True) + 1, id="bare-sympy"),
+])
+def test_a_size_without_an_upper_bound_names_input_dim_and_expression(size: object) -> None:
+    """int_oo claims ``is_finite``; an unbounded size (SymInt or bare sympy, which has no ``.node``)
+    once fell through to ``int(int_oo)`` or ``size.node``: a raw AttributeError."""
+    dim = size()  # type: ignore[operator]
+    expr = re.escape(str(dim.node.expr if isinstance(dim, torch.SymInt) else dim))
+    want = rf"input 'tokens' dim 1 \({expr}\) has no upper bound; give Dim\(max="
+    with pytest.raises(ExportError, match=want):
+        shape_ranges(_Shape(4, dim), "tokens")
+    hint = dim.node.hint if isinstance(dim, torch.SymInt) else None
+    if hint is not None:  # a traced size keeps its trace value as example
+        assert size_hint(dim, "tokens", 1) == hint
+        return
+    with pytest.raises(ExportError, match=want):
+        size_hint(dim, "tokens", 1)
+
+
+def test_a_size_pyrt_cannot_read_is_a_typed_error() -> None:
+    with pytest.raises(ExportError, match=r"output 'y' dim 0 is 'n' \(str\), not a size expression"):
+        shape_ranges(_Shape("n"), "y", role="output")
+    assert shape_ranges(_Shape(sympy.Integer(3), 5), "x") == ((3, 3), (5, 5))
+
+
+def test_an_unbounded_input_dim_fails_to_pte_with_a_typed_error(tmp_path: Path) -> None:
+    program = torch.export.export(nn.ReLU(), (torch.ones(3, 4),), dynamic_shapes=({0: torch.export.Dim("n")},))
+    with pytest.raises(ExportError, match=r"input '\w+' dim 0 \(s\d+\) has no upper bound; give Dim\(max="):
+        to_pte(program, tmp_path / "m.pte", builder="reference")
+
+
+def test_an_engine_output_without_an_upper_bound_is_a_typed_error(tmp_path: Path) -> None:
+    from pyrt.export._partition import extract
+
+    gm, _, _ = _staged(RepeatRows(), (torch.ones(3, 4), torch.tensor([1, 0, 2])))
+    compute = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.meta["val"], torch.Tensor)]
+    part = extract(gm, compute)  # static inputs, an output sized by the counts' sum
+    want = r"output '\w+' dim 0 \(u\d+\) has no upper bound; give Dim\(max="
+    with pytest.raises(ExportError, match=want):
+        check_outputs(part)
+    with EngineStore(tmp_path) as store, pytest.raises(ExportError, match=want):
+        ReferenceBuilder().build(part, "b0", store, weight_streaming=False)
+
+
+def test_an_unbounded_size_outside_engines_fails_to_pte_with_a_typed_error(tmp_path: Path) -> None:
+    """ExecuTorch's memory planning raised a bare RuntimeError for it."""
+    program = torch.export.export(RepeatRows(), (torch.ones(3, 4), torch.tensor([1, 0, 2])))
+    with pytest.raises(ExportError, match=r"no upper bound \(.*u\d+.*\); give Dim\(max="):
+        to_pte(program, tmp_path / "m.pte", builder="reference")
 
 
 def _planner(model: nn.Module, args: tuple, tmp: Path) -> tuple[_Planner, EngineStore]:

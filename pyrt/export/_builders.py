@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -24,7 +25,7 @@ from pyrt.errors import ExportError
 from pyrt.export import reference_builder, trt_builder
 from pyrt.export._engines import EngineRecord, EngineStore, timed
 from pyrt.export._onnx import Unavailable, export_partition
-from pyrt.export._partition import Extracted
+from pyrt.export._partition import Extracted, is_tensor_node
 from pyrt.export._prepare import onnx_translates
 from pyrt.export._profiles import activation_bytes, input_bounds
 from pyrt.format.trt_blob import IOBinding
@@ -72,6 +73,7 @@ class ReferenceBuilder:
               progress: Any = None) -> Built:
         limits = part.module.meta.get("range_constraints")
         profiles = [reference_builder.Profile(shape_ranges(a.meta["val"], a.name, limits)) for a in part.inputs]
+        check_outputs(part)
         io: dict[str, Any] = {}
         several = None
         if self.symbol_profiles:
@@ -113,6 +115,7 @@ class TensorRTBuilder:
         ranges: dict[int | str, dict[str, list[int]]] = {
             i: _profile(v, a.name, limits)
             for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
+        check_outputs(part)
         several = [{i: dict(zip(("min", "opt", "max"), map(list, input_bounds(v, sym)), strict=True))
                     for i, v in enumerate(vals) if _is_dynamic(v)} for sym in self.symbol_profiles or []]
         shapes: Any = several or ranges
@@ -168,24 +171,39 @@ def _is_dynamic(t: torch.Tensor) -> bool:
     return any(not isinstance(d, int) for d in t.shape)
 
 
-def shape_ranges(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[tuple[int, int], ...]:
+def shape_ranges(t: torch.Tensor, name: str, constraints: Any = None, role: str = "input"
+                 ) -> tuple[tuple[int, int], ...]:
     """(min, max) per dim; symbolic dims are bounded by the program's range constraints
     (what the user declared; the shape environment's own ranges specialise away 0 and 1)."""
-    return tuple((s, s) if isinstance(s, int) else _dim_range(s, name, d, constraints) for d, s in enumerate(t.shape))
+    return tuple((s, s) if isinstance(s, int) else _dim_range(s, name, d, constraints, role)
+                 for d, s in enumerate(t.shape))
 
 
-def _dim_range(size: Any, name: str, dim: int, constraints: Any = None) -> tuple[int, int]:
-    """(min, max) of a symbolic dim; ExportError when it has no finite upper bound."""
+def _dim_range(size: Any, name: str, dim: int, constraints: Any = None, role: str = "input") -> tuple[int, int]:
+    """(min, max) of a symbolic dim (a SymInt or a sympy expression); ExportError when it has no
+    finite upper bound (torch's ``int_oo`` claims ``is_finite``: only a sympy Integer is one)."""
     from torch.utils._sympy.value_ranges import bound_sympy
 
-    node = size.node
-    ranges = dict(node.shape_env.var_to_range)
+    expr, ranges = _symbolic(size, name, dim, role)
     ranges.update({k: v for k, v in (constraints or {}).items() if getattr(k, "is_Symbol", False)})
-    rng = bound_sympy(node.expr, ranges)
+    rng = bound_sympy(expr, ranges)
     lower, upper = _finite(rng.lower), _finite(rng.upper)
     if upper is None:
-        raise ExportError(f"input {name!r} dim {dim} ({node.expr}) has no upper bound; give Dim(max=...)")
+        raise ExportError(f"{role} {name!r} dim {dim} ({expr}) has no upper bound; give Dim(max=...) "
+                          "(a data-dependent size: torch._check(size <= N))")
     return max(lower or 0, 0), upper
+
+
+def _symbolic(size: Any, name: str, dim: int, role: str) -> tuple[sympy.Expr, dict[Any, Any]]:
+    """A dim's sympy expression and its shape environment's symbol ranges (none for a bare expression)."""
+    if isinstance(size, sympy.Expr):
+        return size, {}
+    node = getattr(size, "node", None)
+    expr = getattr(node, "expr", None)
+    if not isinstance(expr, sympy.Expr):
+        raise ExportError(f"{role} {name!r} dim {dim} is {size!r} ({type(size).__name__}), not a size "
+                          "expression pyrt can bound; give Dim(max=...)")
+    return expr, dict(getattr(getattr(node, "shape_env", None), "var_to_range", None) or {})
 
 
 def _finite(value: Any) -> int | None:
@@ -193,15 +211,24 @@ def _finite(value: Any) -> int | None:
     return int(value) if getattr(value, "is_Integer", False) else None
 
 
-def size_hint(size: Any, name: str, dim: int, constraints: Any = None) -> int:
+def size_hint(size: Any, name: str, dim: int, constraints: Any = None, role: str = "input") -> int:
     """A dimension's example value: its trace hint, else (a data-dependent size such as
     ``nonzero``'s, which has none) its upper bound; no finite bound is an ExportError."""
     if isinstance(size, int):
         return size
-    hint = size.node.hint
+    hint = getattr(getattr(size, "node", None), "hint", None)
     if hint is not None:
         return int(hint)
-    return _dim_range(size, name, dim, constraints)[1]
+    return _dim_range(size, name, dim, constraints, role)[1]
+
+
+def check_outputs(part: Extracted) -> None:
+    """ExportError naming an engine output whose size has no finite upper bound (ExecuTorch plans
+    every tensor at its bound; its own error is a bare RuntimeError at lowering)."""
+    limits = part.module.meta.get("range_constraints")
+    for out in part.outputs:
+        if is_tensor_node(out):
+            shape_ranges(out.meta["val"], out.name, limits, role="output")
 
 
 def _hint(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[int, ...]:

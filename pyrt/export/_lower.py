@@ -107,9 +107,21 @@ def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any,
         fallback = fallback_ops(edge.exported_program().graph_module)
         _check_all_delegated(edge.exported_program().graph_module)
         with (weights_by_reference(weights) if external and streaming else contextlib.nullcontext()):
-            manager = edge.to_executorch(config)
+            manager = _to_executorch(edge, config)
     del edge, program
     return _write(manager, session, config, target, options, weights if external else None, fallback)
+
+
+def _to_executorch(edge: Any, config: Any) -> Any:
+    """``edge.to_executorch``; a size ExecuTorch cannot bound (a data-dependent op outside any
+    engine, such as ``repeat_interleave``) is an ExportError instead of its bare RuntimeError."""
+    try:
+        return edge.to_executorch(config)
+    except RuntimeError as exc:
+        if "finite upper bound" not in str(exc):
+            raise
+        raise ExportError(f"ExecuTorch cannot plan memory for a size with no upper bound ({exc}); give "
+                          "Dim(max=...) or torch._check(size <= N) after the op that makes it") from exc
 
 
 def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, options: Any) -> Lowered:
