@@ -125,14 +125,7 @@ def _batch_norm_legit(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None,
                       running_var: np.ndarray, training: bool, momentum: float, eps: float) -> tuple[Out, Out, Out]:
     if training:
         return _batch_stats(x, w, b, eps)
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    y = (x - running_mean.reshape(shape)) / np.sqrt(running_var.reshape(shape) + eps)
-    if w is not None:
-        y = y * w.reshape(shape)
-    if b is not None:
-        y = y + b.reshape(shape)
-    empty = np.zeros((0,), dtype=x.dtype)
-    return y, empty, empty
+    return _batch_norm(x, w, b, running_mean, running_var, momentum, eps)
 
 
 # -- convolution and pooling ---------------------------------------------------------------------------
