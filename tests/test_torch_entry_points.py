@@ -19,7 +19,7 @@ from pyrt.pte_reader import Operator  # noqa: E402
 
 
 def _impls(qualified: str) -> tuple[Any, list[Any]]:
-    name, _, overload = qualified.partition(".")
+    name, _, overload = qualified.partition("[")[0].partition(".")
     op = Operator(name, overload)
     lib = TorchLibrary()
     packet = getattr(torch.ops.aten, name.partition("::")[2])
@@ -50,6 +50,10 @@ CASES = {
     "aten::full_like.out": lambda: (
         (torch.randn(2, 3), -0.1), {"out": torch.empty(2, 3)}),
     "aten::gelu.out": lambda: ((torch.randn(4, 6),), {"out": torch.empty(4, 6)}),
+    # copy.out: src broadcast to self's shape, converted to self's dtype; self a view into a larger storage
+    "aten::copy.out": lambda: ((torch.zeros(64)[8:14].view(2, 3), torch.randn(3), False), {"out": torch.empty(2, 3)}),
+    "aten::copy.out[int]": lambda: ((torch.zeros(100, dtype=torch.int64)[5], torch.tensor(41.7), False),
+                                    {"out": torch.empty((), dtype=torch.int64)}),
 }
 
 
@@ -88,6 +92,15 @@ def test_fill_like_steps_aside_when_out_differs() -> None:
     with pytest.raises(TypeError):
         impls[0](torch.randn(2, 3), 1.5, out=out)
     assert not out.any()
+
+
+def test_copy_steps_aside_when_out_differs() -> None:
+    """An out of another dtype or shape than self: torch.ops decides (it resizes or refuses), nothing written."""
+    _, impls = _impls("aten::copy.out")
+    for out in (torch.zeros(2, 3, dtype=torch.int64), torch.zeros(3, 2)):
+        with pytest.raises(TypeError):
+            impls[0](torch.zeros(2, 3), torch.ones(3), False, out=out)
+        assert not out.any()
 
 
 class LayerNormStats(torch.nn.Module):

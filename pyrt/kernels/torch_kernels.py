@@ -153,6 +153,8 @@ class TorchLibrary:
             return [lambda x, *, out: clamp_min(x, 0, out=out)]
         if op.qualified_name == "aten::full_like.out":
             return [_fill_like]
+        if op.qualified_name == "aten::copy.out":
+            return [_copy_into]
         found = getattr(vf, name, None)
         if found is None:
             found = getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
@@ -177,6 +179,17 @@ def _fill_like(x: torch.Tensor, fill_value: float, *, memory_format: torch.memor
     if out.dtype != x.dtype or out.shape != x.shape:
         raise TypeError("full_like: out differs from self in dtype or shape")
     return out.fill_(fill_value)
+
+
+def _copy_into(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    """``copy.out`` as ``out.copy_(src)``: ``src`` broadcast to ``x``'s shape in ``x``'s dtype, as ATen writes.
+
+    ATen's functional ``copy`` clones the whole storage behind ``x`` first (``clone_preserve_strides``):
+    in a memory-planned arena that is the arena, megabytes per call, only to be overwritten.
+    """
+    if out.dtype != x.dtype or out.shape != x.shape:
+        raise TypeError("copy: out differs from self in dtype or shape")
+    return out.copy_(src)
 
 
 def _functional_out(fn: Callable[..., Any], names: list[str], skip: frozenset[str] = frozenset()) -> Callable[..., Any]:
