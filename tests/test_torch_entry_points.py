@@ -54,6 +54,17 @@ CASES = {
     "aten::copy.out": lambda: ((torch.zeros(64)[8:14].view(2, 3), torch.randn(3), False), {"out": torch.empty(2, 3)}),
     "aten::copy.out[int]": lambda: ((torch.zeros(100, dtype=torch.int64)[5], torch.tensor(41.7), False),
                                     {"out": torch.empty((), dtype=torch.int64)}),
+    # the *_scatter ops: self a view into a larger storage (an arena), as pyrt's planned tensors are
+    "aten::slice_scatter.out": lambda: ((torch.randn(100)[10:34].view(4, 6), torch.randn(4, 2), 1, 1, 5, 2),
+                                        {"out": torch.empty(4, 6)}),
+    "aten::slice_scatter.out[defaults]": lambda: ((torch.randn(100)[10:34].view(4, 6), torch.randn(4, 6)),
+                                                  {"out": torch.empty(4, 6)}),
+    "aten::slice_scatter.out[negative]": lambda: ((torch.randn(4, 6), torch.randn(1, 6), 0, -1, None, 1),
+                                                  {"out": torch.empty(4, 6)}),
+    "aten::select_scatter.out": lambda: ((torch.randn(50)[3:27].view(2, 3, 4), torch.randn(2, 4), 1, -1),
+                                         {"out": torch.empty(2, 3, 4)}),
+    "aten::diagonal_scatter.out": lambda: ((torch.randn(64)[1:21].view(4, 5), torch.randn(4), 1, 0, 1),
+                                           {"out": torch.empty(4, 5)}),
 }
 
 
@@ -101,6 +112,22 @@ def test_copy_steps_aside_when_out_differs() -> None:
         with pytest.raises(TypeError):
             impls[0](torch.zeros(2, 3), torch.ones(3), False, out=out)
         assert not out.any()
+
+
+@pytest.mark.parametrize("qualified, args", [
+    ("aten::slice_scatter.out", (torch.zeros(4, 6), torch.ones(4, 3), 1, 0, 2, 1)),
+    ("aten::select_scatter.out", (torch.zeros(4, 6), torch.ones(4), 0, 1)),
+    ("aten::diagonal_scatter.out", (torch.zeros(4, 6), torch.ones(5), 0, 0, 1)),
+])
+def test_scatters_step_aside_when_src_is_not_the_slices_shape(qualified: str, args: tuple) -> None:
+    """torch.ops then raises ATen's own error; the out is left as it was."""
+    overload, impls = _impls(qualified)
+    out = torch.zeros(4, 6)
+    with pytest.raises(TypeError):
+        impls[0](*args, out=out)
+    assert not out.any()
+    with pytest.raises(RuntimeError):
+        overload(*args, out=out)
 
 
 class LayerNormStats(torch.nn.Module):

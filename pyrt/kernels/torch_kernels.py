@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_args, small_kernels, torch_outs
+from pyrt.kernels import small_args, small_kernels, torch_inplace, torch_outs
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
@@ -151,10 +151,8 @@ class TorchLibrary:
         if op.qualified_name == "aten::relu.out":  # ATen's relu is clamp_min(self, 0); its binding has no out=
             clamp_min = vf.clamp_min
             return [lambda x, *, out: clamp_min(x, 0, out=out)]
-        if op.qualified_name == "aten::full_like.out":
-            return [_fill_like]
-        if op.qualified_name == "aten::copy.out":
-            return [_copy_into]
+        if op.qualified_name in torch_inplace.ENTRY_POINTS:  # ATen's own would clone the arena behind self
+            return [torch_inplace.ENTRY_POINTS[op.qualified_name]]
         found = getattr(vf, name, None)
         if found is None:
             found = getattr(self.torch._C._nn, name, None)  # gelu, elu, pads...
@@ -171,25 +169,6 @@ def _cat_of_one(vals: list[Value], args: tuple[int, ...]) -> torch.Tensor:
     if len(tensors) != 1:
         raise ValueError("cat of several tensors is no view")
     return tensors[0][...]
-
-
-def _fill_like(x: torch.Tensor, fill_value: float, *, memory_format: torch.memory_format | None = None,
-               out: torch.Tensor) -> torch.Tensor:
-    """``full_like.out`` as ``out.fill_``: the same bytes where out has ``x``'s dtype and shape."""
-    if out.dtype != x.dtype or out.shape != x.shape:
-        raise TypeError("full_like: out differs from self in dtype or shape")
-    return out.fill_(fill_value)
-
-
-def _copy_into(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False, *, out: torch.Tensor) -> torch.Tensor:
-    """``copy.out`` as ``out.copy_(src)``: ``src`` broadcast to ``x``'s shape in ``x``'s dtype, as ATen writes.
-
-    ATen's functional ``copy`` clones the whole storage behind ``x`` first (``clone_preserve_strides``):
-    in a memory-planned arena that is the arena, megabytes per call, only to be overwritten.
-    """
-    if out.dtype != x.dtype or out.shape != x.shape:
-        raise TypeError("copy: out differs from self in dtype or shape")
-    return out.copy_(src)
 
 
 def _functional_out(fn: Callable[..., Any], names: list[str], skip: frozenset[str] = frozenset()) -> Callable[..., Any]:
