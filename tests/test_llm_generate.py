@@ -160,3 +160,31 @@ def test_one_token_per_call_files_prefill_token_by_token(tmp_path: Path, llama: 
         conv = pyrt.llm.read_convention(prog)
         assert (conv.dynamic, conv.max_prefill) == (False, 1)
         assert pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[]).tokens == llama.want
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_half_precision_files_generate_what_the_model_in_that_dtype_does(tmp_path: Path, name: str,
+                                                                         dtype: torch.dtype) -> None:
+    """``dtype=``: greedy tokens equal ``model.to(dtype).generate`` on torch and on numpy kernels.
+
+    bfloat16 logits have no numpy dtype: on torch kernels the loop runs on torch tensors, on numpy
+    kernels (ml_dtypes' bfloat16) it widens the row it samples from; both are exact in float32.
+    """
+    from pyrt.export import decoder_to_pte
+
+    path = tmp_path / f"{name}.pte"
+    decoder_to_pte(L.build(name), path, max_seq_len=L.MAX_SEQ_LEN, builder="portable", dtype=dtype, progress=False)
+    want = L.eager_greedy(L.build(name).to(dtype), L.PROMPT, L.NEW_TOKENS)
+    kernels = ["torch", "numpy"] if dtype is torch.float16 or _has_ml_dtypes() else ["torch"]
+    for k in kernels:
+        with pyrt.Program(path, kernels=k) as prog:
+            assert pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[]).tokens == want, k
+
+
+def _has_ml_dtypes() -> bool:
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -112,6 +112,8 @@ CASES: list[tuple[str, tuple, Callable[..., Any]]] = [
     ("aten::scatter_add.out", (r(3, 4), 0, idx, r(3, 4)), aten.scatter_add.default),
     ("aten::index_put.out", (r(5, 3), [np.array([0, 2, 2])], r(3, 3), True), aten.index_put.default),
     ("aten::index_put.out", (r(5, 3), [np.array([4, 1])], r(2, 3), False), aten.index_put.default),
+    ("aten::copy.out", (r(4, 6), r(6), False), aten.copy.default),
+    ("aten::copy.out", (np.zeros((2, 3), np.int64), r(1, 3) * 9, False), aten.copy.default),
     ("aten::slice_scatter.out", (r(4, 6), r(4, 2), 1, 1, 5, 2), aten.slice_scatter.default),
     ("aten::select_scatter.out", (r(4, 6), r(6), 0, -1), aten.select_scatter.default),
     ("aten::_adaptive_avg_pool2d.out", (r(1, 2, 7, 5), [3, 2]), aten._adaptive_avg_pool2d.default),
@@ -147,3 +149,8 @@ def test_as_strided_out_of_bounds_is_input_error(args: tuple) -> None:
 def test_group_norm_bad_groups_is_input_error() -> None:
     with pytest.raises(InputError, match="native_group_norm"):
         _OPS["aten::native_group_norm.out"].fn(x4, None, None, 2, 4, 15, 3, 1e-5)
+
+
+def test_copy_of_a_src_that_does_not_broadcast_is_input_error() -> None:
+    with pytest.raises(InputError, match=r"copy: src of shape \(4,\) does not broadcast to self's shape \(2, 3\)"):
+        _OPS["aten::copy.out"].fn(np.zeros((2, 3), np.float32), r(4), False)

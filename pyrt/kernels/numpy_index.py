@@ -101,6 +101,15 @@ def _index_put(a: np.ndarray, indices: Sequence[np.ndarray | None], values: Oper
     return out
 
 
+@op("aten::copy.out", n_in=3)
+def _copy(a: np.ndarray, src: np.ndarray, non_blocking: bool = False) -> Out:
+    """``src`` broadcast to ``a``'s shape in ``a``'s dtype; ``a``'s values are not read."""
+    try:
+        return np.broadcast_to(np.asarray(src).astype(a.dtype, copy=False), a.shape)
+    except ValueError:
+        raise InputError(f"copy: src of shape {np.shape(src)} does not broadcast to self's shape {a.shape}") from None
+
+
 @op("aten::slice_scatter.out", n_in=6)
 def _slice_scatter(a: np.ndarray, src: np.ndarray, dim: int = 0, start: int | None = None,
                    end: int | None = None, step: int = 1) -> Out:

@@ -20,6 +20,7 @@ from pyrt.runtime.program import Program
 CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
                     "get_n_layers", "use_kv_cache", "enable_dynamic_shape")
 INT64 = 4  # ScalarType.LONG
+BFLOAT16 = 15  # ScalarType.BFLOAT16
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Convention:
     n_layers: int | None
     constants: dict[str, Any]
     start_position: bool = False  # input_pos is [1], the first token's position (ExecuTorch's llama export)
+    torch_io: bool = False  # bfloat16 logits on torch kernels (numpy has no bfloat16): runs take torch tensors
 
 
 def read_convention(program: Any, method: str = "forward") -> Convention:
@@ -65,7 +67,9 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     return Convention(method, tokens[0], tokens[1], tokens[2], context, vocab,
                       None if bos is None else _int(bos, where, "get_bos_id"), eos_ids,
                       None if layers is None else _int(layers, where, "get_n_layers"), constants,
-                      start_position=pos == (1,) and tokens[1] > 1)
+                      start_position=pos == (1,) and tokens[1] > 1,
+                      torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == BFLOAT16
+                      and program.kernels != "numpy")
 
 
 def follows_convention(program: Any, method: str = "forward") -> bool:

@@ -22,6 +22,7 @@ from pyrt.llm.sampling import sample_token
 from pyrt.llm.timings import Clock, Timings
 
 FINISH_REASONS = ("stop", "length", "cache_full")
+_NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass
@@ -128,7 +129,14 @@ def _prefill(program: Any, conv: Convention, prompt: list[int]) -> np.ndarray:
 
 
 def _forward(program: Any, conv: Convention, tokens: list[int], begin: int) -> np.ndarray:
+    """The last position's logits (float32 when the program's are bfloat16, which numpy lacks)."""
     ids = np.asarray([tokens], dtype=np.int64)
     pos = np.arange(begin, begin + (1 if conv.start_position else len(tokens)), dtype=np.int64)
+    if conv.torch_io:  # a bfloat16 program runs on torch kernels: torch is imported already
+        import torch
+
+        logits = program.run(torch.from_numpy(ids), torch.from_numpy(pos), method=conv.method)
+        return logits.reshape(-1, conv.vocab_size)[-1].float().numpy()  # bf16 -> float32 is exact
     logits = program.run(ids, pos, method=conv.method)
-    return np.asarray(logits).reshape(-1, conv.vocab_size)[-1]  # [1, seq, vocab] or the last position's [1, vocab]
+    row = np.asarray(logits).reshape(-1, conv.vocab_size)[-1]  # [1, seq, vocab] or the last position's [1, vocab]
+    return row if row.dtype in _NUMPY_FLOATS else row.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
