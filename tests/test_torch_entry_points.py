@@ -63,6 +63,10 @@ CASES = {
                                                   {"out": torch.empty(4, 6)}),
     "aten::select_scatter.out": lambda: ((torch.randn(50)[3:27].view(2, 3, 4), torch.randn(2, 4), 1, -1),
                                          {"out": torch.empty(2, 3, 4)}),
+    "aten::index_put.out": lambda: ((torch.randn(200)[8:104].view(1, 2, 6, 8), [None, None, torch.tensor([4])],
+                                     torch.randn(1, 2, 1, 8), False), {"out": torch.empty(1, 2, 6, 8)}),
+    "aten::index_put.out[accumulate]": lambda: ((torch.randn(5, 3), [torch.tensor([0, 2, 2])], torch.randn(3, 3),
+                                                 True), {"out": torch.empty(5, 3)}),
     "aten::diagonal_scatter.out": lambda: ((torch.randn(64)[1:21].view(4, 5), torch.randn(4), 1, 0, 1),
                                            {"out": torch.empty(4, 5)}),
 }

@@ -3,8 +3,9 @@
 ATen's functional ``copy``, ``slice_scatter``, ``select_scatter`` and ``diagonal_scatter`` start
 from ``clone_preserve_strides(self)``: a copy of the whole storage behind ``self``. pyrt's
 tensors are views of a memory-planned arena, so each call would copy the arena (megabytes)
-only to overwrite one slice of the copy. These entry points write ``self`` then ``src``
-into ``out`` (the bytes ATen's out wrapper writes) and raise TypeError, before writing
+only to overwrite one slice of the copy (``index_put`` clones only ``self``, then copies the
+clone into ``out``: a KV-cache update copied twice). These entry points write ``self`` then
+``src`` into ``out`` (the bytes ATen's out wrapper writes) and raise TypeError, before writing
 anything, where they do not apply (``out`` not of ``self``'s dtype and shape, ``src`` not
 of the slice's shape): :class:`~pyrt.kernels.torch_kernels.TorchLibrary` then calls
 ``torch.ops``, which writes or raises as ATen does. Host tensors only, as every torch kernel.
@@ -72,10 +73,21 @@ def diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: 
     return _scatter(lambda t: t.diagonal(offset, dim1, dim2), x, src, out, "diagonal_scatter")
 
 
+def index_put_into(x: torch.Tensor, indices: list[torch.Tensor | None], values: torch.Tensor,
+                   accumulate: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    """``index_put.out``: ``self`` copied into ``out``, then ``index_put_`` there (bad indices raise as ATen's)."""
+    import torch
+
+    _like(out, x, "index_put")
+    out.copy_(x)
+    return torch.ops.aten.index_put_.default(out, indices, values, accumulate)
+
+
 ENTRY_POINTS: dict[str, Callable[..., Any]] = {
     "aten::full_like.out": fill_like,
     "aten::copy.out": copy_into,
     "aten::slice_scatter.out": slice_scatter,
     "aten::select_scatter.out": select_scatter,
     "aten::diagonal_scatter.out": diagonal_scatter,
+    "aten::index_put.out": index_put_into,
 }
