@@ -40,14 +40,16 @@ def test_a_file_that_cannot_load_is_an_error_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [[], ["--ray-proxy"]], ids=["haproxy", "ray-proxy"])
+def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: list[str]) -> None:
+    """Through HAProxy straight to the replica (the default) and through Ray Serve's proxy actor."""
     pytest.importorskip("torch")
     pytest.importorskip("executorch")
     requests = pytest.importorskip("requests")
     path = serve_fixtures.build(tmp_path)["dyn"]
     port = free_port()
     proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", "1500",
-                             "--max-batch-size", "32", "--cpus-per-replica", "0.5"],
+                             "--max-batch-size", "32", "--cpus-per-replica", "0.5", *flags],
                             env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}/v2"
     try:
@@ -79,3 +81,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path) -> None:
             proc.wait()
     out = proc.stdout.read() if proc.stdout else ""
     assert "draining requests in flight" in out
+    from pyrt.serve import ingress
+
+    haproxy = not flags and ingress.haproxy_binary() is not None
+    assert f"HTTP via {ingress.HAPROXY if haproxy else ingress.RAY_PROXY}" in out, out

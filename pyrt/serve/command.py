@@ -116,19 +116,19 @@ def run(args: argparse.Namespace) -> int:
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica)
-    ingress = start(address=args.address, host=args.host, port=args.port,
-                    num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
-                    ray_proxy=args.ray_proxy)
+    via = start(address=args.address, host=args.host, port=args.port,
+                num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
+                ray_proxy=args.ray_proxy)
     stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         deploy(app, app_name=APP_NAME, path=args.path)
-        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s)); "
-              "Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
+        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "
+              f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
         _wait_for_stop(stop)
         print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
     finally:
-        with contextlib.suppress(Exception):  # the proxy keeps answering while the replicas finish their requests
+        with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
             serve.delete(APP_NAME)
         serve.shutdown()
         ray.shutdown()
