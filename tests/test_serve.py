@@ -271,13 +271,29 @@ def _running(app: str) -> int:
     return 0 if status is None else sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
 
 
+def _racing_request(base: str, body: dict[str, Any]) -> int:
+    """The status of a request sent as a replica dies; 0 when the connection was closed without an answer."""
+    try:
+        return int(post(base, "dyn", body).status_code)
+    except requests.ConnectionError:
+        return 0
+
+
 @pytest.mark.slow
 def test_a_killed_replica_is_replaced_while_the_other_serves(dyn: str, programs: dict[str, Path]) -> None:
+    """Requests sent meanwhile are answered by the surviving replica.
+
+    Behind HAProxy (the default) the one request racing the death itself may be dropped (connection
+    closed, or HAProxy's 502 mapped to 500), about one kill in four here; Ray's proxy re-routes it.
+    Documented in README (Serve) and pyrt.serve.ingress.
+    """
     before = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(_replica_pids(dyn, "dyn")), 60, "2 replicas")
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
     x = rows(np.random.default_rng(5), 2)
     want = direct(programs["dyn"], x)
+    first = _racing_request(dyn, json_infer(x))
+    assert first == 200 or (INGRESS["mode"] == ingress.HAPROXY and first in (0, 500)), first
     answered = 0
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # requests sent meanwhile: answered by the surviving replica
