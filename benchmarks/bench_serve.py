@@ -1,18 +1,23 @@
 """``pyrt serve`` against direct Program calls and a plain FastAPI + uvicorn app wrapping the same Program.
 
-For a reference-engine MLP and a small ResNet (``pyrt.testing.archs``, batch 1..32),
-each exported once with reference engines and run on one simulated GPU: requests/s
-and p50/p99 latency at concurrency 1, 8 and 32 of
+Three programs, each exported once with reference engines (batch 1..32) and run on one simulated GPU:
+a tiny MLP (8 -> 256 -> 4), a small ResNet (``pyrt.testing.archs``), and a wide MLP (64 -> 4096, three
+4096 x 4096 layers, -> 16; 200 MB of weights) whose cost is weight-bound like a GPU's: a batch of 32
+rows costs a few times one row, not 32 times. Requests/s and p50/p99 latency at concurrency 1, 8 and 32 of
 
 - ``direct``: ``Program`` calls in this process (threads share one Program);
 - ``fastapi``: one uvicorn process, a POST route taking the raw float32 bytes;
-- ``serve``: ``pyrt serve`` (one replica, binary KServe v2 bodies as tritonclient writes them),
-  with dynamic batching (``--max-batch-size 32``) and without (``1``);
-- ``ray serve no-op``: the floor of Ray Serve itself on this machine: a FastAPI ingress
-  replica that reads the same body and answers ``{}`` without running anything.
+- ``serve``: ``pyrt serve`` as it starts by default (one replica; HTTP through HAProxy straight to the
+  replica, Ray 2.56+ direct ingress; binary KServe v2 bodies as tritonclient writes them), with dynamic
+  batching (``--max-batch-size 32``) and without (``1``);
+- ``ray serve no-op``: the floor of Ray Serve itself: a FastAPI ingress replica that reads the same
+  body and answers ``{}`` without running anything;
+- ``... (ray proxy)``: the batched server and the no-op again on a Ray started with ``--ray-proxy``
+  (Ray Serve's HTTP proxy actor in front, the pre-2.56 path).
 
 Each request is one row. Clients are threads with keep-alive sessions in this process, on
-the same cores as the servers; every figure is from the same run. Threads pinned to 1.
+the same cores as the servers; every figure is from the same run. Threads pinned to 1
+(OMP/OpenBLAS/MKL variables, inherited by Ray's processes and the FastAPI app; ``torch.set_num_threads(1)``).
 
     python benchmarks/bench_serve.py [--requests 400] [--no-write]
 """
@@ -44,29 +49,35 @@ from _common import ROOT, command_line, machine, markdown_table, write_results  
 
 CONCURRENCY = (1, 8, 32)
 MAX_ROWS = 32
-SHAPES = {"mlp": (8,), "resnet": (3, 32, 32)}
+SHAPES = {"mlp": (8,), "resnet": (3, 32, 32), "wide": (64,)}
+WIDE = 4096
+
+
+class Mlp(torch.nn.Module):
+    """Linear-ReLU layers: ``sizes[0] -> ... -> sizes[-1]``."""
+
+    def __init__(self, *sizes: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False))
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers[:-1]:
+            x = torch.relu(layer(x))
+        return self.layers[-1](x)
 
 
 def export(directory: Path) -> dict[str, Path]:
     from pyrt.export import to_pte
     from pyrt.testing import archs
 
-    class Mlp(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.l1, self.l2 = torch.nn.Linear(8, 256), torch.nn.Linear(256, 4)
-
-        def forward(self, x: Any) -> Any:
-            return self.l2(torch.relu(self.l1(x)))
-
     torch.manual_seed(0)
     resnet, _ = archs.build("resnet")
+    models = {"mlp": Mlp(8, 256, 4).eval(), "resnet": resnet, "wide": Mlp(64, WIDE, WIDE, WIDE, WIDE, 16).eval()}
     batch = {0: torch.export.Dim("batch", min=1, max=MAX_ROWS)}
-    out = {"mlp": directory / "mlp.pte", "resnet": directory / "resnet.pte"}
-    to_pte(Mlp().eval(), out["mlp"], (torch.randn(2, 8),), builder="reference", dynamic_shapes=(batch,),
-           progress=False)
-    to_pte(resnet, out["resnet"], (torch.randn(2, 3, 32, 32),), builder="reference", dynamic_shapes=(batch,),
-           progress=False)
+    out = {name: directory / f"{name}.pte" for name in models}
+    for name, model in models.items():
+        to_pte(model, out[name], (torch.randn(2, *SHAPES[name]),), builder="reference", dynamic_shapes=(batch,),
+               progress=False)
     return out
 
 
@@ -204,41 +215,73 @@ def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
         serve.delete("pyrt")
 
 
+Results = dict[str, dict[str, dict[int, dict[str, float]]]]  # model -> server -> concurrency -> figures
+
+
+def serve_rows(paths: dict[str, Path], xs: dict[str, np.ndarray], n: int, results: Results, *,
+               ray_proxy: bool) -> None:
+    """The Serve rows of every model, on a local Ray started as ``pyrt serve`` starts it (or with --ray-proxy)."""
+    import ray
+    from ray import serve
+
+    from pyrt.serve.app import start
+    from tests.serve_fixtures import free_port
+
+    port = free_port()
+    start(port=port, num_cpus=2, num_gpus=1, ray_proxy=ray_proxy)
+    try:
+        for name, path in paths.items():
+            if ray_proxy:
+                results[name]["serve (batch 32, ray proxy)"] = pyrt_serve(path, name, xs[name], n, port, MAX_ROWS)
+                results[name]["ray serve no-op (ray proxy)"] = ray_noop(port, xs[name], n)
+                continue
+            results[name]["serve (batch 32)"] = pyrt_serve(path, name, xs[name], n, port, MAX_ROWS)
+            results[name]["serve (no batching)"] = pyrt_serve(path, name, xs[name], n, port, 1)
+            results[name]["ray serve no-op"] = ray_noop(port, xs[name], n)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def summary(name: str, r: dict[str, dict[int, dict[str, float]]]) -> str:
+    s, d, f = r["serve (batch 32)"], r["direct"], r["fastapi"]
+    return (f"- {name}: p50 at concurrency 1, serve {s[1]['p50']:.2f} ms vs direct {d[1]['p50']:.2f} ms "
+            f"(+{s[1]['p50'] - d[1]['p50']:.2f} ms; Ray proxy: "
+            f"+{r['serve (batch 32, ray proxy)'][1]['p50'] - d[1]['p50']:.2f} ms); at concurrency 32 batching gives "
+            f"{s[32]['rps'] / r['serve (no batching)'][32]['rps']:.2f}x the unbatched throughput and "
+            f"{s[32]['rps'] / f[32]['rps']:.2f}x the FastAPI app's (Ray proxy: "
+            f"{r['serve (batch 32, ray proxy)'][32]['rps'] / f[32]['rps']:.2f}x); Ray Serve's own floor (no-op "
+            f"replica) is {r['ray serve no-op'][1]['p50']:.2f} ms p50 at concurrency 1 "
+            f"({r['ray serve no-op (ray proxy)'][1]['p50']:.2f} ms through Ray's proxy)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=400, help="requests per measurement (default 400)")
     ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from pyrt.serve.app import start
     from tests.serve_fixtures import free_port
 
-    rows_out: list[list[str]] = []
-    summary: list[str] = []
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         paths = export(Path(tmp))
-        port = free_port()
-        start(port=port, num_cpus=2, num_gpus=1)
-        for name, path in paths.items():
-            x = np.random.default_rng(0).standard_normal((1, *SHAPES[name])).astype(np.float32)
-            results = {"direct": direct(path, x, args.requests),
-                       "fastapi": fastapi(path, name, x, args.requests, free_port()),
-                       "serve (batch 32)": pyrt_serve(path, name, x, args.requests, port, MAX_ROWS),
-                       "serve (no batching)": pyrt_serve(path, name, x, args.requests, port, 1),
-                       "ray serve no-op": ray_noop(port, x, args.requests)}
-            for server, by_c in results.items():
-                for c, r in by_c.items():
-                    rows_out.append([name, server, str(c), f"{r['rps']:.0f}", f"{r['p50']:.2f}", f"{r['p99']:.2f}"])
-            s, d = results["serve (batch 32)"], results["direct"]
-            summary.append(
-                f"- {name}: p50 at concurrency 1, serve {s[1]['p50']:.2f} ms vs direct {d[1]['p50']:.2f} ms "
-                f"(+{s[1]['p50'] - d[1]['p50']:.2f} ms); at concurrency 32 batching gives "
-                f"{s[32]['rps'] / results['serve (no batching)'][32]['rps']:.2f}x the unbatched throughput and "
-                f"{s[32]['rps'] / results['fastapi'][32]['rps']:.2f}x the FastAPI app's; Ray Serve's own floor "
-                f"(no-op replica) is {results['ray serve no-op'][1]['p50']:.2f} ms p50 at concurrency 1")
+        xs = {name: np.random.default_rng(0).standard_normal((1, *SHAPES[name])).astype(np.float32) for name in paths}
+        results: Results = {name: {} for name in paths}
+        for name, path in paths.items():  # the baselines first, with no Ray on the cores
+            results[name]["direct"] = direct(path, xs[name], args.requests)
+            results[name]["fastapi"] = fastapi(path, name, xs[name], args.requests, free_port())
+        serve_rows(paths, xs, args.requests, results, ray_proxy=False)
+        serve_rows(paths, xs, args.requests, results, ray_proxy=True)
+    load.append(os.getloadavg()[0])
+    rows_out = [[name, server, str(c), f"{r['rps']:.0f}", f"{r['p50']:.2f}", f"{r['p99']:.2f}"]
+                for name, by_server in results.items() for server, by_c in by_server.items()
+                for c, r in by_c.items()]
     table = markdown_table(["model", "server", "concurrency", "requests/s", "p50 ms", "p99 ms"], rows_out)
     text = "\n".join([f"`{command_line()}` ({machine()}; one simulated GPU, reference engines; clients in the "
-                      "same process, on the same cores)", "", table, "", *summary])
+                      "same process, on the same cores; load average (1 min) at the start and end: "
+                      f"{load[0]:.2f} / {load[1]:.2f})", "", table, "",
+                      *(summary(name, r) for name, r in results.items())])
     print(text)
     if not args.no_write:
         write_results("bench_serve", "Serving", text)

@@ -29,6 +29,7 @@ requests = pytest.importorskip("requests")
 th = pytest.importorskip("tritonclient.http")
 
 from pyrt.runtime.program import Program  # noqa: E402
+from pyrt.serve import ingress  # noqa: E402
 from pyrt.serve.app import deployment, run, start  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
 
@@ -41,13 +42,14 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 METRICS_PORT = free_port()
+INGRESS: dict[str, str] = {}  # what start() said serves HTTP
 
 
 @pytest.fixture(scope="session")
 def ray_serve() -> Iterator[str]:
     """A local Ray on this machine's 2 cores, three simulated GPUs, Serve's proxy on a free port."""
     port = free_port()
-    start(port=port, num_cpus=2, num_gpus=3, metrics_port=METRICS_PORT)
+    INGRESS["mode"] = start(port=port, num_cpus=2, num_gpus=3, metrics_port=METRICS_PORT)
     yield f"127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -88,6 +90,18 @@ def test_health_and_metadata(dyn: str) -> None:
     missing = requests.get(f"http://{dyn}/v2/models/nope", timeout=30)
     assert missing.status_code == 404 and "no model 'nope'" in missing.json()["error"]
     assert not client.is_model_ready("nope")
+
+
+def test_the_port_is_haproxy_in_front_of_the_replicas(dyn: str) -> None:
+    """A local Ray started by pyrt serves HTTP with HAProxy (ray[serve] installs it on Linux), not Ray's proxy."""
+    psutil = pytest.importorskip("psutil")
+    if ingress.haproxy_binary() is None:
+        pytest.skip("no HAProxy binary here: Ray's proxy serves (every other test runs through it)")
+    assert INGRESS["mode"] == ingress.HAPROXY
+    port = int(dyn.rsplit(":", 1)[1])
+    listeners = {c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
+    assert {psutil.Process(pid).name() for pid in listeners if pid} == {"haproxy"}
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ  # set for Ray's processes only, then restored
 
 
 def test_each_replica_applies_the_budget_to_its_engines(dyn: str, programs: dict[str, Path]) -> None:
@@ -257,13 +271,29 @@ def _running(app: str) -> int:
     return 0 if status is None else sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
 
 
+def _racing_request(base: str, body: dict[str, Any]) -> int:
+    """The status of a request sent as a replica dies; 0 when the connection was closed without an answer."""
+    try:
+        return int(post(base, "dyn", body).status_code)
+    except requests.ConnectionError:
+        return 0
+
+
 @pytest.mark.slow
 def test_a_killed_replica_is_replaced_while_the_other_serves(dyn: str, programs: dict[str, Path]) -> None:
+    """Requests sent meanwhile are answered by the surviving replica.
+
+    Behind HAProxy (the default) the one request racing the death itself may be dropped (connection
+    closed, or HAProxy's 502 mapped to 500), about one kill in four here; Ray's proxy re-routes it.
+    Documented in README (Serve) and pyrt.serve.ingress.
+    """
     before = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(_replica_pids(dyn, "dyn")), 60, "2 replicas")
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
     x = rows(np.random.default_rng(5), 2)
     want = direct(programs["dyn"], x)
+    first = _racing_request(dyn, json_infer(x))
+    assert first == 200 or (INGRESS["mode"] == ingress.HAPROXY and first in (0, 500)), first
     answered = 0
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # requests sent meanwhile: answered by the surviving replica

@@ -22,6 +22,7 @@ from ray.serve import Application
 
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
+from pyrt.serve import ingress
 from pyrt.serve.config import ServeConfig, simulated_from_env
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import PyrtReplica
@@ -70,8 +71,14 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
 
 
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
-          num_gpus: int | None = None, metrics_port: int | None = None) -> None:
-    """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP proxy."""
+          num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False) -> str:
+    """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP ingress on ``port``.
+
+    A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`),
+    or through Ray Serve's proxy actor with ``ray_proxy``; a joined cluster keeps its own setting.
+    Returns which of the two serves HTTP.
+    """
+    env: dict[str, str] = {}
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if address:
@@ -80,8 +87,13 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
             kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
             if metrics_port is not None:
                 kwargs["_metrics_export_port"] = metrics_port
-        ray.init(**kwargs)
+            env = ingress.ingress_env(ray_proxy=ray_proxy)
+        with ingress.environment(env):  # read by Ray's processes as they start
+            ray.init(**kwargs)
+            serve.start(http_options={"host": host, "port": port})
+        return ingress.mode(env) if not address else "the cluster's Serve ingress"
     serve.start(http_options={"host": host, "port": port})
+    return "the running Ray's Serve ingress"
 
 
 def run(app: Application, *, app_name: str = "pyrt", path: str = "", route_prefix: str = "/") -> Any:

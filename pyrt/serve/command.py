@@ -6,7 +6,9 @@
 
 It starts a local Ray (or joins ``--address``), deploys the program, prints where
 it serves once every replica has loaded it, and serves until Ctrl-C or SIGTERM,
-which drain the requests in flight and exit 0. Ray and Serve come with the
+which drain the requests in flight and exit 0. A local Ray serves HTTP through
+HAProxy straight to the replicas (``--ray-proxy``: through Ray Serve's proxy
+actor, one process hop more; see :mod:`pyrt.serve.ingress`). Ray and Serve come with the
 ``serve`` extra (``pip install 'pyrt[serve]'``); this module imports them only
 when the command runs.
 """
@@ -85,6 +87,9 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
     p.add_argument("--metrics-port", type=_whole(1), help="Prometheus port of a Ray this command starts")
+    p.add_argument("--ray-proxy", action="store_true",
+                   help="serve HTTP through Ray Serve's proxy actor instead of HAProxy straight to the replicas "
+                        "(a Ray this command starts; a cluster joined with --address keeps its own setting)")
     p.set_defaults(func=run)
     return p
 
@@ -111,18 +116,19 @@ def run(args: argparse.Namespace) -> int:
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica)
-    start(address=args.address, host=args.host, port=args.port, num_gpus=sim if not args.address else None,
-          metrics_port=args.metrics_port)
+    via = start(address=args.address, host=args.host, port=args.port,
+                num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
+                ray_proxy=args.ray_proxy)
     stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         deploy(app, app_name=APP_NAME, path=args.path)
-        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s)); "
-              "Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
+        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "
+              f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
         _wait_for_stop(stop)
         print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
     finally:
-        with contextlib.suppress(Exception):  # the proxy keeps answering while the replicas finish their requests
+        with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
             serve.delete(APP_NAME)
         serve.shutdown()
         ray.shutdown()

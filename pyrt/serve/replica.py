@@ -1,12 +1,13 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
 One hop: the replica class is the FastAPI ingress (``@serve.ingress``), with
-``@serve.batch`` inside it, so a request goes proxy -> replica -> Program and
-back. Runs happen on one worker thread per replica (a Program's runs of one
-method take turns anyway) while the event loop keeps decoding requests, so
-the next batch fills during a run. Status codes: 404 unknown model, 400 a bad
-request (the ``InputError`` text), 413 a body over ``max_request_bytes``, 500
-a failed run (the typed error), 503 not ready.
+``@serve.batch`` inside it, so a request goes HAProxy (or Ray's proxy, see
+:mod:`pyrt.serve.ingress`) -> replica -> Program and back. Runs happen on one
+worker thread per replica (a Program's runs of one method take turns anyway)
+while the event loop keeps decoding requests, so the next batch fills during a
+run; a request that finds the replica idle runs at once. Status codes: 404
+unknown model, 400 a bad request (the ``InputError`` text), 413 a body over
+``max_request_bytes``, 500 a failed run (the typed error), 503 not ready.
 """
 
 
@@ -74,6 +75,7 @@ class PyrtReplica:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.program = load_program(cfg)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
+        self.in_flight = 0  # infer requests between decode and reply
         self.metrics = ServeMetrics()
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
@@ -113,14 +115,23 @@ class PyrtReplica:
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.run_items, items)
 
     async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
-        """Batched where the method batches and the request fits a batch, else one run of its own."""
+        """Batched where the method batches, the request fits a batch and others are in flight; else run now.
+
+        A request that finds the replica idle runs at once: waiting ``batch_wait_ms`` for company
+        that is not coming only adds latency. Requests that arrive while others are in flight
+        wait (at most that long) to run together.
+        """
         limit = min(self.cfg.max_batch_size, info.batch_bound)
-        if limit > 1 and req.rows <= limit:
-            result = await self._infer_batch((info.name, req.arrays))
-            if isinstance(result, BaseException):
-                raise result
-            return list(result)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
+        self.in_flight += 1
+        try:
+            if limit > 1 and req.rows <= limit and self.in_flight > 1:
+                result = await self._infer_batch((info.name, req.arrays))
+                if isinstance(result, BaseException):
+                    raise result
+                return list(result)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
+        finally:
+            self.in_flight -= 1
 
     # -- routes -----------------------------------------------------------------------------------
     @api.get("/v2/health/live")

@@ -1,0 +1,54 @@
+"""Which HTTP ingress a Ray started by ``pyrt serve`` gets: the environment Ray's processes start with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pyrt.serve import ingress
+
+KEYS = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
+        "RAY_SERVE_HAPROXY_RETRY_ON", "RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT")
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An executable standing in for HAProxy (Ray's override variable), the ingress variables unset."""
+    binary = tmp_path / "haproxy"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(binary))
+    for key in KEYS:
+        monkeypatch.delenv(key, raising=False)
+    return str(binary)
+
+
+def test_haproxy_and_direct_ingress_with_ports_of_their_own(haproxy: str) -> None:
+    env = ingress.ingress_env()
+    assert ingress.haproxy_binary() == haproxy and sorted(env) == sorted(KEYS)
+    assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] != env["RAY_SERVE_HAPROXY_STATS_PORT"]
+    assert ingress.mode(env) == ingress.HAPROXY
+
+
+def test_ray_proxy_or_no_binary_leave_ray_as_it_is(haproxy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ingress.ingress_env(ray_proxy=True) == {} and ingress.mode({}) == ingress.RAY_PROXY
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", haproxy + ".missing")
+    assert ingress.haproxy_binary() is None and ingress.ingress_env() == {}
+
+
+def test_the_environment_s_own_settings_win(haproxy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", "9101")
+    env = ingress.ingress_env()
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in env and "RAY_SERVE_HAPROXY_METRICS_PORT" not in env
+    assert ingress.mode(env) == ingress.RAY_PROXY
+
+
+def test_environment_is_restored(haproxy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")
+    with ingress.environment({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}):
+        assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0" and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
