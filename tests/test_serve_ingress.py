@@ -10,7 +10,7 @@ import pytest
 from pyrt.serve import ingress
 
 KEYS = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
-        "RAY_SERVE_HAPROXY_RETRY_ON", "RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT")
+        "RAY_SERVE_HAPROXY_RETRY_ON", *ingress.OWN_PORTS)
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_haproxy_and_direct_ingress_with_ports_of_their_own(haproxy: str) -> Non
     env = ingress.ingress_env()
     assert ingress.haproxy_binary() == haproxy and sorted(env) == sorted(KEYS)
     assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] != env["RAY_SERVE_HAPROXY_STATS_PORT"]
+    assert len({env[key] for key in ingress.OWN_PORTS}) == len(ingress.OWN_PORTS)
     assert ingress.mode(env) == ingress.HAPROXY
 
 

@@ -47,6 +47,13 @@ DRAIN_S = "2"
 RETRY_ON = "conn-failure empty-response"
 
 
+# Ports Ray fixes for HAProxy's Prometheus exporter and stats page (9101, 8404) and for the Serve proxy that HAProxy
+# falls back on while no replica is up (8500, 9500): two local Rays on one machine would share them (the second
+# fallback proxy fails to bind, and one HAProxy falls back on the other Ray's proxy), so each gets free ones.
+OWN_PORTS = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+             "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+
+
 def haproxy_binary() -> str | None:
     """The HAProxy Ray would run (its own resolution order), or None when there is none."""
     explicit = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "")
@@ -71,14 +78,14 @@ def _free_port() -> int:
 def ingress_env(*, ray_proxy: bool = False) -> dict[str, str]:
     """The variables a local Ray is started with: HAProxy and direct ingress, or nothing (Ray's proxy).
 
-    HAProxy's Prometheus and stats ports (fixed 9101 and 8404 in Ray) get free ports, so two
-    local Rays on one machine do not collide. Variables the environment already sets are left out.
+    The ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local Rays on one machine
+    do not collide. Variables the environment already sets are left out.
     """
     if ray_proxy or haproxy_binary() is None:
         return {}
     env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
-           "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()), "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port())}
+           **{key: str(_free_port()) for key in OWN_PORTS}}
     return {k: v for k, v in env.items() if k not in os.environ}
 
 

@@ -1,13 +1,14 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
 One hop: the replica class is the FastAPI ingress (``@serve.ingress``), with
-``@serve.batch`` inside it, so a request goes HAProxy (or Ray's proxy, see
-:mod:`pyrt.serve.ingress`) -> replica -> Program and back. Runs happen on one
-worker thread per replica (a Program's runs of one method take turns anyway)
-while the event loop keeps decoding requests, so the next batch fills during a
-run; a request that finds the replica idle runs at once. Status codes: 404
-unknown model, 400 a bad request (the ``InputError`` text), 413 a body over
-``max_request_bytes``, 500 a failed run (the typed error), 503 not ready.
+a batch queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes
+HAProxy (or Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program
+and back. Runs happen on one worker thread per replica (a Program's runs of
+one method take turns anyway) while the event loop keeps decoding requests,
+so the next batch fills during a run; a request that finds the replica idle
+runs at once. Status codes: 404 unknown model, 400 a bad request (the
+``InputError`` text), 413 a body over ``max_request_bytes``, 500 a failed run
+(the typed error), 503 not ready.
 """
 
 
@@ -28,6 +29,7 @@ from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import generate
+from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
 from pyrt.serve.metrics import ServeMetrics
@@ -79,9 +81,8 @@ class PyrtReplica:
         self.metrics = ServeMetrics()
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
-        batcher: Any = self._infer_batch  # serve.batch's handle has the setters; its stubs do not say so
-        batcher.set_max_batch_size(cfg.max_batch_size)
-        batcher.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
+        self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
+                                  limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.generation = generate.Generation(self.program, self.models, self.pool)
 
     # -- running ----------------------------------------------------------------------------------
@@ -109,10 +110,8 @@ class PyrtReplica:
                 results[i] = r
         return results
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002,
-                 batch_size_fn=lambda items: sum(int(a[0].shape[0]) for _, a in items))
-    async def _infer_batch(self, items: list[Item]) -> list[Any]:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run_items, items)
+    async def _on_pool(self, run: Any, items: list[Item]) -> list[Any]:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run, items)
 
     async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
         """Batched where the method batches, the request fits a batch and others are in flight; else run now.
@@ -125,10 +124,7 @@ class PyrtReplica:
         self.in_flight += 1
         try:
             if limit > 1 and req.rows <= limit and self.in_flight > 1:
-                result = await self._infer_batch((info.name, req.arrays))
-                if isinstance(result, BaseException):
-                    raise result
-                return list(result)
+                return list(await self.batches.submit((info.name, req.arrays)))
             return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
         finally:
             self.in_flight -= 1
