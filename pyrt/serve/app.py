@@ -45,7 +45,7 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
                gpus_per_replica: float | None = None, budget: Any = None, data: Any = (),
                kernels: str | None = None, max_batch_size: int = 8, batch_wait_ms: float = 2.0,
                max_request_bytes: int | None = None, simulated_gpus: int | None = None,
-               app_name: str = "pyrt", num_cpus: float = 1.0) -> Application:
+               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0) -> Application:
     """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
 
     Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
@@ -58,7 +58,7 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),
                       kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-                      simulated_gpus=sim, app_name=app_name, **extra)
+                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms, **extra)
     has_delegates = _check(cfg)
     gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
     cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})

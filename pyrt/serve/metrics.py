@@ -48,6 +48,7 @@ class ServeMetrics:
         self._requests: Tally[str] = Tally()
         self._errors: Tally[tuple[str, str]] = Tally()
         self._batches: dict[str, Tally[int]] = {}
+        self._inline: Tally[str] = Tally()
         self._budgets: dict[str, list[dict[str, Any]]] = {}
 
     def request(self, model: str) -> None:
@@ -65,6 +66,11 @@ class ServeMetrics:
         self.seconds.observe(seconds, tags={"model": model})
         with self._lock:
             self._batches.setdefault(model, Tally())[rows] += 1
+
+    def inline(self, model: str) -> None:
+        """A run of ``model`` on the replica's event loop (an idle replica, a short run)."""
+        with self._lock:
+            self._inline[model] += 1
 
     def budgets(self, model: str, engines: list[Any]) -> None:
         """Record each engine's applied budget (``Program.weight_streaming`` entries)."""
@@ -86,5 +92,6 @@ class ServeMetrics:
                 "requests": self._requests[model],
                 "errors": {k: n for (m, k), n in self._errors.items() if m == model},
                 "batch_rows": {str(r): n for r, n in sorted(self._batches.get(model, Tally()).items())},
+                "runs_on_event_loop": self._inline[model],
                 "weight_streaming": self._budgets.get(model, []),
             }

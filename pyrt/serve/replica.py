@@ -78,6 +78,7 @@ class PyrtReplica:
         self.program = load_program(cfg)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
         self.in_flight = 0  # infer requests between decode and reply
+        self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
@@ -92,8 +93,8 @@ class PyrtReplica:
         args = [next(it) if spec.kind == "Tensor" else spec.value for spec in info.inputs]
         start = time.perf_counter()
         out = self.program.run(*args, method=info.method)
-        self.metrics.run(info.name, int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1,
-                         time.perf_counter() - start)
+        self.last_run_s[info.name] = elapsed = time.perf_counter() - start
+        self.metrics.run(info.name, int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1, elapsed)
         return [x for x in flatten(out) if isinstance(x, np.ndarray)]
 
     def run_items(self, items: list[Item]) -> list[Any]:
@@ -117,14 +118,19 @@ class PyrtReplica:
         """Batched where the method batches, the request fits a batch and others are in flight; else run now.
 
         A request that finds the replica idle runs at once: waiting ``batch_wait_ms`` for company
-        that is not coming only adds latency. Requests that arrive while others are in flight
-        wait (at most that long) to run together.
+        that is not coming only adds latency; on the event loop itself when the method's last run
+        was shorter than ``cfg.inline_run_ms``. Requests that arrive while others are in flight wait (at
+        most that long) to run together.
         """
         limit = min(self.cfg.max_batch_size, info.batch_bound)
         self.in_flight += 1
         try:
             if limit > 1 and req.rows <= limit and self.in_flight > 1:
                 return list(await self.batches.submit((info.name, req.arrays)))
+            short = self.cfg.inline_run_ms / 1000
+            if self.in_flight == 1 and self.last_run_s.get(info.name, short) < short:
+                self.metrics.inline(info.name)
+                return self.run(info, req.arrays)
             return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
         finally:
             self.in_flight -= 1

@@ -1,0 +1,99 @@
+"""An idle replica runs a short method on its event loop; what it answers is what the run thread would.
+
+The replica is built in this process (no Ray): the class as written, without the ASGI wrapper
+``serve.ingress`` puts around it (which these tests do not need), then ``dispatch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("executorch")
+
+from pyrt.runtime.program import Program  # noqa: E402
+from pyrt.serve.config import ServeConfig  # noqa: E402
+from pyrt.serve.protocol import InferRequest  # noqa: E402
+from pyrt.serve.replica import PyrtReplica  # noqa: E402
+from pyrt.testing import simulated_gpus  # noqa: E402
+from tests.serve_fixtures import build, rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dyn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("inline"))["dyn"]
+
+
+def _replica(cfg: ServeConfig) -> Any:
+    cls = PyrtReplica.func_or_class
+    own = next(c for c in cls.__mro__ if c.__module__ == "pyrt.serve.replica" and "__init__" in vars(c)
+               and not inspect.iscoroutinefunction(c.__init__))
+    return own(cfg)
+
+
+@pytest.fixture
+def make(dyn: Path) -> Iterator[Any]:
+    made: list[Any] = []
+
+    def replica(inline_run_ms: float) -> Any:
+        made.append(_replica(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", inline_run_ms=inline_run_ms)))
+        return made[-1]
+
+    yield replica
+    for r in made:
+        r.pool.shutdown()
+        r.program.close()
+
+
+def _requests(replica: Any, xs: list[np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
+    """One request at a time; each result and the thread its run took (recorded around Program.run)."""
+    threads: list[str] = []
+    run = replica.program.run
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return run(*args, **kwargs)
+
+    replica.program.run = recording
+    info = replica.models["dyn"]
+
+    async def go() -> list[np.ndarray]:
+        return [(await replica.dispatch(info, InferRequest(None, [x])))[0] for x in xs]
+
+    return asyncio.run(go()), threads
+
+
+def test_after_a_short_first_run_an_idle_replica_runs_on_its_event_loop(make: Any, dyn: Path) -> None:
+    rng = np.random.default_rng(0)
+    xs = [rows(rng, n) for n in (1, 3, 2, 5)]
+    replica = make(inline_run_ms=60_000)  # every run is "short"
+    got, threads = _requests(replica, xs)
+    assert threads[0].startswith("pyrt-run")  # no run time known yet: the run thread
+    assert threads[1:] == [threading.current_thread().name] * 3  # this test's thread runs the event loop
+    assert replica.metrics.stats("dyn")["runs_on_event_loop"] == 3
+    with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
+        for x, y in zip(xs, got, strict=True):
+            np.testing.assert_array_equal(y, prog(x))
+
+
+def test_inline_run_ms_zero_keeps_every_run_on_the_run_thread(make: Any) -> None:
+    rng = np.random.default_rng(1)
+    replica = make(inline_run_ms=0)
+    _, threads = _requests(replica, [rows(rng, 2) for _ in range(3)])
+    assert all(t.startswith("pyrt-run") for t in threads), threads
+    assert replica.metrics.stats("dyn")["runs_on_event_loop"] == 0
+
+
+def test_a_negative_inline_run_ms_is_refused(dyn: Path) -> None:
+    from pyrt.errors import InputError
+
+    with pytest.raises(InputError, match=r"inline_run_ms=-1"):
+        ServeConfig(str(dyn), inline_run_ms=-1)
