@@ -15,7 +15,9 @@ rows costs a few times one row, not 32 times. Requests/s and p50/p99 latency at 
 - ``... (ray proxy)``: the batched server and the no-op again on a Ray started with ``--ray-proxy``
   (Ray Serve's HTTP proxy actor in front, the pre-2.56 path).
 
-Each request is one row. Clients are threads with keep-alive sessions in this process, on
+Every side loads the Program with ``kernels="torch"``, so the simulated GPU computes on torch on every
+side (the reference engines use numpy in a process that has not imported torch). Each request is one row.
+Clients are threads with keep-alive sessions in this process, on
 the same cores as the servers; every figure is from the same run. Threads pinned to 1
 (OMP/OpenBLAS/MKL variables, inherited by Ray's processes and the FastAPI app; ``torch.set_num_threads(1)``).
 
@@ -45,9 +47,13 @@ import torch  # noqa: E402
 from fastapi import FastAPI, Request, Response  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.serve_fixtures
 from _common import ROOT, command_line, machine, markdown_table, write_results  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
+# Every side runs its Program with kernels="torch": that imports torch, so the simulated GPU's reference engines
+# compute on torch on every side (in a process without torch they compute on numpy, at another speed).
+KERNELS = "torch"
 MAX_ROWS = 32
 SHAPES = {"mlp": (8,), "resnet": (3, 32, 32), "wide": (64,)}
 WIDE = 4096
@@ -109,7 +115,7 @@ def direct(path: Path, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
     from pyrt.runtime.program import Program
     from pyrt.testing import simulated_gpus
 
-    with simulated_gpus(1), Program(path) as prog:
+    with simulated_gpus(1), Program(path, kernels=KERNELS) as prog:
         return {c: measure(lambda i: prog(x), c, n) for c in CONCURRENCY}
 
 
@@ -121,7 +127,7 @@ from pyrt.testing import simulated_gpus
 torch.set_num_threads(1)
 path, port, shape = sys.argv[1], int(sys.argv[2]), tuple(int(d) for d in sys.argv[3].split(","))
 with simulated_gpus(1):
-    prog = Program(path)
+    prog = Program(path, kernels="torch")
     app = FastAPI()
 
     @app.post("/infer")
@@ -183,7 +189,8 @@ def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: i
 
     from pyrt.serve.app import deployment, run
 
-    run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0), path=str(path))
+    run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0, kernels=KERNELS),
+        path=str(path))
     body, headers = kserve_body(x)
     call = _client(f"http://127.0.0.1:{port}/v2/models/{name}/infer", body, headers)
     try:
