@@ -34,7 +34,8 @@ GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
 
 # The test modules that must fail for a mutant of each file (default: the general path's ordering tests).
 TESTS = {GRAPH_FORWARD: ("test_graph_forward.py",),
-         "pyrt/device/memory.py": ("test_graph_forward.py", "test_async_ordering.py")}
+         "pyrt/device/memory.py": ("test_graph_forward.py", "test_async_ordering.py"),
+         "pyrt/serve/batch_queue.py": ("test_serve_batch_queue.py",)}  # asyncio waits of the serving batcher
 DEFAULT_TESTS = ("test_async_ordering.py",)
 
 # "file: first line of the statement" -> why it is not a mutant.

@@ -65,3 +65,21 @@ def test_errors_reach_their_callers() -> None:
     assert [str(g) for g in got[2:]] == ["the whole batch failed"] * 2
     with pytest.raises(ValueError, match="bad item -5"):
         asyncio.run(queue.submit(-5))
+
+
+def test_an_item_arriving_within_wait_s_joins_the_waiting_batch() -> None:
+    """The first item waits (up to ``wait_s``) for company; one submitted meanwhile runs in the same batch."""
+    batches: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        batches.append(items)
+        return items
+
+    async def go() -> list[Any]:
+        queue = BatchQueue(run, rows=lambda i: 1, limit=8, wait_s=0.5)
+        first = asyncio.ensure_future(queue.submit(1))
+        await asyncio.sleep(0.05)
+        return await asyncio.gather(first, queue.submit(2))
+
+    assert asyncio.run(go()) == [1, 2]
+    assert batches == [[1, 2]]
