@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt.errors import InputError, PyrtError
+from pyrt.format.dtypes import ScalarType
 from pyrt.runtime.program import Program
 
 CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
                     "get_n_layers", "use_kv_cache", "enable_dynamic_shape")
-INT64 = 4  # ScalarType.LONG
-BFLOAT16 = 15  # ScalarType.BFLOAT16
+INT64 = int(ScalarType.LONG)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
                       None if bos is None else _int(bos, where, "get_bos_id"), eos_ids,
                       None if layers is None else _int(layers, where, "get_n_layers"), constants,
                       start_position=pos == (1,) and tokens[1] > 1,
-                      torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == BFLOAT16
+                      torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == ScalarType.BFLOAT16
                       and program.kernels != "numpy")
 
 
