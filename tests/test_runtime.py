@@ -460,3 +460,20 @@ def test_dlpack_capsule_reader() -> None:
     assert _from_dlpack_capsule(half.__dlpack__(), 0, "x").scalar_type == ScalarType.HALF
     with pytest.raises(InputError, match="C-contiguous"):
         _from_dlpack_capsule(arr[:, ::2].__dlpack__(), 0, "x")
+
+
+def test_bfloat16_outputs_to_numpy_callers_keep_their_bits(tmp_path: Path) -> None:
+    """A bfloat16 program on torch kernels called with numpy: ml_dtypes' bfloat16 out, the torch run's bits."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from executorch.exir import to_edge
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 5).to(torch.bfloat16).eval()
+    x = torch.randn(3, 6, dtype=torch.bfloat16)
+    path = tmp_path / "bf16.pte"
+    path.write_bytes(to_edge(torch.export.export(model, (x,))).to_executorch().buffer)
+    with Program(path, kernels="torch") as prog:
+        want = prog(x)
+        got = prog(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+    assert isinstance(got, np.ndarray) and got.dtype == ml_dtypes.bfloat16 and got.shape == (3, 5)
+    np.testing.assert_array_equal(got.view(np.int16), want.view(torch.int16).numpy())

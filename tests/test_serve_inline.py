@@ -1,4 +1,4 @@
-"""An idle replica runs a short method on its event loop; what it answers is what the run thread would.
+"""A replica built in-process: an idle replica runs short methods on its event loop; bfloat16 answers.
 
 The replica is built in this process (no Ray): the class as written, without the ASGI wrapper
 ``serve.ingress`` puts around it (which these tests do not need), then ``dispatch``.
@@ -97,3 +97,35 @@ def test_a_negative_inline_run_ms_is_refused(dyn: Path) -> None:
 
     with pytest.raises(InputError, match=r"inline_run_ms=-1"):
         ServeConfig(str(dyn), inline_run_ms=-1)
+
+
+def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
+    """A bfloat16 program on torch kernels: the binary output is the bytes of the direct torch run's bf16 result."""
+    pytest.importorskip("ml_dtypes")
+    import json
+
+    import torch
+    from executorch.exir import to_edge
+
+    from pyrt.serve.protocol import decode_infer, encode_infer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 5).to(torch.bfloat16).eval()
+    x = torch.randn(3, 6, dtype=torch.bfloat16)
+    path = tmp_path / "bf16.pte"
+    path.write_bytes(to_edge(torch.export.export(model, (x,))).to_executorch().buffer)
+    replica = _replica(ServeConfig(str(path), kernels="torch"))
+    try:
+        info = replica.models["bf16"]
+        header = json.dumps({"inputs": [{"name": "input0", "datatype": "BF16", "shape": [3, 6],
+                                         "parameters": {"binary_data_size": 36}}],
+                             "parameters": {"binary_data_output": True}}).encode()
+        req = decode_infer(info, header + x.view(torch.int16).numpy().tobytes(), str(len(header)))
+        data, headers = encode_infer(info, req, asyncio.run(replica.dispatch(info, req)))
+    finally:
+        replica.pool.shutdown()
+        replica.program.close()
+    start = int(headers["Inference-Header-Content-Length"])
+    assert json.loads(data[:start])["outputs"][0]["datatype"] == "BF16"
+    with Program(path, kernels="torch") as prog:
+        assert data[start:] == prog(x).view(torch.int16).numpy().tobytes()

@@ -240,9 +240,16 @@ def host_output(t: Any, kind: str) -> Any:
 
 
 def torch_to_numpy(t: Any) -> np.ndarray:
-    """``t.numpy()`` (shared memory); a dtype numpy cannot hold is an UnsupportedOperatorError."""
+    """``t.numpy()`` (shared memory; bfloat16 as ml_dtypes' when it is installed); a dtype numpy cannot
+    hold is an UnsupportedOperatorError."""
     try:
         return t.numpy()
     except (TypeError, RuntimeError) as exc:
+        torch = sys.modules["torch"]
+        if t.dtype == torch.bfloat16:
+            try:
+                return t.view(torch.int16).numpy().view(numpy_dtype(ScalarType.BFLOAT16))  # the same bits
+            except UnsupportedOperatorError:
+                pass  # no ml_dtypes
         raise UnsupportedOperatorError(f"{t.dtype} tensors have no numpy equivalent ({exc}); "
                                        f"call with torch tensors to get torch outputs") from None
