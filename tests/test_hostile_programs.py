@@ -107,7 +107,8 @@ def test_a_loop_that_never_ends_can_be_interrupted() -> None:
 
 
 def test_bfloat16_planned_io_with_torch_kernels() -> None:
-    """A bfloat16 planned input/output loads (it raised TypeError at load); numpy callers get typed errors."""
+    """A bfloat16 planned input/output loads (it raised TypeError at load); numpy callers pass ml_dtypes' bfloat16
+    where it is installed, and get typed errors otherwise."""
     from executorch.exir import schema as s
 
     st = _st().BFLOAT16
@@ -117,8 +118,17 @@ def test_bfloat16_planned_io_with_torch_kernels() -> None:
     x = torch.tensor([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], dtype=torch.bfloat16)
     with Program(data, kernels="torch") as prog:
         torch.testing.assert_close(prog(x)[0], torch.relu(x))
-        with pytest.raises(InputError, match=r"input 0: a BFLOAT16 input must be a CPU torch tensor"):
+        try:
+            import ml_dtypes
+        except ImportError:
+            with pytest.raises(InputError, match=r"input 0: a BFLOAT16 input must be a CPU torch tensor"):
+                prog(np.ones((2, 3), np.float32))
+            return
+        with pytest.raises(InputError, match=r"input 0 must be bfloat16, got float32"):
             prog(np.ones((2, 3), np.float32))
+        got = prog(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16))[0]
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got.view(np.int16), torch.relu(x).view(torch.int16).numpy())
 
 
 # -- writes into constant data (read-only file memory) ------------------------------------------------------
