@@ -185,18 +185,12 @@ def kserve_body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
 
 
 def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: int) -> dict[int, dict[str, float]]:
-    from ray import serve
 
     from pyrt.serve.app import deployment, run
 
     run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0, kernels=KERNELS),
         path=str(path))
-    body, headers = kserve_body(x)
-    call = _client(f"http://127.0.0.1:{port}/v2/models/{name}/infer", body, headers)
-    try:
-        return {c: measure(call, c, n) for c in CONCURRENCY}
-    finally:
-        serve.delete("pyrt")
+    return _measure_deployed(port, name, x, n)
 
 
 def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
@@ -214,8 +208,15 @@ def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
 
     # the same max_ongoing_requests as pyrt's replicas (Ray's default, 5, makes the router back off at 32 clients)
     serve.run(Noop.options(max_ongoing_requests=64).bind(), name="pyrt", route_prefix="/")  # type: ignore[attr-defined]
+    return _measure_deployed(port, "noop", x, n)
+
+
+def _measure_deployed(port: int, model: str, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
+    """Infer requests of ``x`` to the deployed app "pyrt" at each concurrency; the app is deleted after."""
+    from ray import serve
+
     body, headers = kserve_body(x)
-    call = _client(f"http://127.0.0.1:{port}/v2/models/noop/infer", body, headers)
+    call = _client(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers)
     try:
         return {c: measure(call, c, n) for c in CONCURRENCY}
     finally:
