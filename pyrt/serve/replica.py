@@ -6,9 +6,10 @@ HAProxy (or Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program
 and back. Runs happen on one worker thread per replica (a Program's runs of
 one method take turns anyway) while the event loop keeps decoding requests,
 so the next batch fills during a run; a request that finds the replica idle
-runs at once. Status codes: 404 unknown model, 400 a bad request (the
-``InputError`` text), 413 a body over ``max_request_bytes``, 500 a failed run
-(the typed error), 503 not ready.
+runs at once (on the event loop when its method's runs are short). Status
+codes: 404 unknown model, 400 a bad request (the ``InputError`` text), 413 a
+body over ``max_request_bytes``, 500 a failed run (the typed error), 503 not
+ready.
 """
 
 
