@@ -246,6 +246,20 @@ def test_size_arithmetic_runs_on_ints() -> None:
         bad.run({"x": np.ones(1, np.float32)})
 
 
+
+def test_output_shapes_are_inferred_once_per_input_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 2))],
+                    nodes=[RefNode("aten::sym_size.int", [Ref("x"), 0], {}, ["n"]),
+                           RefNode("sym::mul", [Ref("n"), 2], {}, ["n2"]),
+                           RefNode("aten::view.default", [Ref("x"), [Ref("n2"), 2]], {}, ["y"])])
+    runs: list[object] = []
+    infer = eng._infer_shapes
+    monkeypatch.setattr(eng, "_infer_shapes", lambda *a: runs.append(a) or infer(*a))
+    assert [eng.infer_output_shapes({"x": (n, 4)}) for n in (5, 3, 5, 3)] == [{"y": (10, 2)}, {"y": (6, 2)}] * 2
+    assert len(runs) == 2  # the meta run happens once per input shape
+    eng.infer_output_shapes({"x": (5, 4)})["y"] = (0,)  # callers get their own dict
+    assert eng.infer_output_shapes({"x": (5, 4)}) == {"y": (10, 2)}
+
 # -- the executor -------------------------------------------------------------------------------
 A = RNG.standard_normal((2, 3)).astype(np.float32)
 B = RNG.standard_normal((2, 3)).astype(np.float32)
