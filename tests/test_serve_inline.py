@@ -1,7 +1,7 @@
 """A replica built in-process: an idle replica runs short methods on its event loop; bfloat16 answers.
 
-The replica is built in this process (no Ray): the class as written, without the ASGI wrapper
-``serve.ingress`` puts around it (which these tests do not need), then ``dispatch``.
+The replica is built in this process (no Ray): the class as written, then ``dispatch``, or
+``replica(request)`` with a Starlette request as Ray Serve hands one over.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def make(dyn: Path) -> Iterator[Any]:
 
     yield replica
     for r in made:
+        r.metrics.stop()
         r.pool.shutdown()
         r.program.close()
 
@@ -129,3 +130,52 @@ def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
     assert json.loads(data[:start])["outputs"][0]["datatype"] == "BF16"
     with Program(path, kernels="torch") as prog:
         assert data[start:] == prog(x).view(torch.int16).numpy().tobytes()
+
+
+def _http(replica: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+          scope: dict[str, Any] | None = None) -> Any:
+    """``replica(request)`` for one HTTP request, as Ray Serve hands it over: a Starlette request."""
+    from starlette.requests import Request
+
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()], **(scope or {})}
+    return asyncio.run(replica(Request(scope, receive)))
+
+
+def test_the_replica_answers_http_itself(make: Any, dyn: Path) -> None:
+    """tritonclient's binary request through ``__call__``: the answer is the direct run's; routes and statuses."""
+    import json
+
+    th = pytest.importorskip("tritonclient.http")
+    x = rows(np.random.default_rng(2), 3)
+    inp = th.InferInput("input0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    body, size = th.InferenceServerClient.generate_request_body(
+        [inp], outputs=[th.InferRequestedOutput("output0", binary_data=True)])
+    replica = make(inline_run_ms=2.0)
+    for path in ("/v2/models/dyn/infer", "/v2/models/dyn/versions/1/infer"):
+        reply = _http(replica, "POST", path, body, {"Inference-Header-Content-Length": str(size)})
+        assert reply.status_code == 200, reply.body
+        got = th.InferenceServerClient.parse_response_body(
+            reply.body, header_length=int(reply.headers["Inference-Header-Content-Length"]))
+        with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
+            np.testing.assert_array_equal(got.as_numpy("output0"), prog(x))
+    assert replica.metrics.stats("dyn")["requests"] == 2
+    under = _http(replica, "GET", "/apps/pyrt/v2/health/live", scope={"root_path": "/apps/pyrt"})  # a route prefix
+    assert json.loads(under.body) == {"live": True}
+    assert json.loads(_http(replica, "GET", "/v2/health/live").body) == {"live": True}
+    assert json.loads(_http(replica, "GET", "/v2/models/dyn").body)["name"] == "dyn"
+    assert json.loads(_http(replica, "GET", "/v2").body)["name"] == "pyrt"
+    missing = _http(replica, "GET", "/v2/models/nope")
+    assert missing.status_code == 404 and "no model 'nope'" in json.loads(missing.body)["error"]
+    assert _http(replica, "GET", "/v3/anything").status_code == 404
+    wrong = _http(replica, "GET", "/v2/models/dyn/infer")
+    assert wrong.status_code == 405 and "GET is not allowed" in json.loads(wrong.body)["error"]
+    bad = _http(replica, "POST", "/v2/models/dyn/infer", b"{oops")
+    assert bad.status_code == 400 and "JSON" in json.loads(bad.body)["error"]
+    assert replica.metrics.stats("dyn")["errors"] == {"InputError": 1}

@@ -14,8 +14,8 @@ from concurrent.futures import Executor
 from types import ModuleType
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyrt.errors import InputError, PyrtError
 

@@ -1,15 +1,16 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
-One hop: the replica class is the FastAPI ingress (``@serve.ingress``), with
-a batch queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes
-HAProxy (or Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program
-and back. Runs happen on one worker thread per replica (a Program's runs of
-one method take turns anyway) while the event loop keeps decoding requests,
-so the next batch fills during a run; a request that finds the replica idle
-runs at once (on the event loop when its method's runs are short). Status
-codes: 404 unknown model, 400 a bad request (the ``InputError`` text), 413 a
-body over ``max_request_bytes``, 500 a failed run (the typed error), 503 not
-ready.
+One hop: the replica answers HTTP itself (``__call__`` takes Ray Serve's
+Starlette request; :mod:`pyrt.serve.routes` picks the method), with a batch
+queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes HAProxy (or
+Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program and back.
+Runs happen on one worker thread per replica (a Program's runs of one method
+take turns anyway) while the event loop keeps decoding requests, so the next
+batch fills during a run; a request that finds the replica idle runs at once
+(on the event loop when its method's runs are short). Status codes: 404
+unknown model (or path), 405 a path the protocol has for another method, 400
+a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
+500 a failed run (the typed error), 503 not ready.
 """
 
 
@@ -20,16 +21,16 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from pyrt._version import __version__
 from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
-from pyrt.serve import generate
+from pyrt.serve import generate, routes
 from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
@@ -38,7 +39,6 @@ from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_i
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.testing import simulated_devices
 
-api = FastAPI(title="pyrt serve", version=__version__)
 Item = tuple[str, list[np.ndarray]]
 
 
@@ -68,7 +68,6 @@ def load_program(cfg: ServeConfig) -> Program:
 
 
 @serve.deployment
-@serve.ingress(api)
 class PyrtReplica:
     """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes."""
 
@@ -81,6 +80,7 @@ class PyrtReplica:
         self.in_flight = 0  # infer requests between decode and reply
         self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
+        self.metrics.start()
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
@@ -137,12 +137,23 @@ class PyrtReplica:
             self.in_flight -= 1
 
     # -- routes -----------------------------------------------------------------------------------
-    @api.get("/v2/health/live")
-    async def live(self) -> dict[str, bool]:
-        return {"live": True}
+    async def __call__(self, request: Request) -> Response:
+        """Answer one HTTP request (Ray Serve hands every request to the replica here)."""
+        path = routes.route_path(request.scope)
+        found = routes.match(request.method, path)
+        if isinstance(found, int):
+            what = "no such path" if found == 404 else f"{request.method} is not allowed here"
+            return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
+        handler, params = found
+        try:
+            return await getattr(self, handler)(request, **params)
+        except Exception as exc:  # answered, never raised: the replica keeps serving
+            return error_response(exc)
 
-    @api.get("/v2/health/ready")
-    async def ready(self) -> JSONResponse:
+    async def live(self, request: Request) -> JSONResponse:
+        return JSONResponse({"live": True})
+
+    async def ready(self, request: Request) -> JSONResponse:
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
@@ -153,36 +164,28 @@ class PyrtReplica:
             return False
         return status.status == "RUNNING"
 
-    @api.get("/v2")
-    async def server_metadata(self) -> dict[str, Any]:
-        return {"name": "pyrt", "version": __version__,
-                "extensions": ["binary_tensor_data", "statistics", "generate"]}
+    async def server_metadata(self, request: Request) -> JSONResponse:
+        return JSONResponse({"name": "pyrt", "version": __version__,
+                             "extensions": ["binary_tensor_data", "statistics", "generate"]})
 
-    @api.get("/v2/models/{name}")
-    @api.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(self, name: str, version: str = "") -> JSONResponse:
+    async def model_metadata(self, request: Request, name: str, version: str = "") -> JSONResponse:
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
         return JSONResponse(describe(info, self.cfg.max_batch_size))
 
-    @api.get("/v2/models/{name}/ready")
-    @api.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(self, name: str, version: str = "") -> JSONResponse:
+    async def model_ready(self, request: Request, name: str, version: str = "") -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    @api.get("/v2/models/{name}/stats")
-    async def model_stats(self, name: str) -> JSONResponse:
+    async def model_stats(self, request: Request, name: str) -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
         return JSONResponse(self.metrics.stats(name))
 
-    @api.post("/v2/models/{name}/infer")
-    @api.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(self, name: str, request: Request, version: str = "") -> Response:
+    async def infer(self, request: Request, name: str, version: str = "") -> Response:
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
@@ -211,12 +214,10 @@ class PyrtReplica:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @api.post("/v2/models/{name}/generate")
-    async def generate(self, name: str, request: Request) -> Response:
+    async def generate(self, request: Request, name: str) -> Response:
         return await self.generation.generate(name, request, stream=False)
 
-    @api.post("/v2/models/{name}/generate_stream")
-    async def generate_stream(self, name: str, request: Request) -> Response:
+    async def generate_stream(self, request: Request, name: str) -> Response:
         return await self.generation.generate(name, request, stream=True)
 
     def _unknown(self, name: str) -> JSONResponse:
