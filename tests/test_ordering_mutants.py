@@ -65,6 +65,8 @@ EXEMPT = {
         "creates the keep-alive list; the statement that fills it is the mutant",
     "pyrt/serve/command.py: while not stop.wait(0.5):":
         "a threading.Event the serve command waits on, not a CUDA event",
+    "pyrt/serve/metrics.py: while not self._stop.wait(every_s):":
+        "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
     "pyrt/runtime/delegates.py: self._keep = []":
         "drops the host copies after their copies' events were waited for: deleting it holds memory longer, "
         "it orders nothing",
