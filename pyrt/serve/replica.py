@@ -77,7 +77,7 @@ class PyrtReplica:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.program = load_program(cfg)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
-        self.in_flight = 0  # infer requests between decode and reply
+        self.in_flight = 0  # infer requests between arrival and reply
         self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
         self.metrics.start()
@@ -124,17 +124,14 @@ class PyrtReplica:
         most that long) to run together.
         """
         limit = min(self.cfg.max_batch_size, info.batch_bound)
-        self.in_flight += 1
-        try:
-            if limit > 1 and req.rows <= limit and self.in_flight > 1:
-                return list(await self.batches.submit((info.name, req.arrays)))
-            short = self.cfg.inline_run_ms / 1000
-            if self.in_flight == 1 and self.last_run_s.get(info.name, short) < short:
-                self.metrics.inline(info.name)
-                return self.run(info, req.arrays)
-            return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
-        finally:
-            self.in_flight -= 1
+        alone = self.in_flight <= 1  # counted from the moment a request arrives, before its body is read
+        if limit > 1 and req.rows <= limit and not alone:
+            return list(await self.batches.submit((info.name, req.arrays)))
+        short = self.cfg.inline_run_ms / 1000
+        if alone and self.last_run_s.get(info.name, short) < short:
+            self.metrics.inline(info.name)
+            return self.run(info, req.arrays)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
 
     # -- routes -----------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -190,6 +187,7 @@ class PyrtReplica:
         if info is None:
             return self._unknown(name)
         self.metrics.request(name)
+        self.in_flight += 1
         try:
             body = await self._body(request)
             req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
@@ -198,6 +196,8 @@ class PyrtReplica:
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.metrics.error(name, type(exc).__name__)
             return error_response(exc)
+        finally:
+            self.in_flight -= 1
         media = "application/octet-stream" if headers else "application/json"
         return Response(data, media_type=media, headers=headers)
 
