@@ -10,15 +10,15 @@ rows costs a few times one row, not 32 times. Requests/s and p50/p99 latency at 
 - ``serve``: ``pyrt serve`` as it starts by default (one replica; HTTP through HAProxy straight to the
   replica, Ray 2.56+ direct ingress; binary KServe v2 bodies as tritonclient writes them), with dynamic
   batching (``--max-batch-size 32``) and without (``1``);
-- ``ray serve no-op``: the floor of Ray Serve itself: a FastAPI ingress replica that reads the same
-  body and answers ``{}`` without running anything;
+- ``ray serve no-op``: the floor of Ray Serve itself: a replica that answers HTTP in its own
+  ``__call__`` (as pyrt's does), reads the same body and answers ``{}`` without running anything;
 - ``... (ray proxy)``: the batched server and the no-op again on a Ray started with ``--ray-proxy``
   (Ray Serve's HTTP proxy actor in front, the pre-2.56 path).
 
 Every side loads the Program with ``kernels="torch"``, so the simulated GPU computes on torch on every
 side (the reference engines use numpy in a process that has not imported torch). Each request is one row.
-Clients are threads with keep-alive sessions in this process, on
-the same cores as the servers; every figure is from the same run. Threads pinned to 1
+HTTP clients are asyncio tasks on one aiohttp session (keep-alive) in this process, on the same
+cores as the servers; ``direct`` callers are threads; every figure is from the same run. Threads pinned to 1
 (OMP/OpenBLAS/MKL variables, inherited by Ray's processes and the FastAPI app; ``torch.set_num_threads(1)``).
 
     python benchmarks/bench_serve.py [--requests 400] [--no-write]
@@ -26,6 +26,7 @@ the same cores as the servers; every figure is from the same run. Threads pinned
 
 
 import argparse
+import asyncio
 import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -44,7 +45,6 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
-from fastapi import FastAPI, Request, Response  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.serve_fixtures
@@ -150,15 +150,39 @@ def _wait_http(url: str, seconds: float = 120) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _client(url: str, body: bytes, headers: dict[str, str]) -> Callable[[int], None]:
-    local = threading.local()
+def measure_http(url: str, body: bytes, headers: dict[str, str], concurrency: int, n: int) -> dict[str, float]:
+    """``measure`` for HTTP: ``n`` POSTs of ``body`` from ``concurrency`` keep-alive connections (after a warm-up).
 
-    def call(i: int) -> None:
-        session = getattr(local, "s", None) or setattr(local, "s", requests.Session()) or local.s
-        reply = session.post(url, data=body, headers=headers, timeout=120)
-        if reply.status_code != 200:
-            raise RuntimeError(f"{url}: {reply.status_code} {reply.text[:200]}")
-    return call
+    The clients are asyncio tasks on one aiohttp session in this process: on 2 shared cores, 32 threads of
+    ``requests`` cost about 1 ms of CPU per request (half the machine), the cores the servers need.
+    """
+    import aiohttp
+
+    async def go() -> dict[str, float]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            async def call() -> None:
+                async with session.post(url, data=body, headers=headers) as reply:
+                    data = await reply.read()
+                    if reply.status != 200:
+                        raise RuntimeError(f"{url}: {reply.status} {data[:200]!r}")
+
+            for _ in range(min(20, n)):
+                await call()
+            lat: list[float] = []
+
+            async def worker(k: int) -> None:
+                for _ in range(k, n, concurrency):
+                    t0 = time.perf_counter()
+                    await call()
+                    lat.append(time.perf_counter() - t0)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
+            wall = time.perf_counter() - start
+        ms = np.asarray(lat) * 1e3
+        return {"rps": n / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+
+    return asyncio.run(go())
 
 
 def fastapi(path: Path, name: str, x: np.ndarray, n: int, port: int) -> dict[int, dict[str, float]]:
@@ -167,8 +191,8 @@ def fastapi(path: Path, name: str, x: np.ndarray, n: int, port: int) -> dict[int
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         _wait_http(f"http://127.0.0.1:{port}/docs")
-        call = _client(f"http://127.0.0.1:{port}/infer", x.tobytes(), {"Content-Type": "application/octet-stream"})
-        return {c: measure(call, c, n) for c in CONCURRENCY}
+        url, headers = f"http://127.0.0.1:{port}/infer", {"Content-Type": "application/octet-stream"}
+        return {c: measure_http(url, x.tobytes(), headers, c, n) for c in CONCURRENCY}
     finally:
         proc.terminate()
         proc.wait()
@@ -195,14 +219,12 @@ def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: i
 
 def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
     from ray import serve
-
-    api = FastAPI()
+    from starlette.requests import Request
+    from starlette.responses import Response
 
     @serve.deployment
-    @serve.ingress(api)
     class Noop:
-        @api.post("/v2/models/{name}/infer")
-        async def infer(self, name: str, request: Request) -> Response:
+        async def __call__(self, request: Request) -> Response:
             await request.body()
             return Response(b"{}", media_type="application/json")
 
@@ -216,9 +238,9 @@ def _measure_deployed(port: int, model: str, x: np.ndarray, n: int) -> dict[int,
     from ray import serve
 
     body, headers = kserve_body(x)
-    call = _client(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers)
     try:
-        return {c: measure(call, c, n) for c in CONCURRENCY}
+        return {c: measure_http(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers, c, n)
+                for c in CONCURRENCY}
     finally:
         serve.delete("pyrt")
 
