@@ -9,7 +9,8 @@ rows costs a few times one row, not 32 times. Requests/s and p50/p99 latency at 
 - ``fastapi``: one uvicorn process, a POST route taking the raw float32 bytes;
 - ``serve``: ``pyrt serve`` as it starts by default (one replica; HTTP through HAProxy straight to the
   replica, Ray 2.56+ direct ingress; binary KServe v2 bodies as tritonclient writes them), with dynamic
-  batching (``--max-batch-size 32``) and without (``1``);
+  batching (``--max-batch-size 32``) and without (``1``); their last column is the replica's own mean run
+  time during the measurement (from its stats route), what the simulated GPU costs there;
 - ``ray serve no-op``: the floor of Ray Serve itself: a replica that answers HTTP in its own
   ``__call__`` (as pyrt's does), reads the same body and answers ``{}`` without running anything;
 - ``... (ray proxy)``: the batched server and the no-op again on a Ray started with ``--ray-proxy``
@@ -214,7 +215,7 @@ def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: i
 
     run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0, kernels=KERNELS),
         path=str(path))
-    return _measure_deployed(port, name, x, n)
+    return _measure_deployed(port, name, x, n, runs=True)
 
 
 def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
@@ -233,14 +234,28 @@ def ray_noop(port: int, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
     return _measure_deployed(port, "noop", x, n)
 
 
-def _measure_deployed(port: int, model: str, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
-    """Infer requests of ``x`` to the deployed app "pyrt" at each concurrency; the app is deleted after."""
+def _measure_deployed(port: int, model: str, x: np.ndarray, n: int, *, runs: bool = False
+                      ) -> dict[int, dict[str, float]]:
+    """Infer requests of ``x`` to the deployed app "pyrt" at each concurrency; the app is deleted after.
+
+    With ``runs``, also the replica's own mean run time during each measurement (``run_ms``), from the
+    stats route's counts before and after it (a replica's first run, which converts weights, falls outside).
+    """
     from ray import serve
 
     body, headers = kserve_body(x)
+    base = f"http://127.0.0.1:{port}/v2/models/{model}"
+    out: dict[int, dict[str, float]] = {}
     try:
-        return {c: measure_http(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers, c, n)
-                for c in CONCURRENCY}
+        for c in CONCURRENCY:
+            measure_http(f"{base}/infer", body, headers, c, min(20, n))  # warm-up, outside the run counts
+            before = requests.get(f"{base}/stats", timeout=30).json() if runs else None
+            out[c] = measure_http(f"{base}/infer", body, headers, c, n)
+            if before is not None:
+                after = requests.get(f"{base}/stats", timeout=30).json()
+                count = sum(after["batch_rows"].values()) - sum(before["batch_rows"].values())
+                out[c]["run_ms"] = (after["run_seconds"] - before["run_seconds"]) / max(count, 1) * 1e3
+        return out
     finally:
         serve.delete("pyrt")
 
@@ -276,7 +291,8 @@ def serve_rows(paths: dict[str, Path], xs: dict[str, np.ndarray], n: int, result
 def summary(name: str, r: dict[str, dict[int, dict[str, float]]]) -> str:
     s, d, f = r["serve (batch 32)"], r["direct"], r["fastapi"]
     return (f"- {name}: p50 at concurrency 1, serve {s[1]['p50']:.2f} ms vs direct {d[1]['p50']:.2f} ms "
-            f"(+{s[1]['p50'] - d[1]['p50']:.2f} ms; Ray proxy: "
+            f"(+{s[1]['p50'] - d[1]['p50']:.2f} ms; the replica's own runs meanwhile: {s[1]['run_ms']:.2f} ms; "
+            "Ray proxy: "
             f"+{r['serve (batch 32, ray proxy)'][1]['p50'] - d[1]['p50']:.2f} ms); at concurrency 32 batching gives "
             f"{s[32]['rps'] / r['serve (no batching)'][32]['rps']:.2f}x the unbatched throughput and "
             f"{s[32]['rps'] / f[32]['rps']:.2f}x the FastAPI app's (Ray proxy: "
@@ -304,10 +320,12 @@ def main() -> None:
         serve_rows(paths, xs, args.requests, results, ray_proxy=False)
         serve_rows(paths, xs, args.requests, results, ray_proxy=True)
     load.append(os.getloadavg()[0])
-    rows_out = [[name, server, str(c), f"{r['rps']:.0f}", f"{r['p50']:.2f}", f"{r['p99']:.2f}"]
+    rows_out = [[name, server, str(c), f"{r['rps']:.0f}", f"{r['p50']:.2f}", f"{r['p99']:.2f}",
+                 f"{r['run_ms']:.2f}" if "run_ms" in r else "-"]
                 for name, by_server in results.items() for server, by_c in by_server.items()
                 for c, r in by_c.items()]
-    table = markdown_table(["model", "server", "concurrency", "requests/s", "p50 ms", "p99 ms"], rows_out)
+    table = markdown_table(["model", "server", "concurrency", "requests/s", "p50 ms", "p99 ms",
+                            "replica's mean run ms"], rows_out)
     text = "\n".join([f"`{command_line()}` ({machine()}; one simulated GPU, reference engines; clients in the "
                       "same process, on the same cores; load average (1 min) at the start and end: "
                       f"{load[0]:.2f} / {load[1]:.2f})", "", table, "",

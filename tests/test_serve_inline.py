@@ -165,7 +165,8 @@ def test_the_replica_answers_http_itself(make: Any, dyn: Path) -> None:
             reply.body, header_length=int(reply.headers["Inference-Header-Content-Length"]))
         with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
             np.testing.assert_array_equal(got.as_numpy("output0"), prog(x))
-    assert replica.metrics.stats("dyn")["requests"] == 2
+    stats = replica.metrics.stats("dyn")
+    assert stats["requests"] == 2 and sum(stats["batch_rows"].values()) == 2 and stats["run_seconds"] > 0
     under = _http(replica, "GET", "/apps/pyrt/v2/health/live", scope={"root_path": "/apps/pyrt"})  # a route prefix
     assert json.loads(under.body) == {"live": True}
     assert json.loads(_http(replica, "GET", "/v2/health/live").body) == {"live": True}

@@ -53,6 +53,7 @@ class ServeMetrics:
         self._requests: Tally[str] = Tally()
         self._errors: Tally[tuple[str, str]] = Tally()
         self._batches: dict[str, Tally[int]] = {}
+        self._run_s: dict[str, float] = {}  # each model's run seconds, summed
         self._inline: Tally[str] = Tally()
         self._budgets: dict[str, list[dict[str, Any]]] = {}
         self._exported: tuple[Tally[str], Tally[tuple[str, str]]] = (Tally(), Tally())
@@ -71,6 +72,7 @@ class ServeMetrics:
     def run(self, model: str, rows: int, seconds: float) -> None:
         with self._lock:
             self._batches.setdefault(model, Tally())[rows] += 1
+            self._run_s[model] = self._run_s.get(model, 0.0) + seconds
             self._runs.append((model, rows, seconds))
             full = len(self._runs) >= PENDING_RUNS
         if full:
@@ -125,7 +127,7 @@ class ServeMetrics:
 
     def stats(self, model: str) -> dict[str, Any]:
         """This replica's counts for ``model`` (and its process id): requests, errors by class, runs by rows,
-        engine budgets."""
+        the runs' seconds summed, engine budgets."""
         with self._lock:
             return {
                 "name": model,
@@ -133,6 +135,7 @@ class ServeMetrics:
                 "requests": self._requests[model],
                 "errors": {k: n for (m, k), n in self._errors.items() if m == model},
                 "batch_rows": {str(r): n for r, n in sorted(self._batches.get(model, Tally()).items())},
+                "run_seconds": self._run_s.get(model, 0.0),
                 "runs_on_event_loop": self._inline[model],
                 "weight_streaming": self._budgets.get(model, []),
             }
