@@ -195,6 +195,19 @@ def test_prometheus_has_pyrt_metrics_per_model(dyn: str) -> None:
     assert {"ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
             "ray_pyrt_serve_weight_streaming_budget_bytes"} <= names, sorted(names)
     assert any(line.startswith("ray_serve_") for line in text.splitlines())  # and Ray Serve's own
+    # exact: what Prometheus counts for "dyn" is what its two replicas counted (each hands over once a second)
+    replicas: dict[int, dict[str, Any]] = {}
+    for _ in range(64):
+        stats = requests.get(f"http://{dyn}/v2/models/dyn/stats", timeout=30).json()
+        replicas[stats["pid"]] = stats
+        if len(replicas) == 2:
+            break
+    counted = sum(s["requests"] for s in replicas.values())
+
+    def exported() -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in _prometheus().splitlines()
+                   if line.startswith("ray_pyrt_serve_requests_total{") and 'model="dyn"' in line)
+    wait_for(lambda: exported() == counted, 90, f"Prometheus counting the replicas' {counted} requests to dyn")
 
 
 BAD_JSON = [
