@@ -180,3 +180,44 @@ def test_the_replica_answers_http_itself(make: Any, dyn: Path) -> None:
     bad = _http(replica, "POST", "/v2/models/dyn/infer", b"{oops")
     assert bad.status_code == 400 and "JSON" in json.loads(bad.body)["error"]
     assert replica.metrics.stats("dyn")["errors"] == {"InputError": 1}
+
+
+def test_a_request_counts_as_in_flight_from_its_arrival(dyn: Path) -> None:
+    """B arrives while A's body is read: A does not run alone on the event loop; A and B run as one batch."""
+    import json
+
+    from starlette.requests import Request
+
+    replica = _replica(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", inline_run_ms=60_000,
+                                   batch_wait_ms=100))
+    rng = np.random.default_rng(3)
+    xs = [rows(rng, 2), rows(rng, 3)]
+
+    def request(x: np.ndarray) -> Request:
+        body = json.dumps({"inputs": [{"name": "input0", "datatype": "FP32", "shape": list(x.shape),
+                                       "data": x.ravel().tolist()}]}).encode()
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(0)  # the body arrives later, as from a socket: other requests start meanwhile
+            return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+        return Request({"type": "http", "method": "POST", "path": "/v2/models/dyn/infer", "query_string": b"",
+                        "headers": []}, receive)
+
+    async def go() -> list[Any]:
+        await replica(request(xs[0]))  # a first run: its time is known (short) from now on
+        return list(await asyncio.gather(*(replica(request(x)) for x in xs)))
+
+    try:
+        replies = asyncio.run(go())
+        stats = replica.metrics.stats("dyn")
+    finally:
+        replica.metrics.stop()
+        replica.pool.shutdown()
+        replica.program.close()
+    assert stats["runs_on_event_loop"] == 0 and stats["batch_rows"] == {"2": 1, "5": 1}, stats
+    with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
+        for x, reply in zip(xs, replies, strict=True):
+            out = json.loads(reply.body)["outputs"][0]
+            np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(out["shape"]), prog(x), rtol=1e-6)
