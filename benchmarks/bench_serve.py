@@ -107,9 +107,13 @@ def measure(call: Callable[[int], None], concurrency: int, n: int) -> dict[str, 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, range(concurrency)))
-    wall = time.perf_counter() - start
+    return figures(lat, time.perf_counter() - start)
+
+
+def figures(lat: list[float], wall: float) -> dict[str, float]:
+    """requests/s and p50/p99 (ms) of latencies ``lat`` (seconds) measured over ``wall`` seconds."""
     ms = np.asarray(lat) * 1e3
-    return {"rps": n / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+    return {"rps": len(lat) / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
 
 
 def direct(path: Path, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
@@ -179,9 +183,7 @@ def measure_http(url: str, body: bytes, headers: dict[str, str], concurrency: in
 
             start = time.perf_counter()
             await asyncio.gather(*(worker(k) for k in range(concurrency)))
-            wall = time.perf_counter() - start
-        ms = np.asarray(lat) * 1e3
-        return {"rps": n / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+            return figures(lat, time.perf_counter() - start)
 
     return asyncio.run(go())
 
@@ -247,8 +249,8 @@ def _measure_deployed(port: int, model: str, x: np.ndarray, n: int, *, runs: boo
     base = f"http://127.0.0.1:{port}/v2/models/{model}"
     out: dict[int, dict[str, float]] = {}
     try:
+        measure_http(f"{base}/infer", body, headers, 1, min(20, n))  # the first run (weights) outside the counts
         for c in CONCURRENCY:
-            measure_http(f"{base}/infer", body, headers, c, min(20, n))  # warm-up, outside the run counts
             before = requests.get(f"{base}/stats", timeout=30).json() if runs else None
             out[c] = measure_http(f"{base}/infer", body, headers, c, n)
             if before is not None:
