@@ -50,6 +50,11 @@ def rows(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.standard_normal((n, 8)).astype(np.float32)
 
 
+def json_infer(x: np.ndarray) -> dict[str, Any]:
+    """An infer request body with ``x`` as input0, in JSON tensors."""
+    return {"inputs": [{"name": "input0", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+
+
 def wait_for(check: Any, seconds: float, what: str) -> Any:
     """Poll ``check()`` until it returns something true; AssertionError naming ``what`` after ``seconds``."""
     deadline = time.monotonic() + seconds

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests import serve_fixtures
-from tests.serve_fixtures import MAX_ROWS, free_port, rows, wait_for
+from tests.serve_fixtures import MAX_ROWS, free_port, json_infer, rows, wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("executorch")
@@ -73,10 +73,6 @@ def direct(path: Path, x: np.ndarray) -> np.ndarray:
 def post(base: str, model: str, body: Any, **kw: Any) -> Any:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return requests.post(f"http://{base}/v2/models/{model}/infer", data=data, timeout=60, **kw)
-
-
-def json_infer(x: np.ndarray) -> dict[str, Any]:
-    return {"inputs": [{"name": "input0", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
 
 
 def test_health_and_metadata(dyn: str) -> None:

@@ -24,7 +24,7 @@ from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.protocol import InferRequest  # noqa: E402
 from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
-from tests.serve_fixtures import build, rows  # noqa: E402
+from tests.serve_fixtures import build, json_infer, rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +194,7 @@ def test_a_request_counts_as_in_flight_from_its_arrival(dyn: Path) -> None:
     xs = [rows(rng, 2), rows(rng, 3)]
 
     def request(x: np.ndarray) -> Request:
-        body = json.dumps({"inputs": [{"name": "input0", "datatype": "FP32", "shape": list(x.shape),
-                                       "data": x.ravel().tolist()}]}).encode()
+        body = json.dumps(json_infer(x)).encode()
         chunks = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive() -> dict[str, Any]:
