@@ -132,19 +132,27 @@ def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
         assert data[start:] == prog(x).view(torch.int16).numpy().tobytes()
 
 
-def _http(replica: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-          scope: dict[str, Any] | None = None) -> Any:
-    """``replica(request)`` for one HTTP request, as Ray Serve hands it over: a Starlette request."""
+def _request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+             scope: dict[str, Any] | None = None, *, late: bool = False) -> Any:
+    """A Starlette request, as Ray Serve hands one to a replica; ``late``: its body arrives after a yield."""
     from starlette.requests import Request
 
     chunks = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive() -> dict[str, Any]:
+        if late:
+            await asyncio.sleep(0)  # as from a socket: other requests start meanwhile
         return chunks.pop() if chunks else {"type": "http.disconnect"}
 
-    scope = {"type": "http", "method": method, "path": path, "query_string": b"",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()], **(scope or {})}
-    return asyncio.run(replica(Request(scope, receive)))
+    full = {"type": "http", "method": method, "path": path, "query_string": b"",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()], **(scope or {})}
+    return Request(full, receive)
+
+
+def _http(replica: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+          scope: dict[str, Any] | None = None) -> Any:
+    """``replica(request)`` for one HTTP request."""
+    return asyncio.run(replica(_request(method, path, body, headers, scope)))
 
 
 def test_the_replica_answers_http_itself(make: Any, dyn: Path) -> None:
@@ -186,23 +194,13 @@ def test_a_request_counts_as_in_flight_from_its_arrival(dyn: Path) -> None:
     """B arrives while A's body is read: A does not run alone on the event loop; A and B run as one batch."""
     import json
 
-    from starlette.requests import Request
-
     replica = _replica(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", inline_run_ms=60_000,
                                    batch_wait_ms=100))
     rng = np.random.default_rng(3)
     xs = [rows(rng, 2), rows(rng, 3)]
 
-    def request(x: np.ndarray) -> Request:
-        body = json.dumps(json_infer(x)).encode()
-        chunks = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            await asyncio.sleep(0)  # the body arrives later, as from a socket: other requests start meanwhile
-            return chunks.pop() if chunks else {"type": "http.disconnect"}
-
-        return Request({"type": "http", "method": "POST", "path": "/v2/models/dyn/infer", "query_string": b"",
-                        "headers": []}, receive)
+    def request(x: np.ndarray) -> Any:
+        return _request("POST", "/v2/models/dyn/infer", json.dumps(json_infer(x)).encode(), late=True)
 
     async def go() -> list[Any]:
         await replica(request(xs[0]))  # a first run: its time is known (short) from now on
