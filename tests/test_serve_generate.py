@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import types
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -48,10 +47,10 @@ def _events(program: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture()
 def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    fake = types.ModuleType(generate.LLM_MODULE)
+    fake = types.ModuleType("pyrt.llm.serving")
     fake.follows_convention = lambda program, method="forward": method == "forward" and program.llm  # type: ignore[attr-defined]
     fake.generate_events = _events  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, generate.LLM_MODULE, fake)
+    monkeypatch.setattr(generate, "llm_serving", lambda: fake)
     models = {"lm": types.SimpleNamespace(method="forward"), "lm.other": types.SimpleNamespace(method="other")}
     with ThreadPoolExecutor(1) as pool:
         gen = generate.Generation(FakeProgram(), models, pool)

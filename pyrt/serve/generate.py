@@ -7,7 +7,6 @@ each request runs on the replica's worker thread, token by token.
 
 
 import asyncio
-import importlib
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import Executor
@@ -19,16 +18,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyrt.errors import InputError, PyrtError
 
-LLM_MODULE = "pyrt.llm.serving"
 _DONE = object()
 
 
 def llm_serving() -> ModuleType | None:
     """``pyrt.llm.serving``, or None where it cannot be imported."""
     try:
-        return importlib.import_module(LLM_MODULE)
+        from pyrt.llm import serving  # lazily: only replicas that serve load LLM generation
     except ImportError:
         return None
+    return serving
 
 
 def _status(exc: BaseException) -> int:

@@ -5,6 +5,10 @@
     pyrt run model.pte --random --seed 0 [--save out.npz] [--json]
     pyrt bench model.pte --sweep 10%..100% --plot curve.png
     pyrt profile model.pte --trace trace.json
+    pyrt generate m.pte --prompt-ids 1,2,3 --max-new-tokens 32 [--budget 50%] [--sample --temperature 0.8
+                  --top-k 40 --top-p 0.9 --seed 0] [--eos-ids 2] [--json]
+    pyrt generate m.pte --prompt "Once upon a time" --tokenizer ./tokenizer_dir
+    pyrt bench m.pte --generate --sweep 10%..100% [--prompt-len 16 --new-tokens 32] [--json] [--plot tps.png]
 
 Exit status: 0 ok; 2 the command line does not parse (argparse's usage
 errors); 1 a value is wrong for the file or running failed (the typed pyrt
@@ -69,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(getattr(args, "verbose", False))
             stack.enter_context(_warnings_to_stderr())
             _simulated(stack)
-            status: int = (getattr(args, "handler", None) or COMMANDS[args.command])(args)
+            status: int = COMMANDS[args.command](args)
             sys.stdout.flush()
         return status
     except BrokenPipeError:

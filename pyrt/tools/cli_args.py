@@ -1,13 +1,13 @@
 """The ``pyrt`` command line's argparse parser: the options every subcommand shares (parent
-parsers), one function per subcommand, and the converters that turn option text into values
-(a bad value is argparse's usage error, exit status 2). ``args.command`` names the subcommand
-(:data:`pyrt.tools.commands.COMMANDS`).
+parsers), one function per subcommand (``serve``'s is :func:`pyrt.serve.command.add_parser`;
+``generate`` and ``bench --generate`` run :mod:`pyrt.llm`), and the converters that turn option
+text into values (a bad value is argparse's usage error, exit status 2). ``args.command`` names
+the subcommand (:data:`pyrt.tools.commands.COMMANDS`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 from pyrt._version import __version__
@@ -51,6 +51,11 @@ environment:
   pyrt profile model.pte                         10 profiled runs on random inputs
   pyrt profile model.pte --iters 50 --trace trace.json   (open in ui.perfetto.dev)
   pyrt profile model.pte --input 0=x.npy --json""",
+    "generate": """examples:
+  pyrt generate m.pte --prompt-ids 1,2,3 --max-new-tokens 32
+  pyrt generate m.pte --prompt-ids 1,2,3 --sample --temperature 0.8 --top-k 40 --seed 0
+  pyrt generate m.pte --prompt "Hello" --tokenizer ./tokenizer --budget 50%
+  PYRT_SIMULATED_GPUS=1 pyrt generate m.pte --prompt-ids 5,6,7 --json""",
 }
 
 
@@ -86,6 +91,20 @@ def _count(text: str) -> int:
     return n
 
 
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids such as 1,2,3, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _positive(text: str) -> float:
     try:
         x = float(text)
@@ -97,7 +116,7 @@ def _positive(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``pyrt`` parser: global options and the inspect, run, bench and profile subcommands."""
+    """The ``pyrt`` parser: global options and the inspect, run, bench, profile, serve and generate subcommands."""
     common, load, inputs = _common(), _load(), _inputs()
     parser = argparse.ArgumentParser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
                                      description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
@@ -109,12 +128,8 @@ def parser() -> argparse.ArgumentParser:
     _add_bench(sub, [common, load, inputs])
     _add_profile(sub, [common, load, inputs])
     serve_command.add_parser(sub, [common])
-    for name in PLUGINS:  # apps beside the tools add their subcommands (loaded here: no package circle)
-        importlib.import_module(name).add_commands(sub, [common, load])
+    _add_generate(sub, [common, load])
     return parser
-
-
-PLUGINS = ("pyrt.llm.command",)  # modules with add_commands(subparsers, parents): pyrt generate, bench --generate
 
 
 def _common() -> argparse.ArgumentParser:
@@ -198,6 +213,10 @@ def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--plot", metavar="CURVE.png", help="plot throughput and latency against budget (matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--generate", action="store_true", help="time LLM generation (prefill ms, decode tokens/s) "
+                   "per budget instead of single runs")
+    p.add_argument("--prompt-len", type=_count, default=16, help="--generate: prompt tokens (default 16)")
+    p.add_argument("--new-tokens", type=_count, default=32, help="--generate: new tokens (default 32)")
 
 
 def _add_profile(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -211,3 +230,24 @@ def _add_profile(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace (ui.perfetto.dev, chrome://tracing)")
     p.add_argument("--no-device-time", action="store_true", help="no CUDA timing events")
     p.add_argument("--json", action="store_true", help="print JSON (Profiler.summary())")
+
+
+def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("generate", parents=parents, formatter_class=_FMT, epilog=_EXAMPLES["generate"],
+                       help="generate tokens with an LLM file (ExecuTorch's LLM convention)",
+                       description="Prefill a prompt, then generate token by token; tokens (or text) are printed "
+                                   "as they come, then the timings.")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", type=_ids, metavar="1,2,3", help="the prompt's token ids")
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs --tokenizer)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory (transformers)")
+    p.add_argument("--max-new-tokens", type=_count, metavar="N", help="cap on new tokens (default: until EOS or a "
+                   "full cache)")
+    p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=_float, default=1.0, help="sampling temperature (default 1)")
+    p.add_argument("--top-k", type=_count, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=_float, help="sample within this probability mass")
+    p.add_argument("--seed", type=_count, help="seed of the sampler")
+    p.add_argument("--eos-ids", type=_ids, metavar="2,3", help="stop ids (default: the file's get_eos_ids)")
+    p.add_argument("--json", action="store_true", help="print JSON at the end instead of tokens as they come")

@@ -1,6 +1,9 @@
-"""The ``pyrt`` subcommands (inspect, run, bench, profile) and the steps they share: reading
-inputs, opening the program, printing results. Each takes the parsed arguments
+"""The ``pyrt`` subcommands (inspect, run, bench, profile, generate) and the steps they share:
+reading inputs, opening the program, printing results. Each takes the parsed arguments
 (:mod:`pyrt.tools.cli_args`) and returns the exit status; :data:`COMMANDS` maps names to them.
+``generate`` and ``bench --generate`` call :mod:`pyrt.llm`: tokens are printed as they come,
+then the timings (to stderr, so stdout stays the generated tokens or text); ``serve`` is
+:func:`pyrt.serve.command.run`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten, method_inputs
+from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, plot_generation
+from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
@@ -160,6 +166,8 @@ def _describe_engines(engines: list[dict[str, Any]]) -> list[str]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.generate:
+        return _bench_generation(args)
     budgets: list[Any] = list(args.budget) + (parse_sweep(args.sweep) if args.sweep else [])
     if args.plot:
         check_plot_support()
@@ -207,6 +215,77 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _tokenizer(args: argparse.Namespace) -> Any:
+    if args.tokenizer is None:
+        if args.prompt is not None:
+            raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer); or pass --prompt-ids")
+        return None
+    if not os.path.isdir(args.tokenizer):
+        raise InputError(f"--tokenizer {args.tokenizer!r} is not a directory")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise PyrtError("--tokenizer needs transformers: pip install transformers") from None
+    try:
+        return AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--tokenizer {args.tokenizer!r}: {exc}") from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    tokenizer = _tokenizer(args)
+    ids = args.prompt_ids if args.prompt is None else list(tokenizer(args.prompt)["input_ids"])
+    with _program(args, args.budget) as prog:
+        stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                          eos_ids=args.eos_ids, stream=True, method=args.method)
+        shown, seen = "", []
+        for token in stream:
+            seen.append(token)
+            if args.json:
+                continue
+            if tokenizer is None:
+                print(token, end=" ", flush=True)
+            else:  # decode everything so far: a token's text can depend on its neighbours
+                text = tokenizer.decode(seen, skip_special_tokens=True)
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+    result = stream.result
+    if args.json:
+        out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
+               "timings": result.timings.as_dict()}
+        if tokenizer is not None:
+            out["text"] = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    print()
+    print(f"finish: {result.finish_reason}; {result.timings}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _bench_generation(args: argparse.Namespace) -> int:
+    """``bench --generate``: prefill ms and decode tokens/s per budget."""
+    budgets: list[Any] = list(args.budget) + (parse_sweep(args.sweep) if args.sweep else [])
+    if args.plot:
+        check_plot_support()
+    with Program(args.path, data=args.data, device_map=dict(args.device_map) or None, trt=args.trt,
+                 kernels=args.kernels) as prog:
+        rows = generation_sweep(prog, budgets=budgets or [None], prompt_len=args.prompt_len,
+                                new_tokens=args.new_tokens, iters=args.iters or 3, warmup=min(args.warmup, 1),
+                                seed=args.seed, method=args.method)
+    if args.plot:
+        plot_generation(rows, args.plot, title=f"{os.path.basename(args.path)}: decode tokens/s per budget")
+        print(f"pyrt: wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"source": args.path, "method": args.method, "rows": rows}, indent=2))
+        return EXIT_OK
+    print(f"{args.path}: {args.prompt_len}-token prompt, {args.new_tokens} new tokens, median of "
+          f"{rows[0]['generations']} greedy generation(s) per row (host clock)")
+    print(format_generation_rows(rows))
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile, "serve": serve_command.run,
+    "generate": _cmd_generate,
 }
