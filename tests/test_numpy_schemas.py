@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import _OPS
+from pyrt.kernels.numpy_base import OPS
 from pyrt.kernels.numpy_library import supported
 
 torch = pytest.importorskip("torch")
@@ -41,7 +41,7 @@ def _is_out(arg: Any) -> bool:
 def test_registration_matches_schema(name: str) -> None:
     schema = _schema(name)
     assert schema is not None, f"{name}: no such operator in torch"
-    spec = _OPS[name]
+    spec = OPS[name]
     ins = [a.name for a in schema.arguments if not _is_out(a)]
     outs = [a.name for a in schema.arguments if _is_out(a)]
     assert (spec.n_in, spec.n_out) == (len(ins), len(outs)), f"{name}: inputs {ins}, outs {outs}"
@@ -57,7 +57,7 @@ def test_portable_ops_models_need_are_registered() -> None:
     for name in ("any.out", "any.dims_out", "any.all_out", "as_strided_copy.out", "native_group_norm.out",
                  "masked_fill.Scalar_out", "scatter.src_out", "index_put.out", "slice_scatter.out",
                  "_native_batch_norm_legit.no_stats_out", "upsample_bilinear2d.vec_out", "topk.values"):
-        assert f"aten::{name}" in _OPS, name
+        assert f"aten::{name}" in OPS, name
 
 
 def r(*shape: int) -> np.ndarray:
@@ -129,10 +129,10 @@ CASES: list[tuple[str, tuple, Callable[..., Any]]] = [
 
 @pytest.mark.parametrize("name, args, ref", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_kernel_matches_aten(name: str, args: tuple, ref: Callable[..., Any]) -> None:
-    ours = _OPS[name].fn(*args)
+    ours = OPS[name].fn(*args)
     want = ref(*(_t(a) for a in args))
-    got = list(ours) if _OPS[name].n_out > 1 else [ours]
-    refs = list(want) if _OPS[name].n_out > 1 else [want]
+    got = list(ours) if OPS[name].n_out > 1 else [ours]
+    refs = list(want) if OPS[name].n_out > 1 else [want]
     for a, b in zip(got, refs, strict=True):
         b = b.numpy()
         a = np.asarray(a)
@@ -143,14 +143,14 @@ def test_kernel_matches_aten(name: str, args: tuple, ref: Callable[..., Any]) ->
 @pytest.mark.parametrize("args", [([2, 2], [1, 5], 0), ([2], [1, 1], 0), ([2, 2], [-1, 1], 0), ([2, 2], [6, 1], 1)])
 def test_as_strided_out_of_bounds_is_input_error(args: tuple) -> None:
     with pytest.raises(InputError, match="as_strided_copy"):
-        _OPS["aten::as_strided_copy.out"].fn(np.zeros((2, 3), np.float32), *args)
+        OPS["aten::as_strided_copy.out"].fn(np.zeros((2, 3), np.float32), *args)
 
 
 def test_group_norm_bad_groups_is_input_error() -> None:
     with pytest.raises(InputError, match="native_group_norm"):
-        _OPS["aten::native_group_norm.out"].fn(x4, None, None, 2, 4, 15, 3, 1e-5)
+        OPS["aten::native_group_norm.out"].fn(x4, None, None, 2, 4, 15, 3, 1e-5)
 
 
 def test_copy_of_a_src_that_does_not_broadcast_is_input_error() -> None:
     with pytest.raises(InputError, match=r"copy: src of shape \(4,\) does not broadcast to self's shape \(2, 3\)"):
-        _OPS["aten::copy.out"].fn(np.zeros((2, 3), np.float32), r(4), False)
+        OPS["aten::copy.out"].fn(np.zeros((2, 3), np.float32), r(4), False)

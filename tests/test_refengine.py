@@ -423,7 +423,7 @@ def first_run(i):
     try:
         raw, shape = eng.run_bytes({"x": (np.array([i, 1], np.float32).view(np.uint8), (2,))})["y"]
         assert raw.view(np.float32).tolist() == [10.0 * i, 20.0], raw
-        seen.append(id(backends._backend("auto")))
+        seen.append(id(backends.pick_backend("auto")))
     except BaseException as exc:
         bad.append(repr(exc))
 threads = [threading.Thread(target=first_run, args=(i,)) for i in range(16)]

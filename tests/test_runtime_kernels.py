@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels.numpy_base import _OPS
+from pyrt.kernels.numpy_base import OPS
 from pyrt.kernels.numpy_library import supported
 from pyrt.kernels.registry import choose_library
 
@@ -26,7 +26,7 @@ def t(x: Any) -> Any:
 
 
 def check(name: str, args: tuple, ref: Any, n_out: int = 1) -> None:
-    ours = _OPS[name].fn(*args)
+    ours = OPS[name].fn(*args)
     refs = list(ref) if n_out > 1 else [ref]
     got = list(ours) if n_out > 1 else [ours]
     for a, b in zip(got, refs, strict=True):
@@ -139,7 +139,7 @@ def test_upsample_nearest(size: Any, scales: Any) -> None:
 def test_upsample_without_size_or_scales(name: str) -> None:
     args = (r(1, 2, 4, 6), None, None) if "nearest" in name else (r(1, 2, 4, 6), None, False, None)
     with pytest.raises(InputError, match="neither an output size nor scale factors"):
-        _OPS[name].fn(*args)
+        OPS[name].fn(*args)
 
 
 def test_norms_and_activations() -> None:

@@ -11,7 +11,7 @@ memory-planned bound. The kernels themselves live in the per-topic modules
 Argument values the set cannot honour (a transposed convolution) are rejected
 at load with :class:`~pyrt.errors.UnsupportedOperatorError`.
 
->>> _axes([-1], 3), _axes([], 3)
+>>> reduce_axes([-1], 3), reduce_axes([], 3)
 ((2,), None)
 """
 
@@ -52,14 +52,14 @@ class NpOp:
     check: Callable[[KernelSite], None] | None = None
 
 
-_OPS: dict[str, NpOp] = {}
+OPS: dict[str, NpOp] = {}
 
 
 def op(*names: str, n_in: int, n_out: int = 1,
        check: Callable[[KernelSite], None] | None = None) -> Callable[[KernelFn], KernelFn]:
     def register(fn: KernelFn) -> KernelFn:
         for name in names:
-            _OPS[name] = NpOp(fn, n_in, n_out, check)
+            OPS[name] = NpOp(fn, n_in, n_out, check)
         return fn
 
     return register
@@ -68,7 +68,7 @@ def op(*names: str, n_in: int, n_out: int = 1,
 # -- step construction -----------------------------------------------------------------------------
 
 
-def _build(spec: NpOp, site: KernelSite) -> Step:
+def build_step(spec: NpOp, site: KernelSite) -> Step:
     site.require_args(spec.n_in + spec.n_out)
     if spec.check is not None:
         spec.check(site)
@@ -145,11 +145,11 @@ def _tensor_writer(table: ValueTable, i: int, where: str) -> Writer:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _dt(v: int | None) -> np.dtype | None:
+def optional_dtype(v: int | None) -> np.dtype | None:
     return None if v is None else numpy_dtype(ScalarType(int(v)))
 
 
-def _axes(dim: Dims, ndim: int) -> tuple[int, ...] | None:
+def reduce_axes(dim: Dims, ndim: int) -> tuple[int, ...] | None:
     """torch reduction dims: None or [] reduce everything."""
     if dim is None:
         return None
@@ -159,11 +159,11 @@ def _axes(dim: Dims, ndim: int) -> tuple[int, ...] | None:
     return tuple(d % max(ndim, 1) for d in dims)
 
 
-def _float(x: np.ndarray) -> np.ndarray:
+def as_float(x: np.ndarray) -> np.ndarray:
     return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)
 
 
-def _clip_slice(n: int, start: int | None, end: int | None, step: int) -> slice:
+def clip_slice(n: int, start: int | None, end: int | None, step: int) -> slice:
     start = 0 if start is None else int(start)
     end = n if end is None else int(end)
     start = max(start + n, 0) if start < 0 else min(start, n)

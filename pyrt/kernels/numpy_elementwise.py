@@ -1,8 +1,8 @@
 """numpy kernels, elementwise: arithmetic, unary math, activations, comparisons, fills by mask.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import _OPS
->>> _OPS["aten::add.out"].fn(np.ones(2), np.full(2, 2.0), 3).tolist()
+>>> from pyrt.kernels.numpy_base import OPS
+>>> OPS["aten::add.out"].fn(np.ones(2), np.full(2, 2.0), 3).tolist()
 [7.0, 7.0]
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import _OPS, Operand, Out, Scalar, _float, op
+from pyrt.kernels.numpy_base import OPS, Operand, Out, Scalar, as_float, op
 
 
 def _bin(f: Callable[[Operand, Operand], Out]) -> Callable[[Operand, Operand, Scalar], Out]:
@@ -44,7 +44,7 @@ def _rsub(a: np.ndarray, b: Operand, alpha: Scalar = 1) -> Out:
 @op("aten::div.out", "aten::div.Scalar_out", n_in=2)
 def _div(a: np.ndarray, b: Operand) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.true_divide(_float(np.asarray(a)), b)
+        return np.true_divide(as_float(np.asarray(a)), b)
 
 
 @op("aten::div.out_mode", "aten::div.Scalar_mode_out", n_in=3)
@@ -77,13 +77,13 @@ for _name, _fn in {
 @op("aten::reciprocal.out", n_in=1)
 def _reciprocal(a: np.ndarray) -> Out:
     with np.errstate(divide="ignore"):
-        return np.reciprocal(_float(np.asarray(a)))
+        return np.reciprocal(as_float(np.asarray(a)))
 
 
 @op("aten::rsqrt.out", n_in=1)
 def _rsqrt(a: np.ndarray) -> Out:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return 1.0 / np.sqrt(_float(np.asarray(a)))
+        return 1.0 / np.sqrt(as_float(np.asarray(a)))
 
 
 @op("aten::relu.out", n_in=1)
@@ -93,14 +93,14 @@ def _relu(a: np.ndarray) -> Out:
 
 @op("aten::sigmoid.out", n_in=1)
 def _sigmoid(a: np.ndarray) -> np.ndarray:
-    x = _float(a)
+    x = as_float(a)
     e = np.exp(-np.abs(x))  # in (0, 1]: never overflows, for either sign of x
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 @op("aten::tanh.out", n_in=1)
 def _tanh(a: np.ndarray) -> Out:
-    return np.tanh(_float(a))
+    return np.tanh(as_float(a))
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -108,12 +108,12 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 @op("aten::gelu.out", n_in=2)
 def _gelu(a: np.ndarray, approximate: str = "none") -> Out:
-    x = _float(a).astype(np.float64)
+    x = as_float(a).astype(np.float64)
     if approximate == "tanh":
         y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     else:
         y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-    return y.astype(_float(a).dtype)
+    return y.astype(as_float(a).dtype)
 
 
 @op("aten::silu.out", n_in=1)
@@ -162,20 +162,20 @@ for _name, _fn in {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.l
                    "bitwise_xor": np.bitwise_xor}.items():
     op(f"aten::{_name}.Scalar_out", f"aten::{_name}.Tensor_out", n_in=2)(lambda a, b, _f=_fn: _f(a, b))
 for _name in ("logical_and", "logical_or", "logical_xor"):  # torch has only the tensor overload, named .out
-    _OPS[f"aten::{_name}.out"] = _OPS.pop(f"aten::{_name}.Tensor_out")
-    del _OPS[f"aten::{_name}.Scalar_out"]
+    OPS[f"aten::{_name}.out"] = OPS.pop(f"aten::{_name}.Tensor_out")
+    del OPS[f"aten::{_name}.Scalar_out"]
 
 
 for _name, _fn in {
     "acos": np.arccos, "asin": np.arcsin, "acosh": np.arccosh, "asinh": np.arcsinh, "atanh": np.arctanh,
     "sinh": np.sinh, "cosh": np.cosh, "log10": np.log10, "isinf": np.isinf,
 }.items():
-    op(f"aten::{_name}.out", n_in=1)(lambda a, _f=_fn: _f(_float(np.asarray(a)) if _f is not np.isinf else a))
+    op(f"aten::{_name}.out", n_in=1)(lambda a, _f=_fn: _f(as_float(np.asarray(a)) if _f is not np.isinf else a))
 
 
 @op("aten::erf.out", n_in=1)
 def _erf_out(a: np.ndarray) -> Out:
-    x = _float(np.asarray(a))
+    x = as_float(np.asarray(a))
     return _erf(x).astype(x.dtype)
 
 
@@ -187,7 +187,7 @@ def _floor_divide(a: np.ndarray, b: np.ndarray) -> Out:
 
 @op("aten::elu.out", n_in=4)
 def _elu(a: np.ndarray, alpha: Scalar = 1, scale: Scalar = 1, input_scale: Scalar = 1) -> Out:
-    x = _float(np.asarray(a))
+    x = as_float(np.asarray(a))
     return np.where(x > 0, x * scale, (np.exp(x * input_scale) - 1) * alpha * scale).astype(x.dtype)
 
 
@@ -199,7 +199,7 @@ def _glu(a: np.ndarray, dim: int = -1) -> Out:
 
 @op("aten::logit.out", n_in=2)
 def _logit(a: np.ndarray, eps: float | None = None) -> Out:
-    x = _float(np.asarray(a))
+    x = as_float(np.asarray(a))
     if eps is not None:
         x = np.clip(x, eps, 1 - eps)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -1,8 +1,8 @@
 """numpy kernels, indexing: gathers by index or mask, and the scatter and index writes.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import Operand, Out, Scalar, _OPS
->>> _OPS["aten::index_select.out"].fn(np.arange(4.0), 0, np.array([3, 0])).tolist()
+>>> from pyrt.kernels.numpy_base import Operand, Out, Scalar, OPS
+>>> OPS["aten::index_select.out"].fn(np.arange(4.0), 0, np.array([3, 0])).tolist()
 [3.0, 0.0]
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import Operand, Out, Scalar, _clip_slice, op
+from pyrt.kernels.numpy_base import Operand, Out, Scalar, clip_slice, op
 
 
 @op("aten::index.Tensor_out", n_in=2)
@@ -115,7 +115,7 @@ def _slice_scatter(a: np.ndarray, src: np.ndarray, dim: int = 0, start: int | No
                    end: int | None = None, step: int = 1) -> Out:
     d = dim % a.ndim
     index = [slice(None)] * a.ndim
-    index[d] = _clip_slice(a.shape[d], start, end, int(step))
+    index[d] = clip_slice(a.shape[d], start, end, int(step))
     out = a.copy()
     out[tuple(index)] = src
     return out

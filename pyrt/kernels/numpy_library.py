@@ -17,7 +17,7 @@ from pyrt.kernels import (  # noqa: F401  (importing them registers their kernel
     numpy_shape,
 )
 from pyrt.kernels.base import RANDOM_OPS, Kernel
-from pyrt.kernels.numpy_base import _OPS, _build
+from pyrt.kernels.numpy_base import OPS, build_step
 from pyrt.pte_reader import Operator
 
 
@@ -27,14 +27,14 @@ class NumpyLibrary:
     name = "numpy"
 
     def lookup(self, operator: Operator) -> Kernel | None:
-        spec = _OPS.get(operator.qualified_name)
+        spec = OPS.get(operator.qualified_name)
         if spec is None:
             return None
-        return Kernel(operator.qualified_name, build=lambda site: _build(spec, site),
+        return Kernel(operator.qualified_name, build=lambda site: build_step(spec, site),
                       writes=lambda args: args[spec.n_in:spec.n_in + spec.n_out],
                       pure=operator.name not in RANDOM_OPS)
 
 
 def supported() -> list[str]:
     """Names of every operator in the numpy core set."""
-    return sorted(_OPS)
+    return sorted(OPS)

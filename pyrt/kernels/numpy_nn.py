@@ -1,8 +1,8 @@
 """numpy kernels, neural-network layers: matrix products, normalization, convolution, pooling, resampling.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import Dims, Out, Scalar, _OPS
->>> _OPS["aten::addmm.out"].fn(np.ones(2), np.eye(2), np.full((2, 2), 3.0), 1, 2).tolist()
+>>> from pyrt.kernels.numpy_base import Dims, Out, Scalar, OPS
+>>> OPS["aten::addmm.out"].fn(np.ones(2), np.eye(2), np.full((2, 2), 3.0), 1, 2).tolist()
 [[7.0, 7.0], [7.0, 7.0]]
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from pyrt.errors import InputError, UnsupportedOperatorError
 from pyrt.kernels.base import KernelSite
-from pyrt.kernels.numpy_base import Out, Scalar, _float, op
+from pyrt.kernels.numpy_base import Out, Scalar, as_float, op
 
 # -- linear algebra --------------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ def _max_pool(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], paddi
 @op("aten::avg_pool2d.out", n_in=7)
 def _avg_pool(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
               ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Out:
-    xf = _float(x)
+    xf = as_float(x)
     win, k, s, p, _ = _pool_windows(xf, kernel, stride, padding, (1, 1), ceil_mode, 0.0)
     total = win.sum(axis=(-2, -1))
     if divisor_override:
@@ -259,7 +259,7 @@ def _upsample_nearest(x: np.ndarray, output_size: Sequence[int] | None, scales: 
 
 @op("aten::_adaptive_avg_pool2d.out", n_in=2)
 def _adaptive_avg_pool(a: np.ndarray, output_size: Sequence[int]) -> Out:
-    x = _float(a)
+    x = as_float(a)
     oh, ow = (int(s) for s in output_size)
     h, w = x.shape[-2:]
     rows = [x[..., (i * h) // oh: -(-((i + 1) * h) // oh), :].mean(axis=-2) for i in range(oh)]
@@ -284,7 +284,7 @@ def _linear_source(out: int, size: int, align: bool, scale: float | None) -> tup
 @op("aten::upsample_bilinear2d.vec_out", n_in=4)
 def _upsample_bilinear(a: np.ndarray, output_size: Sequence[int] | None, align_corners: bool,
                        scales: Sequence[float] | None) -> Out:
-    x = _float(a)
+    x = as_float(a)
     h, w = x.shape[-2:]
     if output_size is not None:
         oh, ow = (int(s) for s in output_size)

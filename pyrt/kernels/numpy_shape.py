@@ -1,8 +1,8 @@
 """numpy kernels, shapes and layouts: views as copies, concatenation, slicing, splitting, padding, creation.
 
 >>> import numpy as np
->>> from pyrt.kernels.numpy_base import Operand, Out, Scalar, _OPS
->>> _OPS["aten::as_strided_copy.out"].fn(np.arange(6.0), [2, 2], [1, 2], 1).tolist()
+>>> from pyrt.kernels.numpy_base import Operand, Out, Scalar, OPS
+>>> OPS["aten::as_strided_copy.out"].fn(np.arange(6.0), [2, 2], [1, 2], 1).tolist()
 [[1.0, 3.0], [2.0, 4.0]]
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.kernels.numpy_base import Out, Scalar, _clip_slice, op
+from pyrt.kernels.numpy_base import Out, Scalar, clip_slice, op
 
 
 @op("aten::permute_copy.out", n_in=2)
@@ -51,7 +51,7 @@ def _stack(tensors: Sequence[np.ndarray], dim: int = 0) -> Out:
 def _slice(a: np.ndarray, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> Out:
     d = dim % a.ndim
     index = [slice(None)] * a.ndim
-    index[d] = _clip_slice(a.shape[d], start, end, int(step))
+    index[d] = clip_slice(a.shape[d], start, end, int(step))
     return a[tuple(index)]
 
 

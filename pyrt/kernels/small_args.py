@@ -8,7 +8,7 @@ between out and inputs) are what :mod:`~pyrt.kernels.small_kernels`'s builders c
 before binding a step, so that numpy computes what the torch out-variant computes.
 
 >>> import numpy as np
->>> _broadcast((2, 1), (3,)), _weak_scalar(1.5, np.dtype(np.float32)), _weak_scalar(1e300, np.dtype(np.float32))
+>>> broadcast_shape((2, 1), (3,)), _weak_scalar(1.5, np.dtype(np.float32)), _weak_scalar(1e300, np.dtype(np.float32))
 ((2, 3), True, False)
 """
 
@@ -35,7 +35,7 @@ Args = Mapping[str, Any]
 # -- what numpy may see --------------------------------------------------------------------------
 
 
-def _view(t: Any, limit: int) -> np.ndarray | None:  # Any: a torch tensor, or whatever a slot holds
+def numpy_view(t: Any, limit: int) -> np.ndarray | None:  # Any: a torch tensor, or whatever a slot holds
     """A numpy view of CPU tensor ``t`` sharing its memory, or None (too big, autograd, conj/neg bit...)."""
     try:
         if t.requires_grad or t.device.type != "cpu" or t.numel() > limit:
@@ -53,10 +53,10 @@ def _tensor_arg(site: KernelSite, k: int, limit: int) -> np.ndarray | None:
     info = site.info(k)
     if info is None or info.dynamic or info.device is not None:
         return None
-    return _view(site.value(k), limit)
+    return numpy_view(site.value(k), limit)
 
 
-def _tensor_slots(site: KernelSite, k: int) -> Sequence[int]:
+def tensor_slots(site: KernelSite, k: int) -> Sequence[int]:
     """The value slots of argument ``k``'s tensors: itself, a list's items, or none."""
     kind = site.kind(k)
     if kind == "Tensor":
@@ -69,11 +69,11 @@ def _list_arg(site: KernelSite, k: int, limit: int) -> list[np.ndarray] | None:
     if not site.is_const(k) or site.kind(k) != "TensorList":
         return None
     out = []
-    for j in _tensor_slots(site, k):
+    for j in tensor_slots(site, k):
         info = site.table.infos.get(j)
         if j < 0 or info is None or info.dynamic or info.device is not None or not site.table.is_const(j):
             return None
-        a = _view(site.table.vals[j], limit)
+        a = numpy_view(site.table.vals[j], limit)
         if a is None:
             return None
         out.append(a)
@@ -112,7 +112,7 @@ def site_args(site: KernelSite, names: Sequence[str], tensors: Collection[str],
     return args
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """The broadcast shape, or None where the shapes do not broadcast (torch raises then)."""
     try:
         return np.broadcast_shapes(*shapes)
@@ -120,14 +120,14 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
 
 
-def _same_dtype(*arrays: np.ndarray) -> bool:
+def same_dtype(*arrays: np.ndarray) -> bool:
     """One dtype for all (copies: exact in any dtype numpy can view)."""
     return all(a.dtype == arrays[0].dtype for a in arrays)
 
 
-def _floats(*arrays: np.ndarray) -> bool:
+def are_floats(*arrays: np.ndarray) -> bool:
     """One floating dtype for all."""
-    return arrays[0].dtype in FLOATS and _same_dtype(*arrays)
+    return arrays[0].dtype in FLOATS and same_dtype(*arrays)
 
 
 def _weak_scalar(v: Any, dtype: np.dtype) -> bool:  # Any: narrowed by type() below, which mypy cannot follow
@@ -138,30 +138,30 @@ def _weak_scalar(v: Any, dtype: np.dtype) -> bool:  # Any: narrowed by type() be
     return math.isnan(v) or math.isinf(v) or abs(v) <= float(np.finfo(dtype).max)
 
 
-def _is_one(v: object) -> bool:
+def is_one(v: object) -> bool:
     return type(v) in (int, float) and v == 1
 
 
-def _apart(out: np.ndarray, *ins: object) -> bool:
+def apart(out: np.ndarray, *ins: object) -> bool:
     """``out`` shares no memory with any array in ``ins`` (torch rejects partial overlap; numpy would not)."""
     return not any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in ins)
 
 
-def _apart_or_same(out: np.ndarray, *ins: object) -> bool:
-    """Like :func:`_apart`, but an input that is exactly ``out`` (an in-place call) is fine for ufuncs."""
+def apart_or_same(out: np.ndarray, *ins: object) -> bool:
+    """Like :func:`apart`, but an input that is exactly ``out`` (an in-place call) is fine for ufuncs."""
     return all(not isinstance(a, np.ndarray) or not np.may_share_memory(out, a)
                or (a.__array_interface__ == out.__array_interface__) for a in ins)
 
 
-def _other_fits(x: np.ndarray, y: object, out: np.ndarray) -> bool:
+def other_fits(x: np.ndarray, y: object, out: np.ndarray) -> bool:
     """``y`` is a tensor of ``x``'s dtype that broadcasts with ``x`` to ``out``'s shape, or a weak
     scalar and ``x`` already has ``out``'s shape."""
     if isinstance(y, np.ndarray):
-        return y.dtype == x.dtype and _broadcast(x.shape, y.shape) == out.shape
+        return y.dtype == x.dtype and broadcast_shape(x.shape, y.shape) == out.shape
     return _weak_scalar(y, x.dtype) and x.shape == out.shape
 
 
-def _shaped(a: T, shape: tuple[int, ...]) -> T | np.ndarray:
+def shaped(a: T, shape: tuple[int, ...]) -> T | np.ndarray:
     """``a`` viewed in ``shape`` where it broadcasts to ``shape`` without repeating anything (a
     (64,) bias on a (1, 64) out): numpy's same-shape loops skip the broadcasting set-up (~0.5-1 us).
     Anything else (a scalar, a real broadcast, a strided array) as it is."""

@@ -54,17 +54,17 @@ from pyrt.kernels.small_args import (
     INTS,
     SMALL_NUMEL,
     Args,
-    _apart,
-    _apart_or_same,
-    _broadcast,
-    _floats,
-    _is_one,
-    _other_fits,
-    _same_dtype,
-    _shaped,
-    _tensor_slots,
-    _view,
+    apart,
+    apart_or_same,
+    are_floats,
+    broadcast_shape,
+    is_one,
+    numpy_view,
+    other_fits,
+    same_dtype,
+    shaped,
     site_args,
+    tensor_slots,
 )
 from pyrt.memory.tensors import Value
 
@@ -94,13 +94,13 @@ def _binary(ufunc: np.ufunc, ints: bool = False) -> Builder:
 
     def build(a: Args) -> Step | None:
         x, y, out = a["self"], a["other"], a["out"]
-        if not _is_one(a.get("alpha", 1)) or out.dtype != x.dtype:
+        if not is_one(a.get("alpha", 1)) or out.dtype != x.dtype:
             return None
         if x.dtype not in FLOATS and not (ints and x.dtype in INTS):
             return None
-        if not _other_fits(x, y, out) or not _apart_or_same(out, x, y):
+        if not other_fits(x, y, out) or not apart_or_same(out, x, y):
             return None
-        return functools.partial(ufunc, _shaped(x, out.shape), _shaped(y, out.shape), out)
+        return functools.partial(ufunc, shaped(x, out.shape), shaped(y, out.shape), out)
 
     return build
 
@@ -112,9 +112,9 @@ def _compare(ufunc: np.ufunc) -> Builder:
         x, y, out = a["self"], a["other"], a["out"]
         if out.dtype != np.bool_ or x.dtype not in FLOATS + INTS:
             return None
-        if not _other_fits(x, y, out) or not _apart(out, x, y):
+        if not other_fits(x, y, out) or not apart(out, x, y):
             return None
-        return functools.partial(ufunc, _shaped(x, out.shape), _shaped(y, out.shape), out)
+        return functools.partial(ufunc, shaped(x, out.shape), shaped(y, out.shape), out)
 
     return build
 
@@ -124,7 +124,7 @@ def _unary(*ufuncs: Callable[[np.ndarray, np.ndarray], object]) -> Builder:
 
     def build(a: Args) -> Step | None:
         x, out = a["self"], a["out"]
-        if not _floats(x, out) or x.shape != out.shape or not _apart_or_same(out, x):
+        if not are_floats(x, out) or x.shape != out.shape or not apart_or_same(out, x):
             return None
         first = functools.partial(ufuncs[0], x, out)
         if len(ufuncs) == 1:
@@ -147,7 +147,7 @@ def _reciprocal_in_place(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def _logical_not(a: Args) -> Step | None:
     x, out = a["self"], a["out"]
-    if x.dtype != np.bool_ or out.dtype != np.bool_ or x.shape != out.shape or not _apart_or_same(out, x):
+    if x.dtype != np.bool_ or out.dtype != np.bool_ or x.shape != out.shape or not apart_or_same(out, x):
         return None
     return functools.partial(np.logical_not, x, out)
 
@@ -161,7 +161,7 @@ def _pow_scalar(a: Args) -> Step | None:
         return None
     if e == 3:  # torch: x * x * x, left to right
         x, out = a["self"], a["out"]
-        if not _floats(x, out) or x.shape != out.shape or not _apart(out, x):
+        if not are_floats(x, out) or x.shape != out.shape or not apart(out, x):
             return None
         multiply = np.multiply
 
@@ -178,7 +178,7 @@ def _pow_scalar(a: Args) -> Step | None:
 def _mean(a: Args) -> Step | None:
     """``mean.out`` over a dim list: a sum, then one division by the count (what ATen does)."""
     x, out, dims = a["self"], a["out"], a["dim"]
-    if a.get("dtype") is not None or not isinstance(dims, list) or not dims or not _floats(x, out):
+    if a.get("dtype") is not None or not isinstance(dims, list) or not dims or not are_floats(x, out):
         return None
     nd = x.ndim
     if any(type(d) is not int or not -nd <= d < nd for d in dims):
@@ -191,7 +191,7 @@ def _mean(a: Args) -> Step | None:
         return None
     shape = tuple(1 if i in axis else s for i, s in enumerate(x.shape) if keep or i not in axis)
     count = math.prod(x.shape[i] for i in axis)
-    if shape != out.shape or count == 0 or not _apart(out, x):
+    if shape != out.shape or count == 0 or not apart(out, x):
         return None
     add_reduce: Callable[..., object] = np.add.reduce  # positional (array, axis, dtype, out, keepdims): fastest
     divide = np.divide
@@ -210,9 +210,9 @@ def _matmul_shapes(x: np.ndarray, y: np.ndarray, out: np.ndarray, nd: int) -> bo
 
 def _mm(a: Args) -> Step | None:
     x, y, out = a["self"], a["mat2"], a["out"]
-    if not _floats(x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
+    if not are_floats(x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
         return None
-    if not _apart(out, x, y):
+    if not apart(out, x, y):
         return None
     return functools.partial(np.dot, x, y, out)
 
@@ -220,14 +220,14 @@ def _mm(a: Args) -> Step | None:
 def _addmm(a: Args) -> Step | None:
     """``addmm`` with beta = alpha = 1: ``dot`` into out, then the bias added in place."""
     bias, x, y, out = a["self"], a["mat1"], a["mat2"], a["out"]
-    if not (_is_one(a.get("beta", 1)) and _is_one(a.get("alpha", 1))):
+    if not (is_one(a.get("beta", 1)) and is_one(a.get("alpha", 1))):
         return None
-    if not _floats(bias, x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
+    if not are_floats(bias, x, y, out) or not _matmul_shapes(x, y, out, 2) or not out.flags.c_contiguous:
         return None
-    if _broadcast(bias.shape, out.shape) != out.shape or not _apart(out, bias, x, y):
+    if broadcast_shape(bias.shape, out.shape) != out.shape or not apart(out, bias, x, y):
         return None
     dot, add = np.dot, np.add
-    bias = _shaped(bias, out.shape)  # (n,) on a (1, n) out: no broadcasting
+    bias = shaped(bias, out.shape)  # (n,) on a (1, n) out: no broadcasting
 
     def step() -> None:
         dot(x, y, out)
@@ -238,14 +238,14 @@ def _addmm(a: Args) -> Step | None:
 
 def _bmm(a: Args) -> Step | None:
     x, y, out = a["self"], a["mat2"], a["out"]
-    if not _floats(x, y, out) or not _matmul_shapes(x, y, out, 3) or not _apart(out, x, y):
+    if not are_floats(x, y, out) or not _matmul_shapes(x, y, out, 3) or not apart(out, x, y):
         return None
     return functools.partial(np.matmul, x, y, out=out)
 
 
 def _cat(a: Args) -> Step | None:
     parts, out, dim = a["tensors"], a["out"], a["dim"]
-    if not parts or type(dim) is not int or not _same_dtype(*parts, out):
+    if not parts or type(dim) is not int or not same_dtype(*parts, out):
         return None
     nd = out.ndim
     if not -nd <= dim < nd or any(p.ndim != nd or p.size == 0 for p in parts):
@@ -254,7 +254,7 @@ def _cat(a: Args) -> Step | None:
     rest = [s for i, s in enumerate(out.shape) if i != axis]
     if any([s for i, s in enumerate(p.shape) if i != axis] != rest for p in parts):
         return None
-    if sum(p.shape[axis] for p in parts) != out.shape[axis] or not _apart(out, *parts):
+    if sum(p.shape[axis] for p in parts) != out.shape[axis] or not apart(out, *parts):
         return None
     return functools.partial(np.concatenate, tuple(parts), axis, out)
 
@@ -265,10 +265,10 @@ def _permute_copy(a: Args) -> Step | None:
     if not isinstance(dims, list) or any(type(d) is not int or not -nd <= d < nd for d in dims):
         return None
     perm = [d % nd for d in dims]
-    if sorted(perm) != list(range(nd)) or not _same_dtype(x, out):
+    if sorted(perm) != list(range(nd)) or not same_dtype(x, out):
         return None
     view = x.transpose(perm)
-    if view.shape != out.shape or not _apart(out, x):
+    if view.shape != out.shape or not apart(out, x):
         return None
     return functools.partial(np.copyto, out, view)
 
@@ -280,7 +280,7 @@ def _expand_copy(a: Args) -> Step | None:
         return None
     lead = len(size) - x.ndim
     target = tuple(x.shape[i - lead] if d == -1 and i >= lead else d for i, d in enumerate(size))
-    if any(d < 0 for d in target) or target != out.shape or not _same_dtype(x, out) or not _apart(out, x):
+    if any(d < 0 for d in target) or target != out.shape or not same_dtype(x, out) or not apart(out, x):
         return None
     try:
         view = np.broadcast_to(x, target)
@@ -300,7 +300,7 @@ def _view_copy(a: Args) -> Step | None:
         if known == 0 or x.size % known:
             return None
         size = [x.size // known if d == -1 else d for d in size]
-    if tuple(size) != out.shape or math.prod(size) != x.size or not _same_dtype(x, out) or not _apart(out, x):
+    if tuple(size) != out.shape or math.prod(size) != x.size or not same_dtype(x, out) or not apart(out, x):
         return None
     if x.shape == out.shape:
         view = x
@@ -326,13 +326,13 @@ def _split_copy(a: Args) -> Step | None:
         sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
     if not isinstance(sizes, list) or any(type(d) is not int or d < 0 for d in sizes):
         return None
-    if len(sizes) != len(outs) or sum(sizes) != x.shape[axis] or not _same_dtype(x, *outs):
+    if len(sizes) != len(outs) or sum(sizes) != x.shape[axis] or not same_dtype(x, *outs):
         return None
     pairs = []
     start = 0
     for size, out in zip(sizes, outs, strict=True):
         part = x[(slice(None),) * axis + (slice(start, start + size),)]
-        if part.shape != out.shape or not _apart(out, x):
+        if part.shape != out.shape or not apart(out, x):
             return None
         pairs.append(functools.partial(np.copyto, out, part))
         start += size
@@ -432,7 +432,7 @@ def rebinder(qualified_name: str, names: Sequence[str], tensors: Collection[str]
         for k, name in enumerate(names):
             kind = site.kind(k)
             if any(j < 0 or (info := site.table.infos.get(j)) is None or info.device is not None
-                   for j in _tensor_slots(site, k)):
+                   for j in tensor_slots(site, k)):
                 return None
             if site.is_const(k):
                 fixed[name] = None if kind in ("Null", "None") else site.value(k)
@@ -456,11 +456,11 @@ def bind(qualified_name: str, args: Mapping[str, Value], tensors: Collection[str
         if name not in tensors:
             viewed[name] = v
         elif isinstance(v, list) and v:
-            views = [_view(t, limit) for t in v]
+            views = [numpy_view(t, limit) for t in v]
             if any(w is None for w in views):
                 return None
             viewed[name] = views
-        elif (w := _view(v, limit)) is not None:
+        elif (w := numpy_view(v, limit)) is not None:
             viewed[name] = w
         else:
             return None

@@ -268,14 +268,14 @@ class Profiler:
             return c
 
         lines += ["", "by operator"]
-        lines += _columns(["operator", *head], [[r["name"], *cells(r)] for r in info["by_operator"]])
+        lines += format_columns(["operator", *head], [[r["name"], *cells(r)] for r in info["by_operator"]])
         if info["by_delegate"]:
             lines += ["", "by delegate"]
-            lines += _columns(["delegate", "device", *head], [
+            lines += format_columns(["delegate", "device", *head], [
                 [r["engine"], "-" if r["device"] is None else f"cuda:{r['device']}", *cells(r)]
                 for r in info["by_delegate"]])
         lines += ["", "per instruction"]
-        lines += _columns(["method", "chain", "pc", "instruction", *head], [
+        lines += format_columns(["method", "chain", "pc", "instruction", *head], [
             [r["method"], str(r["chain"]), str(r["pc"]), r["name"], *cells(r)] for r in info["instructions"]])
         return "\n".join(lines)
 
@@ -360,7 +360,7 @@ def _dur(start: int, end: int) -> float:
     return round(max(end - start, 0) / 1000, 3)
 
 
-def _columns(head: list[str], body: list[list[str]]) -> list[str]:
+def format_columns(head: list[str], body: list[list[str]]) -> list[str]:
     """Left-aligned first columns, right-aligned numbers."""
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     numeric = [i for i in range(len(head)) if body and all(_numberish(r[i]) for r in body)]

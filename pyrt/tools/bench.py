@@ -25,9 +25,9 @@ import numpy as np
 
 from pyrt import cuda as cuda_seam
 from pyrt.errors import BudgetError, PyrtError
-from pyrt.runtime.profile import _columns
+from pyrt.runtime.profile import format_columns
 from pyrt.streaming import BudgetSpec, parse_budget
-from pyrt.tools.report import _size as size
+from pyrt.tools.report import format_size
 
 PLOT_SIZE = (8.0, 6.0)  # inches
 PLOT_DPI = 100  # -> 800 x 600 pixels
@@ -215,7 +215,7 @@ def _label(budget: Any) -> str | None:
 
 
 def _size(n: int | None) -> str:
-    return "-" if n is None else size(n)
+    return "-" if n is None else format_size(n)
 
 
 MEMORY_ITEMS = ("weights_resident", "weights_streamed", "activations", "streaming_scratch", "arenas", "graphs",
@@ -232,7 +232,7 @@ def format_memory(rows: Sequence[dict[str, Any]]) -> str:
             body.append([f"cuda:{dev} {item.replace('_', ' ')}",
                          *(_size(r["memory"]["devices"][k][item]) for r in rows)])
     body.append(["runs/s", *(f"{r['throughput_per_s']:.1f}" for r in rows)])
-    return "\n".join(_columns(head, body))
+    return "\n".join(format_columns(head, body))
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
@@ -245,7 +245,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
         body.append([r["budget"] or "as loaded", applied, str(r["iterations"]),
                      *(f"{lat[k]:.3f}" for k in ("min", "p50", "p90", "p99", "max")),
                      f"{r['throughput_per_s']:.1f}"])
-    return "\n".join(_columns(head, body))
+    return "\n".join(format_columns(head, body))
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str, *, title: str = "") -> None:

@@ -42,8 +42,8 @@ from pyrt.tools.terminal import (
     EXIT_OK,
     EXIT_PIPE,
     EXIT_USAGE,
-    _say,
-    _warnings_to_stderr,
+    say,
+    warnings_to_stderr,
 )
 
 SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             stack.callback(reset_logging)  # main() called in a process that goes on (tests) leaves no handler
             configure_logging(getattr(args, "verbose", False))
-            stack.enter_context(_warnings_to_stderr())
+            stack.enter_context(warnings_to_stderr())
             _simulated(stack)
             status: int = COMMANDS[args.command](args)
             sys.stdout.flush()
@@ -82,17 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_PIPE
     except KeyboardInterrupt:
-        _say("error", "interrupted")
+        say("error", "interrupted")
         return EXIT_INTERRUPTED
     except (PyrtError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        _say("error", str(exc))
+        say("error", str(exc))
         return EXIT_ERROR
     except Exception as exc:  # a bug: say so, with the traceback on request
         if debug:
             traceback.print_exc()
-        _say("error", f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+        say("error", f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)")
         return EXIT_ERROR
 
 

@@ -35,8 +35,8 @@ from pyrt.tools.bench import (
 )
 from pyrt.tools.draw import to_dot, write_graph
 from pyrt.tools.inputs import assemble, load_files, parse_shapes, summarize
-from pyrt.tools.report import _size, format_report, inspect
-from pyrt.tools.terminal import EXIT_OK, _progress, _say
+from pyrt.tools.report import format_report, format_size, inspect
+from pyrt.tools.terminal import EXIT_OK, progress_bar, say
 
 
 def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -91,7 +91,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             text = to_dot(pte)
         written, note = write_graph(text, args.graph)
         if note:
-            _say("warning", note)
+            say("warning", note)
         print(f"pyrt: wrote {written}", file=sys.stderr)
     if args.memory or args.gpu_memory is not None:
         with Program(args.path, data=args.data, budget=0, device_map=dict(args.device_map) or None,
@@ -159,9 +159,9 @@ def _describe_engines(engines: list[dict[str, Any]]) -> list[str]:
 
     lines = ["weight streaming"]
     for e in engines:
-        budget = "-" if e["budget"] is None else _size(e["budget"])
+        budget = "-" if e["budget"] is None else format_size(e["budget"])
         lines.append(f"  engine {e['index']} ({e['method']}/delegate{e['delegate_index']}, cuda:{e['device']}): "
-                     f"budget {budget} of {_size(e['streamable_bytes'])} streamable ({e['source']})")
+                     f"budget {budget} of {format_size(e['streamable_bytes'])} streamable ({e['source']})")
     return lines
 
 
@@ -175,7 +175,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with _program(args) as prog:
         devices = sorted({w.device for w in prog.weight_streaming})
         rows = sweep(prog, values, method=args.method, budgets=budgets or [None], warmup=args.warmup,
-                     iters=args.iters, seconds=args.seconds, progress=_progress(not args.no_progress))
+                     iters=args.iters, seconds=args.seconds, progress=progress_bar(not args.no_progress))
     clock = rows[0]["clock"]
     where = (f"CUDA events on {device_names(devices)[0]}" if clock == "cuda-events"
              else "host clock (the program does no GPU work)")

@@ -23,7 +23,7 @@ from typing import Any
 from pyrt.errors import BlobFormatError, PyrtError
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
 from pyrt.pte_reader import DelegateCall, DeviceType, ExecutionPlan, FreeCall, JumpFalseCall, KernelCall, PteFile
-from pyrt.tools.report import _size
+from pyrt.tools.report import format_size
 
 DOT_SUFFIXES = (".dot", ".gv")
 STYLES = {  # node kind -> DOT attributes
@@ -85,7 +85,7 @@ def _node(plan: ExecutionPlan, ins: Any) -> tuple[str, str]:
             return "delegate", f"delegate {ins.delegate_index} (out of range)"
         d = plan.delegates[ins.delegate_index]
 
-        size = _size(plan.program.delegate_data(d).nbytes)
+        size = format_size(plan.program.delegate_data(d).nbytes)
         device = _delegate_device(plan, ins.delegate_index)
         return "delegate", f"delegate {ins.delegate_index}: {d.id}\non {device}, {size}"
     if isinstance(ins, JumpFalseCall):

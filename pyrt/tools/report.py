@@ -223,7 +223,7 @@ def _delegate(pte: PteFile, plan: ExecutionPlan, index: int, d: BackendDelegate)
     return info
 
 
-def _size(n: int) -> str:
+def format_size(n: int) -> str:
     value: float = n
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
@@ -238,7 +238,7 @@ def format_report(info: dict[str, Any]) -> str:
     if "entries" in info:
         return _format_ptd(info)
     lines = [
-        f"{f['source']}: {_size(f['size'])}, identifier {f['identifier']}, "
+        f"{f['source']}: {format_size(f['size'])}, identifier {f['identifier']}, "
         f"{len(f['segments'])} segment(s) at base {f['segment_base_offset']}",
     ]
     if info.get("data_files"):
@@ -259,14 +259,14 @@ def format_report(info: dict[str, Any]) -> str:
             lines.extend(f"    {o['name']}.{o['overload']}" if o["overload"] else f"    {o['name']}"
                          for o in m["operators"])
         for i, d in enumerate(m["delegates"]):
-            lines.append(f"  delegate {i}: {d['id']} ({d['location']} {d['index']}, {_size(d['size'])})")
+            lines.append(f"  delegate {i}: {d['id']} ({d['location']} {d['index']}, {format_size(d['size'])})")
             for k, v in d["compile_specs"].items():
                 lines.append(f"    spec {k} = {v}")
             trt = d["tensorrt"]
             if trt:
                 lines.append(
                     f"    {trt['magic']} device {trt['device_id']} {trt['target_platform']}, "
-                    f"engine {_size(trt['engine_size'])} starting {trt['engine_head']}"
+                    f"engine {format_size(trt['engine_size'])} starting {trt['engine_head']}"
                 )
                 lines.append(f"    inputs  {', '.join(trt['inputs']) or '-'}")
                 lines.append(f"    outputs {', '.join(trt['outputs']) or '-'}")
@@ -286,7 +286,7 @@ def _format_tensors(tensors: list[dict[str, Any]]) -> list[str]:
     lines = ["  stored tensors:"]
     for (where, file), n in sorted(by_where.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         place = {None: "MISSING (no data file holds them)", IN_PTE: "the .pte"}.get(file, file)
-        lines.append(f"    {where}: {n} tensor(s), {_size(sizes[(where, file)])} in {place}")
+        lines.append(f"    {where}: {n} tensor(s), {format_size(sizes[(where, file)])} in {place}")
     external = [t for t in tensors if t["location"] == "external"]
     for t in external[:TENSORS_LISTED]:
         place = {None: "missing", IN_PTE: "the .pte"}.get(t["file"], os.path.basename(str(t["file"])))
@@ -298,10 +298,11 @@ def _format_tensors(tensors: list[dict[str, Any]]) -> list[str]:
 
 def _format_ptd(info: dict[str, Any]) -> str:
     f = info["file"]
-    lines = [f"{f['source']}: {_size(f['size'])}, identifier {f['identifier']} (.ptd, version {info['version']}), "
+    lines = [f"{f['source']}: {format_size(f['size'])}, identifier {f['identifier']} "
+             f"(.ptd, version {info['version']}), "
              f"{len(info['entries'])} entries in {len(f['segments'])} segment(s) at base {f['segment_base_offset']}"]
     for e in info["entries"]:
         layout = f"{e['dtype']}{e['shape']}" if e["dtype"] is not None else "untyped"
-        lines.append(f"  {e['key']}: {layout}, {_size(e['size'])} at offset {e['offset']} (segment "
+        lines.append(f"  {e['key']}: {layout}, {format_size(e['size'])} at offset {e['offset']} (segment "
                      f"{e['segment_index']})")
     return "\n".join(lines)

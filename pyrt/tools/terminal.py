@@ -22,7 +22,7 @@ def _colour(stream: TextIO) -> bool:
     return bool(isatty and isatty())
 
 
-def _say(kind: str, message: str) -> None:
+def say(kind: str, message: str) -> None:
     """``pyrt: error: message`` on stderr (the label coloured on a terminal)."""
     codes = {"error": "1;31", "warning": "1;33", "note": "1;36"}
     label = f"\033[{codes[kind]}m{kind}:\033[0m" if _colour(sys.stderr) else f"{kind}:"
@@ -30,14 +30,14 @@ def _say(kind: str, message: str) -> None:
 
 
 @contextlib.contextmanager
-def _warnings_to_stderr() -> Iterator[None]:
+def warnings_to_stderr() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("default")
-        warnings.showwarning = lambda message, *a, **k: _say("warning", str(message))
+        warnings.showwarning = lambda message, *a, **k: say("warning", str(message))
         yield
 
 
-def _progress(enabled: bool) -> Any:
+def progress_bar(enabled: bool) -> Any:
     """A tqdm bar factory on stderr (None without tqdm or when disabled; tqdm hides itself off a TTY)."""
     if not enabled:
         return None

@@ -17,7 +17,7 @@ from pyrt.testing.fake_cuda.handles import (
 )
 from pyrt.testing.fake_cuda.memory import MemoryDriver
 from pyrt.testing.fake_cuda.state import (
-    _POISON,
+    POISON,
     SYNC,
 )
 
@@ -104,7 +104,7 @@ class CopyDriver(MemoryDriver):
             if target is None:
                 return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
             data = read()
-            target[:] = _POISON if data is None else data
+            target[:] = POISON if data is None else data
             return CUresult.CUDA_SUCCESS
 
         return self._enqueue(stream, run, "cuMemcpyHtoD")

@@ -11,10 +11,10 @@ from pyrt.testing.fake_cuda.handles import (
     CUgraphExec,
     CUresult,
     CUstreamCaptureStatus,
-    _Handle,
+    Handle,
 )
 from pyrt.testing.fake_cuda.state import (
-    _LEGACY,
+    LEGACY,
 )
 from pyrt.testing.fake_cuda.streams import StreamDriver
 
@@ -24,7 +24,7 @@ class GraphDriver(StreamDriver):
 
     def cuStreamBeginCapture(self, hStream: Any, mode: Any) -> tuple[CUresult]:
         handle = int(hStream) if hStream is not None else 0
-        if handle in _LEGACY:
+        if handle in LEGACY:
             return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
         queue = self._queues.get(handle)
         if queue is None:
@@ -37,7 +37,7 @@ class GraphDriver(StreamDriver):
     def cuStreamIsCapturing(self, hStream: Any) -> tuple[CUresult, CUstreamCaptureStatus | None]:
         handle = int(hStream) if hStream is not None else 0
         queue = self._queues.get(handle)
-        if handle in _LEGACY or (queue is not None and queue.capture is None):
+        if handle in LEGACY or (queue is not None and queue.capture is None):
             return (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
         if queue is None:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
@@ -61,7 +61,7 @@ class GraphDriver(StreamDriver):
         ops = self._graphs.get(int(hGraph))
         if ops is None:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
-        graph_exec = CUgraphExec(self._new_handle(), hGraph.device if isinstance(hGraph, _Handle) else 0)
+        graph_exec = CUgraphExec(self._new_handle(), hGraph.device if isinstance(hGraph, Handle) else 0)
         self._graph_execs[int(graph_exec)] = tuple(ops)
         return (CUresult.CUDA_SUCCESS, graph_exec)
 

@@ -51,7 +51,7 @@ class CUstreamCaptureStatus(enum.IntEnum):
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
 
 
-class _Handle:
+class Handle:
     """An opaque driver handle that converts to int, like cuda-python's CUstream etc. (fixed fields, as theirs)."""
 
     __slots__ = ("_value", "device")
@@ -67,19 +67,19 @@ class _Handle:
         return f"<{type(self).__name__} {self._value:#x}>"
 
 
-class CUdevice(_Handle):
+class CUdevice(Handle):
     __slots__ = ()
 
 
-class CUcontext(_Handle):
+class CUcontext(Handle):
     __slots__ = ()
 
 
-class CUstream(_Handle):
+class CUstream(Handle):
     __slots__ = ()
 
 
-class CUevent(_Handle):
+class CUevent(Handle):
     """An event; ``timing`` unless created with CU_EVENT_DISABLE_TIMING, ``recorded_at`` in host ns."""
 
     __slots__ = ("timing", "recorded_at")
@@ -90,13 +90,13 @@ class CUevent(_Handle):
         self.recorded_at: int | None = None
 
 
-class CUdeviceptr(_Handle):
+class CUdeviceptr(Handle):
     __slots__ = ()
 
 
-class CUgraph(_Handle):
+class CUgraph(Handle):
     __slots__ = ()
 
 
-class CUgraphExec(_Handle):
+class CUgraphExec(Handle):
     __slots__ = ()

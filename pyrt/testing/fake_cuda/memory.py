@@ -16,12 +16,12 @@ from pyrt.testing.fake_cuda.handles import (
 )
 from pyrt.testing.fake_cuda.queue import QueueDriver
 from pyrt.testing.fake_cuda.state import (
-    _ADDRESS_ALIGN,
-    _FREED_REMEMBERED,
-    _LEGACY,
-    _POISON,
-    _POISON_LIMIT,
-    _Allocation,
+    ADDRESS_ALIGN,
+    FREED_REMEMBERED,
+    LEGACY,
+    POISON,
+    POISON_LIMIT,
+    Allocation,
 )
 
 
@@ -73,7 +73,7 @@ class MemoryDriver(QueueDriver):
         with self._lock:
             self._release(int(ptr))
 
-    def _find(self, ptr: int, nbytes: int) -> tuple[_Allocation, int] | None:
+    def _find(self, ptr: int, nbytes: int) -> tuple[Allocation, int] | None:
         for dev in self._devices:
             i = bisect.bisect_right(dev.bases, ptr) - 1
             if i < 0:
@@ -88,14 +88,14 @@ class MemoryDriver(QueueDriver):
         dev = self._devices[device]
         if nbytes <= 0 or dev.used + nbytes > dev.memory:
             return None
-        if nbytes <= _POISON_LIMIT:
-            data = np.full(nbytes, _POISON, dtype=np.uint8)
+        if nbytes <= POISON_LIMIT:
+            data = np.full(nbytes, POISON, dtype=np.uint8)
         else:
             data = np.zeros(nbytes, dtype=np.uint8)
         base = dev.next_address
-        dev.next_address += -(-nbytes // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
+        dev.next_address += -(-nbytes // ADDRESS_ALIGN) * ADDRESS_ALIGN
         dev.used += nbytes
-        self._allocations[base] = _Allocation(base, device, data)
+        self._allocations[base] = Allocation(base, device, data)
         bisect.insort(dev.bases, base)
         return base
 
@@ -189,10 +189,10 @@ class MemoryDriver(QueueDriver):
         alloc.freeing = True
 
         def run() -> CUresult:
-            alloc.data[:] = _POISON
+            alloc.data[:] = POISON
             with self._lock:
                 self._release(alloc.base)
-                if len(self._freed_async) >= _FREED_REMEMBERED:  # the oldest first (dicts keep insertion order)
+                if len(self._freed_async) >= FREED_REMEMBERED:  # the oldest first (dicts keep insertion order)
                     del self._freed_async[next(iter(self._freed_async))]
                 self._freed_async[alloc.base] = alloc.data.nbytes
             return CUresult.CUDA_SUCCESS
@@ -210,7 +210,7 @@ class MemoryDriver(QueueDriver):
         if not self.memory_pools:
             return CUresult.CUDA_ERROR_NOT_SUPPORTED
         handle = int(stream) if stream is not None else 0
-        if handle in _LEGACY:
+        if handle in LEGACY:
             return self._ready() or self._context_device()
         found = self._streams.get(handle)
         return CUresult.CUDA_ERROR_INVALID_HANDLE if found is None else found.device

@@ -17,12 +17,12 @@ from pyrt.testing.fake_cuda.handles import (
     CUresult,
 )
 from pyrt.testing.fake_cuda.state import (
-    _LEGACY,
+    LEGACY,
     SYNC,
     DriverState,
-    _legacy_key,
-    _Op,
-    _Queue,
+    Op,
+    Queue,
+    legacy_key,
 )
 
 
@@ -54,7 +54,7 @@ class QueueDriver(DriverState):
 
     # -- the asynchronous engine -----------------------------------------------
     def _enqueue(self, stream: Any, fn: Callable[[], CUresult], what: str,
-                 after: tuple[_Queue, int] | None = None) -> CUresult:
+                 after: tuple[Queue, int] | None = None) -> CUresult:
         if stream is SYNC:  # a synchronous call: after the legacy stream's queued work, then at once
             if self._capturing():
                 return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
@@ -68,37 +68,37 @@ class QueueDriver(DriverState):
                 self._local.running -= 1
             return CUresult.CUDA_SUCCESS
         handle = int(stream) if stream is not None else 0
-        if handle in _LEGACY:  # the legacy (or per-thread) default stream: queued like any other, never captured
+        if handle in LEGACY:  # the legacy (or per-thread) default stream: queued like any other, never captured
             if self._capturing():
                 return self._invalidate_captures(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
             queue = self._legacy_queue()
-            queue.ops.append(_Op(fn, what, after))
+            queue.ops.append(Op(fn, what, after))
             queue.enqueued += 1
             return CUresult.CUDA_SUCCESS
         queue = self._queues[handle]
         if queue.capture is not None:
             if after is not None and after[0] is not queue:  # an event from outside the capture
                 return self._invalidate(queue, CUresult.CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
-            queue.capture.append(_Op(fn, what, None))
+            queue.capture.append(Op(fn, what, None))
             return CUresult.CUDA_SUCCESS
-        queue.ops.append(_Op(fn, what, after))
+        queue.ops.append(Op(fn, what, after))
         queue.enqueued += 1
         return CUresult.CUDA_SUCCESS
 
-    def _legacy_queue(self, device: int | None = None) -> _Queue:
+    def _legacy_queue(self, device: int | None = None) -> Queue:
         """The current (or ``device``'s) context's legacy default stream; pyrt's non-blocking streams never
         synchronise with it implicitly: only events, stream and context synchronisation and synchronous calls do."""
         device = self._context_device() if device is None else device
-        key = _legacy_key(device)
+        key = legacy_key(device)
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _Queue(device)
+            queue = self._queues[key] = Queue(device)
         return queue
 
-    def _queue_of(self, stream: Any) -> _Queue | None:
+    def _queue_of(self, stream: Any) -> Queue | None:
         """The queue of ``stream`` (0, 1, 2: the current context's legacy stream), None for an unknown one."""
         handle = int(stream) if stream is not None else 0
-        if handle not in _LEGACY:
+        if handle not in LEGACY:
             return self._queues.get(handle)
         device = self.current_device()  # no current context: no legacy stream to have queued anything on
         return None if device is None else self._legacy_queue(device)
@@ -106,7 +106,7 @@ class QueueDriver(DriverState):
     def _capturing(self) -> bool:
         return any(q.capture is not None for q in self._queues.values())
 
-    def _invalidate(self, queue: _Queue, code: CUresult) -> CUresult:
+    def _invalidate(self, queue: Queue, code: CUresult) -> CUresult:
         queue.capture_error = queue.capture_error or code
         return code
 
@@ -117,7 +117,7 @@ class QueueDriver(DriverState):
                 self._invalidate(queue, code)
         return code
 
-    def _drain(self, queue: _Queue, upto: int | None = None) -> CUresult:
+    def _drain(self, queue: Queue, upto: int | None = None) -> CUresult:
         """Run ``queue``'s work up to its ``upto``-th operation (all of it when None)."""
         target = queue.enqueued if upto is None else upto
         result = CUresult.CUDA_SUCCESS

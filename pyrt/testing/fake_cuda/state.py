@@ -22,43 +22,43 @@ from pyrt.testing.fake_cuda.handles import (
     CUstream,
 )
 
-_ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
-_POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
-_LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
+ADDRESS_ALIGN = 256  # cuMemAlloc returns 256-byte aligned pointers
+POISON = 0xCD  # fresh allocations are filled with this, never zeros: reads of unset memory show
+LEGACY = (0, 1, 2)  # 0 and CU_STREAM_LEGACY (1): the legacy default stream; 2: per-thread (modelled alike)
 
 
 SYNC = object()  # the "stream" of a synchronous call (cuMemcpyHtoD...): ordered after the legacy stream, then run
 
 
-def _legacy_key(device: int) -> int:
+def legacy_key(device: int) -> int:
     """The key of a device's legacy-stream queue among the stream queues (stream handles are positive)."""
     return -1 - device
 
-_POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
-_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
-_FREED_REMEMBERED = 1 << 16  # stream-ordered frees whose later use is still named as such (older: "no allocation")
+POISON_LIMIT = 16 << 20  # larger allocations stay lazily zeroed to spare host memory
+EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+FREED_REMEMBERED = 1 << 16  # stream-ordered frees whose later use is still named as such (older: "no allocation")
 
 
 @dataclass
-class _Op:
+class Op:
     fn: Callable[[], CUresult]
     what: str
-    after: tuple[_Queue, int] | None  # run that queue up to that many operations first
+    after: tuple[Queue, int] | None  # run that queue up to that many operations first
 
 
 @dataclass
-class _Queue:
+class Queue:
     device: int
-    ops: collections.deque[_Op] = field(default_factory=collections.deque)
+    ops: collections.deque[Op] = field(default_factory=collections.deque)
     enqueued: int = 0
     done: int = 0
     fault: CUresult = CUresult.CUDA_SUCCESS
-    capture: list[_Op] | None = None  # operations recorded by stream capture (None: not capturing)
+    capture: list[Op] | None = None  # operations recorded by stream capture (None: not capturing)
     capture_error: CUresult = CUresult.CUDA_SUCCESS  # what invalidated the capture
 
 
 @dataclass
-class _Allocation:
+class Allocation:
     base: int
     device: int
     data: np.ndarray
@@ -96,12 +96,12 @@ class DriverState:
             _Device(i, f"{name} {i}", capability, size, next_address=(i + 1) << 40)
             for i, size in enumerate(sizes)
         ]
-        self._allocations: dict[int, _Allocation] = {}
+        self._allocations: dict[int, Allocation] = {}
         self._streams: dict[int, CUstream] = {}
-        self._queues: dict[int, _Queue] = {}  # stream handle -> its pending work
-        self._event_marks: dict[int, tuple[_Queue, int] | None] = {}  # event -> (queue, ops before it)
-        self._graphs: dict[int, list[_Op]] = {}
-        self._graph_execs: dict[int, tuple[_Op, ...]] = {}
+        self._queues: dict[int, Queue] = {}  # stream handle -> its pending work
+        self._event_marks: dict[int, tuple[Queue, int] | None] = {}  # event -> (queue, ops before it)
+        self._graphs: dict[int, list[Op]] = {}
+        self._graph_execs: dict[int, tuple[Op, ...]] = {}
         self.graph_launches = 0  # cuGraphLaunch calls that succeeded
         self.memory_pools = True  # False: devices without the stream-ordered allocator (cuMemAllocAsync and
         # cuMemFreeAsync fail with CUDA_ERROR_NOT_SUPPORTED, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0)
@@ -145,7 +145,7 @@ class DriverState:
 
     def stream_device(self, stream: int) -> int | None:
         """The device of live stream ``stream`` (0 = legacy default stream: current device)."""
-        if int(stream) in _LEGACY:
+        if int(stream) in LEGACY:
             return self.current_device()
         handle = self._streams.get(int(stream))
         return None if handle is None else handle.device
@@ -178,4 +178,4 @@ class DriverState:
 
     def _stream_ok(self, stream: Any) -> bool:
         value = int(stream) if stream is not None else 0
-        return value in _LEGACY or value in self._streams
+        return value in LEGACY or value in self._streams

@@ -14,8 +14,8 @@ from pyrt.testing.fake_cuda.handles import (
     CUstream,
 )
 from pyrt.testing.fake_cuda.state import (
-    _EVENT_DISABLE_TIMING,
-    _Queue,
+    EVENT_DISABLE_TIMING,
+    Queue,
 )
 
 
@@ -28,7 +28,7 @@ class StreamDriver(CopyDriver):
             return (error, None)
         handle = CUstream(self._new_handle(), self._context_device())
         self._streams[int(handle)] = handle
-        self._queues[int(handle)] = _Queue(handle.device)
+        self._queues[int(handle)] = Queue(handle.device)
         return (CUresult.CUDA_SUCCESS, handle)
 
     def cuStreamDestroy(self, hStream: Any) -> tuple[CUresult]:
@@ -59,7 +59,7 @@ class StreamDriver(CopyDriver):
         error = self._ready()
         if error:
             return (error, None)
-        handle = CUevent(self._new_handle(), self._context_device(), timing=not Flags & _EVENT_DISABLE_TIMING)
+        handle = CUevent(self._new_handle(), self._context_device(), timing=not Flags & EVENT_DISABLE_TIMING)
         self._events[int(handle)] = handle
         self._event_marks[int(handle)] = None
         return (CUresult.CUDA_SUCCESS, handle)

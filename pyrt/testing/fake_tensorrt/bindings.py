@@ -13,7 +13,7 @@ from pyrt.testing.fake_tensorrt.failures import FailureInjection
 
 # Reference dtype -> TensorRT DataType member; float64/int16 have no TensorRT I/O type.
 # (Kept apart from pyrt.device.tensorrt_seam's table on purpose: the fake must not share pyrt's mistakes.)
-_IO_DTYPES = {
+IO_DTYPES = {
     "float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16", "int8": "INT8",
     "int32": "INT32", "int64": "INT64", "bool": "BOOL", "uint8": "UINT8",
 }
@@ -80,7 +80,7 @@ class _Bound(type):
         return obj
 
 
-def _callback(obj: Any, name: str, *args: Any) -> Any:
+def call_override(obj: Any, name: str, *args: Any) -> Any:
     """Call a Python override as the bindings' trampolines do: an exception is printed to
     stderr (``[ERROR] Exception caught in read(): ...``) and the call yields None."""
     try:
@@ -90,8 +90,8 @@ def _callback(obj: Any, name: str, *args: Any) -> Any:
         return None
 
 
-def _log(logger: ILogger, severity: _Severity, msg: str) -> None:
-    _callback(logger, "log", severity, msg)
+def log_message(logger: ILogger, severity: _Severity, msg: str) -> None:
+    call_override(logger, "log", severity, msg)
 
 
 class ILogger(metaclass=_Bound):
@@ -175,7 +175,7 @@ class Dims(tuple):
     """A shape, as TensorRT returns it (-1 for a dimension not yet known)."""
 
 
-class _InvalidDims(Dims):
+class InvalidDims(Dims):
     """What a failed shape query returns (TensorRT's ``nbDims == -1``).
 
     The real binding's ``__len__`` returns -1, so ``len()`` raises ValueError; iterating it

@@ -14,17 +14,16 @@ import numpy as np
 from pyrt.errors import PyrtError
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt.bindings import (
-    _IO_DTYPES,
+    IO_DTYPES,
     DataType,
     Dims,
     ExecutionContextAllocationStrategy,
     ILogger,
+    InvalidDims,
     IOutputAllocator,
     TensorIOMode,
-    _callback,
-    _InvalidDims,
-    _log,
-    _Severity,
+    call_override,
+    log_message,
 )
 from pyrt.testing.fake_tensorrt.failures import FailureInjection
 from pyrt.testing.refengine import DTYPES, RefEngine, RefTensor
@@ -70,7 +69,7 @@ class FakeCudaEngine:
         return profiles[profile_index].device_memory
 
     def _error(self, msg: str) -> None:
-        _log(self.logger, _Severity.ERROR, msg)
+        log_message(self.logger, ILogger.Severity.ERROR, msg)
 
     def _hold(self, what: str, nbytes: int, into: list[int] | None = None) -> bool:
         """Take ``nbytes`` of this engine's device memory; log and return False when out."""
@@ -97,7 +96,7 @@ class FakeCudaEngine:
         return TensorIOMode.NONE if entry is None else entry[1]
 
     def get_tensor_dtype(self, name: str) -> DataType:
-        return DataType[_IO_DTYPES[self._tensors[name][0].dtype]]
+        return DataType[IO_DTYPES[self._tensors[name][0].dtype]]
 
     def get_tensor_shape(self, name: str) -> Dims:
         return Dims(self._tensors[name][0].shape)
@@ -111,7 +110,7 @@ class FakeCudaEngine:
         if entry is None or entry[1] is not TensorIOMode.INPUT or not 0 <= profile_index < len(profiles):
             self._error(f"getProfileShape: Error Code 3: API Usage Error ({name!r} is not an input of "
                         f"optimization profile {profile_index})")
-            return [_InvalidDims(), _InvalidDims(), _InvalidDims()]
+            return [InvalidDims(), InvalidDims(), InvalidDims()]
         return [Dims(d) for d in profiles[profile_index].bounds(entry[0])]
 
     # -- weight streaming ------------------------------------------------------------
@@ -398,7 +397,7 @@ class FakeExecutionContext:
             if t.name in dynamic:
                 size = int(raw.nbytes) + trt.ask_extra_bytes
                 trt.allocations_asked.append((t.name, size))
-                ptr = _callback(self._allocators[t.name], "reallocate_output_async", t.name,
+                ptr = call_override(self._allocators[t.name], "reallocate_output_async", t.name,
                                 self._addresses.get(t.name, 0), size, OUTPUT_ALIGNMENT, stream_handle)
                 if not ptr:
                     return self._error(f"enqueueV3: the output allocator of {t.name!r} gave no memory "
@@ -410,7 +409,7 @@ class FakeExecutionContext:
             if target is not None:
                 target[:] = raw
             if t.name in dynamic:
-                _callback(self._allocators[t.name], "notify_shape", t.name, Dims(shape))
+                call_override(self._allocators[t.name], "notify_shape", t.name, Dims(shape))
         return True
 
     def _view(self, t: RefTensor, shape: tuple[int, ...], addresses: dict[str, int] | None = None

@@ -15,13 +15,12 @@ import numpy as np
 
 from pyrt.errors import PyrtError
 from pyrt.testing.fake_tensorrt.bindings import (
-    _IO_DTYPES,
+    IO_DTYPES,
     ILogger,
     IStreamReaderV2,
     SeekPosition,
-    _callback,
-    _log,
-    _Severity,
+    call_override,
+    log_message,
 )
 from pyrt.testing.fake_tensorrt.engine import FakeCudaEngine
 from pyrt.testing.fake_tensorrt.failures import FailureInjection
@@ -48,7 +47,7 @@ class FakeRuntime:
         TensorRT's copy goes to a spool file (its "device"), mapped read-only: the fake holds no
         host copy of a streamed engine, as TensorRT holds none of streamed weights.
         """
-        if not _callback(reader, "seek", 0, SeekPosition.SET):
+        if not call_override(reader, "seek", 0, SeekPosition.SET):
             self._error("IRuntime::deserializeCudaEngineV2: IStreamReaderV2 seek(0, SET) failed")
             return None
         with tempfile.TemporaryFile(prefix="pyrt-fake-engine-") as spool:
@@ -89,7 +88,7 @@ class FakeRuntime:
         got_total = 0
         while got_total < nbytes:
             want = nbytes - got_total
-            got = _callback(reader, "read", want, 0)
+            got = call_override(reader, "read", want, 0)
             try:
                 view = memoryview(got).cast("B")  # any C-contiguous buffer (the fake refuses strided ones)
             except TypeError as exc:
@@ -119,7 +118,7 @@ class FakeRuntime:
         return got_total
 
     def _error(self, msg: str) -> None:
-        _log(self.logger, _Severity.ERROR, msg)
+        log_message(self.logger, ILogger.Severity.ERROR, msg)
 
     def deserialize_cuda_engine(self, serialized_engine: Any) -> FakeCudaEngine | None:
         """Engine from a buffer or an ``IStreamReaderV2`` holding a reference engine, or None (logged).
@@ -159,7 +158,7 @@ class FakeRuntime:
             self._error(f"IRuntime::deserializeCudaEngine: {exc}")
             return None
         for t in [*ref.inputs, *ref.outputs]:
-            if t.dtype not in _IO_DTYPES:
+            if t.dtype not in IO_DTYPES:
                 self._error(f"IRuntime::deserializeCudaEngine: I/O tensor {t.name!r} has dtype "
                             f"{t.dtype}, which TensorRT cannot bind")
                 return None

@@ -17,7 +17,7 @@ from pyrt.testing.refengine.model import (
 )
 
 
-class _Backend:
+class Backend:
     """What the executor needs from a tensor library (torch or numpy)."""
 
     name = ""
@@ -51,10 +51,10 @@ class _Backend:
 
 
 _TORCH_LOCK = threading.Lock()
-_TORCH: list[_Backend | ImportError] = []  # the one torch backend of the process, or why torch did not import
+_TORCH: list[Backend | ImportError] = []  # the one torch backend of the process, or why torch did not import
 
 
-def _torch_backend() -> _Backend:
+def _torch_backend() -> Backend:
     """The process's torch backend, made once: torch's first import runs under a lock.
 
     Runs on several threads (a served Program's replicas, the fake GPU's worker) may ask for
@@ -73,7 +73,7 @@ def _torch_backend() -> _Backend:
     return found
 
 
-def _backend(choice: str) -> _Backend:
+def pick_backend(choice: str) -> Backend:
     if choice not in ("auto", "torch", "numpy"):
         raise PyrtError(f"reference executor backend must be 'auto', 'torch' or 'numpy', got {choice!r}")
     if choice in ("auto", "torch"):
@@ -85,13 +85,13 @@ def _backend(choice: str) -> _Backend:
     return _NumpyBackend()
 
 
-def _split_target(target: str) -> tuple[str, str, str]:
+def split_target(target: str) -> tuple[str, str, str]:
     namespace, _, rest = target.partition("::")
     op, _, overload = rest.partition(".")
     return namespace, op, overload or "default"
 
 
-class _TorchBackend(_Backend):
+class _TorchBackend(Backend):
     name = "torch"
 
     def __init__(self) -> None:
@@ -131,7 +131,7 @@ class _TorchBackend(_Backend):
         return self.torch.zeros(shape, dtype=self.dtype_object(dtype), device=device)
 
     def call(self, target: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        namespace, op, overload = _split_target(target)
+        namespace, op, overload = split_target(target)
         try:
             fn = getattr(getattr(getattr(self.torch.ops, namespace), op), overload)
         except (AttributeError, RuntimeError) as exc:
@@ -168,7 +168,7 @@ def _true_div(a: Any, b: Any) -> Any:
     return out.astype(np.float32) if kinds <= {"i", "u", "b"} else out
 
 
-_NUMPY_OPS: dict[str, Any] = {
+NUMPY_OPS: dict[str, Any] = {
     "add.Tensor": _binary(np.add), "add.Scalar": _binary(np.add),
     "sub.Tensor": lambda a, b, alpha=1: np.subtract(a, b if alpha == 1 else b * alpha),
     "sub.Scalar": lambda a, b, alpha=1: np.subtract(a, b if alpha == 1 else b * alpha),
@@ -198,7 +198,7 @@ _NUMPY_OPS: dict[str, Any] = {
 }
 
 
-class _NumpyBackend(_Backend):
+class _NumpyBackend(Backend):
     """The numpy core set, for machines without torch; refuses anything else by name."""
 
     name = "numpy"
@@ -232,12 +232,12 @@ class _NumpyBackend(_Backend):
         return np.zeros(shape, dtype=self._np_name(dtype))
 
     def call(self, target: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        namespace, op, overload = _split_target(target)
-        fn = _NUMPY_OPS.get(f"{op}.{overload}") if namespace == "aten" else None
+        namespace, op, overload = split_target(target)
+        fn = NUMPY_OPS.get(f"{op}.{overload}") if namespace == "aten" else None
         if fn is None:
             raise UnsupportedOperatorError(
                 f"reference executor (numpy, torch not installed) cannot run {target!r}; "
-                f"it runs aten::{{{', '.join(sorted(_NUMPY_OPS))}}}"
+                f"it runs aten::{{{', '.join(sorted(NUMPY_OPS))}}}"
             )
         try:
             out = fn(*args, **kwargs)

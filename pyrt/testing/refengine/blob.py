@@ -1,5 +1,5 @@
 """The PYRTREF1 byte layout: header, JSON metadata (arguments encoded and decoded), 64-aligned
-weights; :func:`_parse` reads bytes back step by step, naming the field at fault.
+weights; :func:`parse_blob` reads bytes back step by step, naming the field at fault.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ MAGIC = b"PYRTREF1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQ")  # magic, version, reserved, json_len
 ALIGN = 64
-_CHUNK = 64 << 20  # largest single write of weight bytes
+WRITE_CHUNK = 64 << 20  # largest single write of weight bytes
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
@@ -37,7 +37,7 @@ NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 # -- argument encoding ----------------------------------------------------------
-def _encode_arg(arg: Any) -> dict[str, Any]:
+def encode_arg(arg: Any) -> dict[str, Any]:
     if isinstance(arg, Ref):
         return {"ref": arg.name}
     if isinstance(arg, DType):
@@ -49,7 +49,7 @@ def _encode_arg(arg: Any) -> dict[str, Any]:
     if arg is None:
         return {"none": True}
     if isinstance(arg, (list, tuple)):
-        return {"list": [_encode_arg(a) for a in arg]}
+        return {"list": [encode_arg(a) for a in arg]}
     if isinstance(arg, (bool, int, float, str)):
         return {"lit": arg}
     raise RefEngineFormatError(f"RefEngine: cannot encode argument {arg!r} ({type(arg).__name__})")
@@ -84,7 +84,7 @@ def _is_literal(value: Any) -> bool:
     return isinstance(value, list) and all(_is_literal(v) for v in value)
 
 
-def _tensor_json(t: RefTensor, is_input: bool) -> dict[str, Any]:
+def tensor_json(t: RefTensor, is_input: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
     if is_input:
         lo, hi = t.profile()
@@ -114,7 +114,7 @@ def _shape(value: Any, where: str, *, dynamic: bool) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _parse(
+def parse_blob(
     data: memoryview, source: str
 ) -> tuple[list[RefTensor], list[RefTensor], dict[str, RefWeight], list[RefNode], bool, tuple[Any, ...]]:
     """(inputs, outputs, weights, nodes, weight_streaming, (profiles, device_memory)) of the engine in
@@ -151,7 +151,7 @@ def _read_header(data: memoryview, source: str) -> tuple[int, dict[str, Any]]:
         raise RefEngineFormatError(f"{source}: bad magic {bytes(magic)!r}, expected {MAGIC!r}")
     if version != VERSION or reserved != 0:
         raise RefEngineFormatError(f"{source}: unsupported version {version} (reserved {reserved}); expected {VERSION}")
-    base = _align(HEADER.size + json_len)
+    base = align(HEADER.size + json_len)
     if base > size:
         raise RefEngineFormatError(
             f"{source}: JSON of {json_len} bytes at offset {HEADER.size} plus padding to {base} "

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError, UnsupportedOperatorError
-from pyrt.testing.refengine.backends import _NUMPY_OPS, _Backend, _backend, _split_target
-from pyrt.testing.refengine.blob import _CHUNK, HEADER, MAGIC, VERSION, _align, _encode_arg, _parse, _tensor_json
+from pyrt.testing.refengine.backends import NUMPY_OPS, Backend, pick_backend, split_target
+from pyrt.testing.refengine.blob import HEADER, MAGIC, VERSION, WRITE_CHUNK, align, encode_arg, parse_blob, tensor_json
 from pyrt.testing.refengine.model import (
     DType,
     MemoryFormat,
@@ -28,7 +28,7 @@ from pyrt.testing.refengine.model import (
     RefTensor,
     RefWeight,
 )
-from pyrt.testing.refengine.validation import _check_profiles, _fits, _validate
+from pyrt.testing.refengine.validation import check_profiles, fits, validate_graph
 
 SHAPES_KEPT = 256  # input shapes whose output shapes an engine remembers
 
@@ -58,24 +58,24 @@ class RefEngine:
 
     def __post_init__(self) -> None:
         self.weights = {name: RefWeight.of(w) for name, w in self.weights.items()}
-        _validate(self, "RefEngine")
-        _check_profiles(self, "RefEngine")
+        validate_graph(self, "RefEngine")
+        check_profiles(self, "RefEngine")
 
     def optimization_profiles(self) -> list[RefProfile]:
         """The engine's optimization profiles (at least one)."""
         return list(self.profiles) or [RefProfile({}, self.device_memory)]
 
-    def _auto(self) -> _Backend:
+    def _auto(self) -> Backend:
         """torch if it is imported already or this graph needs it, else numpy: a run imports no torch for nothing."""
         if self._numpy_runs_all is None:
             self._numpy_runs_all = "bfloat16" not in repr((self.inputs, self.outputs, self.nodes)) and all(
                 w.dtype != "bfloat16" for w in self.weights.values()) and all(
                 n.target.startswith("sym::") or (n.target.startswith("aten::") and
-                                                 "{1}.{2}".format(*_split_target(n.target)) in _NUMPY_OPS)
+                                                 "{1}.{2}".format(*split_target(n.target)) in NUMPY_OPS)
                 for n in self.nodes)
-        return _backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
+        return pick_backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
 
-    def _env(self, be: _Backend) -> dict[str, Any]:
+    def _env(self, be: Backend) -> dict[str, Any]:
         """A fresh environment holding the weights (converted once per backend)."""
         if be.name not in self._weights_by_backend:
             self._weights_by_backend[be.name] = {n: be.weight(w) for n, w in self.weights.items()}
@@ -104,8 +104,8 @@ class RefEngine:
         for name, w in self.weights.items():
             sink.write(bytes(offsets[name] - cursor))
             data = w.data.cast("B")
-            for start in range(0, w.nbytes, _CHUNK):
-                sink.write(data[start : start + _CHUNK])
+            for start in range(0, w.nbytes, WRITE_CHUNK):
+                sink.write(data[start : start + WRITE_CHUNK])
             cursor = offsets[name] + w.nbytes
         sink.write(bytes(size - cursor))  # the last weight is padded too
         return len(head) + size
@@ -114,17 +114,17 @@ class RefEngine:
         """(header + JSON + zero padding, each weight's offset in the weights region, the region's size)."""
         offsets, cursor = {}, 0
         for name, w in self.weights.items():
-            offsets[name], cursor = cursor, _align(cursor + w.nbytes)
+            offsets[name], cursor = cursor, align(cursor + w.nbytes)
         doc = {
-            "inputs": [_tensor_json(t, True) for t in self.inputs],
-            "outputs": [_tensor_json(t, False) for t in self.outputs],
+            "inputs": [tensor_json(t, True) for t in self.inputs],
+            "outputs": [tensor_json(t, False) for t in self.outputs],
             "weights": [
                 {"name": n, "dtype": w.dtype, "shape": list(w.shape), "offset": offsets[n], "nbytes": w.nbytes}
                 for n, w in self.weights.items()
             ],
             "nodes": [
-                {"target": n.target, "args": [_encode_arg(a) for a in n.args],
-                 "kwargs": {k: _encode_arg(v) for k, v in n.kwargs.items()}, "outputs": list(n.outputs)}
+                {"target": n.target, "args": [encode_arg(a) for a in n.args],
+                 "kwargs": {k: encode_arg(v) for k, v in n.kwargs.items()}, "outputs": list(n.outputs)}
                 for n in self.nodes
             ],
             "weight_streaming": self.weight_streaming,
@@ -138,12 +138,12 @@ class RefEngine:
         except ValueError as exc:
             raise RefEngineFormatError(f"RefEngine: a literal argument is not valid JSON: {exc}") from exc
         head = HEADER.pack(MAGIC, VERSION, 0, len(text)) + text
-        return head + bytes(_align(len(head)) - len(head)), offsets, cursor
+        return head + bytes(align(len(head)) - len(head)), offsets, cursor
 
     @classmethod
     def from_bytes(cls, data: Any, *, source: str = "<refengine>") -> RefEngine:
         """Parse and validate; weights are zero-copy views of ``data``."""
-        inputs, outputs, weights, nodes, streaming, extra = _parse(memoryview(data).cast("B"), source)
+        inputs, outputs, weights, nodes, streaming, extra = parse_blob(memoryview(data).cast("B"), source)
         try:
             return RefEngine(inputs, outputs, weights, nodes, streaming, *extra)
         except RefEngineFormatError as exc:
@@ -156,13 +156,13 @@ class RefEngine:
         ``inputs`` maps input names to arrays/tensors; returns output name -> value
         (torch tensors from the torch backend, numpy arrays from the numpy one).
         """
-        be = _backend(backend)
+        be = pick_backend(backend)
         env = self._env(be)
         for spec in self.inputs:
             if spec.name not in inputs:
                 raise RefEngineExecutionError(f"reference engine input {spec.name!r} was not given")
             value = be.tensor(inputs[spec.name])
-            if be.dtype(value) != spec.dtype or not _fits(tuple(value.shape), spec):
+            if be.dtype(value) != spec.dtype or not fits(tuple(value.shape), spec):
                 raise RefEngineExecutionError(
                     f"input {spec.name!r} is {be.dtype(value)}{list(value.shape)}, "
                     f"expected {spec.dtype} within {spec.profile()}"
@@ -200,7 +200,7 @@ class RefEngine:
                 self._shapes_seen[key] = seen
         return dict(seen)
 
-    def _infer_shapes(self, be: _Backend, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    def _infer_shapes(self, be: Backend, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
         env: dict[str, Any] = {n: be.weight(w, meta=True) for n, w in self.weights.items()}
         for spec in self.inputs:
             env[spec.name] = be.empty(tuple(input_shapes[spec.name]), spec.dtype, meta=True)
@@ -218,7 +218,7 @@ class RefEngine:
             out = self._execute(be, env)
         return {name: tuple(int(d) for d in value.shape) for name, value in out.items()}
 
-    def _symbolic_shapes(self, be: _Backend, input_shapes: Mapping[str, Sequence[int]]
+    def _symbolic_shapes(self, be: Backend, input_shapes: Mapping[str, Sequence[int]]
                          ) -> dict[str, tuple[int, ...]] | None:
         """Output shapes under torch's FakeTensorMode (-1 for an unbacked size); None if it fails."""
         import torch
@@ -236,7 +236,7 @@ class RefEngine:
         return {name: tuple(d if isinstance(d, int) else -1 for d in value.shape) for name, value in out.items()
                 if not isinstance(value, torch.SymInt)}
 
-    def _execute(self, be: _Backend, env: dict[str, Any]) -> dict[str, Any]:
+    def _execute(self, be: Backend, env: dict[str, Any]) -> dict[str, Any]:
         for node in self.nodes:
             args = [_resolve(a, env, be) for a in node.args]
             kwargs = {k: _resolve(v, env, be) for k, v in node.kwargs.items()}
@@ -278,7 +278,7 @@ def _sym_call(target: str, args: list[Any]) -> Any:
         raise RefEngineExecutionError(f"{target}{tuple(args)} failed: {exc}") from exc
 
 
-def _resolve(arg: Any, env: dict[str, Any], be: _Backend) -> Any:
+def _resolve(arg: Any, env: dict[str, Any], be: Backend) -> Any:
     if isinstance(arg, Ref):
         return env[arg.name]
     if isinstance(arg, DType):

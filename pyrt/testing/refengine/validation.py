@@ -27,7 +27,7 @@ class _Graph(Protocol):
     nodes: list[RefNode]
 
 
-def _validate(eng: _Graph, where: str) -> None:
+def validate_graph(eng: _Graph, where: str) -> None:
     defined: set[str] = set()
 
     def define(name: Any, what: str) -> None:
@@ -79,7 +79,7 @@ def _validate(eng: _Graph, where: str) -> None:
             raise RefEngineFormatError(f"{where}: output {t.name!r} shape {t.shape!r} is invalid")
 
 
-def _fits(shape: tuple[int, ...], spec: RefTensor) -> bool:
+def fits(shape: tuple[int, ...], spec: RefTensor) -> bool:
     lo, hi = spec.profile()
     return len(shape) == len(lo) and all(a <= d <= b for d, a, b in zip(shape, lo, hi, strict=True))
 
@@ -111,7 +111,7 @@ def _names(args: Any, kind: type[Ref] | type[DType]) -> list[str]:
 
 
 
-def _check_profiles(eng: Any, where: str) -> None:
+def check_profiles(eng: Any, where: str) -> None:
     """Each optimization profile: known inputs, min <= opt <= max inside the input's declared
     min/max (the union of the profiles), static dims fixed, a byte count of activation memory."""
     if isinstance(eng.device_memory, bool) or not isinstance(eng.device_memory, int) or eng.device_memory < 0:
