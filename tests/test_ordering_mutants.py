@@ -40,7 +40,7 @@ DEFAULT_TESTS = ("test_async_ordering.py",)
 
 # "file: first line of the statement" -> why it is not a mutant.
 EXEMPT = {
-    "pyrt/cuda.py: current().synchronize(index)":
+    "pyrt/device/cuda_seam.py: current().synchronize(index)":
         "pyrt.cuda.synchronize, the seam's public helper: the statements calling it are the mutants",
     "pyrt/device/streams.py: end.synchronize()":
         "Event.elapsed_ms waits for its end event before reading a time: timing, and without it the driver "

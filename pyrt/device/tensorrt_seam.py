@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+from pyrt.device import cuda_seam
 from pyrt.errors import BackendError, DeviceError, EngineError
 
 FLAVOURS = ("tensorrt", "tensorrt_rtx", "tensorrt_lean")
