@@ -13,13 +13,44 @@ pyrt.errors.InputError: input0: shape [9, 3] exceeds the upper bound [8, 3] in d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pyrt.errors import InputError
-from pyrt.pte_reader import PteFile
+from pyrt.format.schema import EValue
 
 _SCALARS = ("Int", "Double", "Bool", "String", "Null")
+
+
+class Method(Protocol):
+    """What :func:`method_inputs` reads of one method (a :class:`pyrt.pte_reader.ExecutionPlan`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inputs(self) -> Sequence[int]: ...
+
+    @property
+    def values(self) -> Sequence[EValue]: ...
+
+
+class Methods(Protocol):
+    """What :func:`method_inputs` reads of a program (a :class:`pyrt.pte_reader.Program`)."""
+
+    @property
+    def execution_plan(self) -> Sequence[Method]: ...
+
+
+class MethodSource(Protocol):
+    """What :func:`method_inputs` reads of an open file (a :class:`pyrt.pte_reader.PteFile`, which this
+    layer's modules do not import: the reader is built on them)."""
+
+    source: str
+
+    @property
+    def program(self) -> Methods: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +72,7 @@ class InputSpec:
         return self.kind if self.kind in ("Null", "TensorList") else f"{self.kind} {self.value!r}"
 
 
-def method_inputs(pte: PteFile, method: str) -> list[InputSpec]:
+def method_inputs(pte: MethodSource, method: str) -> list[InputSpec]:
     """The declared inputs of ``method`` (InputError naming the methods when there is none such)."""
     plans = {p.name: p for p in pte.program.execution_plan}
     plan = plans.get(method)
