@@ -86,7 +86,7 @@ class Engine:
         self._shapes_set = False
         self._bound: list[int] = []  # addresses bound on the current context, in name order
         self._allocators = output_allocator.OutputAllocators(self.name)  # data-dependent outputs, per context
-        self.scratch: Any = None  # a pyrt.device.scratch.SharedScratch: contexts use its memory (USER_MANAGED)
+        self.scratch: scratch_mod.SharedScratch | None = None  # contexts use its memory (USER_MANAGED)
         self._active_profile = self._wanted_profile = 0
         self._check_bindings()
 

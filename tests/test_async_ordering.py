@@ -24,7 +24,7 @@ from pyrt.cuda import DeviceAllocation
 from pyrt.format.dtypes import ScalarType
 from pyrt.kernels.prim_kernels import _copy_device
 from pyrt.memory.tensors import DeviceTensor
-from pyrt.runtime.delegates import DeviceContext
+from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.program import Program
 from pyrt.testing import simulated_gpus
 from tests import gpu_programs

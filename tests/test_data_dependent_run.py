@@ -146,7 +146,7 @@ def test_a_mutant_without_the_resize_fails(tmp_path: Path) -> None:
     from tests.test_ordering_mutants import _copy_tree, _mutate
 
     tree = _copy_tree(tmp_path)
-    _mutate(tree, "pyrt/runtime/delegates.py", RESIZE)
+    _mutate(tree, "pyrt/runtime/delegate_steps.py", RESIZE)
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir",

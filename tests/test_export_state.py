@@ -175,7 +175,7 @@ def test_device_copy_kernel() -> None:
     from pyrt.memory.tensors import DeviceTensor
 
     with simulated_gpus(2):
-        from pyrt.runtime.delegates import DeviceContext
+        from pyrt.runtime.device_context import DeviceContext
 
         table = SimpleNamespace(devices=DeviceContext(cuda.current(), {0, 1}))  # the method's streams
         allocs = [cuda.current().alloc(64, d) for d in (0, 0, 1)]

@@ -28,7 +28,7 @@ from tests.ordering_statements import Statement, statements
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DELEGATES = "pyrt/runtime/delegates.py"
+DEVICE_CONTEXT = "pyrt/runtime/device_context.py"
 OUTPUTS = "pyrt/runtime/outputs.py"
 GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
 
@@ -61,25 +61,25 @@ EXEMPT = {
     "pyrt/memory/tensors.py: self.keepalive = None": "the constructor's initial value (no copy is queued)",
     "pyrt/runtime/run_state.py: self.keepalive: list[Any] = []":
         "creates the run's keep-alive list; the statement that fills it is the mutant",
-    "pyrt/runtime/delegates.py: self._keep: list[Any] = []  # private host copies read by this run's queued copies":
+    DEVICE_CONTEXT + ": self._keep: list[Any] = []  # private host copies read by this run's queued copies":
         "creates the keep-alive list; the statement that fills it is the mutant",
     "pyrt/serve/command.py: while not stop.wait(0.5):":
         "a threading.Event the serve command waits on, not a CUDA event",
     "pyrt/serve/metrics.py: while not self._stop.wait(every_s):":
         "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
-    "pyrt/runtime/delegates.py: self._keep = []":
+    "pyrt/runtime/device_context.py: self._keep = []":
         "drops the host copies after their copies' events were waited for: deleting it holds memory longer, "
         "it orders nothing",
 }
 
 # (file, "exact statement text => replacement", what a GPU does with the replacement): changes, not deletions.
 REPLACEMENTS = [
-    (DELEGATES, "private = np.array(src, copy=True, order=\"C\") => private = src",
+    (DEVICE_CONTEXT, "private = np.array(src, copy=True, order=\"C\") => private = src",
      "an asynchronous copy reads arena memory that a host kernel has overwritten meanwhile"),
     (OUTPUTS, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc_async(t.nbytes, stream)",
      "without a stream, a device output the caller uses on the legacy stream is freed on pyrt's stream"),
-    (DELEGATES, "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
+    (DEVICE_CONTEXT, "return 0 if device in self._own_used else int(self.stream(device).handle) => return 0",
      "a dropped device output is freed on the legacy stream, unordered with the caller's stream that still uses it"),
     (OUTPUTS, "alloc = seam.alloc_async(t.nbytes, stream, state.ctx.ready_handle(t.device))"
      " => alloc = seam.alloc(max(t.nbytes, 1), t.device)",
@@ -134,7 +134,7 @@ def test_discovery_finds_the_ordering_statements() -> None:
     """Every exemption still names a statement, and the statements known to matter are found."""
     keys = {s.key for s in FOUND}
     assert not set(EXEMPT) - keys, f"exemptions that match no statement any more: {sorted(set(EXEMPT) - keys)}"
-    for known in ("pyrt/runtime/delegates.py: s.wait(event)", "pyrt/runtime/delegates.py: event.synchronize()",
+    for known in (f"{DEVICE_CONTEXT}: s.wait(event)", f"{DEVICE_CONTEXT}: event.synchronize()",
                   "pyrt/runtime/inputs.py: stream.synchronize()  # the host reads the copy next",
                   "pyrt/device/memory.py: self._cuda.free_async(self.ptr, self.device, self._free_on)",
                   "pyrt/runtime/graph_forward.py: if (r := record(ev_in, 0))[0] or (r := wait(raw, ev_in, 0))[0]:"):

@@ -21,11 +21,29 @@ methods, hence different locks and streams) get different scratches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pyrt.errors import DeviceError, EngineError
 
 ALIGN = 256  # TensorRT wants activation memory 256-byte aligned (cuMemAlloc gives at least that)
+
+
+class Member(Protocol):
+    """What a scratch uses of the engines that share it (:class:`pyrt.engine.Engine`, built on this module)."""
+
+    name: str
+    device: int
+
+    @property
+    def activation_bytes(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def has_context(self) -> bool: ...
+
+    def bind_activation_memory(self, ptr: int, size: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -47,10 +65,10 @@ class SharedScratch:
         self._cuda = cuda
         self.device = device
         self.label = label
-        self._members: list[Any] = []  # pyrt.engine.Engine, in join order
+        self._members: list[Member] = []  # in join order
         self._allocation: Any = None
 
-    def join(self, engine: Any) -> None:
+    def join(self, engine: Member) -> None:
         """Add ``engine`` (on this scratch's device) to the group; its contexts will bind this memory."""
         if engine.device != self.device:
             raise DeviceError(f"{engine.name} lives on device {engine.device}; the shared activation memory "
@@ -59,7 +77,7 @@ class SharedScratch:
             self._members.append(engine)
 
     @property
-    def members(self) -> list[Any]:
+    def members(self) -> list[Member]:
         return list(self._members)
 
     @property
@@ -82,7 +100,7 @@ class SharedScratch:
         """Device bytes sharing saves over one allocation per engine."""
         return max(0, self.unshared_bytes - self.need())
 
-    def reserve(self, engine: Any) -> tuple[int, int]:
+    def reserve(self, engine: Member) -> tuple[int, int]:
         """(address, size) for ``engine``'s new context, growing the allocation first if it is short.
 
         Growing rebinds every other member's live context to the new memory before the old is
@@ -122,7 +140,7 @@ class SharedScratch:
                 f"{len(self._members)} engines, saves {self.saved_bytes})")
 
 
-def check_bound(engine: Any, error: str) -> None:
+def check_bound(engine: Member, error: str) -> None:
     """EngineError naming the engine when TensorRT logged ``error`` while binding activation memory."""
     if error:
         raise EngineError(f"{engine.name}: TensorRT refused the shared activation memory: {error}")

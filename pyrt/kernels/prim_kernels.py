@@ -37,7 +37,7 @@ from pyrt.pte_reader import Operator
 if TYPE_CHECKING:
     import torch
 
-    from pyrt.memory.table import ValueTable
+    from pyrt.memory.table import DeviceStreams, ValueTable
 
 Num: TypeAlias = int | float | bool  # the SymInt/SymFloat/SymBool values executorch_prim ops compute on
 
@@ -229,7 +229,7 @@ def _copy_device(dst: Value, src: Value, table: ValueTable, where: str) -> None:
     if src.nbytes and (src.allocation is not dst.allocation or src.offset != dst.offset):
         devices = _devices(table, where)
         seam = devices.cuda
-        kw = {"dst_offset": dst.offset, "src_offset": src.offset, "stream": devices.stream(dst.device)}
+        kw: dict[str, Any] = {"dst_offset": dst.offset, "src_offset": src.offset, "stream": devices.stream(dst.device)}
         if src.device == dst.device:
             seam.memcpy_dtod(dst.allocation, src.allocation, src.nbytes, **kw)
         else:
@@ -306,11 +306,8 @@ def _d2h(site: KernelSite) -> Step:
     return d2h
 
 
-def _devices(table: ValueTable, where: str) -> Any:
-    """The method's device context (every method with a device tensor has one).
-
-    Any: a :class:`pyrt.runtime.delegates.DeviceContext`, from the runtime layer above this one.
-    """
+def _devices(table: ValueTable, where: str) -> DeviceStreams:
+    """The method's device context (every method with a device tensor has one)."""
     if table.devices is None:
         raise InputError(f"{where}: a device copy in a method without CUDA memory")
     return table.devices

@@ -21,7 +21,9 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.format.dtypes import ScalarType
@@ -33,8 +35,25 @@ from pyrt.memory.tensors import DeviceTensor, Value
 if TYPE_CHECKING:  # annotations only
     import torch
 
+    from pyrt.cuda import Cuda, DeviceAllocation, Stream
+
 PLANNED, CONSTANT, UNPLANNED = "planned", "constant", "unplanned"
 LIST_KINDS = ("IntList", "TensorList", "OptionalTensorList")
+
+
+class DeviceStreams(Protocol):
+    """What kernels use of a method's device context (the runtime's
+    :class:`~pyrt.runtime.device_context.DeviceContext`, a layer above this one): its CUDA seam, the
+    run's stream of a device, the order between two devices' streams, and host -> device copies."""
+
+    cuda: Cuda
+
+    def stream(self, device: int) -> Stream: ...
+
+    def order(self, src: int, dst: int) -> None: ...
+
+    def copy_to_device(self, dst: DeviceAllocation, src: np.ndarray, stream: Stream, *, dst_offset: int = 0) -> None:
+        ...
 
 
 @dataclass(slots=True)
@@ -77,7 +96,7 @@ class ValueTable:
     vals: list[Value]
     unstable: set[int] = field(default_factory=set)
     arenas: dict[int, Any] = field(default_factory=dict)
-    devices: Any = None  # pyrt.runtime.delegates.DeviceContext when the method touches CUDA
+    devices: DeviceStreams | None = None  # when the method touches CUDA
     read_only: set[int] = field(default_factory=set)  # values that may hold constant data (never written)
 
     def is_const(self, i: int) -> bool:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrt.errors import DeviceError
+from pyrt.runtime.device_context import DeviceContext
 
 _log = logging.getLogger("pyrt.runtime.cuda_graphs")
 _CAPTURE_MODE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -67,13 +68,19 @@ def data_dependent_refusal(engine: str, bindings: Sequence[Any]) -> str | None:
 class Segment:
     """Steps replayed as one CUDA graph; ``state`` is "eager", "warm", "graph" or "refused"."""
 
-    def __init__(self, steps: Sequence[Callable[[], None]], *, device: int, devices: Any = None) -> None:
+    def __init__(self, steps: Sequence[Callable[[], None]], *, device: int,
+                 devices: DeviceContext | None = None) -> None:
         self.steps = list(steps)
         self.device = device
-        self.devices = devices  # pyrt.runtime.delegates.DeviceContext
+        self.devices = devices
         self.state = "eager"
         self._graph: Any = None
         self._exec: Any = None
+
+    @property
+    def _ctx(self) -> DeviceContext:
+        assert self.devices is not None, "a segment of device steps runs on its method's device context"
+        return self.devices
 
     @property
     def graph_exec(self) -> Any:
@@ -82,14 +89,14 @@ class Segment:
 
     def __call__(self) -> None:
         if self.state == "graph":
-            stream = self.devices.stream(self.device)
-            self.devices.cuda.call("cuGraphLaunch", self._exec, stream.raw)
+            stream = self._ctx.stream(self.device)
+            self._ctx.cuda.call("cuGraphLaunch", self._exec, stream.raw)
             return
         if self.state == "warm":
             self._capture()
             if self.state == "graph":
-                stream = self.devices.stream(self.device)
-                self.devices.cuda.call("cuGraphLaunch", self._exec, stream.raw)
+                stream = self._ctx.stream(self.device)
+                self._ctx.cuda.call("cuGraphLaunch", self._exec, stream.raw)
                 return
         for step in self.steps:
             step()
@@ -97,7 +104,7 @@ class Segment:
             self.state = "warm"
 
     def _capture(self) -> None:
-        cuda, stream = self.devices.cuda, self.devices.stream(self.device)
+        cuda, stream = self._ctx.cuda, self._ctx.stream(self.device)
         cuda.set_device(self.device)
         try:
             cuda.call("cuStreamBeginCapture", stream.raw, _CAPTURE_MODE_THREAD_LOCAL)
@@ -141,7 +148,8 @@ class Segment:
             self.state = "eager"
 
 
-def segment_steps(steps: Sequence[Callable[[], None]], devices: Any) -> tuple[list[Callable[[], None]], list[Segment]]:
+def segment_steps(steps: Sequence[Callable[[], None]],
+                  devices: DeviceContext | None) -> tuple[list[Callable[[], None]], list[Segment]]:
     """Group consecutive capturable steps on one device into segments; other steps stay as they are."""
     out: list[Callable[[], None]] = []
     segments: list[Segment] = []

@@ -34,7 +34,7 @@ from pyrt.kernels.base import Kernel
 from pyrt.kernels.registry import resolve
 from pyrt.memory.table import CONSTANT, LIST_KINDS, PLANNED, UNPLANNED, TensorInfo
 from pyrt.pte_reader import ExecutionPlan
-from pyrt.runtime.delegates import draft_delegates
+from pyrt.runtime.delegates import DelegateDraft, draft_delegates
 from pyrt.runtime.instructions import check_instructions
 
 SCALAR_KINDS = ("Int", "Double", "Bool")
@@ -270,7 +270,7 @@ class MethodDraft:
     kernels: list[Kernel]
     rebound: set[int]
     io_specs: tuple[Spec | None, Spec | None] = (None, None)
-    delegates: list[Any] = field(default_factory=list)  # pyrt.runtime.delegates.DelegateDraft
+    delegates: list[DelegateDraft] = field(default_factory=list)
     host_bytes: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes) the load will allocate
     constant_holders: set[int] = field(default_factory=set)  # values that may hold read-only file data
 

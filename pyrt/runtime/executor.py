@@ -29,6 +29,7 @@ from pyrt.kernels.base import noop
 from pyrt.memory.interop import caller_kind, is_torch_tensor
 from pyrt.memory.table import PLANNED
 from pyrt.runtime.cuda_graphs import Segment, segment_steps
+from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.graph_forward import graph_forward
 from pyrt.runtime.inputs import input_failure, input_setter
 from pyrt.runtime.outputs import output_getter
@@ -44,13 +45,13 @@ class MethodRunner:
     waiting for the lock then raises ProgramClosedError instead of touching freed memory.
     """
 
-    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: Any = None, cuda: Any = None,
+    def __init__(self, plan: MethodPlan, *, default_kind: str, devices: DeviceContext | None = None, cuda: Any = None,
                  cuda_graphs: bool = False, graph_outputs: str = "copy") -> None:
         self.plan = plan
         self.cuda = devices.cuda if devices is not None else cuda  # for device inputs of host-only methods
         self.name = plan.name
         self.default_kind = default_kind
-        self.devices = devices  # pyrt.runtime.delegates.DeviceContext when the method touches CUDA
+        self.devices = devices  # when the method touches CUDA
         self._lock = threading.Lock()
         self.closed = False
         table = plan.table

@@ -27,6 +27,8 @@ from pyrt.kernels.base import Kernel, KernelSite, Step, noop
 from pyrt.memory.host import NumpyHost, TorchHost
 from pyrt.memory.table import UNPLANNED, ValueTable
 from pyrt.pte_reader import ExecutionPlan
+from pyrt.runtime.delegate_steps import step_factory
+from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.draft import MethodDraft, where
 from pyrt.runtime.fold import Folder
 from pyrt.runtime.materialize import allocate_arenas, bind_unplanned, classify, materialize
@@ -135,7 +137,7 @@ def _free(table: ValueTable, i: int) -> Step:
 
 
 def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
-                  devices: Any = None, *, fold: bool = True) -> MethodPlan:
+                  devices: DeviceContext | None = None, *, fold: bool = True) -> MethodPlan:
     """Phase 2: allocate arenas, build the value table and every step (``fold``: see :mod:`pyrt.runtime.fold`)."""
     xplan = draft.xplan
     arenas, device_allocs = allocate_arenas(xplan, host, draft.arena_devices, cuda)
@@ -146,7 +148,7 @@ def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = N
                                devices=devices, read_only=draft.constant_holders)
             classify(table, draft.rebound, xplan.inputs)
             bind_unplanned(table, xplan.inputs)
-            delegate_step = devices.step_factory(draft, table) if draft.delegates else None
+            delegate_step = step_factory(devices, draft, table) if draft.delegates and devices else None
             chains = build_steps(xplan, table, draft.kernels, delegate_step,
                                  Folder(xplan, table, draft.kernels, draft.raw) if fold else None)
     except BaseException:

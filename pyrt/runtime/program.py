@@ -41,7 +41,8 @@ from pyrt.format.ptd_reader import ExternalData
 from pyrt.kernels.registry import ENV_VAR, choose_library, library
 from pyrt.memory.host import host_backend
 from pyrt.pte_reader import PteFile
-from pyrt.runtime.delegates import DeviceContext, apply_budgets, load_engines
+from pyrt.runtime.delegates import apply_budgets, load_engines
+from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.draft import MethodDraft, draft_method
 from pyrt.runtime.executor import MethodRunner
 from pyrt.runtime.graph_forward import check_graph_outputs

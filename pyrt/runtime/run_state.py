@@ -9,10 +9,11 @@ input setters (:mod:`pyrt.runtime.inputs`), the delegates and the output getters
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from pyrt.errors import ExecutionError
 from pyrt.memory.interop import CAI, caller_kind, is_torch_tensor
+from pyrt.runtime.device_context import DeviceContext
 
 Setter = Callable[[Any, "RunState | None"], None]
 Getter = Callable[[str, "RunState | None"], Any]
@@ -26,20 +27,34 @@ class RunState:
 
     __slots__ = ("stream", "keepalive", "streams", "device_caller", "ctx", "cuda")
 
-    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: Any = None, cuda: Any = None) -> None:
+    def __init__(self, stream: Any = None, inputs: Sequence[Any] = (), ctx: DeviceContext | None = None,
+                 cuda: Any = None) -> None:
         self.stream = stream
-        self.ctx = ctx  # pyrt.runtime.delegates.DeviceContext: stream(device) orders every copy of the run
+        self.ctx = ctx  # its stream(device) orders every copy of the run
         self.cuda = ctx.cuda if ctx is not None else cuda  # the CUDA seam the program was loaded with
         self.keepalive: list[Any] = []
         self.streams: dict[int, Any] = {}
         self.device_caller = any(caller_kind(x) == CAI or (is_torch_tensor(x) and x.is_cuda) for x in inputs)
 
 
-def device_state(state: RunState | None) -> RunState:
+class DeviceRun(Protocol):
+    """A :class:`RunState` of device work, its ``ctx`` set (what :func:`device_state` checks)."""
+
+    stream: Any
+    keepalive: list[Any]
+    streams: dict[int, Any]
+    device_caller: bool
+    cuda: Any
+
+    @property
+    def ctx(self) -> DeviceContext: ...
+
+
+def device_state(state: RunState | None) -> DeviceRun:
     """The run state of device work (MethodRunner makes one whenever the method touches CUDA)."""
     if state is None or state.ctx is None:
         raise ExecutionError("internal error: device work without a run state")
-    return state
+    return cast(DeviceRun, state)  # its ctx is set: checked above
 
 
-__all__ = ["Getter", "RunState", "Setter", "device_state"]
+__all__ = ["DeviceRun", "Getter", "RunState", "Setter", "device_state"]
