@@ -1,6 +1,6 @@
 """Per-call cost of a torch out-variant from Python vs a numpy ufunc on views of the same memory.
 
-Why ``pyrt/kernels/small_kernels.py`` exists: on the tiny tensors of small models the
+Why ``pyrt/kernels/small_numpy_fastpath.py`` exists: on the tiny tensors of small models the
 call, not the arithmetic, is the cost. Each row times one call on the same tensors
 (numpy views share the torch tensors' memory), best of ``--repeat`` rounds of
 ``--number`` calls, threads pinned to 1.

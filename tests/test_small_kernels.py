@@ -1,4 +1,4 @@
-"""The torch library's numpy path for small static tensors (``pyrt.kernels.small_kernels``).
+"""The torch library's numpy path for small static tensors (``pyrt.kernels.small_numpy_fastpath``).
 
 Each numpy step must write what the torch out-variant writes into the same out
 tensor: bit for bit where both libraries round correctly (arithmetic, negation,
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from pyrt.kernels import small_kernels  # noqa: E402
-from pyrt.kernels.small_args import SMALL_NUMEL  # noqa: E402
-from pyrt.kernels.small_kernels import BUILDERS  # noqa: E402
+from pyrt.kernels import small_numpy_fastpath  # noqa: E402
+from pyrt.kernels.small_numpy_fastpath import BUILDERS  # noqa: E402
+from pyrt.kernels.small_numpy_fastpath_args import SMALL_NUMEL  # noqa: E402
 
 EXACT = {"add.out", "add.Scalar_out", "sub.out", "sub.Scalar_out", "mul.out", "mul.Scalar_out", "div.out",
          "neg.out", "abs.out", "rsqrt.out", "pow.Tensor_Scalar_out", "logical_not.out",
@@ -43,7 +43,7 @@ def _torch_op(name: str) -> Any:
 def bind(name: str, args: dict[str, Any]) -> Any:
     """The numpy step of aten ``name`` on ``args``, tensors named as the schema types them."""
     tensors = {a.name for a in _torch_op(name)._schema.arguments if str(a.type) in ("Tensor", "List[Tensor]")}
-    return small_kernels.bind(name, args, tensors)
+    return small_numpy_fastpath.bind(name, args, tensors)
 
 
 def _case(name: str, shape: tuple[int, ...], dtype: Any, gen: torch.Generator, scalar: float) -> dict[str, Any]:

@@ -39,7 +39,7 @@ RESERVED = b"\x01" + b"\x00" * 7
 BACKEND_ID = "TensorRTBackend"
 PLATFORMS = ("linux_x86_64", "linux_aarch64", "windows_x86_64", "windows_arm64", "unknown")
 ALIAS_KINDS = ("kv_cache_update", "user")
-# Keys in the order the C++ reader scans them; the writer emits exactly this order.
+# Keys in the order the C++ reader scans them; the writer (encode_metadata) emits exactly these, in this order.
 METADATA_KEYS = (
     "io_bindings",
     "aliased_io",
@@ -138,7 +138,7 @@ def encode_metadata(
     for a in aliased_io:
         if a.kind not in ALIAS_KINDS:
             raise BlobFormatError(f"aliased_io kind {a.kind!r} for output {a.output!r} is not one of {ALIAS_KINDS}")
-    meta = {
+    values = {
         "io_bindings": [b.to_json() for b in io_bindings],
         "aliased_io": [a.to_json() for a in aliased_io],
         "hardware_compatible": bool(hardware_compatible),
@@ -146,6 +146,7 @@ def encode_metadata(
         "serialized_metadata": serialized_metadata,
         "target_platform": platform,
     }
+    meta = {key: values[key] for key in METADATA_KEYS}  # the reader's order, and a KeyError if a key is missed
     return json.dumps(meta, separators=(",", ":")).encode("utf-8")
 
 

@@ -71,10 +71,6 @@ _UNARY: dict[str, Callable[[Num], Num]] = {
 }
 
 
-def _last(args: tuple[int, ...]) -> tuple[int, ...]:
-    return args[-1:]
-
-
 def _scalar_kernel(name: str, fn: Callable[..., Value], arity: int) -> Kernel:
     def build(site: KernelSite) -> Step:
         site.require_args(arity + 1)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_args, small_kernels, torch_inplace, torch_outs
+from pyrt.kernels import small_numpy_fastpath, small_numpy_fastpath_args, torch_inplace, torch_outs
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
@@ -58,12 +58,12 @@ class TorchLibrary:
 
     ``small_numel``: instructions whose tensors are static, fixed and at most this many
     elements each run through numpy views of the same memory where numpy computes what
-    torch does (:mod:`pyrt.kernels.small_kernels`); 0 calls torch for everything.
+    torch does (:mod:`pyrt.kernels.small_numpy_fastpath`); 0 calls torch for everything.
     """
 
     name = "torch"
 
-    def __init__(self, small_numel: int = small_args.SMALL_NUMEL) -> None:
+    def __init__(self, small_numel: int = small_numpy_fastpath_args.SMALL_NUMEL) -> None:
         import torch
 
         self.torch = torch
@@ -88,8 +88,8 @@ class TorchLibrary:
         sig = _Signature(schema)
         names = [a.name for a in schema.arguments]
         tensors = [a.name for a in schema.arguments if _is_tensor_type(str(a.type))]
-        small = small_kernels.builder(op.qualified_name, names, tensors, self.small_numel)
-        later = small_kernels.rebinder(op.qualified_name, names, tensors, self.small_numel)
+        small = small_numpy_fastpath.builder(op.qualified_name, names, tensors, self.small_numel)
+        later = small_numpy_fastpath.rebinder(op.qualified_name, names, tensors, self.small_numel)
         return Kernel(
             op.qualified_name,
             build=lambda site: _build(overload, sig, site, fast, small, later),
@@ -272,9 +272,9 @@ def _is_default(v: Value, default: object) -> bool:
 
 def _build(overload: OpOverload, sig: _Signature, site: KernelSite, fast: Sequence[Callable[..., Any]] = (),
            small: Callable[[KernelSite], Step | None] | None = None,
-           later: Callable[[KernelSite], small_kernels.Rebind | None] | None = None) -> Step:
+           later: Callable[[KernelSite], small_numpy_fastpath.Rebind | None] | None = None) -> Step:
     """The step of one call: numpy on small static tensors (``small``), else torch, with steady runs
-    of dynamic calls on numpy where ``later`` can bind their tensors (:mod:`pyrt.kernels.small_kernels`)."""
+    of dynamic calls on numpy where ``later`` can bind their tensors (:mod:`pyrt.kernels.small_numpy_fastpath`)."""
     n = sig.n
     site.require_args(n)
     for k in sig.tensor_args:
@@ -286,7 +286,7 @@ def _build(overload: OpOverload, sig: _Signature, site: KernelSite, fast: Sequen
     return step if rebind is None else _rebinding(step, rebind)
 
 
-def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
+def _rebinding(step: Step, rebind: small_numpy_fastpath.Rebind) -> Step:
     """``step`` with a steady variant on numpy, bound at the first steady run after each full run.
 
     A steady run repeats the last full run's shapes (:mod:`pyrt.runtime.steady`). Where the call reads
@@ -309,7 +309,7 @@ def _rebinding(step: Step, rebind: small_kernels.Rebind) -> Step:
     numpy_steady.bound = bound  # type: ignore[attr-defined]  # what the steady runs now call (tests)
     slots = rebind.slots
     with_steady(full, torch_steady if slots else numpy_steady)
-    full.run_context = small_kernels.quiet  # type: ignore[attr-defined]  # its steady runs may call numpy
+    full.run_context = small_numpy_fastpath.quiet  # type: ignore[attr-defined]  # its steady runs may call numpy
     full.steady_if = lambda stable: numpy_steady if slots <= stable else torch_steady  # type: ignore[attr-defined]
     return full
 

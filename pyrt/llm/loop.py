@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from pyrt.llm.request import Request, check_request
 from pyrt.llm.sampling import sample_token
 from pyrt.llm.timings import Clock, Timings
 
-FINISH_REASONS = ("stop", "length", "cache_full")
+FinishReason = Literal["stop", "length", "cache_full"]  # why a generation ended (see the module docstring)
 _NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -30,7 +30,7 @@ class GenerationResult:
     """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does)."""
 
     tokens: list[int]
-    finish_reason: str
+    finish_reason: FinishReason
     timings: Timings
     prompt: list[int] = field(default_factory=list)
 
@@ -96,7 +96,7 @@ def _run(program: Any, conv: Convention, request: Request, out: Generation) -> I
     logits = _prefill(program, conv, prompt)
     clock.prefilled = clock.now()
     tokens: list[int] = []
-    reason = "length"
+    reason: FinishReason = "length"
     position = len(prompt)
     while True:
         token = sample_token(logits, request.sampling, rng)

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.format.method_io import InputSpec, method_inputs
+from pyrt.format.method_io import InputSpec, check_shape, method_inputs
 from pyrt.pte_reader import PteFile
-from pyrt.serve.specs import check_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"
@@ -235,6 +234,21 @@ def _tensor(item: dict[str, Any], spec: InputSpec, body: bytes, cursor: int, whe
         arr = _from_json(item.get("data"), dtype, shape, count, where)
     check_array(spec, arr, where)
     return arr, cursor
+
+
+def check_array(spec: InputSpec, x: np.ndarray, where: str) -> None:
+    """InputError naming ``where`` unless ``x`` has the input's dtype and a shape within its bounds (the dtype
+    message names the method's dtype; the shape checks are :func:`pyrt.format.method_io.check_shape`'s).
+
+    >>> spec = InputSpec(0, "Tensor", "float32", (8, 3), dynamic=True)
+    >>> check_array(spec, np.zeros((9, 3), np.float32), "input0")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.InputError: input0: shape [9, 3] exceeds the upper bound [8, 3] in dimension 0
+    """
+    if x.dtype.name != spec.dtype:
+        raise InputError(f"{where}: got {x.dtype.name}{list(x.shape)}, the method takes {spec.dtype}")
+    check_shape(spec, tuple(x.shape), where)
 
 
 def _np_dtype(dtype: str | None, where: str) -> np.dtype:

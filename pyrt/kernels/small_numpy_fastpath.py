@@ -31,7 +31,7 @@ may differ in the last bit (another SIMD math library, another BLAS, another
 summation order), as they do between torch builds.
 
 >>> import torch
->>> from pyrt.kernels.small_kernels import bind
+>>> from pyrt.kernels.small_numpy_fastpath import bind
 >>> x, out = torch.tensor([1.0, 4.0]), torch.empty(2)
 >>> step = bind("aten::sqrt.out", {"self": x, "out": out}, tensors={"self", "out"})
 >>> _ = step(); out.tolist()
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyrt.kernels.base import KernelSite, Step
-from pyrt.kernels.small_args import (
+from pyrt.kernels.small_numpy_fastpath_args import (
     FLOATS,
     INTS,
     SMALL_NUMEL,

@@ -2,9 +2,9 @@
 
 :func:`site_args` gives an instruction's arguments with numpy views in place of its
 tensors, where each tensor sits in a fixed slot, has a static shape, lives on the CPU
-and has at most ``SMALL_NUMEL`` elements (see :mod:`pyrt.kernels.small_kernels` for
+and has at most ``SMALL_NUMEL`` elements (see :mod:`pyrt.kernels.small_numpy_fastpath` for
 why). The predicates below (one dtype, weak scalars, broadcast shapes, no overlap
-between out and inputs) are what :mod:`~pyrt.kernels.small_kernels`'s builders check
+between out and inputs) are what :mod:`~pyrt.kernels.small_numpy_fastpath`'s builders check
 before binding a step, so that numpy computes what the torch out-variant computes.
 
 >>> import numpy as np
