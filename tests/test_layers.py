@@ -1,8 +1,8 @@
 """The package's layers: imports go down, never up, and never round in a circle.
 
 The layer order is written once, here (``LAYERS``, bottom first); ``docs/architecture.md``
-explains it. Each pyrt module belongs to the first layer whose prefix names it. Three
-rules, checked on the imports the source spells (module level, ``TYPE_CHECKING`` blocks
+explains it. Each pyrt module belongs to the first layer whose prefix names it. The rules,
+checked on the imports the source spells (module level, ``TYPE_CHECKING`` blocks
 and function bodies alike, read with :mod:`ast`, nothing imported):
 
 1. a module imports only from its own layer or a lower one;
@@ -10,7 +10,17 @@ and function bodies alike, read with :mod:`ast`, nothing imported):
    ``pyrt.pte_reader`` counts as part of its layer's package);
 3. no function-local import of a pyrt module, except lazy imports of an optional extra,
    whose line says which (``# extra: NAME``, NAME one of pyproject's optional
-   dependencies), and the ``EXEMPT`` list below, each with its reason.
+   dependencies), and the ``EXEMPT`` list below, each with its reason;
+4. no pyrt module loaded by a string from another package (``importlib.import_module`` or
+   ``__import__`` of a literal, or of a name bound to one, such as a module-level tuple):
+   rules 1-3 cannot see such an import;
+5. no private name (``_name``, dunders aside) imported from another module, and no private
+   module (a ``_name`` in its dotted path) imported from outside the package that holds it:
+   a helper two modules share gets a public name, or lives in a private package (whose
+   modules' public names its parent package may import). ``pyrt._version`` is such a
+   private module of ``pyrt`` itself, so every pyrt module may import ``__version__`` from it;
+6. no arrow back up: a module inside a package never imports a top-level module (such as
+   ``pyrt.cuda``) that imports that package, directly or through other modules.
 """
 
 from __future__ import annotations
@@ -129,6 +139,122 @@ def find_circle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+    return base
+
+
+def _outside(target: str, importer: str) -> bool:
+    """Whether ``importer`` is outside the package that holds a private part of ``target``'s dotted path."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        parent = ".".join(parts[:i])
+        if is_private(part) and importer != parent and not importer.startswith(parent + "."):
+            return True
+    return False
+
+
+def private_imports(module: str) -> Iterator[tuple[str, int]]:
+    """(what, line) for each private name or private module ``module`` imports against rule 5."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pyrt") and _outside(alias.name, module):
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            if base != "pyrt" and not base.startswith("pyrt."):
+                continue
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in MODULES:  # a submodule, imported by name
+                    if _outside(full, module):
+                        yield full, node.lineno
+                elif is_private(alias.name) or _outside(base, module):
+                    yield full, node.lineno
+
+
+def _bindings(tree: ast.AST) -> dict[str, list[ast.expr]]:
+    """name -> the expressions bound to it anywhere in ``tree`` (assignments, for-loops, comprehensions)."""
+    out: dict[str, list[ast.expr]] = {}
+
+    def bind(target: ast.expr, value: ast.expr) -> None:
+        for leaf in ast.walk(target):
+            if isinstance(leaf, ast.Name):
+                out.setdefault(leaf.id, []).append(value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                bind(target, node.value)
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
+            bind(node.target, node.value)
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            bind(node.target, node.iter)
+    return out
+
+
+def _strings(expr: ast.expr, bindings: dict[str, list[ast.expr]], seen: set[str]) -> set[str]:
+    """The string constants ``expr`` is made of, following the names it uses to what is bound to them."""
+    found: set[str] = set()
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+        elif isinstance(node, ast.Name) and node.id not in seen:
+            seen.add(node.id)
+            for value in bindings.get(node.id, ()):
+                found |= _strings(value, bindings, seen)
+    return found
+
+
+def string_imports(module: str) -> Iterator[tuple[str, int]]:
+    """(pyrt module named, line) for each import by string of a module of another package (rule 4)."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    bindings = _bindings(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name not in ("import_module", "__import__"):
+            continue
+        for text in sorted(_strings(node.args[0], bindings, set())):
+            named = text.rstrip(".")
+            if (named == "pyrt" or named.startswith("pyrt.")) and package_of(named) != package_of(module):
+                yield named, node.lineno
+
+
+def back_up(edges: dict[str, set[str]], roots: set[str]) -> list[tuple[str, str]]:
+    """(module, root module) for each module inside a package that imports a top-level module which
+    imports (directly or through other modules) that package (rule 6)."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    bad = []
+    for module in sorted(edges):
+        if module in roots:
+            continue
+        package = ".".join(module.split(".")[:2])
+        for target in sorted(edges[module] & roots):
+            if any(m == package or m.startswith(package + ".") for m in reach(target)):
+                bad.append((module, target))
+    return bad
+
+
 def test_every_module_has_a_layer() -> None:
     for module in MODULES:
         layer_of(module)
@@ -175,6 +301,29 @@ def test_function_local_imports_are_lazy_extras() -> None:
                      "an optional extra with '# extra: NAME'):\n" + "\n".join(bad))
 
 
+def test_no_module_is_imported_by_a_string_from_another_package() -> None:
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {m} loads {named} by a string"
+           for m in MODULES for named, line in string_imports(m)]
+    assert not bad, ("pyrt modules loaded by a string (import them, at module level or lazily as rule 3 "
+                     "allows, so the layering sees the import):\n" + "\n".join(bad))
+
+
+def test_no_private_name_crosses_a_module_line() -> None:
+    """Rule 5. pyrt/export's findings are the exporter's regrouping (another branch) until it lands."""
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {m} imports {what}"
+           for m in MODULES for what, line in private_imports(m)]
+    assert not bad, ("private names imported across modules (give the helper a public name, or put it in a "
+                     "private package):\n" + "\n".join(bad))
+
+
+def test_no_arrow_back_up_to_a_top_level_module() -> None:
+    edges = {m: {t for t, _, _ in imports(m)} for m in MODULES}
+    roots = {m for m, path in MODULES.items() if path.parent == ROOT / "pyrt"}
+    bad = [f"{m} imports {root}, which imports {'.'.join(m.split('.')[:2])}" for m, root in back_up(edges, roots)]
+    assert not bad, ("imports back up to a top-level module built on the importer's own package (move what "
+                     "is needed into the package, or pass it in):\n" + "\n".join(bad))
+
+
 @pytest.mark.parametrize(("source", "expected"), [
     ("import pyrt.errors\n", [("pyrt.errors", 1, False)]),
     ("def f():\n    from pyrt.format import bounds\n", [("pyrt.format.bounds", 2, True)]),
@@ -191,3 +340,53 @@ def test_imports_are_read_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_circles_are_found() -> None:
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_circle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def _probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> str:
+    monkeypatch.setitem(MODULES, name, tmp_path / "probe.py")
+    (tmp_path / "probe.py").write_text(source)
+    return name
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import importlib\nm = importlib.import_module('pyrt.llm.command')\n", [("pyrt.llm.command", 2)]),
+    ("import importlib\nPLUGINS = ('pyrt.llm.command',)\n\ndef parser():\n    for name in PLUGINS:\n"
+     "        importlib.import_module(name).add_commands()\n", [("pyrt.llm.command", 6)]),
+    ("NAME = 'pyrt.serve.app'\nm = __import__(NAME)\n", [("pyrt.serve.app", 2)]),
+    ("from importlib import import_module\nm = import_module(f'pyrt.llm.{x}')\n", [("pyrt.llm", 2)]),
+    ("import importlib\nfor name in ('tensorrt', 'tensorrt_rtx'):\n    importlib.import_module(name)\n", []),
+    ("import importlib\nm = importlib.import_module('pyrt.tools.report')\n", []),  # its own package
+])
+def test_imports_by_string_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
+                                     expected: list[tuple[str, int]]) -> None:
+    module = _probe(tmp_path, monkeypatch, "pyrt.tools._probe_", source)
+    assert list(string_imports(module)) == expected
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from pyrt.tools.cli_args import _budget, parser\n", [("pyrt.tools.cli_args._budget", 1)]),
+    ("from .report import _size\n", [("pyrt.tools.report._size", 1)]),
+    ("from pyrt.export import _lower\n", [("pyrt.export._lower", 1)]),
+    ("import pyrt.export._lower\n", [("pyrt.export._lower", 1)]),
+    ("from pyrt.export._lower import lower\n", [("pyrt.export._lower.lower", 1)]),
+    ("from pyrt._version import __version__\nfrom pyrt.tools.report import inspect\n", []),
+])
+def test_private_imports_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str,
+                                   expected: list[tuple[str, int]]) -> None:
+    module = _probe(tmp_path, monkeypatch, "pyrt.tools._probe_", source)
+    assert list(private_imports(module)) == expected
+
+
+def test_a_private_package_is_open_to_its_parent_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = _probe(tmp_path, monkeypatch, "pyrt.export.api_probe", "from pyrt.export._lower import lower\n")
+    assert list(private_imports(inside)) == []
+    peer = _probe(tmp_path, monkeypatch, "pyrt.export._a.b", "from pyrt.export._a.c import helper, _hidden\n")
+    assert list(private_imports(peer)) == [("pyrt.export._a.c._hidden", 1)]
+
+
+def test_arrows_back_up_are_found() -> None:
+    edges = {"pyrt.device.seam": {"pyrt.cuda"}, "pyrt.cuda": {"pyrt.device.driver"}, "pyrt.device.driver": set(),
+             "pyrt.memory.x": {"pyrt.cuda"}, "pyrt.format.io": {"pyrt.reader"}, "pyrt.reader": {"pyrt.helper"},
+             "pyrt.helper": {"pyrt.format.bounds"}}
+    roots = {"pyrt.cuda", "pyrt.reader", "pyrt.helper"}
+    assert back_up(edges, roots) == [("pyrt.device.seam", "pyrt.cuda"), ("pyrt.format.io", "pyrt.reader")]

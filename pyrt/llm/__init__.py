@@ -1,7 +1,8 @@
 """LLM generation on .pte files that follow ExecuTorch's LLM convention.
 
-May import: every layer below the apps (runtime, memory, format, errors) and numpy; a
-tokenizer (``transformers``) only lazily, for ``pyrt generate --prompt``.
+May import: every layer below the apps (runtime, memory, format, errors) and numpy; never
+the other apps: the command line (:mod:`pyrt.tools`, ``pyrt generate``, ``bench --generate``)
+and the server (:mod:`pyrt.serve`, lazily) import this package.
 
 >>> import pyrt
 >>> with pyrt.Program("m.pte") as prog:                                    # doctest: +SKIP

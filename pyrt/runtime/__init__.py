@@ -5,8 +5,9 @@ Job: ``file -> reader -> plan -> executor -> engine / kernels``. The plan
 step per instruction, after validating it (:mod:`~pyrt.runtime.draft`) and allocating
 its memory (:mod:`~pyrt.runtime.materialize`); load-time folding and views
 (:mod:`~pyrt.runtime.fold`, its analysis :mod:`~pyrt.runtime.fold_analysis`), the steady
-chain of repeated shapes (:mod:`~pyrt.runtime.steady`), TensorRT delegates on their
-devices and streams (:mod:`~pyrt.runtime.delegates`), CUDA-graph capture
+chain of repeated shapes (:mod:`~pyrt.runtime.steady`), TensorRT delegates (engines
+loaded on their devices by :mod:`~pyrt.runtime.delegates`, a method's streams, events and staging
+in :mod:`~pyrt.runtime.device_context`, launch steps in :mod:`~pyrt.runtime.delegate_steps`), CUDA-graph capture
 (:mod:`~pyrt.runtime.cuda_graphs`, :mod:`~pyrt.runtime.graph_forward`), the instruction
 loop (:mod:`~pyrt.runtime.executor`; inputs bound by :mod:`~pyrt.runtime.inputs`,
 outputs handed back by :mod:`~pyrt.runtime.outputs`, per-run device state

@@ -1,4 +1,4 @@
-"""The ``pyrt`` command line: inspect, run, bench and profile .pte programs.
+"""The ``pyrt`` command line: inspect, run, bench and profile .pte programs; serve them; generate tokens.
 
     pyrt inspect model.pte [--json] [--graph model.svg] [--data model.ptd]
     pyrt inspect model.ptd                    # a data file's entries
