@@ -20,7 +20,7 @@ from pyrt.memory.layout import numpy_dtype, scalar_type_of_torch
 from pyrt.memory.table import CONSTANT, UNPLANNED, TensorInfo
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.runtime.plan import MethodPlan
-from pyrt.runtime.run_state import DeviceRun, RunState, Setter, device_state
+from pyrt.runtime.run_state import RunState, Setter, device_state
 
 
 def input_failure(method: str, pos: int, x: Any, exc: Exception) -> InputError:
@@ -178,7 +178,7 @@ def _bind_input(plan: MethodPlan, info: TensorInfo, what: str) -> Setter:
     return bind
 
 
-def _caller_device_input(x: Any, what: str, state: RunState | DeviceRun | None) -> Any:
+def _caller_device_input(x: Any, what: str, state: RunState | None) -> Any:
     """``tensors.device_input`` with this run's CUDA seam and, for DLPack, its consumer stream."""
     if state is None:
         return device_input(x, what)

@@ -9,7 +9,7 @@ input setters (:mod:`pyrt.runtime.inputs`), the delegates and the output getters
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from pyrt.errors import ExecutionError
 from pyrt.memory.interop import CAI, caller_kind, is_torch_tensor
@@ -37,17 +37,12 @@ class RunState:
         self.device_caller = any(caller_kind(x) == CAI or (is_torch_tensor(x) and x.is_cuda) for x in inputs)
 
 
-class DeviceRun(Protocol):
-    """A :class:`RunState` of device work, its ``ctx`` set (what :func:`device_state` checks)."""
+class DeviceRun(RunState):
+    """The type of a :class:`RunState` of device work, its ``ctx`` set: what :func:`device_state`
+    checks and returns (for the type checker: no instance of it is made)."""
 
-    stream: Any
-    keepalive: list[Any]
-    streams: dict[int, Any]
-    device_caller: bool
-    cuda: Any
-
-    @property
-    def ctx(self) -> DeviceContext: ...
+    __slots__ = ()
+    ctx: DeviceContext
 
 
 def device_state(state: RunState | None) -> DeviceRun:
