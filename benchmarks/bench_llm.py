@@ -2,7 +2,7 @@
 (the same portable-kernel .pte) and eager ``model.generate``, one thread on every side.
 
 Models: random-init ``transformers`` Llama, Qwen2 and GPT-2 (``--size small``: 4 layers, hidden
-256, vocab 2048; ``tiny``: the test configs of ``tests/llm_models.py``), exported once with
+256, vocab 2048; ``tiny``: the test configs of ``tests/fixtures/llm_models.py``), exported once with
 ``pyrt.export.decoder_to_pte(builder="portable")``. Per sample and side, one greedy generation of
 ``--new-tokens`` after a ``--prompt-len`` prompt, sides interleaved; medians over samples.
 
@@ -48,7 +48,7 @@ def build(name: str, size: str) -> Any:
     import torch
     import transformers as tf
 
-    from tests import llm_models
+    from tests.fixtures import llm_models
 
     if size == "tiny":
         return llm_models.build(name)
