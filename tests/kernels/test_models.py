@@ -18,7 +18,7 @@ import pyrt
 
 pytest.importorskip("transformers")
 pytest.importorskip("executorch.runtime")
-from tests.fixtures.hf_models import export_pte  # noqa: E402
+from pyrt.testing.archs import export_pte  # noqa: E402
 
 FAST = ["gpt2", "bert", "llama", "vit", "resnet"]
 SLOW = ["swin", "wav2vec2", "lstm"]

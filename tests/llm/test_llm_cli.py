@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import pyrt
-from pyrt.testing import simulated_gpus
+from pyrt.testing import archs, simulated_gpus
 from pyrt.tools.cli import main
 from tests.fixtures import llm_models as L
 
@@ -58,7 +58,7 @@ def _tokenizer(path: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"w{i}": i for i in range(L.VOCAB)} | {"<unk>": L.VOCAB}  # the model never emits <unk>
+    vocab = {f"w{i}": i for i in range(archs.VOCAB)} | {"<unk>": archs.VOCAB}  # the model never emits <unk>
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)

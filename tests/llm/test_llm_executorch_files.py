@@ -15,6 +15,7 @@ import torch
 import pyrt
 import pyrt.llm
 from pyrt.export import _decoder_wrap
+from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
 
@@ -36,7 +37,7 @@ def test_start_position_and_last_logits_files(tmp_path: Path) -> None:
     """A decoder exported in ExecuTorch's llama signature generates what model.generate does."""
     from executorch.exir import to_edge
 
-    model = L.build("llama")
+    model = archs.causal_lm("llama")
     inner = _decoder_wrap.wrap("pyrt", model, L.MAX_SEQ_LEN, 1)
 
     class StartPosition(torch.nn.Module):
@@ -61,8 +62,8 @@ def test_start_position_and_last_logits_files(tmp_path: Path) -> None:
         conv = pyrt.llm.read_convention(prog)
         assert conv.start_position and conv.dynamic
         out = pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[])
-    assert out.tokens == L.eager_greedy(model, L.PROMPT, L.NEW_TOKENS) == _executorch_greedy(path, L.PROMPT,
-                                                                                              L.NEW_TOKENS)
+    assert out.tokens == archs.greedy(model, L.PROMPT, L.NEW_TOKENS) == _executorch_greedy(path, L.PROMPT,
+                                                                                         L.NEW_TOKENS)
 
 
 @pytest.mark.slow

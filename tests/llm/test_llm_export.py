@@ -16,7 +16,7 @@ import pyrt
 import pyrt.llm
 from pyrt.errors import ExportError
 from pyrt.export import decoder_to_pte
-from pyrt.testing import simulated_gpus
+from pyrt.testing import archs, simulated_gpus
 from tests.fixtures import llm_models as L
 
 
@@ -65,7 +65,7 @@ def test_constant_methods_follow_executorch_llama_export(gpt2_portable: L.Export
     """The metadata ExecuTorch's llama export writes, read by ExecuTorch's runtime and by pyrt."""
     from executorch.runtime import Runtime
 
-    want = {"get_max_seq_len": L.MAX_SEQ_LEN, "get_max_context_len": L.MAX_SEQ_LEN, "get_vocab_size": L.VOCAB,
+    want = {"get_max_seq_len": L.MAX_SEQ_LEN, "get_max_context_len": L.MAX_SEQ_LEN, "get_vocab_size": archs.VOCAB,
             "get_n_layers": 2, "use_kv_cache": True, "enable_dynamic_shape": True, "get_bos_id": 1,
             "get_eos_ids": [2]}
     program = Runtime.get().load_program(gpt2_portable.path)
@@ -77,7 +77,7 @@ def test_constant_methods_follow_executorch_llama_export(gpt2_portable: L.Export
         conv = pyrt.llm.read_convention(prog)
         assert {k: prog.run(method=k) for k in want} == want
     assert (conv.max_context_len, conv.vocab_size, conv.eos_ids, conv.bos_id, conv.dynamic) == \
-        (L.MAX_SEQ_LEN, L.VOCAB, (2,), 1, True)
+        (L.MAX_SEQ_LEN, archs.VOCAB, (2,), 1, True)
     assert llama_ref.summary.constant_methods["get_eos_ids"] == [2]
 
 
@@ -104,7 +104,7 @@ def test_opt_falls_back_to_pyrts_wrapper(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(L.FAMILIES))
+@pytest.mark.parametrize("name", sorted(archs.LLM_FAMILIES))
 def test_every_family_decodes_as_eager(name: str, tmp_path: Path) -> None:
     exported = L.Exported(name, tmp_path / f"{name}.pte", "reference")
     assert _generate(exported.path).tokens == exported.want, exported.summary
@@ -129,7 +129,7 @@ def test_portable_files_decode_as_eager(name: str, tmp_path: Path) -> None:
 ])
 def test_bad_options_are_typed_errors_before_any_work(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ExportError, match=match):
-        decoder_to_pte(L.build("llama"), tmp_path / "x.pte", **kwargs)
+        decoder_to_pte(archs.causal_lm("llama"), tmp_path / "x.pte", **kwargs)
     assert not list(tmp_path.iterdir())
 
 
@@ -140,6 +140,6 @@ def test_models_that_are_not_causal_lms_are_refused(tmp_path: Path) -> None:
         decoder_to_pte("llama", tmp_path / "x.pte", max_seq_len=8)
     import transformers as tf
 
-    mistral = tf.MistralForCausalLM(tf.MistralConfig(**L._decoder(num_key_value_heads=2, sliding_window=8)))
+    mistral = tf.MistralForCausalLM(tf.MistralConfig(**archs.decoder_config(num_key_value_heads=2, sliding_window=8)))
     with pytest.raises(ExportError, match="sliding window"):
         decoder_to_pte(mistral, tmp_path / "x.pte", max_seq_len=16)

@@ -14,6 +14,7 @@ import pyrt
 import pyrt.llm
 from pyrt.errors import InputError
 from pyrt.llm.sampling import Sampling, probabilities, sample_token
+from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
 
@@ -46,10 +47,10 @@ def test_an_eos_id_stops_generation_and_is_kept(prog: Any, llama: L.Exported) ->
 def test_a_prompt_that_fills_the_cache_stops_with_cache_full(prog: Any, llama: L.Exported) -> None:
     """The last free position yields one token from its logits, then generation stops (eager agrees)."""
     for length, new in ((L.MAX_SEQ_LEN, 1), (L.MAX_SEQ_LEN - 2, 3)):
-        prompt = [int(t) for t in np.random.default_rng(length).integers(3, L.VOCAB, length)]
+        prompt = [int(t) for t in np.random.default_rng(length).integers(3, archs.VOCAB, length)]
         out = pyrt.generate(prog, prompt, max_new_tokens=None, eos_ids=[])
         assert out.finish_reason == "cache_full" and len(out.tokens) == new
-        assert out.tokens == L.eager_greedy(llama.model, prompt, new)
+        assert out.tokens == archs.greedy(llama.model, prompt, new)
 
 
 def test_seeded_sampling_is_reproducible(prog: Any) -> None:
@@ -174,8 +175,9 @@ def test_half_precision_files_generate_what_the_model_in_that_dtype_does(tmp_pat
     from pyrt.export import decoder_to_pte
 
     path = tmp_path / f"{name}.pte"
-    decoder_to_pte(L.build(name), path, max_seq_len=L.MAX_SEQ_LEN, builder="portable", dtype=dtype, progress=False)
-    want = L.eager_greedy(L.build(name).to(dtype), L.PROMPT, L.NEW_TOKENS)
+    decoder_to_pte(archs.causal_lm(name), path, max_seq_len=L.MAX_SEQ_LEN, builder="portable", dtype=dtype,
+                   progress=False)
+    want = archs.greedy(archs.causal_lm(name).to(dtype), L.PROMPT, L.NEW_TOKENS)
     kernels = ["torch", "numpy"] if dtype is torch.float16 or _has_ml_dtypes() else ["torch"]
     for k in kernels:
         with pyrt.Program(path, kernels=k) as prog:
