@@ -15,7 +15,7 @@ and the child's peak RSS (``VmHWM`` in ``/proc/self/status``, read by the child 
 
 Every child reads the same inputs from ``.npy`` files and prints a checksum of its first
 output; the checksums must agree. Models: the tiny random-init ``transformers`` configs of
-``benchmarks/bench_models.py`` (``tests/hf_models.py``). Threads: OMP/OpenBLAS/MKL = 1 in
+``benchmarks/bench_models.py`` (``pyrt/testing/archs.py``). Threads: OMP/OpenBLAS/MKL = 1 in
 every child's environment, ``torch.set_num_threads(1)`` in the torch children, ExecuTorch's
 threadpool reset to 1.
 
@@ -130,7 +130,7 @@ def prepare(name: str, folder: Path) -> tuple[Path, list[Path]]:
     """Export model ``name`` (as bench_models does) and save its inputs as .npy files."""
     import numpy as np
 
-    from tests.hf_models import export_pte
+    from pyrt.testing.archs import export_pte
 
     path = folder / f"{name}.pte"
     inputs = export_pte(name, path)
@@ -184,7 +184,7 @@ def report(rows: list[list[str]], worst: dict[str, float], args: argparse.Namesp
         f"{args.warm_samples} interleaved samples of 3 in the parent; median wall, then in brackets the best "
         "sample's wall and the median of the thread's CPU time). Load average (1 min) at the start and end: "
         f"{args.load_before:.1f} / {os.getloadavg()[0]:.1f} (the CPU times count less of other processes' use "
-        "of the cores than wall times do). Tiny random-init configs (`tests/hf_models.py`).",
+        "of the cores than wall times do). Tiny random-init configs (`pyrt/testing/archs.py`).",
         "",
         markdown_table(head, rows),
         "",
@@ -200,11 +200,11 @@ def cell(c: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from tests.hf_models import BUILDERS
+    from pyrt.testing.archs import RUNTIME
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=5)
-    parser.add_argument("--models", default=",".join(BUILDERS))
+    parser.add_argument("--models", default=",".join(RUNTIME))
     parser.add_argument("--warm-samples", type=int, default=21, help="samples of the warm-load guard (cheap)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "pyrt-bench-cold")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from tests.gpu_programs import chain_program  # noqa: E402
+from tests.fixtures.gpu_programs import chain_program  # noqa: E402
 
 
 class TimedDriver:

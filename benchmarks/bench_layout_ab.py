@@ -73,10 +73,10 @@ def prepare(folder: Path, models: list[str] | None) -> None:
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
-    from tests.hf_models import BUILDERS, export_pte
+    from pyrt.testing.archs import RUNTIME, export_pte
 
     folder.mkdir(parents=True, exist_ok=True)
-    for name in models or list(BUILDERS):
+    for name in models or list(RUNTIME):
         inputs = export_pte(name, folder / f"{name}.pte")
         np.savez(folder / f"{name}.npz", **{f"arg{i}": x.numpy() for i, x in enumerate(inputs)})
         print("wrote", folder / f"{name}.pte", flush=True)
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="export the models and save their inputs")
     p.add_argument("dir", type=Path)
-    p.add_argument("--models", help="comma-separated names (default: all of tests/hf_models.py)")
+    p.add_argument("--models", help="comma-separated names (default: all of pyrt.testing.archs.RUNTIME)")
     r = sub.add_parser("run", help="measure the trees, interleaved")
     r.add_argument("dir", type=Path)
     r.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="first is the baseline")

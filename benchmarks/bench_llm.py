@@ -2,7 +2,7 @@
 (the same portable-kernel .pte) and eager ``model.generate``, one thread on every side.
 
 Models: random-init ``transformers`` Llama, Qwen2 and GPT-2 (``--size small``: 4 layers, hidden
-256, vocab 2048; ``tiny``: the test configs of ``tests/llm_models.py``), exported once with
+256, vocab 2048; ``tiny``: the test configs; both in ``pyrt/testing/archs.py``), exported once with
 ``pyrt.export.decoder_to_pte(builder="portable")``. Per sample and side, one greedy generation of
 ``--new-tokens`` after a ``--prompt-len`` prompt, sides interleaved; medians over samples.
 
@@ -39,27 +39,13 @@ from _common import command_line, machine, markdown_table, write_results  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SMALL = {"num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "vocab_size": 2048, "max_position_embeddings": 256, "bos_token_id": 1,
-         "eos_token_id": 2}
-
 
 def build(name: str, size: str) -> Any:
-    import torch
-    import transformers as tf
-
-    from tests import llm_models
+    from pyrt.testing import archs
 
     if size == "tiny":
-        return llm_models.build(name)
-    torch.manual_seed(0)
-    if name == "gpt2":
-        cfg = tf.GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048, bos_token_id=1,
-                            eos_token_id=2)
-        return tf.GPT2LMHeadModel(cfg).eval()
-    classes = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}
-    config, model = classes[name]
-    return model(config(**SMALL)).eval()
+        return archs.causal_lm(name)
+    return archs.causal_lm(name, variant="llm_small", layers=4)
 
 
 def pyrt_side(path: Path, prompt: list[int], new: int) -> Any:

@@ -45,7 +45,7 @@ def engine(value: float, weights: int, activation: int, pieces: int = 32) -> Ref
 
 def program() -> bytes:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.memplan_fixtures import chain_program
+    from tests.fixtures.memplan import chain_program
 
     return chain_program({"forward": [engine(1.0, 14 * MiB, 3 * MiB // 2), engine(2.0, 14 * MiB, 3 * MiB // 2),
                                       engine(3.0, 2 * MiB, MiB // 2)]}, arena_on_device=True, arena_bytes=MiB // 4)

@@ -1,6 +1,6 @@
 """Load and run time of real architectures: pyrt against ExecuTorch's runtime, one thread each.
 
-Models: tiny random-init ``transformers`` configs (``tests/hf_models.py``: GPT-2, BERT,
+Models: tiny random-init ``transformers`` configs (``pyrt.testing.archs.RUNTIME``: GPT-2, BERT,
 Llama, ViT, ResNet, Swin, Wav2Vec2, an LSTM) plus GPT-2 with a dynamic sequence dim.
 Every number is a median over samples taken with the implementations interleaved.
 
@@ -101,11 +101,11 @@ def run_fns(path: Path, inputs: tuple[Any, ...]) -> tuple[dict[str, Callable[[],
 
 
 def main() -> int:
-    from tests.hf_models import BUILDERS, export_pte
+    from pyrt.testing.archs import RUNTIME, export_pte
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=15)
-    parser.add_argument("--models", default=",".join(BUILDERS))
+    parser.add_argument("--models", default=",".join(RUNTIME))
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "pyrt-bench-models")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
@@ -164,7 +164,7 @@ def main() -> int:
         f"{machine()}, {versions}, OMP/OpenBLAS/MKL threads 1). Load = `Program(path, kernels=\"torch\")` vs "
         "`load_program` + `load_method`; `fold=False`: the same without load-time folding (`pyrt/runtime/fold.py`); "
         "run = one call, torch tensors in (numpy for pyrt-numpy). Ratios are pyrt-torch / ExecuTorch. "
-        "Tiny random-init configs (`tests/hf_models.py`).",
+        "Tiny random-init configs (`pyrt/testing/archs.py`).",
         "",
         markdown_table(head, rows),
         "",

@@ -1,7 +1,7 @@
 """Open a .pte and reach every delegate blob: pyrt vs ExecuTorch's Python and C++ loaders.
 
 Files: ExecuTorch writes a small program with two TensorRTBackend delegates
-(tests/ptefixtures.py); its segment table is then rewritten with ExecuTorch's
+(tests/fixtures/pte.py); its segment table is then rewritten with ExecuTorch's
 serializer so each delegate blob is a real TR01/TR02 blob of 1 MB, 100 MB or
 ~1.1 GB (engine bytes streamed to disk). Files are cached in --cache.
 
@@ -90,7 +90,7 @@ def build_file(cache: Path, label: str, blob_size: int) -> Path:
     """A delegated ExecuTorch program whose two delegate blobs are ``blob_size`` bytes each (cached)."""
     sys.path.insert(0, str(ROOT))
     from pyrt.pte_reader import PteFile
-    from tests import ptefixtures
+    from tests.fixtures import pte as ptefixtures
 
     path = cache / f"bench-{label}.pte"
     if path.exists():

@@ -48,7 +48,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.serve_fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures.serve
 from _common import ROOT, command_line, machine, markdown_table, write_results  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
@@ -272,7 +272,7 @@ def serve_rows(paths: dict[str, Path], xs: dict[str, np.ndarray], n: int, result
     from ray import serve
 
     from pyrt.serve.app import start
-    from tests.serve_fixtures import free_port
+    from tests.fixtures.serve import free_port
 
     port = free_port()
     start(port=port, num_cpus=2, num_gpus=1, ray_proxy=ray_proxy)
@@ -309,7 +309,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from tests.serve_fixtures import free_port
+    from tests.fixtures.serve import free_port
 
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:

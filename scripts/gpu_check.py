@@ -544,8 +544,8 @@ STEPS: dict[str, tuple[Callable[[Path, Path], dict[str, Any]], int]] = {
     "big_load_rss": (step_big_load_rss, 90),
     "big_streaming": (step_big_streaming, 120),
 }
-PYTEST_FILES = ["tests/test_cuda_seam.py", "tests/test_engine.py", "tests/test_trt_builder.py",
-                "tests/test_gpu_programs.py"]
+PYTEST_FILES = ["tests/device/test_cuda_seam.py", "tests/device/test_engine.py", "tests/export/test_trt_builder.py",
+                "tests/device/test_gpu_programs.py"]
 
 
 # -- orchestration --------------------------------------------------------------------------------
@@ -629,7 +629,7 @@ def prepare(assets: Path) -> None:
         (folder / f"{name}.engine").write_bytes(built.engine)
         print(name, built.engine.nbytes, "bytes", [(b.name, b.dtype, b.shape) for b in built.inputs + built.outputs])
     _export_program(folder)
-    from tests import gpu_programs
+    from tests.fixtures import gpu_programs
 
     print("programs", sorted(p.name for p in gpu_programs.build_all(folder / "programs").values()))
     for n in (1, 16):  # benchmarks/bench_host_overhead.py --gpu --programs .gpu/assets/programs

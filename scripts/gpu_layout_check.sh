@@ -8,8 +8,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import sys, numpy, torch, cuda.bindings as cb; print(sys.version); print('numpy', numpy.__version__, 'torch', torch.__version__, 'cuda-bindings', cb.__version__)"; nproc; } > "$OUT/env.txt" 2>&1
 timeout 90 python3 scripts/gpu_memory_facts.py "$OUT/memory_facts.json" > "$OUT/memory_facts.log" 2>&1; echo "memory facts rc=$?"
 PYRT_PREBUILT_PTE=$PWD/.gpu/assets/programs timeout 300 python3 -m pytest -p no:cacheprovider -o addopts= -m gpu -rA --timeout 200 \
-  --junitxml="$OUT/pytest-gpu.xml" tests/test_cuda_seam.py tests/test_engine.py tests/test_trt_builder.py tests/test_gpu_programs.py \
-  tests/test_runtime_delegates.py tests/test_export_tensorrt.py > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; tail -5 "$OUT/pytest.log"
+  --junitxml="$OUT/pytest-gpu.xml" tests/device/test_cuda_seam.py tests/device/test_engine.py tests/export/test_trt_builder.py tests/device/test_gpu_programs.py \
+  tests/runtime/test_runtime_delegates.py tests/export/test_export_tensorrt.py > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; tail -5 "$OUT/pytest.log"
 for round in 1 2; do
   for tree in after before; do
     dir=$PWD; [ $tree = before ] && dir=$PWD/.gpu/before

@@ -4,7 +4,7 @@ Markers: ``gpu`` (skipped unless the CUDA driver reports a device) and
 ``slow`` (deselected by default through pyproject's ``-m 'not slow'``).
 
 The .pte fixtures are written by ExecuTorch 1.5.1 once per session into one
-temporary directory (see ``tests/ptefixtures.py`` for what each holds):
+temporary directory (see ``tests/fixtures/pte.py`` for what each holds):
 
 >>> def test_example(pte_file):                     # doctest: +SKIP
 ...     path = pte_file("delegated_segments")
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pyrt.testing import simulated_gpus
-from tests import ptefixtures
+from tests.fixtures import pte as ptefixtures
 
 
 def pytest_configure(config: pytest.Config) -> None:

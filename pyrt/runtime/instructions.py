@@ -56,7 +56,7 @@ def _check(plan: ExecutionPlan, kinds: Sequence[ValueKind], infos: dict[int, Ten
         for j, a in enumerate(ins.args):
             _index(a, kinds, f"{at} ({name})", f"argument {j} value index")
         op_schema = schema(name)
-        if op_schema is None:  # every allowed operator has one (tests/test_allowlist.py); resolve() ran first
+        if op_schema is None:  # every allowed operator has one (tests/kernels/test_allowlist.py); resolve() ran first
             raise UnsupportedOperatorError(f"{at}: operator {name} has no schema pyrt can check its arguments by")
         op_schema.check(f"{at} ({name})", ins.args, kinds)
     elif isinstance(ins, DelegateCall):

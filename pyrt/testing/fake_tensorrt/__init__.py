@@ -14,7 +14,7 @@ launch. :meth:`FakeTensorRT.inject_failure` makes any of these calls fail on
 purpose, for the paths real TensorRT takes rarely.
 
 The Python-binding layer behaves as ``tensorrt_rtx`` 1.7's pybind11 bindings do
-(``tests/test_fake_surface.py`` compares the two surfaces): a subclass of
+(``tests/device/test_fake_surface.py`` compares the two surfaces): a subclass of
 ``ILogger`` or ``IStreamReaderV2`` whose ``__init__`` skips the base's raises
 TypeError; an exception raised inside a ``log``/``read``/``seek`` callback is
 printed to stderr, never propagated; a stream reader is asked for exact byte
