@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyrt.errors import BudgetError, ExportError
-from pyrt.export import _options as opt
+from pyrt.export import options as opt
 from pyrt.export import reference_builder
 from pyrt.export._spec import EngineSpec, evaluate
 from pyrt.export.torchtrt import decode_state, engine_state

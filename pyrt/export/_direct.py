@@ -40,8 +40,8 @@ from torch.utils._sympy.value_ranges import bound_sympy
 from pyrt.errors import ExportError, PyrtError
 from pyrt.export._flatwrite import Table, finish
 from pyrt.export._ops import is_engine_call, parse_spec
-from pyrt.export._options import delegate_compile_specs
 from pyrt.export._spec import EngineSpec
+from pyrt.export.options import delegate_compile_specs
 from pyrt.format.dtypes import ScalarType, scalar_type_from_name
 from pyrt.format.trt_blob import BACKEND_ID, encode_header, encode_metadata
 

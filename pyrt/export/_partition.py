@@ -29,9 +29,9 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
-from pyrt.export._options import node_op_names
 from pyrt.export._prepare import assertion_ops, is_sym_node, label_sizes, materialize
 from pyrt.export._spec import dim_expr, symbols_from_inputs
+from pyrt.export.options import node_op_names
 
 FORCED = "forced by torch_executed_ops"
 ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})

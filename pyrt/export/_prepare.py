@@ -35,8 +35,8 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._options import canonical_op_name, node_op_names
 from pyrt.export._spec import dim_expr, symbols_from_inputs
+from pyrt.export.options import canonical_op_name, node_op_names
 
 log = logging.getLogger("pyrt.export")
 _OVERLOAD = re.compile(r"[A-Za-z_]\w*\.\w+\.\w+")  # how an OpOverload prints: namespace.op.overload

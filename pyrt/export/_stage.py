@@ -18,13 +18,12 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export import _options as opt
+from pyrt.export import options as opt
 from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
 from pyrt.export._datadep import bounded_outputs, rewrite_masked_select
 from pyrt.export._engines import EngineStore
 from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._ops import execute_engine_op
-from pyrt.export._options import node_op_names
 from pyrt.export._partition import (
     NON_COMPUTE,
     Extracted,
@@ -47,8 +46,9 @@ from pyrt.export._prepare import (
 )
 from pyrt.export._profiles import symbol_profiles
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
-from pyrt.export._summary import EngineSummary
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
+from pyrt.export.options import node_op_names
+from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
 Options = Any  # pyrt.export.api.Options (imported lazily: api imports this module)

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.export import _options as opt
+from pyrt.export import options as opt
 from pyrt.export._engines import EngineStore
 from pyrt.export._lower import Lowered, lower, reexport
 from pyrt.export._profiles import check_profiles
 from pyrt.export._progress import Progress
 from pyrt.export._stage import stage_engines
-from pyrt.export._summary import EngineSummary, ExportSummary
 from pyrt.export._tempfiles import sigterm_cleans, sweep
+from pyrt.export.summary import EngineSummary, ExportSummary
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")

@@ -18,9 +18,9 @@ import torch.fx as fx
 from pyrt.errors import ExportError
 from pyrt.export._graph import finish, resolve_custom_obj
 from pyrt.export._ops import execute_engine_op
-from pyrt.export._options import PartitionInfo
 from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
-from pyrt.export._summary import EngineSummary
+from pyrt.export.options import PartitionInfo
+from pyrt.export.summary import EngineSummary
 from pyrt.export.torchtrt import decode_state, engine_state, is_execute_engine
 from pyrt.format.trt_blob import IOBinding
 

@@ -38,8 +38,8 @@ from pyrt.export import _decoder_wrap as wrap
 from pyrt.export._atomic import atomic_write_all
 from pyrt.export._lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export._prepare import decompose
-from pyrt.export._summary import ExportSummary
 from pyrt.export.api import make_options, to_pte
+from pyrt.export.summary import ExportSummary
 
 log = logging.getLogger("pyrt.export")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
