@@ -7,7 +7,7 @@ again -> ExecuTorch ``to_edge_transform_and_lower`` with
 :class:`~pyrt.export.backend.TensorRTPartitioner` -> ``to_executorch``
 (delegate blobs in segments) -> atomic write. A program that is one engine
 call between its inputs and outputs skips ExecuTorch's lowering: the same
-file is written by :mod:`pyrt.export._direct`.
+file is written by :mod:`pyrt.export._write.direct`.
 
 >>> import torch
 >>> summary = to_pte(torch.nn.Linear(4, 2), "lin.pte", (torch.randn(3, 4),),
@@ -26,12 +26,12 @@ from typing import Any
 
 from pyrt.errors import ExportError
 from pyrt.export import options as opt
-from pyrt.export._engines import EngineStore
-from pyrt.export._lower import Lowered, lower, reexport
-from pyrt.export._profiles import check_profiles
-from pyrt.export._progress import Progress
-from pyrt.export._stage import stage_engines
-from pyrt.export._tempfiles import sigterm_cleans, sweep
+from pyrt.export._build.profiles import check_profiles
+from pyrt.export._build.progress import Progress
+from pyrt.export._build.stage import stage_engines
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._files.tempfiles import sigterm_cleans, sweep
+from pyrt.export._write.lower import Lowered, lower, reexport
 from pyrt.export.summary import EngineSummary, ExportSummary
 from pyrt.logs import third_party_quiet
 

@@ -1,7 +1,7 @@
 """Turn Torch-TensorRT engine calls into ``pyrt::execute_engine`` nodes, keeping the engines.
 
 Handles ``tensorrt::execute_engine(inputs, engine)`` calls (engine objects reached
-through ``get_attr`` after :func:`pyrt.export._graph.unlift` resolved them via the
+through ``get_attr`` after :func:`pyrt.export._graph.fx.unlift` resolved them via the
 graph signature) and ``call_module`` nodes of runtime modules holding an
 ``engine`` attribute. Each engine's ``target_device`` comes from the engine's own
 device info, so a program spread over two GPUs keeps each engine on its own.
@@ -16,9 +16,9 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._graph import finish, resolve_custom_obj
-from pyrt.export._ops import execute_engine_op
-from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
+from pyrt.export._graph.engine_op import execute_engine_op
+from pyrt.export._graph.fx import finish, resolve_custom_obj
+from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.options import PartitionInfo
 from pyrt.export.summary import EngineSummary
 from pyrt.export.torchtrt import decode_state, engine_state, is_execute_engine

@@ -1,7 +1,7 @@
 """Stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
 
 An ``nn.Module`` is exported, an ExportedProgram decomposed (to the ops
-torch.onnx translates, see ``pyrt.export._prepare``), unlifted and prepared
+torch.onnx translates, see ``pyrt.export._graph.prepare``), unlifted and prepared
 (assertions removed, shape arithmetic recomputed from the inputs); partitions
 are built into engines (spilled to the EngineStore) and replaced by
 ``pyrt::execute_engine`` calls, inputs wired by position. A Torch-TensorRT
@@ -19,12 +19,12 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import options as opt
-from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
-from pyrt.export._datadep import bounded_outputs, rewrite_masked_select
-from pyrt.export._engines import EngineStore
-from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
-from pyrt.export._ops import execute_engine_op
-from pyrt.export._partition import (
+from pyrt.export._build.builders import BuildFailed, Built, make_builder, size_hint
+from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
+from pyrt.export._graph.engine_op import execute_engine_op
+from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
     UnknownSize,
@@ -36,7 +36,7 @@ from pyrt.export._partition import (
     refusal,
     replace_with_engine,
 )
-from pyrt.export._prepare import (
+from pyrt.export._graph.prepare import (
     canonicalize_sizes,
     check_forced_matched,
     decompose,
@@ -44,8 +44,8 @@ from pyrt.export._prepare import (
     is_sym_node,
     strip_assertions,
 )
-from pyrt.export._profiles import symbol_profiles
-from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
+from pyrt.export._build.profiles import symbol_profiles
+from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
 from pyrt.export.options import node_op_names
 from pyrt.export.summary import EngineSummary
@@ -328,7 +328,7 @@ def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
     """Outputs whose shape neither an input dimension determines nor a finite bound limits.
 
     (nonzero's size is data-dependent but bounded by its input's element count: such an
-    output stays, planned at its bound; see ``pyrt.export._datadep``.)
+    output stays, planned at its bound; see ``pyrt.export._graph.datadep``.)
     """
     symbols = symbols_from_inputs([tuple(a.meta["val"].shape) for a in part.inputs if is_tensor_node(a)])
     bad = []

@@ -29,8 +29,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
-from pyrt.export._prepare import assertion_ops, is_sym_node, label_sizes, materialize
-from pyrt.export._spec import dim_expr, symbols_from_inputs
+from pyrt.export._graph.prepare import assertion_ops, is_sym_node, label_sizes, materialize
+from pyrt.export._graph.spec import dim_expr, symbols_from_inputs
 from pyrt.export.options import node_op_names
 
 FORCED = "forced by torch_executed_ops"
@@ -64,7 +64,7 @@ def is_tensor_node(node: Any) -> bool:
 def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
     """Why ``node`` cannot join an engine whatever the builder, or None when it may.
 
-    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._prepare.forced_nodes``).
+    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._graph.prepare.forced_nodes``).
     Arguments may be tensors or SymInts (shape arithmetic is recomputed inside each engine).
     """
     if node.op != "call_function":

@@ -7,7 +7,7 @@ build the .ptd in memory, which is what fails for weights larger than memory.
 While pyrt's writer lowers, :func:`weights_by_reference` makes the emitter
 record each external constant's storage instead (the same EValue it would
 emit), and :meth:`ExternalWeights.cord` lays out the .ptd with ExecuTorch's own
-serializer over :class:`~pyrt.export._writer.TensorBytes` views of those
+serializer over :class:`~pyrt.export._write.executorch_serializer.TensorBytes` views of those
 storages, written in pieces when the file is.
 
 Engines keep their weights: a TensorRT engine is one opaque blob in the .pte.
@@ -39,7 +39,7 @@ class ExternalWeights:
         from executorch.exir.tensor import TensorSpec, scalar_type_enum
         from executorch.exir.tensor_layout import TensorLayout
 
-        from pyrt.export._writer import TensorBytes  # extra: export (executorch, imported only for the full lowering)
+        from pyrt.export._write.executorch_serializer import TensorBytes  # extra: export (executorch: full lowering)
 
         storage = getattr(spec, "storage", None)
         if not isinstance(spec, TensorSpec) or not isinstance(storage, torch.UntypedStorage):
@@ -64,7 +64,7 @@ class ExternalWeights:
         return sum(len(data) for _, data in self._by_storage.values())
 
     def cord(self) -> Any:
-        from pyrt.export._writer import external_data_cord  # extra: export (executorch, as above)
+        from pyrt.export._write.executorch_serializer import external_data_cord  # extra: export (executorch, as above)
 
         return external_data_cord(self.entries)
 

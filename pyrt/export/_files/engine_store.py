@@ -1,7 +1,7 @@
 """Engine building and spilling: each engine goes to its own file as soon as it exists.
 
 Engines live in a private directory next to the target file while an export
-runs (named after its process, see :mod:`pyrt.export._tempfiles`); the graph
+runs (named after its process, see :mod:`pyrt.export._files.tempfiles`); the graph
 sees each one as a uint8 tensor memory-mapped from its file
 (``torch.from_file``, nothing read until touched), and the .pte writer copies
 them from disk. So at most one engine is ever held in memory (the one a
@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 import torch
 
 from pyrt.errors import ExportError
-from pyrt.export._holes import HoleWriter
-from pyrt.export._spec import EngineSpec
-from pyrt.export._tempfiles import engine_dir_prefix
+from pyrt.export._files.sparse_file import HoleWriter
+from pyrt.export._files.tempfiles import engine_dir_prefix
+from pyrt.export._graph.spec import EngineSpec
 
 _CHUNK = 64 << 20
 

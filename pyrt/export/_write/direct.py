@@ -15,7 +15,7 @@ a fixed result, which this module writes itself:
 - the delegate: ``TensorRTBackend``, the partitioner's compile specs, the
   TR01/TR02 blob (header, then the engine file) in segment 1 after the empty
   constant segment; the layout of ``serialize_pte_binary``
-  (:mod:`pyrt.export._flatwrite` writes the flatbuffer byte for byte).
+  (:mod:`pyrt.export._write.flatbuffer` writes the flatbuffer byte for byte).
 
 Anything else (fallback ops, several engines, state, constants outside the
 engine, reordered or repeated inputs and outputs, unbounded dims) returns
@@ -38,9 +38,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from pyrt.errors import ExportError, PyrtError
-from pyrt.export._flatwrite import Table, finish
-from pyrt.export._ops import is_engine_call, parse_spec
-from pyrt.export._spec import EngineSpec
+from pyrt.export._graph.engine_op import is_engine_call, parse_spec
+from pyrt.export._graph.spec import EngineSpec
+from pyrt.export._write.flatbuffer import Table, finish
 from pyrt.export.options import delegate_compile_specs
 from pyrt.format.dtypes import ScalarType, scalar_type_from_name
 from pyrt.format.trt_blob import BACKEND_ID, encode_header, encode_metadata
