@@ -19,7 +19,9 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv, _constrain_range_for
 
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._build.builders import ReferenceBuilder, _profile, check_outputs, shape_ranges, size_hint
+from pyrt.export._build.builders import ReferenceBuilder
+from pyrt.export._build.dims import check_outputs, shape_ranges, size_hint
+from pyrt.export._build.dims import min_opt_max as _profile
 from pyrt.export._build.stage import _Planner
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.testing import datadep_models as dm

@@ -19,7 +19,8 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import options as opt
-from pyrt.export._build.builders import BuildFailed, Built, make_builder, size_hint
+from pyrt.export._build.builders import BuildFailed, Built, make_builder
+from pyrt.export._build.dims import size_hint
 from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,9 +115,3 @@ class EngineStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
