@@ -11,8 +11,8 @@ Nothing here imports torch or ExecuTorch.
 
 >>> import os, tempfile
 >>> target = os.path.join(tempfile.mkdtemp(), "x.bin")
->>> atomic_write(target, lambda f: f.write(b"ok"))
-2
+>>> atomic_write_all([(target, lambda f: f.write(b"ok"))])
+[2]
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ from typing import Any, BinaryIO
 from pyrt.errors import ExportError
 from pyrt.export._files.sparse_file import HoleWriter
 from pyrt.export._files.tempfiles import temp_file_prefix
-
-
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> int:
-    """Write ``path`` through a temp file + fsync + rename; returns the final size."""
-    return atomic_write_all([(path, write)])[0]
 
 
 def atomic_write_all(outputs: list[tuple[str | Path, Callable[[BinaryIO], Any]]]) -> list[int]:
