@@ -16,8 +16,8 @@ from torch.export import Dim
 
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._build.builders import ReferenceBuilder, make_builder
-from pyrt.export._build.stage import _Planner, prepare
+from pyrt.export._engines.builders import ReferenceBuilder, make_builder
+from pyrt.export._engines.stage import _Planner, prepare
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.partition import check_outputs_live, extract
 from pyrt.export._graph.prepare import check_forced_matched, decompose, strip_assertions
@@ -270,7 +270,7 @@ def test_reference_builder_takes_what_tensorrt_takes() -> None:
 def test_direct_onnx_translation_computes_the_partition(tmp_path: Path) -> None:
     """pyrt translates the partition graph it has (no re-trace); the ONNX must compute the same values."""
     reference = pytest.importorskip("onnx.reference")
-    from pyrt.export._build.to_onnx import export_partition
+    from pyrt.export._engines.to_onnx import export_partition
 
     torch.manual_seed(0)
     gm, _, _ = _staged(Heads(), (torch.randn(2, 5, 16),),

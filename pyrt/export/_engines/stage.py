@@ -19,12 +19,13 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import options as opt
-from pyrt.export._build.builders import BuildFailed, Built, make_builder
-from pyrt.export._build.dims import size_hint
-from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
+from pyrt.export._engines.builders import BuildFailed, Built, make_builder
+from pyrt.export._engines.dims import size_hint
+from pyrt.export._engines.profiles import symbol_profiles
 from pyrt.export._files.engine_store import EngineStore
-from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
+from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
 from pyrt.export._graph.engine_op import execute_engine_op
+from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
@@ -45,7 +46,6 @@ from pyrt.export._graph.prepare import (
     is_sym_node,
     strip_assertions,
 )
-from pyrt.export._build.profiles import symbol_profiles
 from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
 from pyrt.export.options import node_op_names

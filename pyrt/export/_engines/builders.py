@@ -23,12 +23,12 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import reference_builder, trt_builder
-from pyrt.export._build.dims import check_outputs, hint_shape, is_dynamic, min_opt_max, shape_ranges
+from pyrt.export._engines.dims import check_outputs, hint_shape, is_dynamic, min_opt_max, shape_ranges
+from pyrt.export._engines.profiles import activation_bytes, input_bounds
+from pyrt.export._engines.to_onnx import Unavailable, export_partition
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
-from pyrt.export._build.to_onnx import Unavailable, export_partition
 from pyrt.export._graph.partition import Extracted
 from pyrt.export._graph.prepare import onnx_translates
-from pyrt.export._build.profiles import activation_bytes, input_bounds
 from pyrt.format.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -146,7 +146,7 @@ class TensorRTBuilder:
 
     def _build_direct(self, part: Extracted, ranges: Any, names: list[str],
                       outs: list[str], weight_streaming: bool, progress: Any, out: Any = None) -> Any:
-        """ONNX straight from the partition's graph (``pyrt.export._build.to_onnx``), then parse and build."""
+        """ONNX straight from the partition's graph (``pyrt.export._engines.to_onnx``), then parse and build."""
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
