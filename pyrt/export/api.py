@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +31,11 @@ from pyrt.export._engines.stage import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._files.tempfiles import sigterm_cleans, sweep
 from pyrt.export._write.lower import Lowered, lower, reexport
+from pyrt.export.options import Options
 from pyrt.export.summary import EngineSummary, ExportSummary
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
-
-
-@dataclass
-class Options:
-    """Validated ``to_pte`` options."""
-
-    builder: str
-    forced_fallback: frozenset[str]
-    min_block_size: int
-    device: Any  # PartitionInfo -> "cuda:N"
-    budget: Any  # PartitionInfo -> int | None
-    weight_streaming: bool
-    extra_specs: tuple[tuple[str, bytes], ...]
-    writer: str
-    dynamic_shapes: Any = None
-    progress: Progress = field(default_factory=Progress)
-    external_weights: bool = False
-    profiles: Any = None  # tuple of {input: (min, opt, max)}, or None: one profile from the dynamic shapes
 
 
 def to_pte(

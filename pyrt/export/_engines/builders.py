@@ -29,6 +29,7 @@ from pyrt.export._engines.to_onnx import Unavailable, export_partition
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.partition import Extracted
 from pyrt.export._graph.prepare import onnx_translates
+from pyrt.export.trt_builder import BuiltEngine, Progress, Writable
 from pyrt.format.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -47,7 +48,7 @@ class BuildFailed(ExportError):
     """A partition could not be built; its ops fall back to ExecuTorch."""
 
 
-def make_builder(name: str) -> Any:
+def make_builder(name: str) -> Builder:
     return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
 
 
@@ -71,7 +72,7 @@ class ReferenceBuilder:
         return converts(node) and reference_builder.supports(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
-              progress: Any = None) -> Built:
+              progress: Progress | None = None) -> Built:
         limits = part.module.meta.get("range_constraints")
         profiles = [reference_builder.Profile(shape_ranges(a.meta["val"], a.name, limits)) for a in part.inputs]
         check_outputs(part)
@@ -110,7 +111,7 @@ class TensorRTBuilder:
         return converts(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
-              progress: Any = None) -> Built:
+              progress: Progress | None = None) -> Built:
         vals = [a.meta["val"] for a in part.inputs]
         limits = part.module.meta.get("range_constraints")
         ranges: dict[int | str, dict[str, list[int]]] = {
@@ -145,7 +146,8 @@ class TensorRTBuilder:
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
 
     def _build_direct(self, part: Extracted, ranges: Any, names: list[str],
-                      outs: list[str], weight_streaming: bool, progress: Any, out: Any = None) -> Any:
+                      outs: list[str], weight_streaming: bool, progress: Progress | None,
+                      out: Writable | None = None) -> BuiltEngine:
         """ONNX straight from the partition's graph (``pyrt.export._engines.to_onnx``), then parse and build."""
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
@@ -160,6 +162,9 @@ class TensorRTBuilder:
             raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")
         return replace(built, build_seconds=time.perf_counter() - started)
 
+
+
+Builder = ReferenceBuilder | TensorRTBuilder  # what make_builder gives
 
 def _by_name(ranges: Any, names: list[str]) -> Any:
     """Ranges keyed by position -> keyed by ONNX input name; a list (several profiles) item by item."""

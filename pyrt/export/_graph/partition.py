@@ -21,10 +21,11 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
+from torch._ops import OpOverload
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -74,7 +75,7 @@ def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
         return "not an ATen operator"
     if node in forced:
         return f"{FORCED} ({forced[node]})"
-    op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
+    op = cast(OpOverload, node.target)  # fx types call_function targets as Callable | str
     if op._schema.is_mutable:
         return "mutates its arguments in place"
     if _is_random(node):
@@ -99,7 +100,7 @@ def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
 
 def _is_random(node: fx.Node) -> bool:
     """Tagged nondeterministic_seeded, unless its dropout probability is 0 or it is not training."""
-    op: Any = node.target
+    op = cast(OpOverload, node.target)
     if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
         return False
     args = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))

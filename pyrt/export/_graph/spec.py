@@ -26,7 +26,8 @@ from typing import Any
 from pyrt.errors import ExportError
 from pyrt.format.trt_blob import AliasedIO, IOBinding
 
-Dim = Any  # int, or a nested list expression: ["sym", name] | [op, arg, ...]
+# A dimension: an int, or a nested list expression ["sym", name] | [op, dim, ...] (op one of _OPS).
+Dim = int | list[Any]
 _OPS = ("+", "*", "//", "%", "max", "min", "pow")
 
 

@@ -35,6 +35,7 @@ import sympy
 import torch
 from executorch.extension.pytree import tree_flatten  # the emitter's own; imports no executorch.exir
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils._pytree import TreeSpec
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from pyrt.errors import ExportError, PyrtError
@@ -75,8 +76,8 @@ class Delegated:
     spec: EngineSpec
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
-    in_spec: Any  # pytree TreeSpecs of the call
-    out_spec: Any
+    in_spec: TreeSpec  # the call's pytree specs
+    out_spec: TreeSpec
     engine_size: int
 
 
@@ -208,7 +209,7 @@ def program_table(d: Delegated, segments: list[tuple[int, int]], extra: tuple[tu
              + [_instruction(2, 0, list(range(n, 2 * n + m)))]
              + [_instruction(1, 1, [2 * n + j, 2 * n + m + j, 2 * n + m + j]) for j in range(m)])
 
-    def container(spec: Any) -> str:
+    def container(spec: TreeSpec) -> str:
         return str(tree_flatten(torch.utils._pytree.tree_unflatten([0] * spec.num_leaves, spec))[1].to_str())
 
     specs = delegate_compile_specs(d.spec.device, d.spec.budget, extra)

@@ -21,7 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executorch.exir.tensor_layout import TensorLayout
+
+    from pyrt.export._write.executorch_serializer import TensorBytes
 
 log = logging.getLogger("pyrt.export")
 
@@ -30,8 +35,8 @@ class ExternalWeights:
     """The external constants the emitter met: key -> (bytes view, layout), one view per storage."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[Any, Any]] = {}
-        self._by_storage: dict[tuple[int, int], tuple[int, Any]] = {}  # (address, nbytes) -> (index, bytes)
+        self.entries: dict[str, tuple[TensorBytes, TensorLayout]] = {}
+        self._by_storage: dict[tuple[int, int], tuple[int, TensorBytes]] = {}  # (address, nbytes) -> (index, bytes)
 
     def add(self, key: str, spec: Any) -> int | None:
         """Record ``spec``'s storage under ``key``; its index among distinct storages (None: cannot)."""

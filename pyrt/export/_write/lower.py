@@ -28,12 +28,15 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export._files.atomic import atomic_write_all
+from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.engine_op import is_engine_call
 from pyrt.export._graph.fx import dynamic_shapes_of
 from pyrt.export._graph.prepare import assertion_ops
 from pyrt.export._write import direct
 from pyrt.export._write.external_weights import ExternalWeights, weights_by_reference
 from pyrt.export._write.state import StateOnDevice
+from pyrt.export.options import Options
+from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
 DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
@@ -62,8 +65,8 @@ def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynami
         raise ExportError(f"re-exporting the engine graph failed: {type(exc).__name__}: {exc}") from exc
 
 
-def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any, target: Path,
-          options: Any) -> Lowered:
+def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], store: EngineStore, target: Path,
+          options: Options) -> Lowered:
     """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's.
 
     A program that is one engine call between its inputs and outputs is written directly
@@ -124,7 +127,7 @@ def _to_executorch(edge: Any, config: Any) -> Any:
                           "Dim(max=...) or torch._check(size <= N) after the op that makes it") from exc
 
 
-def _write_direct(delegated: direct.Delegated, record: Any, target: Path, options: Any) -> Lowered:
+def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Path, options: Options) -> Lowered:
     if record.size != delegated.engine_size:
         raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
                           f"the graph's tensor {delegated.engine_size}")
@@ -137,7 +140,7 @@ def _write_direct(delegated: direct.Delegated, record: Any, target: Path, option
     return Lowered(size, Counter())
 
 
-def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, weights: Any,
+def _write(manager: Any, session: Any, config: Any, target: Path, options: Options, weights: ExternalWeights | None,
            fallback: Counter[str]) -> Lowered:
     from pyrt.export._write.executorch_serializer import (  # extra: export (executorch)
         streaming_program_cord,
@@ -165,7 +168,7 @@ def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, 
     return Lowered(sizes[-1], fallback, str(data_path) if data_path else None, sizes[0] if ptd is not None else 0)
 
 
-def _ptd_cord(manager: Any, weights: Any) -> Any:
+def _ptd_cord(manager: Any, weights: ExternalWeights) -> Any:
     """The .ptd: from the weights the emitter recorded, else the one ExecuTorch built (None: no weights)."""
     if weights.entries:
         return weights.cord()
