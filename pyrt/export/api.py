@@ -76,7 +76,7 @@ def to_pte(
     ``external_weights``: the weights of operators that run in ExecuTorch go to a ``.ptd`` beside
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
-    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_profiles.py``).
+    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_engines/profiles.py``).
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
