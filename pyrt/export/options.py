@@ -1,8 +1,8 @@
 """``to_pte``'s options: each one checked before any work starts, and the validated :class:`Options`.
 
 Public here: :data:`BUILDERS` and :class:`PartitionInfo` (what a per-partition ``device`` or
-budget callable receives). Every check raises a typed pyrt error naming the value and the option it came
-from; nothing here imports torch at module import time.
+budget callable receives). Every check raises a typed pyrt error naming the value and the
+option it came from; nothing here imports torch at module import time.
 
 >>> check_budget(1 << 30, "weight_streaming_budget")
 1073741824
