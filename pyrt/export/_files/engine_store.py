@@ -1,4 +1,4 @@
-"""Engine building and spilling: each engine goes to its own file as soon as it exists.
+"""Spilled engines: each engine goes to its own file as soon as it exists.
 
 Engines live in a private directory next to the target file while an export
 runs (named after its process, see :mod:`pyrt.export._files.tempfiles`); the graph
