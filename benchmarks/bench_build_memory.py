@@ -9,7 +9,7 @@ is about ``layers * width**2 * 2`` bytes. Routes:
 * ``stream``: pyrt as it is: ``build_serialized_network_to_stream`` writes the engine to its
   spill file in pieces, and the ONNX parser reads the module's tensors in place;
 * ``memory``: the same, but the builder returns the engine whole (``build_serialized_network``,
-  what a flavour without the stream writer does; forced by patching ``trt_builder._can_stream``);
+  what a flavour without the stream writer does; forced by patching ``trt_builder.can_stream``);
 * ``before``: pyrt before issue 13: in memory, the parser reading its own copy of the weights
   from the ONNX external-data file, and onnxscript folding each weight's transpose into a copy;
 * ``floor``: no pyrt, no ONNX: the same weights as numpy arrays referenced by a TensorRT-RTX
@@ -61,7 +61,8 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     from torch import nn
 
     from pyrt.device.tensorrt_seam import shared_logger
-    from pyrt.export import _trt_torch, to_pte, trt_builder
+    from pyrt.export import to_pte, trt_builder
+    from pyrt.export._tensorrt import torch_onnx
 
     torch.set_num_threads(1)
     tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base
@@ -81,10 +82,10 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     with torch.no_grad():
         model = Stack().eval()
     if route in ("memory", "before"):
-        trt_builder._can_stream = lambda builder: False  # type: ignore[assignment]
+        trt_builder.can_stream = lambda builder: False  # type: ignore[assignment]
     if route == "before":
-        _trt_torch._module_initializers = lambda program: {}  # type: ignore[assignment]
-        _trt_torch._optimize = lambda program: program.optimize()  # type: ignore[assignment]
+        torch_onnx._module_initializers = lambda program: {}  # type: ignore[assignment]
+        torch_onnx._optimize = lambda program: program.optimize()  # type: ignore[assignment]
     example = (torch.zeros(4, width, dtype=torch.float16),)
     base, reset = _rss_mib(), reset_peak()
     start = time.perf_counter()

@@ -5,8 +5,8 @@
 ...                              builder="reference")                     # doctest: +SKIP
 >>> print(summary)                                                         # doctest: +SKIP
 
-Importing this package imports neither torch nor executorch; the names below
-load them on first use.
+Importing this package imports neither torch nor executorch: ``to_pte``,
+``decoder_to_pte`` and the ExecuTorch backend load them on first use (``__getattr__``).
 
 May import: every layer below (format, device, memory, kernels, runtime; testing for the
 reference engines); torch, executorch, onnx and TensorRT only inside the functions that
@@ -17,29 +17,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyrt.export.options import BUILDERS, PartitionInfo
+from pyrt.export.summary import EngineSummary, ExportSummary
+
 __all__ = [
     "to_pte", "decoder_to_pte", "ExportSummary", "EngineSummary", "PartitionInfo", "BUILDERS",
     "TensorRTBackend", "TensorRTPartitioner",
 ]
 
-_LAZY = {
-    "to_pte": ("pyrt.export.api", "to_pte"),
-    "decoder_to_pte": ("pyrt.export.decoder", "decoder_to_pte"),
-    "ExportSummary": ("pyrt.export._summary", "ExportSummary"),
-    "EngineSummary": ("pyrt.export._summary", "EngineSummary"),
-    "PartitionInfo": ("pyrt.export._options", "PartitionInfo"),
-    "BUILDERS": ("pyrt.export._options", "BUILDERS"),
-    "TensorRTBackend": ("pyrt.export.backend", "TensorRTBackend"),
-    "TensorRTPartitioner": ("pyrt.export.backend", "TensorRTPartitioner"),
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    """The names that load torch (and ExecuTorch) are imported on first use."""
+    if name == "to_pte":
+        from pyrt.export.api import to_pte  # extra: export (torch)
 
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        return to_pte
+    if name == "decoder_to_pte":
+        from pyrt.export.decoder import decoder_to_pte  # extra: export (torch)
+
+        return decoder_to_pte
+    if name in ("TensorRTBackend", "TensorRTPartitioner"):
+        from pyrt.export.backend import TensorRTBackend, TensorRTPartitioner  # extra: export (executorch)
+
+        return TensorRTBackend if name == "TensorRTBackend" else TensorRTPartitioner
     raise AttributeError(f"module 'pyrt.export' has no attribute {name!r}")
 
 

@@ -7,7 +7,7 @@ again -> ExecuTorch ``to_edge_transform_and_lower`` with
 :class:`~pyrt.export.backend.TensorRTPartitioner` -> ``to_executorch``
 (delegate blobs in segments) -> atomic write. A program that is one engine
 call between its inputs and outputs skips ExecuTorch's lowering: the same
-file is written by :mod:`pyrt.export._direct`.
+file is written by :mod:`pyrt.export._write.direct`.
 
 >>> import torch
 >>> summary = to_pte(torch.nn.Linear(4, 2), "lin.pte", (torch.randn(3, 4),),
@@ -20,40 +20,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.export import _options as opt
-from pyrt.export._engines import EngineStore
-from pyrt.export._lower import Lowered, lower, reexport
-from pyrt.export._profiles import check_profiles
-from pyrt.export._progress import Progress
-from pyrt.export._stage import stage_engines
-from pyrt.export._summary import EngineSummary, ExportSummary
-from pyrt.export._tempfiles import sigterm_cleans, sweep
+from pyrt.export import options as opt
+from pyrt.export._engines.profiles import check_profiles
+from pyrt.export._engines.progress import Progress
+from pyrt.export._engines.stage import stage_engines
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._files.tempfiles import sigterm_cleans, sweep
+from pyrt.export._write.lower import Lowered, lower, reexport
+from pyrt.export.options import Options
+from pyrt.export.summary import EngineSummary, ExportSummary
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
-
-
-@dataclass
-class Options:
-    """Validated ``to_pte`` options."""
-
-    builder: str
-    forced_fallback: frozenset[str]
-    min_block_size: int
-    device: Any  # PartitionInfo -> "cuda:N"
-    budget: Any  # PartitionInfo -> int | None
-    weight_streaming: bool
-    extra_specs: tuple[tuple[str, bytes], ...]
-    writer: str
-    dynamic_shapes: Any = None
-    progress: Progress = field(default_factory=Progress)
-    external_weights: bool = False
-    profiles: Any = None  # tuple of {input: (min, opt, max)}, or None: one profile from the dynamic shapes
 
 
 def to_pte(
@@ -94,7 +76,7 @@ def to_pte(
     ``external_weights``: the weights of operators that run in ExecuTorch go to a ``.ptd`` beside
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
-    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_profiles.py``).
+    ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_engines/profiles.py``).
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.

@@ -36,9 +36,9 @@ from executorch.exir.backend.utils import tag_constant_data
 from torch.export import ExportedProgram
 
 from pyrt.errors import ExportError
-from pyrt.export._ops import is_engine_call, parse_spec
-from pyrt.export._options import SPEC_BUDGET, SPEC_DEVICE, delegate_compile_specs, parse_budget_spec
-from pyrt.export._spec import EngineSpec
+from pyrt.export._graph.engine_op import is_engine_call, parse_spec
+from pyrt.export._graph.spec import EngineSpec
+from pyrt.export.options import SPEC_BUDGET, SPEC_DEVICE, delegate_compile_specs, parse_budget_spec
 from pyrt.format.trt_blob import BACKEND_ID, IOBinding, encode_header, encode_metadata
 
 log = logging.getLogger("pyrt.export")

@@ -1,7 +1,7 @@
 """Turn Torch-TensorRT engine calls into ``pyrt::execute_engine`` nodes, keeping the engines.
 
 Handles ``tensorrt::execute_engine(inputs, engine)`` calls (engine objects reached
-through ``get_attr`` after :func:`pyrt.export._graph.unlift` resolved them via the
+through ``get_attr`` after :func:`pyrt.export._graph.fx.unlift` resolved them via the
 graph signature) and ``call_module`` nodes of runtime modules holding an
 ``engine`` attribute. Each engine's ``target_device`` comes from the engine's own
 device info, so a program spread over two GPUs keeps each engine on its own.
@@ -16,11 +16,12 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._graph import finish, resolve_custom_obj
-from pyrt.export._ops import execute_engine_op
-from pyrt.export._options import PartitionInfo
-from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
-from pyrt.export._summary import EngineSummary
+from pyrt.export._files.engine_store import EngineRecord, EngineStore
+from pyrt.export._graph.engine_op import execute_engine_op
+from pyrt.export._graph.fx import finish, resolve_custom_obj
+from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
+from pyrt.export.options import Options, PartitionInfo
+from pyrt.export.summary import EngineSummary
 from pyrt.export.torchtrt import decode_state, engine_state, is_execute_engine
 from pyrt.format.trt_blob import IOBinding
 
@@ -41,7 +42,8 @@ def _is_runtime_module(module: Any) -> bool:
     return not isinstance(module, fx.GraphModule) and hasattr(module, "engine") and isinstance(module, torch.nn.Module)
 
 
-def convert_torchtrt(gm: fx.GraphModule, program: Any, options: Any, store: Any) -> list[EngineSummary]:
+def convert_torchtrt(gm: fx.GraphModule, program: torch.export.ExportedProgram | None, options: Options,
+                     store: EngineStore) -> list[EngineSummary]:
     """Replace every engine call of ``gm`` in place; returns the engines in graph order."""
     summaries: list[EngineSummary] = []
     dropped: set[str] = set()
@@ -88,7 +90,7 @@ def _engine_call(gm: fx.GraphModule, node: fx.Node) -> tuple[list[Any], Any, str
 
 
 def _spill(obj: Any, where: str, inputs: list[Any], node: fx.Node, key: str, budget: int | None,
-           store: Any) -> tuple[Any, EngineSpec]:
+           store: EngineStore) -> tuple[EngineRecord, EngineSpec]:
     engine = decode_state(engine_state(obj, where), where)
     in_vals = [_val(a, f"{where} input {i}") for i, a in enumerate(inputs)]
     out_vals = node.meta.get("val")

@@ -9,7 +9,7 @@ read the same files.
 
 Routes (``summary.route``): ``"upstream"`` (transformers' ExecuTorch integration) is tried
 first by ``route="auto"``; where it fails (torch 2.13 cannot decompose its dynamic-length
-program) pyrt's own wrapper (:class:`pyrt.export._decoder_wrap.DecoderModule`) takes over and
+program) pyrt's own wrapper (:class:`pyrt.export._graph.hf_decoder.DecoderModule`) takes over and
 ``summary.route_reason`` says why.
 
 >>> import transformers as tf                                               # doctest: +SKIP
@@ -34,12 +34,12 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 
 from pyrt.errors import ExportError
-from pyrt.export import _decoder_wrap as wrap
-from pyrt.export._atomic import atomic_write_all
-from pyrt.export._lower import CONSTANT_METHODS, fallback_ops
-from pyrt.export._prepare import decompose
-from pyrt.export._summary import ExportSummary
+from pyrt.export._files.atomic import atomic_write_all
+from pyrt.export._graph import hf_decoder as wrap
+from pyrt.export._graph.prepare import decompose
+from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export.api import make_options, to_pte
+from pyrt.export.summary import ExportSummary
 
 log = logging.getLogger("pyrt.export")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")

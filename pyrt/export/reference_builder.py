@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 import torch.fx as fx
+from torch._ops import OpOverload
 
 from pyrt.errors import ExportError
 from pyrt.format.trt_blob import IOBinding
@@ -29,7 +30,7 @@ from pyrt.testing.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode,
 # is kept: ``clone(memory_format=contiguous_format)`` is what makes a later ``view`` legal.)
 _PLACEMENT_KWARGS = {"device", "layout", "pin_memory", "non_blocking"}
 # SymInt arithmetic that partitions recompute from their inputs' shapes -> reference target
-_SYM_TARGETS = {
+_SYM_TARGETS: dict[object, str] = {
     operator.add: "sym::add", operator.sub: "sym::sub", operator.mul: "sym::mul",
     operator.floordiv: "sym::floordiv", operator.mod: "sym::mod", operator.pow: "sym::pow",
     operator.neg: "sym::neg", torch.sym_max: "sym::max", torch.sym_min: "sym::min",
@@ -109,8 +110,8 @@ def _node(node: fx.Node, names: dict[Any, str]) -> RefNode:
         for user in node.users:
             if user.target is operator.getitem and user.args[1] == i:
                 names[user] = name
-    op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
-    target = _SYM_TARGETS.get(op) or f"{op._schema.name}.{op._overloadname}"
+    op = cast(OpOverload, node.target)  # an ATen operator unless a SymInt function of _SYM_TARGETS
+    target = _SYM_TARGETS.get(node.target) or f"{op._schema.name}.{op._overloadname}"
     try:
         return RefNode(target, _encode(node.args, names), _encode_kwargs(node.kwargs, names), outs)
     except _Unencodable as exc:

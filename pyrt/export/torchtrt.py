@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from pyrt.errors import ExportError
-from pyrt.export._graph import unwrap_script_object
+from pyrt.export._graph.fx import unwrap_script_object
 from pyrt.format.trt_blob import ALIAS_KINDS, PLATFORMS, AliasedIO
 
 ABI_VERSION = "10"

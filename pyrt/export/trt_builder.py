@@ -12,10 +12,10 @@ weights are under :data:`STREAM_MIN` is built in memory and then written to
 need them. See docs/engine_building.md for why the ONNX
 parser and what it cannot do.
 
-This module runs the build; its steps live beside it: the flavour and options
-(``_trt_flavour``), dynamic shapes (``_trt_shapes``), the torch side and ONNX export
-(``_trt_torch``), the network and its parse (``_trt_network``), the builder config
-and profile (``_trt_config``) and the engine's serialization (``_trt_serialize``).
+This module runs the build; its steps live in :mod:`pyrt.export._tensorrt`: the flavour
+and options (``flavour``), dynamic shapes (``shapes``), the torch side and ONNX export
+(``torch_onnx``), the network and its parse (``network``), the builder config and
+profile (``config``) and the engine's serialization (``serialize``).
 
 >>> import torch
 >>> from pyrt.export.trt_builder import build_engine
@@ -37,20 +37,27 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import ExportError
-from pyrt.export._trt_config import _configure
-from pyrt.export._trt_flavour import _errors, _open_session, _Options, _options, _Session
-from pyrt.export._trt_network import _bindings, _parse, _parse_over_module_weights, _strongly_typed_network
-from pyrt.export._trt_serialize import (
+from pyrt.export._tensorrt.config import configure
+from pyrt.export._tensorrt.flavour import BuildOptions, Session, build_options, logged_errors, open_session
+from pyrt.export._tensorrt.network import bindings, parse, parse_over_module_weights, strongly_typed_network
+from pyrt.export._tensorrt.serialize import (
     Writable,
-    _build_in_memory,
-    _build_to_stream,
-    _can_stream,
-    _stream_writer,
-    _weight_bytes,
-    _write_out,
+    build_in_memory,
+    build_to_stream,
+    can_stream,
+    stream_writer,
+    weight_bytes,
+    write_out,
 )
-from pyrt.export._trt_shapes import ShapeRange, _dynamic_dims, parse_dynamic_shapes
-from pyrt.export._trt_torch import _as_module, _check_examples, _check_names, _default_names, _export_onnx, _to_half
+from pyrt.export._tensorrt.shapes import ShapeRange, dynamic_dims, parse_dynamic_shapes
+from pyrt.export._tensorrt.torch_onnx import (
+    as_module,
+    check_examples,
+    check_names,
+    default_names,
+    export_onnx,
+    to_half,
+)
 from pyrt.format.trt_blob import IOBinding
 
 if TYPE_CHECKING:
@@ -120,21 +127,21 @@ def build_engine(
     (3, 2)
     """
     start = time.perf_counter()
-    examples = _check_examples(example_inputs)
-    module = _as_module(gm)
-    names = _check_names(input_names, len(examples), "input_names") or _default_names(module, len(examples))
-    _check_names(output_names, None, "output_names")
+    examples = check_examples(example_inputs)
+    module = as_module(gm)
+    names = check_names(input_names, len(examples), "input_names") or default_names(module, len(examples))
+    check_names(output_names, None, "output_names")
     several = _several(dynamic_shapes)  # with several profiles, the example may sit in any one of them
     shapes = [tuple(x.shape) for x in examples] if len(several) == 1 else None
     profiles = [parse_dynamic_shapes(d, names, shapes) for d in several]
-    options = _options(weight_streaming, workspace, compute_capabilities)
-    session = _open_session(flavour, options)
+    options = build_options(weight_streaming, workspace, compute_capabilities)
+    session = open_session(flavour, options)
     if fp16:
-        module, examples = _to_half(module, examples)
+        module, examples = to_half(module, examples)
     with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
         _stage(progress, "export_onnx")
-        dims = [sorted({d for p in profiles for d in _dynamic_dims(p.get(i))}) for i in range(len(examples))]
-        path, weights = _export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
+        dims = [sorted({d for p in profiles for d in dynamic_dims(p.get(i))}) for i in range(len(examples))]
+        path, weights = export_onnx(module, examples, Path(tmp), input_names, output_names, dims)
         built = _build(session, path, profiles, options, progress, out, weights)
         del weights
     _check_io(built, examples, input_names, output_names)
@@ -170,8 +177,8 @@ def build_engine_from_onnx(
     if not path.is_file():
         raise ExportError(f"ONNX model {str(path)!r} does not exist or is not a file")
     profiles = [parse_dynamic_shapes(d, None, None) for d in _several(dynamic_shapes)]
-    options = _options(weight_streaming, workspace, compute_capabilities)
-    built = _build(_open_session(flavour, options), path, profiles, options, progress, out)
+    options = build_options(weight_streaming, workspace, compute_capabilities)
+    built = _build(open_session(flavour, options), path, profiles, options, progress, out)
     _stage(progress, "done")
     return replace(built, build_seconds=time.perf_counter() - start)
 
@@ -187,7 +194,7 @@ def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
     ...
     pyrt.errors.ExportError: flavour 'tensorrt_lean' is a runtime-only TensorRT package and has no builder; use 'tensorrt' or 'tensorrt_rtx' to build engines
     """  # noqa: E501 (a doctest's expected message is one line)
-    return _open_session(flavour, _options(False, None, None)).trt
+    return open_session(flavour, build_options(False, None, None)).trt
 
 
 # -- build -------------------------------------------------------------------------------------
@@ -202,33 +209,33 @@ def _several(dynamic_shapes: Any) -> list[Any]:
     return [dynamic_shapes]
 
 
-def _build(session: _Session, path: Path, ranges: list[dict[int | str, ShapeRange]],
-           options: _Options, progress: Progress | None, out: Writable | None = None,
+def _build(session: Session, path: Path, ranges: list[dict[int | str, ShapeRange]],
+           options: BuildOptions, progress: Progress | None, out: Writable | None = None,
            weights: Mapping[str, Any] | None = None) -> BuiltEngine:
     trt, builder = session.trt, session.builder
-    network = _strongly_typed_network(session)
+    network = strongly_typed_network(session)
     parser = trt.OnnxParser(network, session.logger)  # must outlive the build: it owns weights
     if parser is None:
-        raise ExportError(f"{session.name}.OnnxParser() returned None{_errors(session.logger)}")
+        raise ExportError(f"{session.name}.OnnxParser() returned None{logged_errors(session.logger)}")
     _stage(progress, "parse_onnx")
     if weights and callable(getattr(parser, "load_initializer", None)):
-        _parse_over_module_weights(session, parser, network, path, weights)
+        parse_over_module_weights(session, parser, network, path, weights)
     else:
-        _parse(session, parser, network, path)
-    config = _configure(session, network, ranges, options)
+        parse(session, parser, network, path)
+    config = configure(session, network, ranges, options)
     _stage(progress, "build_engine")
     started = time.perf_counter()
-    inputs, outputs = _bindings(network, True), _bindings(network, False)
-    streams = _can_stream(builder) and _weight_bytes(path, weights) >= STREAM_MIN
-    writer = _stream_writer(trt, out) if out is not None and streams else None
+    inputs, outputs = bindings(network, True), bindings(network, False)
+    streams = can_stream(builder) and weight_bytes(path, weights) >= STREAM_MIN
+    writer = stream_writer(trt, out) if out is not None and streams else None
     if writer is not None:
-        size = _build_to_stream(session, network, config, writer, path, options)
+        size = build_to_stream(session, network, config, writer, path, options)
         engine, route = None, STREAM
     else:
-        engine = _build_in_memory(session, network, config, path, options)
+        engine = build_in_memory(session, network, config, path, options)
         size, route = engine.nbytes, MEMORY
         if out is not None:
-            _write_out(session, out, engine, path)
+            write_out(session, out, engine, path)
             engine = None  # the last reference to IHostMemory: TensorRT frees the engine now
     log.info("%s engine build took %.2f s (%s)", session.name, time.perf_counter() - started, route)
     return BuiltEngine(engine, inputs, outputs, options.weight_streaming, session.name, 0.0, size, route)

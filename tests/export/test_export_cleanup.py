@@ -6,7 +6,7 @@ writing the .pte (as in tests/export/test_export_write.py) and are then signalle
 
 The exports here keep a fallback op (``torch_executed_ops``), so they go through ExecuTorch's
 lowering and pyrt's streaming writer, which the tests interrupt; a fully delegated program is
-written by pyrt.export._direct (tests/export/test_export_direct.py), through the same atomic write.
+written by pyrt.export._write.direct (tests/export/test_export_direct.py), through the same atomic write.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from pyrt.errors import ExportError
-from pyrt.export import _tempfiles, to_pte
+from pyrt.export import to_pte
+from pyrt.export._files import tempfiles as _tempfiles
 from tests.export.test_export_traps import TwoLinears
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,8 @@ def _start_stalled_export(target: Path) -> subprocess.Popen:
     child = textwrap.dedent(f"""
         import sys, time, torch
         sys.path.insert(0, {str(ROOT)!r})
-        from pyrt.export import _writer, to_pte
+        from pyrt.export import to_pte
+        from pyrt.export._write import executorch_serializer as _writer
         from tests.export.test_export_traps import TwoLinears
 
         def stall(cord, f, progress):

@@ -19,9 +19,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv, _constrain_range_for
 
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._builders import ReferenceBuilder, _profile, check_outputs, shape_ranges, size_hint
-from pyrt.export._engines import EngineStore
-from pyrt.export._stage import _Planner
+from pyrt.export._engines.builders import ReferenceBuilder
+from pyrt.export._engines.dims import check_outputs, shape_ranges, size_hint
+from pyrt.export._engines.dims import min_opt_max as _profile
+from pyrt.export._engines.stage import _Planner
+from pyrt.export._files.engine_store import EngineStore
 from pyrt.testing import datadep_models as dm
 from tests.export.test_export_partitioning import _staged
 
@@ -119,7 +121,7 @@ def test_an_unbounded_input_dim_fails_to_pte_with_a_typed_error(tmp_path: Path) 
 
 
 def test_an_engine_output_without_an_upper_bound_is_a_typed_error(tmp_path: Path) -> None:
-    from pyrt.export._partition import extract
+    from pyrt.export._graph.partition import extract
 
     gm, _, _ = _staged(RepeatRows(), (torch.ones(3, 4), torch.tensor([1, 0, 2])))
     compute = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.meta["val"], torch.Tensor)]
@@ -141,7 +143,7 @@ def test_an_unbounded_size_outside_engines_fails_to_pte_with_a_typed_error(tmp_p
 def _planner(model: nn.Module, args: tuple, tmp: Path) -> tuple[_Planner, EngineStore]:
     gm, forced, options = _staged(model, args)
     store = EngineStore(tmp)
-    from pyrt.export._builders import make_builder
+    from pyrt.export._engines.builders import make_builder
 
     return _Planner(gm, make_builder("reference"), options, store, forced), store
 
@@ -161,7 +163,7 @@ def test_blocking_a_getitem_blocks_its_producer_and_a_repeat_is_an_error(tmp_pat
 def test_planning_ends_in_few_rounds(model: nn.Module, x: torch.Tensor, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Each round blocks something new; the where model once ran thousands of rounds."""
-    import pyrt.export._stage as stage
+    import pyrt.export._engines.stage as stage
 
     planner, store = _planner(model, (x,), tmp_path)
     limit = len(planner.gm.graph.nodes)
@@ -290,8 +292,8 @@ def test_the_onnx_of_a_data_dependent_partition_computes_eager_results(name: str
     """The ONNX TensorRT would parse (NonZero + GatherND for a boolean index) gives eager's values and
     shapes for empty, partial and full results (onnx's reference evaluator)."""
     reference = pytest.importorskip("onnx.reference")
-    from pyrt.export._onnx import export_partition
-    from pyrt.export._partition import extract
+    from pyrt.export._engines.to_onnx import export_partition
+    from pyrt.export._graph.partition import extract
 
     model, x = dm.build(name)
     gm, _, _ = _staged(model, (x,))

@@ -1,4 +1,4 @@
-"""The direct writer (pyrt.export._direct) against ExecuTorch's full lowering.
+"""The direct writer (pyrt.export._write.direct) against ExecuTorch's full lowering.
 
 A program that is one engine call between its inputs and outputs is written without
 ExecuTorch's lowering; ``_lower.DIRECT = False`` forces the full lowering. Both must give
@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from pyrt.export import _direct, _lower, to_pte
+from pyrt.export import to_pte
+from pyrt.export._write import direct as _direct
+from pyrt.export._write import lower as _lower
 from pyrt.pte_reader import PteFile
 from tests.export.test_export_helpers import run_pte
 

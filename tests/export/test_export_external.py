@@ -15,7 +15,8 @@ from torch import nn
 
 import pyrt
 from pyrt.errors import ExportError
-from pyrt.export import _writer, to_pte
+from pyrt.export import to_pte
+from pyrt.export._write import executorch_serializer as _writer
 from pyrt.testing import simulated_gpus
 
 OLD = b"previous export, must survive"

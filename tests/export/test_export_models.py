@@ -72,11 +72,11 @@ def test_reference_dynamic_is_one_engine_at_every_size(name: str, exports: Any) 
 @pytest.mark.parametrize("name", archs.NAMES)
 def test_both_builders_partition_alike(name: str, tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx")
-    from pyrt.export._builders import make_builder
-    from pyrt.export._engines import EngineStore
-    from pyrt.export._graph import unlift
-    from pyrt.export._prepare import decompose
-    from pyrt.export._stage import _Planner, prepare
+    from pyrt.export._engines.builders import make_builder
+    from pyrt.export._engines.stage import _Planner, prepare
+    from pyrt.export._files.engine_store import EngineStore
+    from pyrt.export._graph.fx import unlift
+    from pyrt.export._graph.prepare import decompose
     from pyrt.export.api import make_options
 
     model, x = archs.build(name)

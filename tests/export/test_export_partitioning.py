@@ -16,11 +16,11 @@ from torch.export import Dim
 
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._builders import ReferenceBuilder, make_builder
-from pyrt.export._engines import EngineStore
-from pyrt.export._partition import check_outputs_live, extract
-from pyrt.export._prepare import check_forced_matched, decompose, strip_assertions
-from pyrt.export._stage import _Planner, prepare
+from pyrt.export._engines.builders import ReferenceBuilder, make_builder
+from pyrt.export._engines.stage import _Planner, prepare
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._graph.partition import check_outputs_live, extract
+from pyrt.export._graph.prepare import check_forced_matched, decompose, strip_assertions
 from pyrt.export.api import make_options
 from tests.export.test_export_helpers import run_pte
 
@@ -39,7 +39,7 @@ def _close(got: object, want: object) -> float:
 def _staged(model: nn.Module, args: tuple, builder: str = "reference", dynamic_shapes: object = None,
             forced: tuple[str, ...] = ()) -> tuple[fx.GraphModule, dict, object]:
     """The unlifted, prepared graph of ``model`` and its forced nodes, as stage 1 sees them."""
-    from pyrt.export._graph import unlift
+    from pyrt.export._graph.fx import unlift
 
     program = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes, strict=False)
     options = _options(builder=builder, torch_executed_ops=forced)
@@ -270,7 +270,7 @@ def test_reference_builder_takes_what_tensorrt_takes() -> None:
 def test_direct_onnx_translation_computes_the_partition(tmp_path: Path) -> None:
     """pyrt translates the partition graph it has (no re-trace); the ONNX must compute the same values."""
     reference = pytest.importorskip("onnx.reference")
-    from pyrt.export._onnx import export_partition
+    from pyrt.export._engines.to_onnx import export_partition
 
     torch.manual_seed(0)
     gm, _, _ = _staged(Heads(), (torch.randn(2, 5, 16),),

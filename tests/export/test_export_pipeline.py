@@ -17,8 +17,8 @@ from torch.export import Dim
 import pyrt
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._engines import EngineStore
-from pyrt.export._stage import stage_engines
+from pyrt.export._engines.stage import stage_engines
+from pyrt.export._files.engine_store import EngineStore
 from pyrt.format.trt_blob import parse_blob
 from pyrt.testing.refengine import RefEngine
 from tests.export.test_export_helpers import affine_engine, delegates, standin, torchtrt_program

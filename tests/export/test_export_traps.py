@@ -25,9 +25,9 @@ from torch import nn
 import pyrt
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export import to_pte
-from pyrt.export._engines import EngineStore
-from pyrt.export._graph import inline_submodules, resolve_custom_obj
-from pyrt.export._stage import stage_engines
+from pyrt.export._engines.stage import stage_engines
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._graph.fx import inline_submodules, resolve_custom_obj
 from pyrt.export.api import make_options
 from pyrt.format.trt_blob import parse_blob
 from tests.export.test_export_helpers import (
@@ -208,7 +208,7 @@ def test_trap3_engine_is_a_get_attr_tensor_not_source(tmp_path: Path) -> None:
                                                     _options(torch_executed_ops=["aten.sigmoid.default"]), store)
         calls = [n for n in gm.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
         assert len(calls) == 2
-        from pyrt.export._lower import reexport
+        from pyrt.export._write.lower import reexport
 
         program = reexport(gm, args, original, None)
         for code in (gm.code, program.graph_module.code):

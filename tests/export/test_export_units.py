@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyrt.errors import BudgetError, ExportError
-from pyrt.export import _options as opt
+from pyrt.export import options as opt
 from pyrt.export import reference_builder
-from pyrt.export._spec import EngineSpec, evaluate
+from pyrt.export._graph.spec import EngineSpec, evaluate
 from pyrt.export.torchtrt import decode_state, engine_state
 from pyrt.format.trt_blob import AliasedIO, IOBinding
 from pyrt.testing.refengine import RefEngine
@@ -105,8 +105,8 @@ def test_missing_directory(tmp_path: Path) -> None:
 
 def _linear_partition(bias: bool = True) -> tuple[fx.GraphModule, list]:
     ep = torch.export.export(torch.nn.Linear(4, 3, bias=bias), (torch.randn(2, 4),)).run_decompositions()
-    from pyrt.export._graph import unlift
-    from pyrt.export._partition import extract
+    from pyrt.export._graph.fx import unlift
+    from pyrt.export._graph.partition import extract
 
     gm = unlift(ep)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
@@ -207,7 +207,7 @@ def test_fake_kernel_reproduces_symbolic_shapes() -> None:
     """The engine op's fake kernel gives torch.export the partition's own symbolic output sizes."""
     from torch.export import Dim
 
-    from pyrt.export._spec import dim_expr, symbols_from_inputs
+    from pyrt.export._graph.spec import dim_expr, symbols_from_inputs
 
     class M(torch.nn.Module):
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 The exports here keep a fallback op (``torch_executed_ops``), so they go through ExecuTorch's
 lowering and pyrt's streaming writer, which the tests interrupt; a fully delegated program is
-written by pyrt.export._direct (tests/export/test_export_direct.py), through the same atomic write.
+written by pyrt.export._write.direct (tests/export/test_export_direct.py), through the same atomic write.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import pyrt
-from pyrt.export import _writer, to_pte
+from pyrt.export import to_pte
+from pyrt.export._write import executorch_serializer as _writer
 from tests.export.test_export_traps import TwoLinears
 
 OLD = b"previous export, must survive"
@@ -80,7 +81,8 @@ def test_killed_mid_write_never_leaves_a_partial_target(tmp_path: Path) -> None:
     child = textwrap.dedent(f"""
         import sys, time, torch
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from pyrt.export import _writer, to_pte
+        from pyrt.export import to_pte
+        from pyrt.export._write import executorch_serializer as _writer
         from tests.export.test_export_traps import TwoLinears
 
         def stall(cord, f, progress):

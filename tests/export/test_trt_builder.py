@@ -21,8 +21,8 @@ trt = pytest.importorskip("tensorrt_rtx")
 onnx = pytest.importorskip("onnx")
 
 from pyrt.errors import ExportError  # noqa: E402
-from pyrt.export._trt_flavour import parse_compute_capabilities  # noqa: E402
-from pyrt.export._trt_shapes import parse_dynamic_shapes  # noqa: E402
+from pyrt.export._tensorrt.flavour import parse_compute_capabilities  # noqa: E402
+from pyrt.export._tensorrt.shapes import parse_dynamic_shapes  # noqa: E402
 from pyrt.export.trt_builder import (  # noqa: E402
     STAGES,
     BuiltEngine,
@@ -273,14 +273,15 @@ def _without_stream_writer() -> types.ModuleType:
 
 
 def test_streamed_build_writes_the_in_memory_engine_in_bounded_chunks(mlp_onnx: Path, monkeypatch) -> None:
-    from pyrt.export import _trt_serialize, trt_builder
+    from pyrt.export import trt_builder
+    from pyrt.export._tensorrt import serialize
 
     in_memory = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx")
     small = Recorder()
     kept = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=small)
     assert (kept.route, kept.engine, bytes(small.data)) == ("memory", None, bytes(in_memory.engine)), \
         "an engine under STREAM_MIN is built in memory (a streamed build holds ~64 MiB), then written"
-    monkeypatch.setattr(_trt_serialize, "OUT_CHUNK", 4096)
+    monkeypatch.setattr(serialize, "OUT_CHUNK", 4096)
     monkeypatch.setattr(trt_builder, "STREAM_MIN", 0)
     out = Recorder()
     streamed = build_engine_from_onnx(mlp_onnx, flavour="tensorrt_rtx", out=out)
@@ -317,33 +318,34 @@ class TransposedWeight(torch.nn.Module):
 
 
 def test_parser_reads_the_module_weights_in_place(monkeypatch) -> None:
-    from pyrt.export import _trt_torch, trt_builder
+    from pyrt.export import trt_builder
+    from pyrt.export._tensorrt import torch_onnx
 
     torch.manual_seed(0)
     model, examples = TransposedWeight().eval(), (torch.randn(2, 512),)
     seen: dict[str, object] = {}
-    real = trt_builder._parse_over_module_weights
+    real = trt_builder.parse_over_module_weights
 
     def spy(session, parser, network, path, weights) -> None:
         seen.update(weights)
         real(session, parser, network, path, weights)
 
-    monkeypatch.setattr(trt_builder, "_parse_over_module_weights", spy)
+    monkeypatch.setattr(trt_builder, "parse_over_module_weights", spy)
     in_place = build_engine(model, examples, flavour="tensorrt_rtx")
     big = [w for w in seen.values() if w.nbytes == model.w.nbytes]
     assert [w.data_ptr() for w in big] == [model.w.data_ptr()], "the parser got the module's tensor, not a copy"
-    monkeypatch.setattr(_trt_torch, "_module_initializers", lambda program: {})
+    monkeypatch.setattr(torch_onnx, "_module_initializers", lambda program: {})
     from_file = build_engine(model, examples, flavour="tensorrt_rtx")  # parse_from_file: the parser's own copy
     assert bytes(in_place.engine) == bytes(from_file.engine)
 
 
 def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
-    from pyrt.export._trt_serialize import _stream_writer
+    from pyrt.export._tensorrt.serialize import stream_writer
 
-    writer = _stream_writer(trt, Recorder())
+    writer = stream_writer(trt, Recorder())
     assert isinstance(writer, trt.IStreamWriter)
     assert writer.write(b"abc") == 3 and writer.size == 3  # a Python call works once the base is initialised
-    assert _stream_writer(types.ModuleType("no_writer"), Recorder()) is None
+    assert stream_writer(types.ModuleType("no_writer"), Recorder()) is None
 
 
 def test_stream_writer_also_takes_the_documented_capsule_and_size() -> None:
@@ -351,13 +353,13 @@ def test_stream_writer_also_takes_the_documented_capsule_and_size() -> None:
     Both forms write the same bytes."""
     import ctypes
 
-    from pyrt.export._trt_serialize import _stream_writer
+    from pyrt.export._tensorrt.serialize import stream_writer
 
     raw = ctypes.create_string_buffer(b"engine-bytes", 12)
     new = ctypes.pythonapi.PyCapsule_New
     new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     out = Recorder()
-    writer = _stream_writer(trt, out)
+    writer = stream_writer(trt, out)
     assert writer.write(new(ctypes.addressof(raw), None, None), 12) == 12
     assert writer.write(b"+tail") == 5
     assert bytes(out.data) == b"engine-bytes+tail" and writer.error is None
@@ -468,17 +470,19 @@ def test_range_on_a_static_onnx_dim_is_reported(mlp_onnx: Path) -> None:
 
 
 def test_a_profile_shape_tensorrt_refuses_is_an_export_error() -> None:
-    from pyrt.export import _trt_config, _trt_flavour, _trt_network
+    from pyrt.export._tensorrt import config as trt_config
+    from pyrt.export._tensorrt import flavour as trt_flavour
+    from pyrt.export._tensorrt import network as trt_network
 
     # parse_dynamic_shapes refuses negative dims before this point; here TensorRT's own check
     # runs, and its binding raises RuntimeError ("Shape provided for min is inconsistent ...").
-    session = _trt_flavour._open_session("tensorrt_rtx", _trt_flavour._options(False, None, None))
-    network = _trt_network._strongly_typed_network(session)
+    session = trt_flavour.open_session("tensorrt_rtx", trt_flavour.build_options(False, None, None))
+    network = trt_network.strongly_typed_network(session)
     network.add_input("x", trt.DataType.FLOAT, (-1, 4))
     config = session.builder.create_builder_config()
     with pytest.raises(ExportError, match=r"dynamic_shapes for input 'x': tensorrt_rtx refused "
                                           r"\(\(-2, 4\), \(2, 4\), \(9, 4\)\): Shape provided for min"):
-        _trt_config._add_profile(session, network, config, {0: ((-2, 4), (2, 4), (9, 4))})
+        trt_config._add_profile(session, network, config, {0: ((-2, 4), (2, 4), (9, 4))})
 
 
 def test_dynamic_onnx_input_needs_a_range(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 
 import pyrt
 import pyrt.llm
-from pyrt.export import _decoder_wrap
+from pyrt.export._graph import hf_decoder as _decoder_wrap
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 

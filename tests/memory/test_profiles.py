@@ -83,11 +83,12 @@ def test_export_refuses_a_profile_that_misses_a_dynamic_input(tmp_path) -> None:
 def test_tensorrt_rtx_builds_one_optimization_profile_per_entry(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("tensorrt_rtx")
-    from pyrt.export import _trt_config, trt_builder
+    from pyrt.export import trt_builder
+    from pyrt.export._tensorrt import config as trt_config
 
     added: list[dict] = []
-    real = _trt_config._add_profile
-    monkeypatch.setattr(_trt_config, "_add_profile", lambda s, n, c, r: (added.append(dict(r)), real(s, n, c, r)))
+    real = trt_config._add_profile
+    monkeypatch.setattr(trt_config, "_add_profile", lambda s, n, c, r: (added.append(dict(r)), real(s, n, c, r)))
     built = trt_builder.build_engine(torch.nn.ReLU(), [torch.ones(4, 4)], flavour="tensorrt_rtx", input_names=["x"],
                                      dynamic_shapes=[{"x": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]}},
                                                      {"x": {"min": [2, 4], "opt": [16, 4], "max": [64, 4]}}])

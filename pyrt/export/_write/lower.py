@@ -27,13 +27,16 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export import _direct
-from pyrt.export._atomic import atomic_write_all
-from pyrt.export._external import ExternalWeights, weights_by_reference
-from pyrt.export._graph import dynamic_shapes_of
-from pyrt.export._ops import is_engine_call
-from pyrt.export._prepare import assertion_ops
-from pyrt.export._state import StateOnDevice
+from pyrt.export._files.atomic import atomic_write_all
+from pyrt.export._files.engine_store import EngineRecord, EngineStore
+from pyrt.export._graph.engine_op import is_engine_call
+from pyrt.export._graph.fx import dynamic_shapes_of
+from pyrt.export._graph.prepare import assertion_ops
+from pyrt.export._write import direct
+from pyrt.export._write.external_weights import ExternalWeights, weights_by_reference
+from pyrt.export._write.state import StateOnDevice
+from pyrt.export.options import Options
+from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
 DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
@@ -62,18 +65,18 @@ def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynami
         raise ExportError(f"re-exporting the engine graph failed: {type(exc).__name__}: {exc}") from exc
 
 
-def lower(program: torch.export.ExportedProgram, engines: list[Any], store: Any, target: Path,
-          options: Any) -> Lowered:
+def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], store: EngineStore, target: Path,
+          options: Options) -> Lowered:
     """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's.
 
     A program that is one engine call between its inputs and outputs is written directly
-    (:mod:`pyrt.export._direct`, the same file without importing ExecuTorch's lowering) unless
+    (:mod:`pyrt.export._write.direct`, the same file without importing ExecuTorch's lowering) unless
     ``DIRECT`` is off or ``options.writer`` asks for ExecuTorch's serializer.
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
     """
     constant_methods = CONSTANT_METHODS.get()
-    direct = DIRECT and options.writer == "pyrt" and not constant_methods
-    delegated = _direct.describe(program) if direct else None
+    use_direct = DIRECT and options.writer == "pyrt" and not constant_methods
+    delegated = direct.describe(program) if use_direct else None
     if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
         return _write_direct(delegated, store.records[delegated.spec.key], target, options)
     with options.progress.task("importing ExecuTorch"):
@@ -124,12 +127,12 @@ def _to_executorch(edge: Any, config: Any) -> Any:
                           "Dim(max=...) or torch._check(size <= N) after the op that makes it") from exc
 
 
-def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, options: Any) -> Lowered:
+def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Path, options: Options) -> Lowered:
     if record.size != delegated.engine_size:
         raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
                           f"the graph's tensor {delegated.engine_size}")
     with options.progress.task("emitting the program (one engine, fully delegated)"):
-        total, write = _direct.writer(delegated, options.extra_specs, record.path)
+        total, write = direct.writer(delegated, options.extra_specs, record.path)
     with options.progress.task(f"writing {target.name}", total=total, unit="B") as task:
         (size,) = atomic_write_all([(target, lambda f: write(f, task.update))])
     if options.external_weights:
@@ -137,9 +140,12 @@ def _write_direct(delegated: _direct.Delegated, record: Any, target: Path, optio
     return Lowered(size, Counter())
 
 
-def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, weights: Any,
+def _write(manager: Any, session: Any, config: Any, target: Path, options: Options, weights: ExternalWeights | None,
            fallback: Counter[str]) -> Lowered:
-    from pyrt.export._writer import streaming_program_cord, write_cord  # extra: export (executorch)
+    from pyrt.export._write.executorch_serializer import (  # extra: export (executorch)
+        streaming_program_cord,
+        write_cord,
+    )
 
     ptd = _ptd_cord(manager, weights) if weights is not None else None
     data_path = target.with_suffix(".ptd") if ptd is not None else None
@@ -162,7 +168,7 @@ def _write(manager: Any, session: Any, config: Any, target: Path, options: Any, 
     return Lowered(sizes[-1], fallback, str(data_path) if data_path else None, sizes[0] if ptd is not None else 0)
 
 
-def _ptd_cord(manager: Any, weights: Any) -> Any:
+def _ptd_cord(manager: Any, weights: ExternalWeights) -> Any:
     """The .ptd: from the weights the emitter recorded, else the one ExecuTorch built (None: no weights)."""
     if weights.entries:
         return weights.cord()

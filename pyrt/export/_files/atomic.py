@@ -1,18 +1,18 @@
 """Atomic file writes: a temporary file beside the target, fsync, rename.
 
 Each output is written to a temporary file in the target's directory (runs of
-zeros become holes: :mod:`pyrt.export._holes`), flushed, fsynced and renamed
+zeros become holes: :mod:`pyrt.export._files.sparse_file`), flushed, fsynced and renamed
 over the target: an interrupted export never leaves a partial file at
 ``path``, and an existing file there survives a failure. With several outputs
 (a .pte and its .ptd), all temporary files are complete before any is renamed.
 The temporary file is named after its process, so the next export removes it if
-that process was killed before it could (:mod:`pyrt.export._tempfiles`).
+that process was killed before it could (:mod:`pyrt.export._files.tempfiles`).
 Nothing here imports torch or ExecuTorch.
 
 >>> import os, tempfile
 >>> target = os.path.join(tempfile.mkdtemp(), "x.bin")
->>> atomic_write(target, lambda f: f.write(b"ok"))
-2
+>>> atomic_write_all([(target, lambda f: f.write(b"ok"))])
+[2]
 """
 
 from __future__ import annotations
@@ -25,13 +25,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pyrt.errors import ExportError
-from pyrt.export._holes import HoleWriter
-from pyrt.export._tempfiles import temp_file_prefix
-
-
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> int:
-    """Write ``path`` through a temp file + fsync + rename; returns the final size."""
-    return atomic_write_all([(path, write)])[0]
+from pyrt.export._files.sparse_file import HoleWriter
+from pyrt.export._files.tempfiles import temp_file_prefix
 
 
 def atomic_write_all(outputs: list[tuple[str | Path, Callable[[BinaryIO], Any]]]) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.export._trt_flavour import _errors, _Session
+from pyrt.export._tensorrt.flavour import Session, logged_errors
 from pyrt.format.trt_blob import IOBinding
 
 # TensorRT DataType member name -> pyrt dtype string (IOBinding.dtype).
@@ -19,7 +19,7 @@ _DTYPES = {
 }
 
 
-def _strongly_typed_network(session: _Session) -> Any:
+def strongly_typed_network(session: Session) -> Any:
     """TensorRT 11 / RTX: create_network(0) is strongly typed; TensorRT 10 needs the flag."""
     trt, builder = session.trt, session.builder
     flag = getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)
@@ -30,14 +30,14 @@ def _strongly_typed_network(session: _Session) -> Any:
         network = builder.create_network(1 << int(flag))
         if network is not None and network.get_flag(flag):
             return network
-    raise ExportError(f"{session.name} could not create a strongly typed network{_errors(session.logger)}")
+    raise ExportError(f"{session.name} could not create a strongly typed network{logged_errors(session.logger)}")
 
 
-def _parse(session: _Session, parser: Any, network: Any, path: Path) -> None:
+def parse(session: Session, parser: Any, network: Any, path: Path) -> None:
     _check_parsed(session, parser, network, path, parser.parse_from_file(str(path)))
 
 
-def _parse_over_module_weights(session: _Session, parser: Any, network: Any, path: Path,
+def parse_over_module_weights(session: Session, parser: Any, network: Any, path: Path,
                                weights: Mapping[str, Any]) -> None:
     """Parse with the module's own tensors as the network's weights (no parser copy of them).
 
@@ -52,11 +52,11 @@ def _parse_over_module_weights(session: _Session, parser: Any, network: Any, pat
     for name, tensor in weights.items():
         if not parser.load_initializer(name, tensor.data_ptr(), tensor.nbytes):
             raise ExportError(f"{session.name} OnnxParser refused initializer {name!r} ({tensor.nbytes} bytes of "
-                              f"{tensor.dtype}){_errors(session.logger)}")
+                              f"{tensor.dtype}){logged_errors(session.logger)}")
     _check_parsed(session, parser, network, path, parser.parse_model_proto())
 
 
-def _check_parsed(session: _Session, parser: Any, network: Any, path: Path, ok: bool) -> None:
+def _check_parsed(session: Session, parser: Any, network: Any, path: Path, ok: bool) -> None:
     if ok and parser.num_errors == 0:
         if network.num_outputs == 0:  # protobuf decoding is lenient: junk bytes parse as an empty graph
             raise ExportError(f"{session.name} OnnxParser found no outputs in {str(path)!r}: not an ONNX "
@@ -64,7 +64,7 @@ def _check_parsed(session: _Session, parser: Any, network: Any, path: Path, ok: 
         return
     problems = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
     raise ExportError(f"{session.name} OnnxParser rejected {path.name}: "
-                      + ("; ".join(problems) or "no parser error recorded") + _errors(session.logger))
+                      + ("; ".join(problems) or "no parser error recorded") + logged_errors(session.logger))
 
 
 def _parser_error(err: Any) -> str:
@@ -73,7 +73,7 @@ def _parser_error(err: Any) -> str:
     return f"{where}: {getattr(err.code(), 'name', err.code())}: {err.desc()}"
 
 
-def _bindings(network: Any, inputs: bool) -> list[IOBinding]:
+def bindings(network: Any, inputs: bool) -> list[IOBinding]:
     count = network.num_inputs if inputs else network.num_outputs
     get = network.get_input if inputs else network.get_output
     return [_binding(get(i), inputs) for i in range(count)]

@@ -84,5 +84,5 @@ def _check_example_in_range(key: Any, rng: ShapeRange, example: tuple[int, ...])
                               f"input has size {size} there")
 
 
-def _dynamic_dims(rng: ShapeRange | None) -> list[int]:
+def dynamic_dims(rng: ShapeRange | None) -> list[int]:
     return [] if rng is None else [d for d, (a, c) in enumerate(zip(rng[0], rng[2], strict=True)) if a != c]

@@ -1,7 +1,7 @@
 """Stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
 
 An ``nn.Module`` is exported, an ExportedProgram decomposed (to the ops
-torch.onnx translates, see ``pyrt.export._prepare``), unlifted and prepared
+torch.onnx translates, see ``pyrt.export._graph.prepare``), unlifted and prepared
 (assertions removed, shape arithmetic recomputed from the inputs); partitions
 are built into engines (spilled to the EngineStore) and replaced by
 ``pyrt::execute_engine`` calls, inputs wired by position. A Torch-TensorRT
@@ -18,14 +18,15 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export import _options as opt
-from pyrt.export._builders import BuildFailed, Built, make_builder, size_hint
-from pyrt.export._datadep import bounded_outputs, rewrite_masked_select
-from pyrt.export._engines import EngineStore
-from pyrt.export._graph import finish, graph_copy, inline_submodules, unlift
-from pyrt.export._ops import execute_engine_op
-from pyrt.export._options import node_op_names
-from pyrt.export._partition import (
+from pyrt.export import options as opt
+from pyrt.export._engines.builders import Builder, BuildFailed, Built, make_builder
+from pyrt.export._engines.dims import size_hint
+from pyrt.export._engines.profiles import symbol_profiles
+from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
+from pyrt.export._graph.engine_op import execute_engine_op
+from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
+from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
     UnknownSize,
@@ -37,7 +38,7 @@ from pyrt.export._partition import (
     refusal,
     replace_with_engine,
 )
-from pyrt.export._prepare import (
+from pyrt.export._graph.prepare import (
     canonicalize_sizes,
     check_forced_matched,
     decompose,
@@ -45,13 +46,12 @@ from pyrt.export._prepare import (
     is_sym_node,
     strip_assertions,
 )
-from pyrt.export._profiles import symbol_profiles
-from pyrt.export._spec import EngineSpec, dim_expr, symbols_from_inputs
-from pyrt.export._summary import EngineSummary
+from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
+from pyrt.export.options import Options, node_op_names
+from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
-Options = Any  # pyrt.export.api.Options (imported lazily: api imports this module)
 
 
 def stage_engines(model: Any, example_inputs: Any, options: Options, store: EngineStore
@@ -149,7 +149,7 @@ class _Planner:
     building each op alone, cached) and moved out; the rest is partitioned again.
     """
 
-    def __init__(self, gm: fx.GraphModule, builder: Any, options: Options, store: EngineStore,
+    def __init__(self, gm: fx.GraphModule, builder: Builder, options: Options, store: EngineStore,
                  forced: dict[fx.Node, str], state_inputs: frozenset[str] = frozenset()) -> None:
         self.gm, self.builder, self.options, self.store = gm, builder, options, store
         self.forced, self.state_inputs = forced, state_inputs
@@ -277,7 +277,7 @@ class _Planner:
 NO_CONVERTER = "no converter"
 
 
-def _partition_and_build(gm: fx.GraphModule, builder: Any, options: Options, store: EngineStore,
+def _partition_and_build(gm: fx.GraphModule, builder: Builder, options: Options, store: EngineStore,
                          forced: dict[fx.Node, str] | None = None, state_inputs: frozenset[str] = frozenset()
                          ) -> tuple[list[EngineSummary], dict[str, str]]:
     gm.graph.eliminate_dead_code()
@@ -328,7 +328,7 @@ def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
     """Outputs whose shape neither an input dimension determines nor a finite bound limits.
 
     (nonzero's size is data-dependent but bounded by its input's element count: such an
-    output stays, planned at its bound; see ``pyrt.export._datadep``.)
+    output stays, planned at its bound; see ``pyrt.export._graph.datadep``.)
     """
     symbols = symbols_from_inputs([tuple(a.meta["val"].shape) for a in part.inputs if is_tensor_node(a)])
     bad = []
@@ -341,7 +341,7 @@ def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
     return bad
 
 
-def _build_one(builder: Any, part: Any, key: str, store: EngineStore, options: Options, quiet: bool = False
+def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, options: Options, quiet: bool = False
                ) -> tuple[Built | None, str]:
     what = f"building {builder.name} engine ({len(part.nodes)} nodes)"
     with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}") as task:
@@ -356,7 +356,7 @@ def _build_one(builder: Any, part: Any, key: str, store: EngineStore, options: O
             return None, str(exc)
 
 
-def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options: Options,
+def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], options: Options,
                      store: EngineStore) -> list[EngineSummary]:
     summaries = []
     remap: dict[fx.Node, fx.Node] = {}
@@ -376,7 +376,7 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Any, Built]], options
     return summaries
 
 
-def engine_spec(built: Built, part: Any, device: str, budget: int | None) -> EngineSpec:
+def engine_spec(built: Built, part: Extracted, device: str, budget: int | None) -> EngineSpec:
     """The engine node's spec: the engine's own bindings plus symbolic output dims for the fake kernel."""
     in_shapes = [tuple(a.meta["val"].shape) for a in part.inputs]
     symbols = symbols_from_inputs(in_shapes)
@@ -390,7 +390,7 @@ def engine_spec(built: Built, part: Any, device: str, budget: int | None) -> Eng
     )
 
 
-def _check_bindings(built: Built, part: Any) -> None:
+def _check_bindings(built: Built, part: Extracted) -> None:
     """An engine must take and give exactly its partition's tensors (count and dtype)."""
     for what, bindings, nodes in (("inputs", built.inputs, part.inputs), ("outputs", built.outputs, part.outputs)):
         if len(bindings) != len(nodes):

@@ -21,17 +21,18 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
+from torch._ops import OpOverload
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
-from pyrt.export._options import node_op_names
-from pyrt.export._prepare import assertion_ops, is_sym_node, label_sizes, materialize
-from pyrt.export._spec import dim_expr, symbols_from_inputs
+from pyrt.export._graph.prepare import assertion_ops, is_sym_node, label_sizes, materialize
+from pyrt.export._graph.spec import dim_expr, symbols_from_inputs
+from pyrt.export.options import node_op_names
 
 FORCED = "forced by torch_executed_ops"
 ENGINE_DTYPES = frozenset({"float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"})
@@ -64,7 +65,7 @@ def is_tensor_node(node: Any) -> bool:
 def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
     """Why ``node`` cannot join an engine whatever the builder, or None when it may.
 
-    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._prepare.forced_nodes``).
+    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._graph.prepare.forced_nodes``).
     Arguments may be tensors or SymInts (shape arithmetic is recomputed inside each engine).
     """
     if node.op != "call_function":
@@ -74,7 +75,7 @@ def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
         return "not an ATen operator"
     if node in forced:
         return f"{FORCED} ({forced[node]})"
-    op: Any = node.target  # an OpOverload (fx types call_function targets as Callable | str)
+    op = cast(OpOverload, node.target)  # fx types call_function targets as Callable | str
     if op._schema.is_mutable:
         return "mutates its arguments in place"
     if _is_random(node):
@@ -99,7 +100,7 @@ def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
 
 def _is_random(node: fx.Node) -> bool:
     """Tagged nondeterministic_seeded, unless its dropout probability is 0 or it is not training."""
-    op: Any = node.target
+    op = cast(OpOverload, node.target)
     if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
         return False
     args = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))

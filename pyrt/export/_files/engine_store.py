@@ -1,7 +1,7 @@
-"""Engine building and spilling: each engine goes to its own file as soon as it exists.
+"""Spilled engines: each engine goes to its own file as soon as it exists.
 
 Engines live in a private directory next to the target file while an export
-runs (named after its process, see :mod:`pyrt.export._tempfiles`); the graph
+runs (named after its process, see :mod:`pyrt.export._files.tempfiles`); the graph
 sees each one as a uint8 tensor memory-mapped from its file
 (``torch.from_file``, nothing read until touched), and the .pte writer copies
 them from disk. So at most one engine is ever held in memory (the one a
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any, BinaryIO
 import torch
 
 from pyrt.errors import ExportError
-from pyrt.export._holes import HoleWriter
-from pyrt.export._spec import EngineSpec
-from pyrt.export._tempfiles import engine_dir_prefix
+from pyrt.export._files.sparse_file import HoleWriter
+from pyrt.export._files.tempfiles import engine_dir_prefix
+from pyrt.export._graph.spec import EngineSpec
 
 _CHUNK = 64 << 20
 
@@ -116,9 +115,3 @@ class EngineStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start

@@ -11,9 +11,13 @@ fallback ops (run in ExecuTorch): aten::relu x1
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrt.format.trt_blob import IOBinding
+
+if TYPE_CHECKING:
+    from pyrt.export._files.engine_store import EngineRecord
+    from pyrt.export._graph.spec import EngineSpec
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class EngineSummary:
     bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def of(cls, name: str, record: Any, spec: Any, ops: tuple[str, ...], source: str,
+    def of(cls, name: str, record: EngineRecord, spec: EngineSpec, ops: tuple[str, ...], source: str,
            bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
                    record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""),

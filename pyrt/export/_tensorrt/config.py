@@ -9,16 +9,16 @@ from typing import Any
 from pyrt import cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.errors import ExportError
-from pyrt.export._trt_flavour import _errors, _Options, _Session
-from pyrt.export._trt_shapes import ShapeRange
+from pyrt.export._tensorrt.flavour import BuildOptions, Session, logged_errors
+from pyrt.export._tensorrt.shapes import ShapeRange
 
 
-def _configure(session: _Session, network: Any, ranges: list[dict[int | str, ShapeRange]],
-               options: _Options) -> Any:
+def configure(session: Session, network: Any, ranges: list[dict[int | str, ShapeRange]],
+               options: BuildOptions) -> Any:
     trt = session.trt
     config = session.builder.create_builder_config()
     if config is None:
-        raise ExportError(f"{session.name} create_builder_config returned None{_errors(session.logger)}")
+        raise ExportError(f"{session.name} create_builder_config returned None{logged_errors(session.logger)}")
     if options.weight_streaming:
         config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
         if not config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING):
@@ -34,7 +34,7 @@ def _configure(session: _Session, network: Any, ranges: list[dict[int | str, Sha
     return config
 
 
-def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, ...]) -> None:
+def _set_compute_capabilities(session: Session, config: Any, names: tuple[str, ...]) -> None:
     members = session.trt.ComputeCapability.__members__
     unknown = [n for n in names if n not in members]
     if unknown:
@@ -49,10 +49,10 @@ def _set_compute_capabilities(session: _Session, config: Any, names: tuple[str, 
     for i, cap in enumerate(caps):
         if not config.set_compute_capability(cap, i) or config.get_compute_capability(i) != cap:
             raise ExportError(f"{session.name} refused compute capability {cap.name} at index {i}"
-                              f"{_errors(session.logger)}")
+                              f"{logged_errors(session.logger)}")
 
 
-def _check_current_device(session: _Session) -> None:
+def _check_current_device(session: Session) -> None:
     """``CURRENT`` on a GPU the flavour cannot run on builds an engine that runs nowhere: refuse it."""
     seam = cuda_seam.current()
     if seam.device_count() == 0:
@@ -64,7 +64,7 @@ def _check_current_device(session: _Session) -> None:
                           f"nowhere; build with full TensorRT, or name a supported compute capability")
 
 
-def _add_profile(session: _Session, network: Any, config: Any, ranges: dict[int | str, ShapeRange]) -> None:
+def _add_profile(session: Session, network: Any, config: Any, ranges: dict[int | str, ShapeRange]) -> None:
     tensors = [network.get_input(i) for i in range(network.num_inputs)]
     by_name = {t.name: i for i, t in enumerate(tensors)}
     for key in ranges:
@@ -88,7 +88,7 @@ def _add_profile(session: _Session, network: Any, config: Any, ranges: dict[int 
             raise ExportError(f"dynamic_shapes for input {tensor.name!r}: {session.name} refused {rng}: {exc}") from exc
         used = True
     if used and config.add_optimization_profile(profile) < 0:
-        raise ExportError(f"{session.name} refused the optimization profile {ranges}{_errors(session.logger)}")
+        raise ExportError(f"{session.name} refused the optimization profile {ranges}{logged_errors(session.logger)}")
 
 
 def _check_range_fits(i: int, name: str, shape: tuple[int, ...], rng: ShapeRange) -> None:

@@ -15,7 +15,7 @@ a fixed result, which this module writes itself:
 - the delegate: ``TensorRTBackend``, the partitioner's compile specs, the
   TR01/TR02 blob (header, then the engine file) in segment 1 after the empty
   constant segment; the layout of ``serialize_pte_binary``
-  (:mod:`pyrt.export._flatwrite` writes the flatbuffer byte for byte).
+  (:mod:`pyrt.export._write.flatbuffer` writes the flatbuffer byte for byte).
 
 Anything else (fallback ops, several engines, state, constants outside the
 engine, reordered or repeated inputs and outputs, unbounded dims) returns
@@ -35,13 +35,14 @@ import sympy
 import torch
 from executorch.extension.pytree import tree_flatten  # the emitter's own; imports no executorch.exir
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils._pytree import TreeSpec
 from torch.utils._sympy.value_ranges import bound_sympy
 
 from pyrt.errors import ExportError, PyrtError
-from pyrt.export._flatwrite import Table, finish
-from pyrt.export._ops import is_engine_call, parse_spec
-from pyrt.export._options import delegate_compile_specs
-from pyrt.export._spec import EngineSpec
+from pyrt.export._graph.engine_op import is_engine_call, parse_spec
+from pyrt.export._graph.spec import EngineSpec
+from pyrt.export._write.flatbuffer import Table, finish
+from pyrt.export.options import delegate_compile_specs
 from pyrt.format.dtypes import ScalarType, scalar_type_from_name
 from pyrt.format.trt_blob import BACKEND_ID, encode_header, encode_metadata
 
@@ -75,8 +76,8 @@ class Delegated:
     spec: EngineSpec
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
-    in_spec: Any  # pytree TreeSpecs of the call
-    out_spec: Any
+    in_spec: TreeSpec  # the call's pytree specs
+    out_spec: TreeSpec
     engine_size: int
 
 
@@ -208,7 +209,7 @@ def program_table(d: Delegated, segments: list[tuple[int, int]], extra: tuple[tu
              + [_instruction(2, 0, list(range(n, 2 * n + m)))]
              + [_instruction(1, 1, [2 * n + j, 2 * n + m + j, 2 * n + m + j]) for j in range(m)])
 
-    def container(spec: Any) -> str:
+    def container(spec: TreeSpec) -> str:
         return str(tree_flatten(torch.utils._pytree.tree_unflatten([0] * spec.num_leaves, spec))[1].to_str())
 
     specs = delegate_compile_specs(d.spec.device, d.spec.budget, extra)

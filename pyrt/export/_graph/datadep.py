@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._spec import symbol_bound
+from pyrt.export._graph.spec import symbol_bound
 
 log = logging.getLogger("pyrt.export")
 

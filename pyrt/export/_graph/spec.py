@@ -26,7 +26,8 @@ from typing import Any
 from pyrt.errors import ExportError
 from pyrt.format.trt_blob import AliasedIO, IOBinding
 
-Dim = Any  # int, or a nested list expression: ["sym", name] | [op, arg, ...]
+# A dimension: an int, or a nested list expression ["sym", name] | [op, dim, ...] (op one of _OPS).
+Dim = int | list[Any]
 _OPS = ("+", "*", "//", "%", "max", "min", "pow")
 
 
@@ -141,14 +142,14 @@ def symbols_from_inputs(input_shapes: list[tuple[Any, ...]]) -> Symbols:
     for pure in (True, False):  # prefer dims that are the bare symbol
         for i, shape in enumerate(input_shapes):
             for d, size in enumerate(shape):
-                linear = _linear(size)
+                linear = linear_size(size)
                 if linear and linear[0] not in found and (not pure or linear[1:] == (1, 0)):
                     found[linear[0]] = (i, d, linear[1], linear[2])
     subs: dict[Any, Any] = {}
     for i, shape in enumerate(input_shapes):
         for d, size in enumerate(shape):
             expr = getattr(getattr(size, "node", None), "expr", None)
-            if expr is not None and _linear(size) is None:
+            if expr is not None and linear_size(size) is None:
                 _eliminate(expr, f"v{i}_{d}", (i, d), found, subs)
     return Symbols(found, subs)
 
@@ -203,7 +204,7 @@ def symbol_bound(node: Any, symbol: Any) -> int | None:
     return int(upper) if getattr(upper, "is_Integer", False) else None
 
 
-def _linear(size: Any) -> tuple[str, int, int] | None:
+def linear_size(size: Any) -> tuple[str, int, int] | None:
     """(symbol, coeff, offset) when ``size`` is a SymInt ``coeff * s + offset``."""
     node = getattr(size, "node", None)
     expr = getattr(node, "expr", None)

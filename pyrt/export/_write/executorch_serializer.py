@@ -12,8 +12,7 @@ a ``.ptd`` beside it instead; its layout is ExecuTorch's own
 (``FlatTensorSerializer``), its bytes are :class:`TensorBytes`: each weight
 streamed from the tensor's own memory in pieces when the file is written.
 
-The write itself is atomic (:mod:`pyrt.export._atomic`; ``atomic_write`` and
-``atomic_write_all`` are re-exported here).
+The write itself is atomic (:mod:`pyrt.export._files.atomic`, called by :mod:`pyrt.export._write.lower`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from typing import Any, BinaryIO
 from executorch.exir._serialize._cord import Cord, FileBackedData
 
 from pyrt.errors import ExportError
-from pyrt.export._atomic import atomic_write, atomic_write_all  # noqa: F401 (re-exported)
 from pyrt.export.backend import STUB_MAGIC, BlobPlan, BlobSession
 
 _CHUNK = 8 << 20

@@ -30,7 +30,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.passes.tools_common import legalize_graph
 
 from pyrt.errors import ExportError
-from pyrt.export._spec import _linear
+from pyrt.export._graph.spec import linear_size
 
 log = logging.getLogger("pyrt.export")
 _STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -335,7 +335,7 @@ def dynamic_shapes_of(ep: ExportedProgram) -> Any:
         for d, size in enumerate(val.shape):
             if isinstance(size, int):
                 continue
-            lin = _linear(size)
+            lin = linear_size(size)
             if lin is None:
                 raise ExportError(f"input {node.name!r} dim {d} has size {size}, which pyrt cannot re-declare")
             sym, coeff, offset = lin

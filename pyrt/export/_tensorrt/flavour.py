@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from pyrt.device.tensorrt_seam import shared_logger
+from pyrt.device.tensorrt_seam import FLAVOURS, shared_logger
 from pyrt.errors import ExportError
 
-BUILDER_FLAVOURS = ("tensorrt", "tensorrt_rtx")  # the order "auto" tries them in
-RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")
+RUNTIME_ONLY_FLAVOURS = ("tensorrt_lean", "tensorrt_dispatch")  # TensorRT packages without a Builder
+# The flavours that build engines, in the order "auto" tries them: pyrt.device's table of flavours
+# (one list for the runtime and the builder) less the runtime-only ones.
+BUILDER_FLAVOURS = tuple(name for name in FLAVOURS if name not in RUNTIME_ONLY_FLAVOURS)
 
 
 @dataclass
-class _Session:
+class Session:
     """One flavour's builder with the logger that collects its error lines."""
 
     trt: ModuleType
@@ -30,13 +32,15 @@ class _Session:
 
 
 @dataclass(frozen=True)
-class _Options:
+class BuildOptions:
+    """The checked options of one engine build (:func:`build_options`)."""
+
     weight_streaming: bool
     workspace: int | None
     compute_capabilities: tuple[str, ...] | None  # ComputeCapability member names
 
 
-def _open_session(flavour: str | ModuleType, options: _Options) -> _Session:
+def open_session(flavour: str | ModuleType, options: BuildOptions) -> Session:
     if isinstance(flavour, ModuleType):
         return _session_for(flavour, options)
     if flavour == "auto":
@@ -48,7 +52,7 @@ def _open_session(flavour: str | ModuleType, options: _Options) -> _Session:
     return _session_for(_import(flavour), options)
 
 
-def _auto_session(options: _Options) -> _Session:
+def _auto_session(options: BuildOptions) -> Session:
     reasons = []
     for name in BUILDER_FLAVOURS:
         try:
@@ -66,7 +70,7 @@ def _import(name: str) -> ModuleType:
         raise ExportError(f"flavour {name!r} is not importable: {exc}") from exc
 
 
-def _session_for(trt: ModuleType, options: _Options) -> _Session:
+def _session_for(trt: ModuleType, options: BuildOptions) -> Session:
     name = trt.__name__.split(".")[0]
     if name in RUNTIME_ONLY_FLAVOURS:
         raise ExportError(_runtime_only(name))
@@ -82,10 +86,10 @@ def _session_for(trt: ModuleType, options: _Options) -> _Session:
     try:
         builder = trt.Builder(logger)
     except Exception as exc:  # TensorRT raises for a failed factory (e.g. no GPU for tensorrt)
-        raise ExportError(f"{name}.Builder() failed: {exc} {_errors(logger)}".rstrip()) from exc
+        raise ExportError(f"{name}.Builder() failed: {exc} {logged_errors(logger)}".rstrip()) from exc
     if builder is None:
-        raise ExportError(f"{name}.Builder() returned None {_errors(logger)}".rstrip())
-    return _Session(trt, name, logger, builder)
+        raise ExportError(f"{name}.Builder() returned None {logged_errors(logger)}".rstrip())
+    return Session(trt, name, logger, builder)
 
 
 def _runtime_only(name: str) -> str:
@@ -93,17 +97,17 @@ def _runtime_only(name: str) -> str:
             "use 'tensorrt' or 'tensorrt_rtx' to build engines")
 
 
-def _errors(logger: Any) -> str:
+def logged_errors(logger: Any) -> str:
     text = logger.messages.take()
     return f"; TensorRT said: {text}" if text else ""
 
 
-def _options(weight_streaming: bool, workspace: int | None, caps: Sequence[str] | None) -> _Options:
+def build_options(weight_streaming: bool, workspace: int | None, caps: Sequence[str] | None) -> BuildOptions:
     if not isinstance(weight_streaming, bool):
         raise ExportError(f"weight_streaming must be a bool, got {weight_streaming!r}")
     if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, int) or workspace <= 0):
         raise ExportError(f"workspace must be a positive number of bytes, got {workspace!r}")
-    return _Options(weight_streaming, workspace, None if caps is None else parse_compute_capabilities(caps))
+    return BuildOptions(weight_streaming, workspace, None if caps is None else parse_compute_capabilities(caps))
 
 
 def parse_compute_capabilities(caps: Sequence[str]) -> tuple[str, ...]:

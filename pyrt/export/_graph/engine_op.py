@@ -2,7 +2,7 @@
 
 Schema: ``execute_engine(Tensor[] inputs, Tensor engine, str spec) -> Tensor[]``.
 ``engine`` is the serialized engine as a 1-D uint8 tensor (an attribute reached
-by ``get_attr``), ``spec`` a small JSON :class:`~pyrt.export._spec.EngineSpec`.
+by ``get_attr``), ``spec`` a small JSON :class:`~pyrt.export._graph.spec.EngineSpec`.
 The fake kernel gives torch.export the output shapes; the eager kernel runs
 reference engines on the CPU (so an intermediate graph can be checked against
 eager PyTorch) and refuses real TensorRT engines.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from pyrt.errors import ExportError
-from pyrt.export._spec import EngineSpec, evaluate
+from pyrt.export._graph.spec import EngineSpec, evaluate
 from pyrt.testing.refengine import RefEngine
 
 NAMESPACE = "pyrt"

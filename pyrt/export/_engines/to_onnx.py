@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from pyrt.export._prepare import onnx_registry
+from pyrt.export._graph.prepare import onnx_registry
 
 log = logging.getLogger("pyrt.export")
 

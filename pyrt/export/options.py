@@ -1,7 +1,8 @@
-"""Validation of ``to_pte`` options, done before any work starts.
+"""``to_pte``'s options: each one checked before any work starts, and the validated :class:`Options`.
 
-Every check raises a typed pyrt error naming the value and the option it came
-from; nothing here imports torch at module import time.
+Public here: :data:`BUILDERS` and :class:`PartitionInfo` (what a per-partition ``device`` or
+budget callable receives). Every check raises a typed pyrt error naming the value and the
+option it came from; nothing here imports torch at module import time.
 
 >>> check_budget(1 << 30, "weight_streaming_budget")
 1073741824
@@ -16,9 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import BudgetError, ExportError
+
+if TYPE_CHECKING:
+    from pyrt.export._engines.profiles import Bounds
+    from pyrt.export._engines.progress import Progress
 
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference")
 WRITERS = ("pyrt", "executorch")
@@ -36,6 +41,25 @@ class PartitionInfo:
     index: int
     name: str
     ops: tuple[str, ...]
+
+
+@dataclass
+class Options:
+    """Validated ``to_pte`` options (``pyrt.export.api.make_options`` checks and builds them)."""
+
+    builder: str
+    forced_fallback: frozenset[str]
+    min_block_size: int
+    device: PerPartition  # PartitionInfo -> "cuda:N"
+    budget: PerPartition  # PartitionInfo -> int | None
+    weight_streaming: bool
+    extra_specs: tuple[tuple[str, bytes], ...]
+    writer: str
+    progress: Progress
+    dynamic_shapes: Any = None
+    external_weights: bool = False
+    # one {input: (min, opt, max)} per optimization profile, or None: one profile from the dynamic shapes
+    profiles: tuple[dict[Any, Bounds], ...] | None = None
 
 
 def check_budget(value: Any, source: str) -> int:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pyrt.export")
 
 
-def _check_examples(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+def check_examples(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     import torch
 
     if not isinstance(example_inputs, (tuple, list)):
@@ -33,7 +33,7 @@ def _check_examples(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     return tuple(example_inputs)
 
 
-def _as_module(gm: Any) -> torch.nn.Module:
+def as_module(gm: Any) -> torch.nn.Module:
     import torch
 
     if isinstance(gm, torch.export.ExportedProgram):
@@ -43,7 +43,7 @@ def _as_module(gm: Any) -> torch.nn.Module:
     return gm
 
 
-def _check_names(names: Sequence[str] | None, count: int | None, what: str) -> list[str] | None:
+def check_names(names: Sequence[str] | None, count: int | None, what: str) -> list[str] | None:
     if names is None:
         return None
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
@@ -55,7 +55,7 @@ def _check_names(names: Sequence[str] | None, count: int | None, what: str) -> l
     return list(names)
 
 
-def _default_names(module: torch.nn.Module, count: int) -> list[str]:
+def default_names(module: torch.nn.Module, count: int) -> list[str]:
     """forward()'s positional parameter names: what dynamic_shapes may call the inputs."""
     try:
         params = inspect.signature(module.forward).parameters.values()
@@ -65,7 +65,7 @@ def _default_names(module: torch.nn.Module, count: int) -> list[str]:
     return names[:count] if len(names) >= count else [f"input_{i}" for i in range(count)]
 
 
-def _to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
+def to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
     """A float16 copy of the module and its floating example inputs (the original is untouched)."""
     import copy
 
@@ -75,7 +75,7 @@ def _to_half(module: torch.nn.Module, examples: tuple[torch.Tensor, ...]) -> tup
     return half, tuple(x.to(torch.float16) if x.is_floating_point() else x for x in examples)
 
 
-def _export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], directory: Path,
+def export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], directory: Path,
                  input_names: Sequence[str] | None, output_names: Sequence[str] | None,
                  dims: list[list[int]]) -> tuple[Path, dict[str, Any]]:
     """torch.onnx.export (dynamo) with weights as external data, so models over 2 GiB export.

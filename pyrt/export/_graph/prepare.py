@@ -35,13 +35,13 @@ import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
-from pyrt.export._options import canonical_op_name, node_op_names
-from pyrt.export._spec import dim_expr, symbols_from_inputs
+from pyrt.export._graph.spec import dim_expr, symbols_from_inputs
+from pyrt.export.options import canonical_op_name, node_op_names
 
 log = logging.getLogger("pyrt.export")
 _OVERLOAD = re.compile(r"[A-Za-z_]\w*\.\w+\.\w+")  # how an OpOverload prints: namespace.op.overload
 
-SYM_OPS: dict[str, Any] = {  # expression-tree operator -> FX target (pyrt.export._spec trees)
+SYM_OPS: dict[str, Any] = {  # expression-tree operator -> FX target (pyrt.export._graph.spec trees)
     "+": operator.add, "*": operator.mul, "//": operator.floordiv, "%": operator.mod, "pow": operator.pow,
     "max": torch.sym_max, "min": torch.sym_min,
 }
@@ -151,7 +151,7 @@ def sym_value(node: fx.Node) -> Any:
 
 
 def materialize(graph: fx.Graph, tree: Any, dims: dict[str, tuple[fx.Node, int, int, int]]) -> Any:
-    """FX nodes computing a ``pyrt.export._spec`` expression tree (an int stays a literal).
+    """FX nodes computing a ``pyrt.export._graph.spec`` expression tree (an int stays a literal).
 
     ``dims``: symbol -> (tensor node, dim, coeff, offset), meaning ``size = coeff * symbol + offset``.
     Nodes are inserted at the graph's current insertion point.

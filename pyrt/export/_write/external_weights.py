@@ -7,7 +7,7 @@ build the .ptd in memory, which is what fails for weights larger than memory.
 While pyrt's writer lowers, :func:`weights_by_reference` makes the emitter
 record each external constant's storage instead (the same EValue it would
 emit), and :meth:`ExternalWeights.cord` lays out the .ptd with ExecuTorch's own
-serializer over :class:`~pyrt.export._writer.TensorBytes` views of those
+serializer over :class:`~pyrt.export._write.executorch_serializer.TensorBytes` views of those
 storages, written in pieces when the file is.
 
 Engines keep their weights: a TensorRT engine is one opaque blob in the .pte.
@@ -21,7 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executorch.exir.tensor_layout import TensorLayout
+
+    from pyrt.export._write.executorch_serializer import TensorBytes
 
 log = logging.getLogger("pyrt.export")
 
@@ -30,8 +35,8 @@ class ExternalWeights:
     """The external constants the emitter met: key -> (bytes view, layout), one view per storage."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[Any, Any]] = {}
-        self._by_storage: dict[tuple[int, int], tuple[int, Any]] = {}  # (address, nbytes) -> (index, bytes)
+        self.entries: dict[str, tuple[TensorBytes, TensorLayout]] = {}
+        self._by_storage: dict[tuple[int, int], tuple[int, TensorBytes]] = {}  # (address, nbytes) -> (index, bytes)
 
     def add(self, key: str, spec: Any) -> int | None:
         """Record ``spec``'s storage under ``key``; its index among distinct storages (None: cannot)."""
@@ -39,7 +44,7 @@ class ExternalWeights:
         from executorch.exir.tensor import TensorSpec, scalar_type_enum
         from executorch.exir.tensor_layout import TensorLayout
 
-        from pyrt.export._writer import TensorBytes  # extra: export (executorch, imported only for the full lowering)
+        from pyrt.export._write.executorch_serializer import TensorBytes  # extra: export (executorch: full lowering)
 
         storage = getattr(spec, "storage", None)
         if not isinstance(spec, TensorSpec) or not isinstance(storage, torch.UntypedStorage):
@@ -64,7 +69,7 @@ class ExternalWeights:
         return sum(len(data) for _, data in self._by_storage.values())
 
     def cord(self) -> Any:
-        from pyrt.export._writer import external_data_cord  # extra: export (executorch, as above)
+        from pyrt.export._write.executorch_serializer import external_data_cord  # extra: export (executorch, as above)
 
         return external_data_cord(self.entries)
 

@@ -13,21 +13,23 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import sympy
 import torch
 import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import reference_builder, trt_builder
-from pyrt.export._engines import EngineRecord, EngineStore, timed
-from pyrt.export._onnx import Unavailable, export_partition
-from pyrt.export._partition import Extracted, is_tensor_node
-from pyrt.export._prepare import onnx_translates
-from pyrt.export._profiles import activation_bytes, input_bounds
+from pyrt.export._engines.dims import check_outputs, hint_shape, is_dynamic, min_opt_max, shape_ranges
+from pyrt.export._engines.profiles import activation_bytes, input_bounds
+from pyrt.export._engines.to_onnx import Unavailable, export_partition
+from pyrt.export._files.engine_store import EngineRecord, EngineStore
+from pyrt.export._graph.partition import Extracted
+from pyrt.export._graph.prepare import onnx_translates
+from pyrt.export.trt_builder import BuiltEngine, Progress, Writable
 from pyrt.format.trt_blob import IOBinding
 
 log = logging.getLogger("pyrt.export")
@@ -46,7 +48,7 @@ class BuildFailed(ExportError):
     """A partition could not be built; its ops fall back to ExecuTorch."""
 
 
-def make_builder(name: str) -> Any:
+def make_builder(name: str) -> Builder:
     return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
 
 
@@ -70,7 +72,7 @@ class ReferenceBuilder:
         return converts(node) and reference_builder.supports(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
-              progress: Any = None) -> Built:
+              progress: Progress | None = None) -> Built:
         limits = part.module.meta.get("range_constraints")
         profiles = [reference_builder.Profile(shape_ranges(a.meta["val"], a.name, limits)) for a in part.inputs]
         check_outputs(part)
@@ -87,7 +89,7 @@ class ReferenceBuilder:
             io["bindings"] = reference_builder.build(part.module, profiles, sink, weight_streaming=weight_streaming,
                                                      several=several)
 
-        record, seconds = timed(lambda: store.add_stream(key, write))
+        record, seconds = _timed(lambda: store.add_stream(key, write))
         record.build_seconds = seconds
         record.extra["route"] = "stream"  # the reference builder writes straight into the spill file
         inputs, outputs = io["bindings"]
@@ -109,15 +111,15 @@ class TensorRTBuilder:
         return converts(node)
 
     def build(self, part: Extracted, key: str, store: EngineStore, *, weight_streaming: bool,
-              progress: Any = None) -> Built:
+              progress: Progress | None = None) -> Built:
         vals = [a.meta["val"] for a in part.inputs]
         limits = part.module.meta.get("range_constraints")
         ranges: dict[int | str, dict[str, list[int]]] = {
-            i: _profile(v, a.name, limits)
-            for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if _is_dynamic(v)}
+            i: min_opt_max(v, a.name, limits)
+            for i, (v, a) in enumerate(zip(vals, part.inputs, strict=True)) if is_dynamic(v)}
         check_outputs(part)
         several = [{i: dict(zip(("min", "opt", "max"), map(list, input_bounds(v, sym)), strict=True))
-                    for i, v in enumerate(vals) if _is_dynamic(v)} for sym in self.symbol_profiles or []]
+                    for i, v in enumerate(vals) if is_dynamic(v)} for sym in self.symbol_profiles or []]
         shapes: Any = several or ranges
         names = [f"input_{i}" for i in range(len(vals))]
         outs = [f"output_{i}" for i in range(len(part.outputs))]
@@ -144,8 +146,9 @@ class TensorRTBuilder:
         return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
 
     def _build_direct(self, part: Extracted, ranges: Any, names: list[str],
-                      outs: list[str], weight_streaming: bool, progress: Any, out: Any = None) -> Any:
-        """ONNX straight from the partition's graph (``pyrt.export._onnx``), then parse and build."""
+                      outs: list[str], weight_streaming: bool, progress: Progress | None,
+                      out: Writable | None = None) -> BuiltEngine:
+        """ONNX straight from the partition's graph (``pyrt.export._engines.to_onnx``), then parse and build."""
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
@@ -160,6 +163,9 @@ class TensorRTBuilder:
         return replace(built, build_seconds=time.perf_counter() - started)
 
 
+
+Builder = ReferenceBuilder | TensorRTBuilder  # what make_builder gives
+
 def _by_name(ranges: Any, names: list[str]) -> Any:
     """Ranges keyed by position -> keyed by ONNX input name; a list (several profiles) item by item."""
     if isinstance(ranges, list):
@@ -167,78 +173,11 @@ def _by_name(ranges: Any, names: list[str]) -> Any:
     return {names[int(i)]: r for i, r in ranges.items()} or None
 
 
-def _is_dynamic(t: torch.Tensor) -> bool:
-    return any(not isinstance(d, int) for d in t.shape)
-
-
-def shape_ranges(t: torch.Tensor, name: str, constraints: Any = None, role: str = "input"
-                 ) -> tuple[tuple[int, int], ...]:
-    """(min, max) per dim; symbolic dims are bounded by the program's range constraints
-    (what the user declared; the shape environment's own ranges specialise away 0 and 1)."""
-    return tuple((s, s) if isinstance(s, int) else _dim_range(s, name, d, constraints, role)
-                 for d, s in enumerate(t.shape))
-
-
-def _dim_range(size: Any, name: str, dim: int, constraints: Any = None, role: str = "input") -> tuple[int, int]:
-    """(min, max) of a symbolic dim (a SymInt or a sympy expression); ExportError when it has no
-    finite upper bound (torch's ``int_oo`` claims ``is_finite``: only a sympy Integer is one)."""
-    from torch.utils._sympy.value_ranges import bound_sympy
-
-    expr, ranges = _symbolic(size, name, dim, role)
-    ranges.update({k: v for k, v in (constraints or {}).items() if getattr(k, "is_Symbol", False)})
-    rng = bound_sympy(expr, ranges)
-    lower, upper = _finite(rng.lower), _finite(rng.upper)
-    if upper is None:
-        raise ExportError(f"{role} {name!r} dim {dim} ({expr}) has no upper bound; give Dim(max=...) "
-                          "(a data-dependent size: torch._check(size <= N))")
-    return max(lower or 0, 0), upper
-
-
-def _symbolic(size: Any, name: str, dim: int, role: str) -> tuple[sympy.Expr, dict[Any, Any]]:
-    """A dim's sympy expression and its shape environment's symbol ranges (none for a bare expression)."""
-    if isinstance(size, sympy.Expr):
-        return size, {}
-    node = getattr(size, "node", None)
-    expr = getattr(node, "expr", None)
-    if not isinstance(expr, sympy.Expr):
-        raise ExportError(f"{role} {name!r} dim {dim} is {size!r} ({type(size).__name__}), not a size "
-                          "expression pyrt can bound; give Dim(max=...)")
-    return expr, dict(getattr(getattr(node, "shape_env", None), "var_to_range", None) or {})
-
-
-def _finite(value: Any) -> int | None:
-    """A sympy bound as an int; None for an infinite one (sympy's oo or torch's int_oo)."""
-    return int(value) if getattr(value, "is_Integer", False) else None
-
-
-def size_hint(size: Any, name: str, dim: int, constraints: Any = None, role: str = "input") -> int:
-    """A dimension's example value: its trace hint, else (a data-dependent size such as
-    ``nonzero``'s, which has none) its upper bound; no finite bound is an ExportError."""
-    if isinstance(size, int):
-        return size
-    hint = getattr(getattr(size, "node", None), "hint", None)
-    if hint is not None:
-        return int(hint)
-    return _dim_range(size, name, dim, constraints, role)[1]
-
-
-def check_outputs(part: Extracted) -> None:
-    """ExportError naming an engine output whose size has no finite upper bound (ExecuTorch plans
-    every tensor at its bound; its own error is a bare RuntimeError at lowering)."""
-    limits = part.module.meta.get("range_constraints")
-    for out in part.outputs:
-        if is_tensor_node(out):
-            shape_ranges(out.meta["val"], out.name, limits, role="output")
-
-
-def _hint(t: torch.Tensor, name: str, constraints: Any = None) -> tuple[int, ...]:
-    return tuple(size_hint(d, name, i, constraints) for i, d in enumerate(t.shape))
-
-
-def _profile(t: torch.Tensor, name: str, limits: Any) -> dict[str, list[int]]:
-    ranges = shape_ranges(t, name, limits)
-    return {"min": [a for a, _ in ranges], "opt": list(_hint(t, name, limits)), "max": [b for _, b in ranges]}
-
-
 def _example(t: torch.Tensor, name: str, constraints: Any = None) -> torch.Tensor:
-    return torch.zeros(_hint(t, name, constraints), dtype=t.dtype)
+    return torch.zeros(hint_shape(t, name, constraints), dtype=t.dtype)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start

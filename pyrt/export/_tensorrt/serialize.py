@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from pyrt.errors import ExportError
-from pyrt.export._trt_flavour import _errors, _Options, _Session
+from pyrt.export._tensorrt.flavour import BuildOptions, Session, logged_errors
 
 OUT_CHUNK = 64 << 20  # most bytes one out.write() call gets
 
@@ -21,15 +21,15 @@ class Writable(Protocol):
     def write(self, data: Any, /) -> Any: ...
 
 
-def _build_in_memory(session: _Session, network: Any, config: Any, path: Path, options: _Options) -> memoryview:
+def build_in_memory(session: Session, network: Any, config: Any, path: Path, options: BuildOptions) -> memoryview:
     serialized = session.builder.build_serialized_network(network, config)
     if serialized is None or serialized.nbytes == 0:
         raise ExportError(f"{session.name} build_serialized_network returned no engine for {path.name}"
-                          f"{_errors(session.logger)}{_hint(options)}")
+                          f"{logged_errors(session.logger)}{_hint(options)}")
     return memoryview(serialized).cast("B")
 
 
-def _weight_bytes(path: Path, weights: Mapping[str, Any] | None) -> int:
+def weight_bytes(path: Path, weights: Mapping[str, Any] | None) -> int:
     """The engine's weights, roughly its size: the module's tensors, else the ONNX model's folder
     (the model and its external data; a shared folder only overestimates, which streams)."""
     if weights:
@@ -37,23 +37,23 @@ def _weight_bytes(path: Path, weights: Mapping[str, Any] | None) -> int:
     return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file())
 
 
-def _can_stream(builder: Any) -> bool:
+def can_stream(builder: Any) -> bool:
     return callable(getattr(builder, "build_serialized_network_to_stream", None))
 
 
-def _build_to_stream(session: _Session, network: Any, config: Any, writer: Any, path: Path,
-                     options: _Options) -> int:
+def build_to_stream(session: Session, network: Any, config: Any, writer: Any, path: Path,
+                     options: BuildOptions) -> int:
     ok = session.builder.build_serialized_network_to_stream(network, config, writer)
     if writer.error is not None:
         raise ExportError(f"writing the {session.name} engine for {path.name} failed after {writer.size} bytes: "
                           f"{type(writer.error).__name__}: {writer.error}") from writer.error
     if not ok or writer.size == 0:
         raise ExportError(f"{session.name} build_serialized_network_to_stream returned no engine for {path.name}"
-                          f"{_errors(session.logger)}{_hint(options)}")
+                          f"{logged_errors(session.logger)}{_hint(options)}")
     return writer.size
 
 
-def _stream_writer(trt: ModuleType, out: Writable) -> Any:
+def stream_writer(trt: ModuleType, out: Writable) -> Any:
     """An ``IStreamWriter`` of flavour ``trt`` passing each chunk on to ``out`` (None without one).
 
     TensorRT calls ``write(data)`` with one piece of the engine (TensorRT-RTX 1.7: at most
@@ -79,7 +79,7 @@ def _stream_writer(trt: ModuleType, out: Writable) -> Any:
             try:
                 view = _written_bytes(data, rest)
                 _write_chunks(out, view)
-            except BaseException as exc:  # kept and re-raised by _build_to_stream, never into TensorRT
+            except BaseException as exc:  # kept and re-raised by build_to_stream, never into TensorRT
                 self.error = exc
                 return 0
             self.size += view.nbytes
@@ -114,7 +114,7 @@ def _write_chunks(out: Writable, view: memoryview) -> None:
         out.write(view[start : start + OUT_CHUNK])
 
 
-def _write_out(session: _Session, out: Writable, engine: memoryview, path: Path) -> None:
+def write_out(session: Session, out: Writable, engine: memoryview, path: Path) -> None:
     """An in-memory engine to ``out``; a failure is an ExportError as in the streamed build."""
     written = 0
     try:
@@ -127,7 +127,7 @@ def _write_out(session: _Session, out: Writable, engine: memoryview, path: Path)
                           f"{type(exc).__name__}: {exc}") from exc
 
 
-def _hint(options: _Options) -> str:
+def _hint(options: BuildOptions) -> str:
     if "CURRENT" in (options.compute_capabilities or ()):
         return " (compute capability 'current' needs a visible CUDA GPU)"
     return ""
