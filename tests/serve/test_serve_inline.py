@@ -24,7 +24,7 @@ from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.protocol import InferRequest  # noqa: E402
 from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
-from tests.fixtures.serve import build, json_infer, rows  # noqa: E402
+from tests.fixtures.serve import assert_batched_equal, build, json_infer, rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_after_a_short_first_run_an_idle_replica_runs_on_its_event_loop(make: An
     assert replica.metrics.stats("dyn")["runs_on_event_loop"] == 3
     with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
         for x, y in zip(xs, got, strict=True):
-            np.testing.assert_array_equal(y, prog(x))
+            assert_batched_equal(y, prog(x))
 
 
 def test_inline_run_ms_zero_keeps_every_run_on_the_run_thread(make: Any) -> None:
@@ -172,7 +172,7 @@ def test_the_replica_answers_http_itself(make: Any, dyn: Path) -> None:
         got = th.InferenceServerClient.parse_response_body(
             reply.body, header_length=int(reply.headers["Inference-Header-Content-Length"]))
         with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
-            np.testing.assert_array_equal(got.as_numpy("output0"), prog(x))
+            assert_batched_equal(got.as_numpy("output0"), prog(x))
     stats = replica.metrics.stats("dyn")
     assert stats["requests"] == 2 and sum(stats["batch_rows"].values()) == 2 and stats["run_seconds"] > 0
     under = _http(replica, "GET", "/apps/pyrt/v2/health/live", scope={"root_path": "/apps/pyrt"})  # a route prefix
@@ -217,4 +217,4 @@ def test_a_request_counts_as_in_flight_from_its_arrival(dyn: Path) -> None:
     with simulated_gpus(1), Program(dyn, kernels="numpy") as prog:
         for x, reply in zip(xs, replies, strict=True):
             out = json.loads(reply.body)["outputs"][0]
-            np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(out["shape"]), prog(x), rtol=1e-6)
+            assert_batched_equal(np.asarray(out["data"], np.float32).reshape(out["shape"]), prog(x))

@@ -14,8 +14,10 @@ import pytest
 
 from pyrt.errors import InputError
 from pyrt.format.method_io import InputSpec
+from pyrt.serve import batching
 from pyrt.serve.batching import pack, run_batched, split
 from pyrt.serve.protocol import HEADER_LENGTH, ModelInfo, OutputSpec, decode_infer, encode_infer, model_metadata
+from tests.fixtures.serve import assert_batched_equal
 
 th = pytest.importorskip("tritonclient.http")
 
@@ -179,6 +181,25 @@ def test_batched_runs_give_each_caller_its_unbatched_result() -> None:
             assert isinstance(got, ValueError)  # matmul shape mismatch, handed to that caller only
         else:
             assert isinstance(got, list)
-            np.testing.assert_array_equal(got[0], xs[0] @ w)
-            np.testing.assert_array_equal(got[1], xs[1] * 2)
+            assert_batched_equal(got[0], xs[0] @ w)
+            np.testing.assert_array_equal(got[1], xs[1] * 2)  # exact outputs: equal
     assert max(calls) > 1 and sum(calls) >= sum(int(b[0].shape[0]) for b in batch) - 1
+
+
+def test_the_batching_promise_holds_for_wide_products_and_tells_callers_apart() -> None:
+    """Batched float32 products over 256-wide rows stay within the promise; another caller's rows never do.
+
+    The weights are scaled as a trained layer's are (outputs of order 1, He's 1/sqrt(width)).
+    """
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((256, 64)) / 16).astype(np.float32)
+    batch = [[rng.standard_normal((int(n), 256)).astype(np.float32)] for n in rng.integers(1, 6, 40)]
+    calls: list[int] = []
+    results = run_batched(lambda xs: [np.tanh(xs[0] @ w)], batch, limit=32, on_batch=calls.append)
+    assert max(calls) > 5  # the products really ran over several callers' rows
+    for got, xs in zip(results, batch, strict=True):
+        assert isinstance(got, list)
+        alone = np.tanh(xs[0] @ w)
+        assert_batched_equal(got[0], alone)
+        other = np.tanh(batch[0][0][:1] @ w) if xs is not batch[0] else np.tanh(batch[1][0][:1] @ w)
+        assert not np.allclose(got[0][:1], other, rtol=batching.RTOL, atol=batching.ATOL)

@@ -361,7 +361,10 @@ def test_run_simulated_gpus_matches_the_api(graph_break: Path, tmp_path: Path) -
     with simulated_gpus(2), Program(graph_break, kernels="numpy", budget="50%") as prog:
         y = prog(saved["input0"])
         engines = [dict(vars(w)) for w in prog.weight_streaming]
-    np.testing.assert_allclose(saved["output0"], y, rtol=1e-6)
+    # The command never imports torch, so its reference engines compute with numpy; this process has torch,
+    # and they compute with torch.ops.aten (pyrt.testing.refengine.backends, "auto"): float32 sums in
+    # another order, equal within rounding (1.2e-7 seen), not bit for bit.
+    np.testing.assert_allclose(saved["output0"], y, rtol=1e-5, atol=1e-6)
     assert info["weight_streaming"] == engines and [e["source"] for e in engines] == ["load-time"] * 2
     text = ok(cli("run", graph_break, "--random", "--kernels", "numpy", "--device-map", "cuda:1=cuda:0", gpus=1))
     assert "engine 1 (forward/delegate1, cuda:0)" in text.stdout
