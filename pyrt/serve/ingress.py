@@ -23,7 +23,7 @@ one kill in four on a 2-core machine. Ray's proxy re-routes that request.
 Replicas stopped by Ray (scaling, redeploys, Ctrl-C) drain without loss.
 
 >>> sorted(ingress_env(ray_proxy=True))
-[]
+['RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S', 'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S']
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ DRAIN_S = "2"
 # leaves the second out because user code may have side effects; pyrt's routes have none (a run is a pure function
 # of the request), so replaying is safe, and clients see no dropped connection when a replica dies.
 RETRY_ON = "conn-failure empty-response"
+# The Serve controller kills a proxy (Ray's or HAProxy's manager) that is not ready within 5 s of its start, or
+# does not answer a health check within 10 s. On a machine whose cores are busy a new actor's worker takes
+# longer than that to start (seen on 2 cores with two other busy processes: the HAProxy manager killed before
+# it ran), and the server never came up. A local Ray waits longer; a proxy that truly hangs is still replaced.
+PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
 # Ports Ray fixes for HAProxy's Prometheus exporter and stats page (9101, 8404) and for the Serve proxy that HAProxy
@@ -76,14 +81,14 @@ def _free_port() -> int:
 
 
 def ingress_env(*, ray_proxy: bool = False) -> dict[str, str]:
-    """The variables a local Ray is started with: HAProxy and direct ingress, or nothing (Ray's proxy).
+    """The variables a local Ray is started with: HAProxy and direct ingress (or Ray's proxy), :data:`PATIENCE`.
 
     The ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local Rays on one machine
     do not collide. Variables the environment already sets are left out.
     """
     if ray_proxy or haproxy_binary() is None:
-        return {}
-    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        return {k: v for k, v in PATIENCE.items() if k not in os.environ}
+    env = {**PATIENCE, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
            **{key: str(_free_port()) for key in OWN_PORTS}}
     return {k: v for k, v in env.items() if k not in os.environ}

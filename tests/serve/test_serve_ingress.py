@@ -10,7 +10,7 @@ import pytest
 from pyrt.serve import ingress
 
 KEYS = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
-        "RAY_SERVE_HAPROXY_RETRY_ON", *ingress.OWN_PORTS)
+        "RAY_SERVE_HAPROXY_RETRY_ON", *ingress.OWN_PORTS, *ingress.PATIENCE)
 
 
 @pytest.fixture
@@ -34,9 +34,16 @@ def test_haproxy_and_direct_ingress_with_ports_of_their_own(haproxy: str) -> Non
 
 
 def test_ray_proxy_or_no_binary_leave_ray_as_it_is(haproxy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ingress.ingress_env(ray_proxy=True) == {} and ingress.mode({}) == ingress.RAY_PROXY
+    assert ingress.ingress_env(ray_proxy=True) == ingress.PATIENCE and ingress.mode({}) == ingress.RAY_PROXY
     monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", haproxy + ".missing")
-    assert ingress.haproxy_binary() is None and ingress.ingress_env() == {}
+    assert ingress.haproxy_binary() is None and ingress.ingress_env() == ingress.PATIENCE
+
+
+def test_a_slow_proxy_start_is_waited_for_unless_the_environment_says_otherwise(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    assert float(ingress.PATIENCE["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) >= 60  # Ray's default: 5 s
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "7")
+    assert "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S" not in ingress.ingress_env(ray_proxy=True)
 
 
 def test_the_environment_s_own_settings_win(haproxy: str, monkeypatch: pytest.MonkeyPatch) -> None:
