@@ -17,6 +17,7 @@ from pyrt.errors import (
     BackendError,
     BlobFormatError,
     BudgetError,
+    BusyError,
     DeviceError,
     EngineError,
     ExecutionError,
@@ -34,7 +35,7 @@ __all__ = [
     "Program", "generate", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
-    "ProgramClosedError", "ResourceError",
+    "ProgramClosedError", "ResourceError", "BusyError",
 ]
 
 

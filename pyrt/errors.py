@@ -60,5 +60,9 @@ class ResourceError(PyrtError, MemoryError):
     """A file declares more memory than pyrt's documented limits or the machine can give; names the value."""
 
 
+class BusyError(PyrtError, RuntimeError):
+    """A shared resource is taken (a program's KV-cache slots, a full queue); names what holds it."""
+
+
 class ProgramClosedError(PyrtError):
     """A Program was used after ``close()``."""

@@ -7,6 +7,12 @@ carries the constant methods ExecuTorch's llama export writes (``get_max_seq_len
 ``use_kv_cache``, ``enable_dynamic_shape``), so ExecuTorch's runners and :func:`pyrt.generate`
 read the same files.
 
+``max_batch_size=B`` (B > 1) writes one file for B sequences at once: ``forward(tokens [T], slots [T],
+positions [T], rows [R]) -> logits [R, vocab]`` over a KV cache of B slots
+(:mod:`pyrt.export._graph.slot_decoder`), where one step may prefill a new sequence's prompt while the
+others decode, with the weights stored once. ``get_max_batch_size`` and ``get_max_tokens_per_step``
+(the token budget of one step) say so in the file.
+
 Routes (``summary.route``): ``"upstream"`` (transformers' ExecuTorch integration) is tried
 first by ``route="auto"``; where it fails (torch 2.13 cannot decompose its dynamic-length
 program) pyrt's own wrapper (:class:`pyrt.export._graph.hf_decoder.DecoderModule`) takes over and
@@ -36,6 +42,7 @@ from torch.utils._sympy.numbers import int_oo
 from pyrt.errors import ExportError
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
+from pyrt.export._graph import slot_decoder
 from pyrt.export._graph.prepare import decompose
 from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export.api import make_options, to_pte
@@ -54,6 +61,8 @@ def decoder_to_pte(
     max_seq_len: int,
     builder: str = "auto",
     batch_size: int = 1,
+    max_batch_size: int = 1,
+    max_tokens_per_step: int | None = None,
     dtype: Any = None,
     dynamic_prefill: bool = True,
     route: str = "auto",
@@ -75,16 +84,27 @@ def decoder_to_pte(
     ``bos_id`` / ``eos_ids``: written as ``get_bos_id`` / ``get_eos_ids``; default from the
     model's generation config (else its config). Weight streaming, budgets and devices
     mean what they mean for ``to_pte``. Every option is checked before any work.
+    ``max_batch_size``: sequences the file serves at once, each in its own KV-cache slot (1: today's
+    one-sequence file; ``batch_size`` is the older fixed batch of sequences that move in step).
+    ``max_tokens_per_step``: the most tokens one forward call takes (prefill chunks and decode tokens
+    together; default ``max(max_batch_size, min(max_seq_len, 256))``).
     """
     started = time.perf_counter()
     check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
+    slots = _check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
         make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                      builder=builder, progress=progress)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
     if check is not None:
         model = copy.deepcopy(model).to(check)
-    program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+    if slots is None:
+        program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+    else:
+        methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
+        module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
+        program = slot_decoder.export(module, max_batch_size, slots)
+        chosen, reason = "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
     if builder == "portable":
         summary = _portable(program, path, methods, started)
     else:
@@ -166,6 +186,33 @@ def _check(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: A
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)} (or a torch dtype of them)")
+
+
+def _check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
+                 route: str) -> int | None:
+    """The token budget of one step of a file of ``max_batch_size`` > 1 slots (None: a one-sequence file)."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ExportError(f"max_batch_size={max_batch_size!r} must be an int >= 1")
+    if max_batch_size == 1:
+        if max_tokens is not None:
+            raise ExportError(f"max_tokens_per_step={max_tokens!r} applies to files of max_batch_size > 1")
+        return None
+    if batch_size != 1:
+        raise ExportError(f"batch_size={batch_size} and max_batch_size={max_batch_size}: give one (batch_size is "
+                          "a fixed batch moving in step; max_batch_size gives each sequence its own slot)")
+    if route == "upstream":
+        raise ExportError(f"route='upstream' has no slot layout; max_batch_size={max_batch_size} needs route "
+                          "'pyrt' or 'auto'")
+    if not dynamic:
+        raise ExportError(f"dynamic_prefill=False: max_batch_size={max_batch_size} files take a dynamic token count")
+    if max_tokens is None:
+        return max(max_batch_size, min(max_seq_len, 256))
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not (
+            max_batch_size <= max_tokens <= max_batch_size * max_seq_len):
+        raise ExportError(f"max_tokens_per_step={max_tokens!r} must be an int in [max_batch_size, max_batch_size * "
+                          f"max_seq_len] = [{max_batch_size}, {max_batch_size * max_seq_len}]: every running "
+                          "sequence feeds one token per step")
+    return max_tokens
 
 
 def _program(model: Any, route: str, batch_size: int, max_seq_len: int, dynamic: bool

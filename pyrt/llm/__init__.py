@@ -10,13 +10,20 @@ and the server (:mod:`pyrt.serve`, lazily) import this package.
 ...     out.tokens, out.finish_reason, out.timings.decode_tokens_per_s
 ...     for token in pyrt.generate(prog, [1, 2, 3], max_new_tokens=8, stream=True):
 ...         print(token)
+...     many = pyrt.generate(prog, [[1, 2, 3], [4, 5]], max_new_tokens=32)   # one result per prompt
+...     engine = pyrt.llm.Engine(prog)                                   # continuous batching
+...     s = engine.submit([1, 2, 3], max_new_tokens=8)
+...     while engine.pending:
+...         engine.step()
 """
 
 from __future__ import annotations
 
 from pyrt.llm.convention import Convention, follows_convention, read_convention
-from pyrt.llm.loop import Generation, GenerationResult, generate
+from pyrt.llm.engine import Engine
+from pyrt.llm.loop import generate
+from pyrt.llm.stream import Generation, GenerationResult
 from pyrt.llm.timings import Timings
 
-__all__ = ["generate", "Generation", "GenerationResult", "Timings", "Convention", "follows_convention",
+__all__ = ["generate", "Engine", "Generation", "GenerationResult", "Timings", "Convention", "follows_convention",
            "read_convention"]

@@ -2,7 +2,9 @@
 
 ``forward(tokens [batch, seq] int64, input_pos [seq or 1] int64) -> logits [batch, seq, vocab]`` (or the
 last position's ``[batch, vocab]``, as ExecuTorch's llama export writes without full logits)
-with a KV cache kept in the program's state, plus constant methods (``get_max_seq_len``,
+with a KV cache kept in the program's state; or pyrt's slot layout (``decoder_to_pte(max_batch_size=B)``):
+``forward(tokens [T], slots [T], positions [T], rows [R]) -> logits [R, vocab]`` over a cache of B
+slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; plus constant methods (``get_max_seq_len``,
 ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
 Missing optional methods fall back as ExecuTorch's runner does (the context is the
@@ -11,7 +13,7 @@ sequence length, the vocabulary the logits' last dimension, no BOS/EOS).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyrt.errors import InputError, PyrtError
@@ -19,7 +21,9 @@ from pyrt.format.dtypes import ScalarType
 from pyrt.runtime.program import Program
 
 CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
-                    "get_n_layers", "use_kv_cache", "enable_dynamic_shape")
+                    "get_n_layers", "use_kv_cache", "enable_dynamic_shape", "get_max_batch_size",
+                    "get_max_tokens_per_step")
+SINGLE, SLOTS = "single", "slots"  # the two layouts: one sequence per call; a flat list of tokens in slots
 INT64 = int(ScalarType.LONG)
 
 
@@ -39,6 +43,13 @@ class Convention:
     constants: dict[str, Any]
     start_position: bool = False  # input_pos is [1], the first token's position (ExecuTorch's llama export)
     torch_io: bool = False  # bfloat16 logits on torch kernels (numpy has no bfloat16): runs take torch tensors
+    layout: str = SINGLE  # SINGLE: forward(tokens [batch, seq], input_pos); SLOTS: tokens, slots, positions, rows
+    slots: int = 1  # sequences the cache holds at once (max_batch_size); 1 for SINGLE files
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The most tokens one forward call takes (a dynamic SINGLE file: its sequence bound; static: 1)."""
+        return self.max_prefill if self.dynamic or self.layout == SLOTS else 1
 
 
 def read_convention(program: Any, method: str = "forward") -> Convention:
@@ -51,7 +62,8 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     if plan is None:
         raise InputError(f"{program.source}: no method {method!r} (methods: {sorted(plans)}); "
                          "an LLM file needs forward(tokens, input_pos)")
-    tokens, pos, logits = _signature(plan, where)
+    slot_layout = len(plan.inputs) == 4
+    tokens, pos, logits = _slot_signature(plan, where) if slot_layout else _signature(plan, where)
     constants = {name: _constant(program, name) for name in CONSTANT_METHODS if name in plans}
     if constants.get("use_kv_cache") is False:
         raise InputError(f"{where}: use_kv_cache is False; pyrt generates with a KV cache only")
@@ -64,12 +76,23 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     eos = constants.get("get_eos_ids", ())
     eos_ids = tuple(_int(e, where, "get_eos_ids") for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
     layers = constants.get("get_n_layers")
-    return Convention(method, tokens[0], tokens[1], tokens[2], context, vocab,
+    conv = Convention(method, tokens[0], tokens[1], tokens[2], context, vocab,
                       None if bos is None else _int(bos, where, "get_bos_id"), eos_ids,
                       None if layers is None else _int(layers, where, "get_n_layers"), constants,
                       start_position=pos == (1,) and tokens[1] > 1,
                       torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == ScalarType.BFLOAT16
                       and program.kernels != "numpy")
+    return _with_slots(conv, logits[0], where) if slot_layout else conv
+
+
+def _with_slots(conv: Convention, rows: int, where: str) -> Convention:
+    """A slot-layout file's convention: its slots and token budget, checked against the signature's bounds."""
+    slots = _int(conv.constants.get("get_max_batch_size", rows), where, "get_max_batch_size")
+    budget = _int(conv.constants.get("get_max_tokens_per_step", conv.max_prefill), where, "get_max_tokens_per_step")
+    if not 1 <= slots <= rows or not slots <= budget <= conv.max_prefill:
+        raise InputError(f"{where}: get_max_batch_size {slots} and get_max_tokens_per_step {budget} do not fit "
+                         f"forward's bounds ({rows} logits rows, {conv.max_prefill} tokens)")
+    return replace(conv, max_prefill=budget, layout=SLOTS, slots=slots)
 
 
 def follows_convention(program: Any, method: str = "forward") -> bool:
@@ -102,6 +125,26 @@ def _signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int,
         raise InputError(f"{where}: input_pos has sizes {list(pos.sizes)}, tokens {list(tokens.sizes)}; the "
                          "convention's input_pos is [seq] (each token's position) or [1] (the first one's)")
     return (batch, seq, dynamic), tuple(pos.sizes), tuple(outs[0].tensor.sizes)
+
+
+def _slot_signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int, ...], tuple[int, ...]]:
+    """((1, max tokens, dynamic), positions sizes, logits sizes) of forward(tokens, slots, positions, rows)."""
+    ins = [plan.values[i] for i in plan.inputs]
+    outs = [plan.values[i] for i in plan.outputs]
+    names = ("tokens", "slots", "positions", "rows")
+    for name, v in zip(names, ins, strict=True):
+        if v.kind != "Tensor" or int(v.tensor.scalar_type) != INT64 or len(v.tensor.sizes) != 1:
+            raise InputError(f"{where}: input {name} is not an int64 vector; the slot layout is forward(tokens [T], "
+                             "slots [T], positions [T], rows [R]) with int64 inputs")
+    tokens, slots, pos, rows = (v.tensor for v in ins)
+    if not tokens.sizes == slots.sizes == pos.sizes:
+        raise InputError(f"{where}: tokens {list(tokens.sizes)}, slots {list(slots.sizes)} and positions "
+                         f"{list(pos.sizes)} must have one size (one entry per token)")
+    if len(outs) != 1 or outs[0].kind != "Tensor" or len(outs[0].tensor.sizes) != 2:
+        raise InputError(f"{where}: the slot layout returns one logits tensor [rows, vocab]")
+    if outs[0].tensor.sizes[0] != rows.sizes[0]:
+        raise InputError(f"{where}: logits have {outs[0].tensor.sizes[0]} rows at most but rows takes {rows.sizes[0]}")
+    return (1, tokens.sizes[0], tokens.shape_dynamism.name != "STATIC"), tuple(pos.sizes), tuple(outs[0].tensor.sizes)
 
 
 def _constant(program: Program, name: str) -> Any:

@@ -1,142 +1,94 @@
-"""``pyrt.generate``: prefill, then one token per forward call, on a program that follows the convention.
+"""``pyrt.generate``: one prompt or many, on a program that follows the convention.
 
-The prompt is prefilled in one call when the program's sequence length is dynamic (in
-chunks of its bound when longer), token by token otherwise; the KV cache stays in the
-program's state (device memory when engines update it). Generation stops at an EOS id
+Each prompt becomes one generation of a private :class:`pyrt.llm.Engine`, which takes KV-cache
+slots of the program for it (as many as there are prompts, at most the file's
+``get_max_batch_size``; more prompts wait for a slot). A prompt is prefilled in chunks of the
+file's token budget (whole, on a dynamic one-sequence file; token by token on a static one),
+then each step feeds every running generation's last token. Generation stops at an EOS id
 ("stop"), at ``max_new_tokens`` ("length"), or when the cache has no position left for the
-next token ("cache_full").
+next token ("cache_full"). A program's slots are shared by everything generating on it: where
+none is free, ``generate`` raises :class:`pyrt.BusyError` naming the conflict at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import numpy as np
 
 from pyrt.errors import InputError
-from pyrt.llm.convention import Convention, read_convention
+from pyrt.llm.convention import Convention
+from pyrt.llm.engine import Engine
 from pyrt.llm.request import Request, check_request
-from pyrt.llm.sampling import sample_token
-from pyrt.llm.timings import Clock, Timings
-
-FinishReason = Literal["stop", "length", "cache_full"]  # why a generation ended (see the module docstring)
-_NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
-@dataclass
-class GenerationResult:
-    """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does)."""
-
-    tokens: list[int]
-    finish_reason: FinishReason
-    timings: Timings
-    prompt: list[int] = field(default_factory=list)
-
-
-class Generation:
-    """An iterator of new token ids as they come; :attr:`result` once it is exhausted."""
-
-    def __init__(self, program: Any, conv: Convention, request: Request) -> None:
-        self.result: GenerationResult | None = None
-        self._steps = _run(program, conv, request, self)
-
-    def __iter__(self) -> Iterator[int]:
-        return self
-
-    def __next__(self) -> int:
-        return next(self._steps)
+from pyrt.llm.stream import Generation, GenerationResult
 
 
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None, eos_ids: Any = None, stream: bool = False, method: str = "forward"
-             ) -> Any:
+             seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward") -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
 
+    ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
+    forward calls (one step for all; a file of ``max_batch_size`` B runs B at once, the rest as
+    slots free) and give one result each, in order, each what that prompt alone gives.
     ``max_new_tokens``: the cap (None: until an EOS id or a full cache). ``do_sample``: False is
     greedy (``transformers``' ``do_sample=False``); True samples with ``temperature``, ``top_k``
-    (None: no cut) and ``top_p`` (None: no cut), drawing from ``numpy.random.default_rng(seed)``.
-    ``eos_ids``: ids that stop generation (None: the program's ``get_eos_ids``; ``[]``: none).
-    Returns a :class:`GenerationResult` (``.tokens``, ``.finish_reason``, ``.timings``), or with
-    ``stream=True`` a :class:`Generation` iterating the new ids as they come. Everything is
-    checked before the first run: bad values are InputError naming them.
+    (None: no cut) and ``top_p`` (None: no cut), drawing from ``numpy.random.default_rng(seed)``
+    per prompt (``seed``: an int for every prompt, or one per prompt), so a prompt's tokens do not
+    depend on its neighbours. ``eos_ids``: ids that stop generation (None: the program's
+    ``get_eos_ids``; ``[]``: none). Returns a :class:`GenerationResult` (``.tokens``,
+    ``.finish_reason``, ``.timings``) per prompt, or with ``stream=True`` a :class:`Generation` per
+    prompt, iterating the new ids as they come. Everything is checked before the first run: bad
+    values are InputError naming them.
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool")
-    conv = read_convention(program, method)
-    request = check_request(conv, prompt_ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_ids=eos_ids)
-    return start(program, conv, request) if stream else finish(start(program, conv, request))
+    engine = Engine(program, method=method)
+    prompts, single = _prompts(prompt_ids)
+    seeds = _seeds(seed, len(prompts))
+    requests = [check_request(engine.conv, p, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                              temperature=temperature, top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids,
+                              names=None if single else {"prompt_ids": f"prompt_ids[{i}]"})
+                for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))]
+    engine.reserve(min(len(requests), engine.slots))
+    streams = [engine.submit_request(r) for r in requests]
+    if stream:
+        return streams[0] if single else streams
+    results = [finish(s) for s in streams]
+    return results[0] if single else results
 
 
 def start(program: Any, conv: Convention, request: Request) -> Generation:
-    """A generation of a checked request (nothing runs until it is iterated)."""
-    if conv.batch != 1:
-        raise InputError(f"{program.source}: forward takes a batch of {conv.batch}; pyrt generates one sequence")
-    if not conv.dynamic and conv.max_prefill != 1:
-        raise InputError(f"{program.source}: forward takes exactly {conv.max_prefill} tokens per call (a static "
-                         "shape); the convention needs a dynamic length or one token per call")
-    return Generation(program, conv, request)
+    """A generation of one checked request on a private engine holding one slot (nothing runs until iterated)."""
+    engine = Engine(program, method=conv.method)
+    engine.reserve(1)
+    return engine.submit_request(request)
 
 
 def finish(generation: Generation) -> GenerationResult:
-    """Run ``generation`` to its end; its result."""
-    for _ in generation:
-        pass
-    assert generation.result is not None  # set when the iterator ends
+    """Run ``generation`` to its end (driving its engine); its result, or the run failure raised."""
+    generation.wait()
+    if generation.error is not None:
+        raise generation.error
+    assert generation.result is not None  # wait() returns once it ended
     return generation.result
 
 
-def _run(program: Any, conv: Convention, request: Request, out: Generation) -> Iterator[int]:
-    clock = Clock()
-    rng = np.random.default_rng(request.seed)
-    prompt = list(request.prompt)
-    logits = _prefill(program, conv, prompt)
-    clock.prefilled = clock.now()
-    tokens: list[int] = []
-    reason: FinishReason = "length"
-    position = len(prompt)
-    while True:
-        token = sample_token(logits, request.sampling, rng)
-        tokens.append(token)
-        if len(tokens) == 1:
-            clock.first = clock.now()
-        yield token
-        if token in request.eos_ids:
-            reason = "stop"
-            break
-        if request.max_new_tokens is not None and len(tokens) >= request.max_new_tokens:
-            break
-        if position >= conv.max_context_len:
-            reason = "cache_full"
-            break
-        logits = _forward(program, conv, [token], position)
-        position += 1
-    clock.end = clock.now()
-    out.result = GenerationResult(tokens, reason, clock.timings(len(prompt), len(tokens)), prompt)
+def _prompts(value: Any) -> tuple[list[Any], bool]:
+    """(prompts, whether one prompt was given): a list whose items are sequences is a list of prompts."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(p, (Seq, np.ndarray)) and not isinstance(p, (str, bytes)) for p in value):
+        return list(value), False
+    return [value], True
 
 
-def _prefill(program: Any, conv: Convention, prompt: list[int]) -> np.ndarray:
-    """Feed the prompt (whole, in chunks of the bound, or token by token); the last position's logits."""
-    step = conv.max_prefill if conv.dynamic else 1
-    logits = None
-    for begin in range(0, len(prompt), step):
-        logits = _forward(program, conv, prompt[begin:begin + step], begin)
-    assert logits is not None  # the prompt is not empty (checked)
-    return logits
+def _seeds(seed: Any, count: int) -> list[Any]:
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != count:
+            raise InputError(f"seed has {len(seed)} values for {count} prompts: give one per prompt, or one int")
+        return list(seed)
+    return [seed] * count
 
 
-def _forward(program: Any, conv: Convention, tokens: list[int], begin: int) -> np.ndarray:
-    """The last position's logits (float32 when the program's are bfloat16, which numpy lacks)."""
-    ids = np.asarray([tokens], dtype=np.int64)
-    pos = np.arange(begin, begin + (1 if conv.start_position else len(tokens)), dtype=np.int64)
-    if conv.torch_io:  # a bfloat16 program runs on torch kernels: torch is imported already
-        import torch
-
-        logits = program.run(torch.from_numpy(ids), torch.from_numpy(pos), method=conv.method)
-        return logits.reshape(-1, conv.vocab_size)[-1].float().numpy()  # bf16 -> float32 is exact
-    logits = program.run(ids, pos, method=conv.method)
-    row = np.asarray(logits).reshape(-1, conv.vocab_size)[-1]  # [1, seq, vocab] or the last position's [1, vocab]
-    return row if row.dtype in _NUMPY_FLOATS else row.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
+__all__ = ["generate", "Generation", "GenerationResult", "start", "finish"]

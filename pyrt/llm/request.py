@@ -25,11 +25,13 @@ class Request:
     sampling: Sampling
     seed: int | None
     eos_ids: frozenset[int]
+    stop: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end the generation
 
 
 def check_request(conv: Convention, prompt_ids: Any, *, max_new_tokens: Any, do_sample: Any = False,
                   temperature: Any = 1.0, top_k: Any = None, top_p: Any = None, seed: Any = None,
-                  eos_ids: Any = None, names: dict[str, str] | None = None) -> Request:
+                  eos_ids: Any = None, names: dict[str, str] | None = None,
+                  stop: tuple[tuple[int, ...], ...] = ()) -> Request:
     """A :class:`Request`, or InputError naming the first bad field (``names`` renames fields in messages)."""
     label = dict(names or {})
 
@@ -56,7 +58,23 @@ def check_request(conv: Convention, prompt_ids: Any, *, max_new_tokens: Any, do_
     if seed is not None:
         seed = _int(seed, name("seed"), low=0)
     eos = conv.eos_ids if eos_ids is None else _ids(eos_ids, conv.vocab_size, name("eos_ids"))
-    return Request(prompt, max_new_tokens, sampling, seed, frozenset(eos))
+    return Request(prompt, max_new_tokens, sampling, seed, frozenset(eos), stop)
+
+
+def check_stop(value: Any, vocab: int, names: dict[str, str] | None = None) -> tuple[tuple[int, ...], ...]:
+    """``stop`` (None, or a list of token-id sequences) checked; InputError naming the bad entry."""
+    field = (names or {}).get("stop", "stop")
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InputError(f"{field}={value!r} must be a list of token-id sequences")
+    out = []
+    for i, item in enumerate(value):
+        ids = _ids(item, vocab, f"{field}[{i}]")
+        if not ids:
+            raise InputError(f"{field}[{i}] is empty: a stop sequence needs at least one token id")
+        out.append(ids)
+    return tuple(out)
 
 
 def _ids(value: Any, vocab: int, field: str) -> tuple[int, ...]:

@@ -1,0 +1,159 @@
+"""Hugging Face causal LMs as one forward over a flat list of tokens, each with its KV-cache slot and position.
+
+``forward(tokens [T] int64, slots [T] int64, positions [T] int64, rows [R] int64) -> logits [R, vocab]``:
+token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose logits
+come back (the last token each sequence fed this step). This is the layout vLLM and TensorRT-LLM's
+in-flight batching use: prefill chunks of new sequences and one decode token of each running
+sequence share a step, and one engine holds the weights once.
+
+The cache of each layer is a buffer of ``max_batch_size * max_seq_len`` rows of ``[kv_heads, head_dim]``
+(row ``slot * max_seq_len + position``). A step first writes its tokens' keys and values at their rows
+(``index_copy_``), then gives every token its own slot's keys, masked to the positions at or before
+its own: a token never reads another slot, and a new sequence never reads what a slot's earlier
+owner left (each position is written before any token at or after it reads it).
+
+Each token is one row of the model's batch with sequence length 1, so the model's own attention
+(eager or SDPA), rotary or learned position embeddings and grouped-query heads run unchanged;
+the mask is passed in 4-D, which transformers takes as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from pyrt.errors import ExportError
+from pyrt.export._graph.hf_decoder import text_config
+
+
+@functools.cache
+def _slot_layer_class() -> Any:
+    from transformers.cache_utils import StaticLayer
+
+    class SlotLayer(StaticLayer):
+        """One layer's cache: writes this step's keys/values at their rows, returns each token's slot."""
+
+        rows: torch.Tensor  # [T] cache rows of this step's tokens (slot * max_seq_len + position)
+        slots: torch.Tensor  # [T]
+        keys: Any  # [slots * max_seq_len, kv_heads, head_dim]
+        values: Any
+
+        def __init__(self, max_batch_size: int, max_seq_len: int) -> None:
+            super().__init__(max_seq_len)
+            self.batch, self.seq = max_batch_size, max_seq_len
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys.index_copy_(0, self.rows, key_states[:, :, 0, :])
+            self.values.index_copy_(0, self.rows, value_states[:, :, 0, :])
+            return self._of_slots(self.keys), self._of_slots(self.values)
+
+        def _of_slots(self, cache: torch.Tensor) -> torch.Tensor:
+            """[T, kv_heads, max_seq_len, head_dim]: each token's own slot."""
+            heads, dim = cache.shape[1], cache.shape[2]
+            return cache.view(self.batch, self.seq, heads, dim).index_select(0, self.slots).transpose(1, 2)
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+            return self.seq, 0
+
+    return SlotLayer
+
+
+class SlotDecoderModule(torch.nn.Module):
+    """``forward(tokens [T], slots [T], positions [T], rows [R]) -> logits [R, vocab]`` over a cache of slots.
+
+    The cache tensors are registered (non-persistent) buffers ``key_cache_N`` / ``value_cache_N``;
+    ``torch.export`` turns them into mutable program state, as for the one-sequence layout.
+    """
+
+    def __init__(self, model: Any, max_seq_len: int, max_batch_size: int) -> None:
+        super().__init__()
+        from transformers import StaticCache
+        from transformers.configuration_utils import get_head_shapes
+
+        config = text_config(model)
+        self.model = model
+        self.max_seq_len, self.max_batch_size = max_seq_len, max_batch_size
+        self.cache = StaticCache(max_cache_len=max_seq_len, config=config)
+        layer_class = _slot_layer_class()
+        self.layers: list[Any] = [layer_class(max_batch_size, max_seq_len) for _ in self.cache.layers]
+        self.cache.layers[:] = self.layers
+        heads, head_dim = get_head_shapes(config)
+        if not isinstance(heads, int) or not isinstance(head_dim, int):
+            raise ExportError(f"{type(model).__name__} has per-layer head shapes ({heads}, {head_dim}); the slot "
+                              "layout needs one KV-head count and head size for every layer")
+        first = next(model.parameters())
+        self.dtype = first.dtype
+        for i, layer in enumerate(self.layers):
+            for kind in ("key", "value"):
+                buffer = torch.zeros(max_batch_size * max_seq_len, heads, head_dim, dtype=first.dtype,
+                                     device=first.device)
+                self.register_buffer(f"{kind}_cache_{i}", buffer, persistent=False)
+            layer.is_initialized = True
+        self.head_only = _head_gives_logits(model)
+
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+                ) -> torch.Tensor:
+        cache_rows = slots * self.max_seq_len + positions
+        for i, layer in enumerate(self.layers):  # the buffers, as export lifted them
+            layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
+            layer.rows, layer.slots = cache_rows, slots
+        seen = torch.arange(self.max_seq_len, device=positions.device)[None, :] <= positions[:, None]
+        blocked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=positions.device)
+        mask = torch.where(seen, torch.zeros((), dtype=self.dtype, device=positions.device), blocked)[:, None, None, :]
+        args = {"input_ids": tokens[:, None], "position_ids": positions[:, None], "attention_mask": mask,
+                "past_key_values": self.cache, "use_cache": True}
+        if self.head_only:  # the head over the rows asked for only (a prefill chunk needs one row)
+            hidden = self.model.base_model(**args).last_hidden_state[:, 0, :]
+            logits: torch.Tensor = self.model.get_output_embeddings()(hidden.index_select(0, rows))
+            return logits
+        return self.model(**args).logits[:, 0, :].index_select(0, rows)
+
+
+def _head_gives_logits(model: Any) -> bool:
+    """True when ``lm_head(base_model(...))`` is the model's logits (no scaling or soft-capping after it).
+
+    Checked on the model itself, eagerly, with a plain causal mask: where a family post-processes its
+    logits, the head runs over every token and the rows are picked afterwards (always right, more work).
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, "base_model", None)
+    if head is None or base is None or base is model:
+        return False
+    vocab = int(text_config(model).vocab_size)
+    ids = torch.arange(3, device=next(model.parameters()).device)[None, :] % vocab
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits
+            mine = head(base(input_ids=ids, use_cache=False).last_hidden_state)
+    except Exception:  # a family whose pieces do not run apart: the whole model it is
+        return False
+    return bool(full.shape == mine.shape and torch.equal(full, mine))
+
+
+def wrap(model: Any, max_seq_len: int, max_batch_size: int) -> torch.nn.Module:
+    """The slot-layout module; transformers' errors become ExportError."""
+    try:
+        return SlotDecoderModule(model, max_seq_len, max_batch_size).eval()
+    except Exception as exc:  # transformers raises many types for models it cannot cache
+        raise ExportError(f"wrapping {type(model).__name__} with a cache of {max_batch_size} slots failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int) -> torch.export.ExportedProgram:
+    """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_batch_size`` logits rows."""
+    example = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 0]), torch.tensor([0, 1]))  # sizes >= 2
+    tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
+    rows = torch.export.Dim("rows", min=1, max=max_batch_size)
+    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows})
+    try:
+        with torch.no_grad():
+            return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
+    except Exception as exc:  # torch.export raises many error types
+        raise ExportError(f"torch.export of the {max_batch_size}-slot decoder failed: {type(exc).__name__}: {exc}"
+                          ) from exc
