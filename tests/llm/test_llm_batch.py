@@ -1,0 +1,204 @@
+"""Many sequences, one weight pass: files of several KV-cache slots, pyrt.generate over many prompts,
+and pyrt.llm.Engine's continuous batching. Every result equals that prompt's solo run (greedy:
+transformers' ``generate`` token for token; sampling: the same seed alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pyrt
+import pyrt.llm
+from pyrt.errors import BusyError, InputError
+from pyrt.llm.slots import pool_of
+from pyrt.testing import archs, simulated_gpus
+from tests.fixtures import llm_models as L
+
+NEW = 12
+# (family, builder): reference engines on the simulated GPU, and ExecuTorch's portable kernels on the CPU.
+CASES = [("llama", "reference"), ("gpt2", "portable"), ("opt", "reference")]
+
+
+@contextlib.contextmanager
+def opened(exported: L.Exported) -> Iterator[Any]:
+    with simulated_gpus(1), pyrt.Program(exported.path) as prog:
+        yield prog
+
+
+@pytest.fixture(scope="module")
+def llama4() -> L.Exported:
+    return L.batched("llama", "reference")
+
+
+@pytest.mark.parametrize(("name", "builder"), CASES)
+def test_many_prompts_in_one_call_equal_their_solo_runs(name: str, builder: str) -> None:
+    exported = L.batched(name, builder)
+    want = [list(w) for w in L.solo_greedy(name, NEW)]
+    with opened(exported) as prog:
+        results = pyrt.generate(prog, L.PROMPTS, max_new_tokens=NEW, eos_ids=[])  # 7 prompts, 4 slots
+        assert [r.tokens for r in results] == want
+        assert [r.prompt for r in results] == L.PROMPTS and {r.finish_reason for r in results} == {"length"}
+        alone = pyrt.generate(prog, L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[])  # one prompt: today's API
+        assert alone.tokens == want[2]
+
+
+def test_the_file_says_its_slots_and_token_budget(llama4: L.Exported) -> None:
+    assert llama4.summary.constant_methods["get_max_batch_size"] == L.SLOTS
+    assert llama4.summary.constant_methods["get_max_tokens_per_step"] == 16
+    assert "slot layout" in llama4.summary.route_reason
+    with opened(llama4) as prog:
+        conv = pyrt.llm.read_convention(prog)
+        assert (conv.layout, conv.slots, conv.tokens_per_step) == ("slots", L.SLOTS, 16)
+
+
+def test_sampling_draws_per_prompt(llama4: L.Exported) -> None:
+    prompts = L.PROMPTS[:5]
+    with opened(llama4) as prog:
+        together = pyrt.generate(prog, prompts, max_new_tokens=NEW, do_sample=True, temperature=1.5, top_k=20,
+                                 seed=[3, 1, 4, 1, 5], eos_ids=[])
+        alone = [pyrt.generate(prog, p, max_new_tokens=NEW, do_sample=True, temperature=1.5, top_k=20, seed=s,
+                               eos_ids=[]) for p, s in zip(prompts, [3, 1, 4, 1, 5], strict=True)]
+        same_seed = pyrt.generate(prog, prompts[:2], max_new_tokens=NEW, do_sample=True, seed=7, eos_ids=[])
+        second = pyrt.generate(prog, prompts[1], max_new_tokens=NEW, do_sample=True, seed=7, eos_ids=[])
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert len({tuple(r.tokens) for r in together}) > 1  # the draws really differ between prompts
+    assert same_seed[1].tokens == second.tokens  # an int seed: every prompt draws as it would alone
+
+
+def test_sequences_join_and_leave_between_steps_and_cancel_keeps_their_tokens(llama4: L.Exported) -> None:
+    want = [list(w) for w in L.solo_greedy("llama", NEW)]
+    with opened(llama4) as prog:
+        engine = pyrt.llm.Engine(prog)
+        first = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:3]]
+        assert engine.pending == 3 and engine.step() == 3 and engine.running == 3
+        for _ in range(3):
+            engine.step()
+        late = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[3:]]  # join mid-run
+        assert engine.queued == 4  # one slot is free: the next step admits one
+        engine.cancel(first[1])
+        engine.step()
+        assert first[1].result is not None and first[1].result.finish_reason == "cancelled"
+        kept = first[1].result.tokens
+        assert 0 < len(kept) < NEW and kept == want[1][:len(kept)]
+        while engine.pending:
+            engine.step()
+        done = [s.result for s in first + late]
+        assert all(r is not None for r in done)
+        assert [r.tokens for i, r in enumerate(done) if i != 1] == [w for i, w in enumerate(want) if i != 1]
+        assert pool_of(prog, L.SLOTS).free == L.SLOTS  # every slot given back
+        stats = engine.stats()
+        assert stats["tokens_generated"] == 6 * NEW + len(kept) and max(map(int, stats["occupancy"])) == L.SLOTS
+
+
+def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks_beside_decoding(llama4: L.Exported) -> None:
+    want = [list(w) for w in L.solo_greedy("llama", NEW)]
+    with opened(llama4) as prog:
+        engine = pyrt.llm.Engine(prog)
+        short = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+        engine.step()
+        long = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[])  # 20 tokens, budget 16 per step
+        assert engine.step() == 2 and short.tokens == want[0][:2] and long.tokens == []
+        assert engine.step() == 2 and long.tokens == want[2][:1]  # the rest of its prompt, then its first token
+        for stream in (short, long):
+            stream.wait()
+        assert short.result is not None and long.result is not None
+        assert (short.result.tokens, long.result.tokens) == (want[0], want[2])
+
+
+def test_stop_sequences_eos_and_a_full_cache_end_a_generation(llama4: L.Exported) -> None:
+    want = list(L.solo_greedy("llama", NEW)[2])
+    pair = want[2:4]
+    at = next(i for i in range(len(want) - 1) if want[i:i + 2] == pair) + 2  # where the pair first ends
+    eos = want[3]
+    with opened(llama4) as prog:
+        engine = pyrt.llm.Engine(prog)
+        stopped = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[], stop=[[99, 98, 97], pair])
+        ended = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[eos])
+        room = L.MAX_SEQ_LEN - len(L.PROMPTS[2])
+        full = engine.submit(L.PROMPTS[2], eos_ids=[])  # no cap: until the cache is full
+        for stream in (stopped, ended, full):
+            stream.wait()
+    assert stopped.result is not None and (stopped.result.tokens, stopped.result.finish_reason) == (want[:at], "stop")
+    assert ended.result is not None and ended.result.finish_reason == "stop"
+    assert ended.result.tokens == want[:want.index(eos) + 1]  # the EOS itself kept, as transformers does
+    assert full.result is not None and full.result.finish_reason == "cache_full"
+    assert len(full.result.tokens) == room + 1  # the last token's logits need no cache position
+
+
+def test_a_bad_submission_is_an_input_error_and_disturbs_nobody(llama4: L.Exported) -> None:
+    want = list(L.solo_greedy("llama", NEW)[0])
+    with opened(llama4) as prog:
+        engine = pyrt.llm.Engine(prog, max_queued=1)
+        running = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+        engine.step()
+        for bad, match in (({"top_p": 2.0}, r"top_p=2.0 must be a number in \(0, 1\]"),
+                           ({"stop": [[]]}, r"stop\[0\] is empty"), ({"stop": "x"}, "must be a list"),
+                           ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int >= 1")):
+            with pytest.raises(InputError, match=match):
+                engine.submit([1, 2], **bad)
+        with pytest.raises(InputError, match=r"prompt_ids\[1\]=1000 is outside the vocabulary"):
+            engine.submit([1, 1000])
+        waiting = engine.submit([7], max_new_tokens=2)  # the queue's one place (slots are taken at a step)
+        with pytest.raises(BusyError, match="max_queued=1"):
+            engine.submit([7], max_new_tokens=2)
+        running.wait()
+        waiting.wait()
+    assert running.result is not None and running.result.tokens == want
+    assert waiting.result is not None and len(waiting.result.tokens) == 2
+
+
+def test_a_dropped_stream_is_cancelled_and_gives_its_slot_back(llama4: L.Exported) -> None:
+    with opened(llama4) as prog:
+        engine = pyrt.llm.Engine(prog)
+        kept = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+        dropped = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
+        engine.step()
+        assert engine.running == 2 and pool_of(prog, L.SLOTS).free == L.SLOTS - 2
+        del dropped  # e.g. a client that went away: nobody can read its tokens any more
+        assert engine.running == 1 and pool_of(prog, L.SLOTS).free == L.SLOTS - 1
+        kept.wait()
+        assert pool_of(prog, L.SLOTS).free == L.SLOTS
+
+
+def test_a_failed_run_ends_the_generations_it_carried_and_the_engine_goes_on(llama4: L.Exported) -> None:
+    want = list(L.solo_greedy("llama", NEW)[1])
+    with simulated_gpus(1) as sim, pyrt.Program(llama4.path) as prog:
+        engine = pyrt.llm.Engine(prog)
+        doomed = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+        engine.step()
+        sim.tensorrt.inject_failure("execute_async_v3")
+        assert engine.step() == 1
+        with pytest.raises(pyrt.PyrtError, match="execute_async_v3"):
+            list(doomed)
+        fine = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
+        assert list(fine) == want and pool_of(prog, L.SLOTS).free == L.SLOTS
+
+
+def test_portable_slot_files_run_in_executorchs_own_runtime() -> None:
+    from executorch.runtime import Runtime
+
+    exported = L.batched("gpt2", "portable")
+    steps = [([5, 6, 7], [0, 0, 0], [0, 1, 2], [2]), ([8, 9, 10, 11], [0, 2, 2, 2], [3, 0, 1, 2], [0, 3])]
+    method = Runtime.get().load_program(str(exported.path)).load_method("forward")
+    import torch
+
+    with pyrt.Program(exported.path) as prog:
+        for step in steps:
+            ours = np.asarray(prog.run(*(np.asarray(a, np.int64) for a in step)))
+            theirs = method.execute([torch.tensor(a) for a in step])[0].numpy()
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+            assert ours.shape == (len(step[3]), archs.VOCAB)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(archs.LLM_FAMILIES))
+def test_every_family_batches_as_its_solo_runs(name: str) -> None:
+    exported = L.batched(name, "reference")
+    with opened(exported) as prog:
+        results = pyrt.generate(prog, L.PROMPTS, max_new_tokens=NEW, eos_ids=[])
+    assert [r.tokens for r in results] == [list(w) for w in L.solo_greedy(name, NEW)]
