@@ -5,11 +5,13 @@
 >>> with pyrt.Program("model.pte", budget="2GiB") as prog:   # doctest: +SKIP
 ...     out = prog(x)
 
-Importing pyrt imports neither torch nor executorch.
+Importing pyrt imports neither torch nor executorch. With ``PYRT_SIMULATED_GPUS=n`` in the
+environment, the process runs on n simulated GPUs (:func:`pyrt.testing.install_from_environment`).
 """
 
 from __future__ import annotations
 
+import os as _os
 from typing import Any
 
 from pyrt._version import __version__
@@ -50,3 +52,9 @@ def __getattr__(name: str) -> Any:
 
         return generate
     raise AttributeError(f"module 'pyrt' has no attribute {name!r}")
+
+
+if _os.environ.get("PYRT_SIMULATED_GPUS", "").strip().isdigit():  # the CLI, the server and scripts alike
+    from pyrt.testing import install_from_environment as _install
+
+    _install()  # a value that is no count: the command line's error, or a DeviceError's hint, says so

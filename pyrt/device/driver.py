@@ -11,6 +11,7 @@ copies, streams and events on top.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -126,7 +127,7 @@ class CudaDriver:
     def describe_devices(self) -> str:
         """A one-line list of present devices (or why there are none) for error messages."""
         if self.device_count() == 0:
-            return f"no CUDA devices are present ({self._why_none})"
+            return f"no CUDA devices are present ({self._why_none}){_simulation_hint()}"
         return "present devices: " + "; ".join(str(d) for d in self.devices())
 
     def require_device(self, index: int, *, purpose: str = "") -> DeviceInfo:
@@ -205,3 +206,14 @@ class CudaDriver:
             raise DeviceError(f"cuMemFreeAsync failed: {type(exc).__name__}: {exc}") from exc
         if result[0]:
             raise DeviceError(f"cuMemFreeAsync failed with {self.error_name(result[0])}")
+
+
+def _simulation_hint() -> str:
+    """Where no GPU is, how to run reference-engine programs on simulated ones (``import pyrt`` reads the variable)."""
+    value = os.environ.get("PYRT_SIMULATED_GPUS", "").strip()
+    if value and not value.isdigit():
+        return f"; PYRT_SIMULATED_GPUS={value!r} is not a whole number of GPUs, so none are simulated"
+    if value:
+        return ""
+    return ("; to run programs of reference engines without a GPU, set PYRT_SIMULATED_GPUS=1 before pyrt is "
+            "imported, or run inside pyrt.testing.simulated_gpus(1)")

@@ -12,16 +12,14 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from pyrt.llm.request import Request
 from pyrt.llm.timings import Clock, Timings
-
-if TYPE_CHECKING:
-    from pyrt.llm.engine import Engine
 
 FinishReason = Literal["stop", "length", "cache_full", "cancelled"]
 
@@ -72,6 +70,22 @@ class Sequence:
             listener(self)
 
 
+class Driver(Protocol):
+    """What a :class:`Generation` needs of the engine that runs it (:class:`pyrt.llm.Engine`)."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Guards every Sequence of the engine (re-entrant)."""
+
+    def drive(self) -> None: ...
+
+    def cancel(self, stream: Generation, reason: FinishReason = "cancelled") -> None: ...
+
+    def drop(self, seq: Sequence) -> None: ...
+
+    def wait_for(self, seq: Sequence, timeout: float | None) -> bool: ...
+
+
 class Generation:
     """An iterator of new token ids as they come; :attr:`result` once it is exhausted.
 
@@ -80,7 +94,7 @@ class Generation:
     iteration reaches it.
     """
 
-    def __init__(self, engine: Engine, sequence: Sequence) -> None:
+    def __init__(self, engine: Driver, sequence: Sequence) -> None:
         self._engine, self._seq = engine, sequence
         self._finalizer = weakref.finalize(self, engine.drop, sequence)
 

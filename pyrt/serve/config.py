@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pyrt.errors import InputError
+from pyrt.testing import gpus_from_environment
 
-SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 
 
@@ -69,9 +69,4 @@ class ServeConfig:
 
 def simulated_from_env() -> int | None:
     """``$PYRT_SIMULATED_GPUS`` as a count (None when unset); InputError naming a bad value."""
-    value = os.environ.get(SIMULATED_GPUS_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise InputError(f"{SIMULATED_GPUS_ENV}={value!r}: expected a whole number of GPUs")
-    return int(value)
+    return gpus_from_environment()

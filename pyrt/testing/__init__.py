@@ -20,17 +20,25 @@ True
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyrt import cuda as cuda_seam
 from pyrt.device import tensorrt_seam
+from pyrt.errors import InputError
 from pyrt.testing.fake_cuda import FakeDriver
 from pyrt.testing.fake_tensorrt import FakeTensorRT
 from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
+SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
+_PROCESS_WIDE: list[contextlib.ExitStack] = []  # the simulated GPUs install_from_environment() put in place
+_PROCESS_LOCK = threading.Lock()
+
 __all__ = [
-    "SimulatedGPUs", "simulated_gpus", "simulated_devices", "FakeDriver", "FakeTensorRT",
+    "SimulatedGPUs", "simulated_gpus", "simulated_devices", "gpus_from_environment", "install_from_environment",
+    "FakeDriver", "FakeTensorRT",
     "RefEngine", "RefProfile", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
 ]
 
@@ -81,3 +89,30 @@ def simulated_devices(
     """
     driver = FakeDriver(n, memory, name=name, capability=capability)
     return SimulatedGPUs(driver, FakeTensorRT(driver), cuda_seam.Cuda(driver))
+
+
+def gpus_from_environment() -> int | None:
+    """``$PYRT_SIMULATED_GPUS`` as a count of GPUs (None when unset); InputError naming a bad value."""
+    value = os.environ.get(SIMULATED_GPUS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise InputError(f"{SIMULATED_GPUS_ENV}={value!r}: expected a whole number of GPUs")
+    return int(value)
+
+
+def install_from_environment() -> bool:
+    """``$PYRT_SIMULATED_GPUS`` simulated GPUs for the rest of the process (once); True when installed.
+
+    ``import pyrt`` calls this when the variable is set, so ``PYRT_SIMULATED_GPUS=1 python app.py``
+    runs ``app.py``'s Programs on simulated GPUs, as ``PYRT_SIMULATED_GPUS=1 pyrt run ...`` does.
+    """
+    count = gpus_from_environment()
+    if count is None:
+        return False
+    with _PROCESS_LOCK:
+        if not _PROCESS_WIDE:
+            stack = contextlib.ExitStack()
+            stack.enter_context(simulated_gpus(count))
+            _PROCESS_WIDE.append(stack)  # never closed: the process keeps its simulated GPUs
+    return True

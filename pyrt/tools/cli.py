@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pyrt.errors import PyrtError
 from pyrt.logs import configure as configure_logging
 from pyrt.logs import reset as reset_logging
-from pyrt.testing import simulated_gpus
+from pyrt.testing import gpus_from_environment, simulated_gpus
 from pyrt.tools.cli_args import parser
 from pyrt.tools.commands import COMMANDS
 from pyrt.tools.terminal import (
@@ -46,17 +46,11 @@ from pyrt.tools.terminal import (
     warnings_to_stderr,
 )
 
-SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
-
 
 def _simulated(stack: contextlib.ExitStack) -> None:
-    value = os.environ.get(SIMULATED_GPUS_ENV, "").strip()
-    if not value:
-        return
-    if not value.isdigit():
-        raise PyrtError(f"{SIMULATED_GPUS_ENV}={value!r}: expected a whole number of GPUs")
-
-    stack.enter_context(simulated_gpus(int(value)))
+    count = gpus_from_environment()
+    if count is not None:
+        stack.enter_context(simulated_gpus(count))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -171,6 +171,10 @@ def _external_file(pte: PteFile, key: str | None) -> str | None:
 
 
 def _value_spec(value: Any) -> dict[str, Any]:
+    if value.kind in ("Int", "Double", "Bool", "String"):  # a literal in the file (a constant method's answer)
+        literal = value.value
+        return {"kind": value.kind, "value": bytes(literal).decode("utf-8", "replace")
+                if isinstance(literal, (bytes, bytearray, memoryview)) else literal}
     if value.kind != "Tensor":
         return {"kind": value.kind}
     t = value.value
@@ -250,6 +254,8 @@ def format_report(info: dict[str, Any]) -> str:
             for idx, spec in zip(m[label], specs, strict=True):
                 if spec["kind"] == "Tensor":
                     lines.append(f"    [{idx}] {spec['dtype']}{spec['shape']} {spec['dynamism'].lower()}")
+                elif "value" in spec:
+                    lines.append(f"    [{idx}] {spec['kind']} = {spec['value']!r}")
                 else:
                     lines.append(f"    [{idx}] {spec['kind']}")
         counts = ", ".join(f"{k} {v}" for k, v in sorted(m["instruction_counts"].items())) or "none"
@@ -273,7 +279,16 @@ def format_report(info: dict[str, Any]) -> str:
             elif "tensorrt_error" in d:
                 lines.append(f"    invalid TensorRT blob: {d['tensorrt_error']}")
         lines.extend(_format_tensors(m.get("tensors", [])))
+    lines.extend(_format_constants(info["methods"]))
     return "\n".join(lines)
+
+
+def _format_constants(methods: list[dict[str, Any]]) -> list[str]:
+    """One line for the methods that answer a constant (an LLM file's max_seq_len, vocabulary, EOS ids, slots...)."""
+    found = [f"{m['name']} = {', '.join(repr(s['value']) for s in m['output_specs'])}" for m in methods
+             if not m["inputs"] and not m["instructions"] and m["output_specs"]
+             and all("value" in s for s in m["output_specs"])]
+    return ["", "constant methods: " + "; ".join(found)] if found else []
 
 
 def _format_tensors(tensors: list[dict[str, Any]]) -> list[str]:

@@ -202,3 +202,22 @@ def test_every_family_batches_as_its_solo_runs(name: str) -> None:
     with opened(exported) as prog:
         results = pyrt.generate(prog, L.PROMPTS, max_new_tokens=NEW, eos_ids=[])
     assert [r.tokens for r in results] == [list(w) for w in L.solo_greedy(name, NEW)]
+
+
+def test_inspect_shows_the_constant_methods_values(llama4: L.Exported) -> None:
+    import json
+    import subprocess
+    import sys
+
+    info = pyrt.inspect(llama4.path)
+    answers = {m["name"]: m["output_specs"] for m in info["methods"] if not m["inputs"]}
+    assert answers["get_max_batch_size"] == [{"kind": "Int", "value": L.SLOTS}]
+    assert answers["get_max_tokens_per_step"] == [{"kind": "Int", "value": 16}]
+    assert answers["get_max_seq_len"] == [{"kind": "Int", "value": L.MAX_SEQ_LEN}]
+    assert answers["use_kv_cache"] == [{"kind": "Bool", "value": True}]
+    text = subprocess.run([sys.executable, "-m", "pyrt", "inspect", str(llama4.path)], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    assert "[0] Int = 4" in text and f"get_max_batch_size = {L.SLOTS}; get_max_tokens_per_step = 16" in text
+    as_json = json.loads(subprocess.run([sys.executable, "-m", "pyrt", "inspect", "--json", str(llama4.path)],
+                                        capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert {m["name"]: m["output_specs"] for m in as_json["methods"]}["get_eos_ids"] == [{"kind": "Int", "value": 2}]

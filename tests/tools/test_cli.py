@@ -410,3 +410,19 @@ def test_profile_on_simulated_gpus_has_a_track_per_stream(graph_break: Path, tmp
     on_device = [e for e in trace["traceEvents"] if e.get("cat") == "device"]
     assert {e["pid"] for e in on_device} == {1, 2}
     assert sum(e["name"].startswith("delegate") for e in on_device) == 4
+
+
+def test_simulated_gpus_from_the_environment_work_in_python_too(graph_break: Path) -> None:
+    """``PYRT_SIMULATED_GPUS=2 python app.py`` runs app.py's Programs on simulated GPUs, as the CLI does."""
+    script = ("import numpy as np, pyrt\n"
+              f"with pyrt.Program({str(graph_break)!r}, kernels='numpy') as prog:\n"
+              "    print(prog(np.ones((2, 8), np.float32)).shape)\n")
+    environ = {k: v for k, v in os.environ.items() if k != "PYRT_SIMULATED_GPUS"}
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**environ, "PYRT_SIMULATED_GPUS": "2", "PYTHONPATH": str(ROOT)})
+    assert ran.returncode == 0 and ran.stdout.strip() == "(2, 4)", ran.stderr
+    for value, hint in (("", "set PYRT_SIMULATED_GPUS=1 before pyrt is imported"),
+                        ("two", "PYRT_SIMULATED_GPUS='two' is not a whole number of GPUs")):
+        failed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                                env={**environ, "PYRT_SIMULATED_GPUS": value, "PYTHONPATH": str(ROOT)})
+        assert failed.returncode == 1 and "DeviceError" in failed.stderr and hint in failed.stderr, failed.stderr
