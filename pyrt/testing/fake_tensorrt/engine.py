@@ -171,6 +171,7 @@ class FakeCudaEngine:
         if not self._hold("execution context (resident weights, scratch, activations)", need, held):
             return None
         user = strategy is ExecutionContextAllocationStrategy.USER_MANAGED
+        self.ref.prepare()  # TensorRT sets a context up when it is made, not at its first launch
         context = FakeExecutionContext(self, held, user_managed=user)
         self._contexts.add(context)
         return context

@@ -75,6 +75,19 @@ class RefEngine:
                 for n in self.nodes)
         return pick_backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
 
+    def prepare(self) -> None:
+        """Pick the library a run will use now (importing torch when the graph needs it) and convert the weights.
+
+        The fake TensorRT calls this when it makes an execution context, i.e. when a Program loads, so a
+        first run's time (a first token's, say) measures the run, not a one-time ``import torch``; an
+        engine with dynamic output shapes also infers them once, at the first profile's opt shapes (the
+        first inference sets up torch's meta machinery, seconds that TensorRT never spends).
+        """
+        self._env(self._auto())
+        if any(-1 in t.shape for t in self.outputs):
+            profile = self.optimization_profiles()[0]
+            self.infer_output_shapes({t.name: profile.bounds(t)[1] for t in self.inputs})
+
     def _env(self, be: Backend) -> dict[str, Any]:
         """A fresh environment holding the weights (converted once per backend)."""
         if be.name not in self._weights_by_backend:
