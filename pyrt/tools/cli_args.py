@@ -81,14 +81,20 @@ def _budget(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return n
+def _whole(low: int) -> Any:
+    """An argparse type: a whole number >= ``low`` (the usage error says which bound)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+    return parse
+
+
+_count, _one_or_more = _whole(0), _whole(1)
 
 
 def _ids(text: str) -> list[int]:
@@ -215,8 +221,8 @@ def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--generate", action="store_true", help="time LLM generation (prefill ms, decode tokens/s) "
                    "per budget instead of single runs")
-    p.add_argument("--prompt-len", type=_count, default=16, help="--generate: prompt tokens (default 16)")
-    p.add_argument("--new-tokens", type=_count, default=32, help="--generate: new tokens (default 32)")
+    p.add_argument("--prompt-len", type=_one_or_more, default=16, help="--generate: prompt tokens (default 16)")
+    p.add_argument("--new-tokens", type=_one_or_more, default=32, help="--generate: new tokens (default 32)")
 
 
 def _add_profile(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -241,12 +247,12 @@ def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     prompt.add_argument("--prompt-ids", type=_ids, metavar="1,2,3", help="the prompt's token ids")
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs --tokenizer)")
     p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory (transformers)")
-    p.add_argument("--max-new-tokens", type=_count, metavar="N", help="cap on new tokens (default: until EOS or a "
-                   "full cache)")
+    p.add_argument("--max-new-tokens", type=_one_or_more, metavar="N",
+                   help="cap on new tokens (default: until EOS or a full cache)")
     p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=_float, default=1.0, help="sampling temperature (default 1)")
-    p.add_argument("--top-k", type=_count, help="sample among the k most likely tokens")
+    p.add_argument("--top-k", type=_one_or_more, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=_float, help="sample within this probability mass")
     p.add_argument("--seed", type=_count, help="seed of the sampler")
     p.add_argument("--eos-ids", type=_ids, metavar="2,3", help="stop ids (default: the file's get_eos_ids)")

@@ -79,6 +79,8 @@ def test_generate_text_with_a_local_tokenizer(llama: L.Exported, capsys: Any, tm
     (["--prompt-ids", "1,100"], 1, "prompt_ids[1]=100 is outside the vocabulary"),
     (["--prompt-ids", "1,2", "--max-new-tokens", "60"], 1, "max_new_tokens=60 goes past the cache"),
     (["--prompt-ids", "1,x"], 2, ""),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "0"], 2, "expected a whole number >= 1, got '0'"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "-1"], 2, "expected a whole number >= 1, got '-1'"),
     ([], 2, ""),
 ])
 def test_generate_errors(llama: L.Exported, capsys: Any, args: list[str], status: int, message: str) -> None:
