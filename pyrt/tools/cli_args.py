@@ -97,6 +97,16 @@ def _whole(low: int) -> Any:
 _count, _one_or_more = _whole(0), _whole(1)
 
 
+def _batches(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1 separated by commas, got {text!r}")
+    return sizes
+
+
 def _ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
@@ -223,6 +233,10 @@ def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    "per budget instead of single runs")
     p.add_argument("--prompt-len", type=_one_or_more, default=16, help="--generate: prompt tokens (default 16)")
     p.add_argument("--new-tokens", type=_one_or_more, default=32, help="--generate: new tokens (default 32)")
+    p.add_argument("--batch", type=_batches, help="--generate: sequences generated at once, e.g. 1,4,16 (default 1; "
+                   "a file of max_batch_size B runs up to B in one step)")
+    p.add_argument("--bandwidth", type=_positive, metavar="GB/s", help="--generate: the host-to-device bandwidth "
+                   "of the B*BW/S column (default: measured when weights stream)")
 
 
 def _add_profile(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten, method_inputs
-from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, plot_generation
+from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, host_to_device_bandwidth, plot_generation
 from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
@@ -264,23 +264,29 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _bench_generation(args: argparse.Namespace) -> int:
-    """``bench --generate``: prefill ms and decode tokens/s per budget."""
+    """``bench --generate``: prefill ms and decode tokens/s per budget and batch size, beside the link's bound."""
     budgets: list[Any] = list(args.budget) + (parse_sweep(args.sweep) if args.sweep else [])
     if args.plot:
         check_plot_support()
     with Program(args.path, data=args.data, device_map=dict(args.device_map) or None, trt=args.trt,
                  kernels=args.kernels) as prog:
-        rows = generation_sweep(prog, budgets=budgets or [None], prompt_len=args.prompt_len,
-                                new_tokens=args.new_tokens, iters=args.iters or 3, warmup=min(args.warmup, 1),
-                                seed=args.seed, method=args.method)
+        bandwidth, how = (args.bandwidth * 1e9, "given") if args.bandwidth else (None, "")
+        if bandwidth is None and any(w.streamable_bytes for w in prog.weight_streaming):
+            bandwidth, how = host_to_device_bandwidth()
+        rows = generation_sweep(prog, budgets=budgets or [None], batches=args.batch or [1],
+                                prompt_len=args.prompt_len, new_tokens=args.new_tokens, iters=args.iters or 3,
+                                warmup=min(args.warmup, 1), seed=args.seed, method=args.method, bandwidth=bandwidth)
     if args.plot:
         plot_generation(rows, args.plot, title=f"{os.path.basename(args.path)}: decode tokens/s per budget")
         print(f"pyrt: wrote {args.plot}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"source": args.path, "method": args.method, "rows": rows}, indent=2))
+        print(json.dumps({"source": args.path, "method": args.method, "bandwidth": bandwidth,
+                          "bandwidth_how": how, "rows": rows}, indent=2))
         return EXIT_OK
-    print(f"{args.path}: {args.prompt_len}-token prompt, {args.new_tokens} new tokens, median of "
-          f"{rows[0]['generations']} greedy generation(s) per row (host clock)")
+    print(f"{args.path}: {args.prompt_len}-token prompts, {args.new_tokens} new tokens, median of "
+          f"{rows[0]['generations']} round(s) of greedy generations per row (host clock)")
+    if bandwidth:
+        print(f"host-to-device bandwidth BW = {bandwidth / 1e9:.1f} GB/s ({how}); S = bytes a step streams")
     print(format_generation_rows(rows))
     return EXIT_OK
 

@@ -99,8 +99,23 @@ def test_bench_generate_sweeps_budgets(llama: L.Exported, capsys: Any, tmp_path:
     assert applied == sorted(applied) and applied[-1] == rows[-1]["streamable_bytes"] > 0 and applied[0] > 0
     assert all(r["new_tokens"] == 4 and r["prompt_tokens"] == 6 and r["decode_tokens_per_s"] > 0 for r in rows)
     assert png.read_bytes()[:8] == PNG_MAGIC
+    bound = [r["link_bound_tokens_per_s"] for r in rows]  # B * BW / S: S shrinks as the budget grows
+    assert bound[0] < bound[1] and bound[2] is None  # a full budget streams nothing: no bound
     status, out, err = run(capsys, "bench", llama.path, "--generate", "--new-tokens", 3, "--iters", 1)
     assert status == 0 and "decode tok/s" in out and "as loaded" in out, err
+
+
+def test_bench_generate_sweeps_batch_sizes_against_the_links_bound(capsys: Any) -> None:
+    slots = L.batched("llama", "reference")
+    status, out, err = run(capsys, "bench", slots.path, "--generate", "--batch", "1,4", "--new-tokens", 6,
+                           "--prompt-len", 4, "--iters", 1, "--bandwidth", "50", "--json")
+    assert status == 0, err
+    info = json.loads(out)
+    rows = info["rows"]
+    assert info["bandwidth"] == 50e9 and [r["batch"] for r in rows] == [1, 4]
+    assert all(r["aggregate_tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["link_bound_tokens_per_s"] is None  # nothing streams in this file
+    assert run(capsys, "bench", slots.path, "--generate", "--batch", "0")[0] == 2
 
 
 def test_bench_without_generate_is_the_plain_bench(llama: L.Exported, capsys: Any) -> None:
