@@ -8,7 +8,7 @@ carries the constant methods ExecuTorch's llama export writes (``get_max_seq_len
 read the same files.
 
 ``max_batch_size=B`` (B > 1) writes one file for B sequences at once: ``forward(tokens [T], slots [T],
-positions [T], rows [R]) -> logits [R, vocab]`` over a KV cache of B slots
+positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a KV cache of B slots
 (:mod:`pyrt.export._graph.slot_decoder`), where one step may prefill a new sequence's prompt while the
 others decode, with the weights stored once. ``get_max_batch_size`` and ``get_max_tokens_per_step``
 (the token budget of one step) say so in the file.
@@ -103,7 +103,7 @@ def decoder_to_pte(
     else:
         methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
         module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
-        program = slot_decoder.export(module, max_batch_size, slots)
+        program = slot_decoder.export(module, max_batch_size, slots, max_seq_len)
         chosen, reason = "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
     if builder == "portable":
         summary = _portable(program, path, methods, started)

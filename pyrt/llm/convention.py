@@ -3,8 +3,8 @@
 ``forward(tokens [batch, seq] int64, input_pos [seq or 1] int64) -> logits [batch, seq, vocab]`` (or the
 last position's ``[batch, vocab]``, as ExecuTorch's llama export writes without full logits)
 with a KV cache kept in the program's state; or pyrt's slot layout (``decoder_to_pte(max_batch_size=B)``):
-``forward(tokens [T], slots [T], positions [T], rows [R]) -> logits [R, vocab]`` over a cache of B
-slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; plus constant methods (``get_max_seq_len``,
+``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a
+cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; plus constant methods (``get_max_seq_len``,
 ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
 Missing optional methods fall back as ExecuTorch's runner does (the context is the
@@ -24,6 +24,7 @@ CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", 
                     "get_n_layers", "use_kv_cache", "enable_dynamic_shape", "get_max_batch_size",
                     "get_max_tokens_per_step")
 SINGLE, SLOTS = "single", "slots"  # the two layouts: one sequence per call; a flat list of tokens in slots
+SLOT_INPUTS = ("tokens", "slots", "positions", "rows", "window")
 INT64 = int(ScalarType.LONG)
 
 
@@ -62,7 +63,7 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     if plan is None:
         raise InputError(f"{program.source}: no method {method!r} (methods: {sorted(plans)}); "
                          "an LLM file needs forward(tokens, input_pos)")
-    slot_layout = len(plan.inputs) == 4
+    slot_layout = len(plan.inputs) == len(SLOT_INPUTS)
     tokens, pos, logits = _slot_signature(plan, where) if slot_layout else _signature(plan, where)
     constants = {name: _constant(program, name) for name in CONSTANT_METHODS if name in plans}
     if constants.get("use_kv_cache") is False:
@@ -128,15 +129,14 @@ def _signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int,
 
 
 def _slot_signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int, ...], tuple[int, ...]]:
-    """((1, max tokens, dynamic), positions sizes, logits sizes) of forward(tokens, slots, positions, rows)."""
+    """((1, max tokens, dynamic), positions sizes, logits sizes) of forward(tokens, slots, positions, rows, window)."""
     ins = [plan.values[i] for i in plan.inputs]
     outs = [plan.values[i] for i in plan.outputs]
-    names = ("tokens", "slots", "positions", "rows")
-    for name, v in zip(names, ins, strict=True):
+    for name, v in zip(SLOT_INPUTS, ins, strict=True):
         if v.kind != "Tensor" or int(v.tensor.scalar_type) != INT64 or len(v.tensor.sizes) != 1:
             raise InputError(f"{where}: input {name} is not an int64 vector; the slot layout is forward(tokens [T], "
-                             "slots [T], positions [T], rows [R]) with int64 inputs")
-    tokens, slots, pos, rows = (v.tensor for v in ins)
+                             "slots [T], positions [T], rows [R], window [W]) with int64 inputs")
+    tokens, slots, pos, rows, _ = (v.tensor for v in ins)
     if not tokens.sizes == slots.sizes == pos.sizes:
         raise InputError(f"{where}: tokens {list(tokens.sizes)}, slots {list(slots.sizes)} and positions "
                          f"{list(pos.sizes)} must have one size (one entry per token)")

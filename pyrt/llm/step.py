@@ -2,8 +2,8 @@
 
 A :class:`Feed` is one sequence's share of a step: its slot, the tokens it feeds (a prompt chunk,
 or the token it generated last) and the position of the first. :func:`run_step` turns the feeds
-into the program's inputs -- ``tokens [T], slots [T], positions [T], rows [R]`` for a slot-layout
-file, ``tokens [1, seq], input_pos`` for a one-sequence file (one feed) -- runs it, and returns
+into the program's inputs -- ``tokens [T], slots [T], positions [T], rows [R], window [W]`` for a
+slot-layout file (W: the step's largest position + 1), ``tokens [1, seq], input_pos`` for a one-sequence file (one feed) -- runs it, and returns
 the last token's logits of each feed that asks for them (float32 or wider, numpy).
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
 
+WINDOW_STEP = 32
 NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -45,8 +46,17 @@ def _slots_step(program: Any, conv: Convention, feeds: list[Feed]) -> list[np.nd
     ends = np.cumsum([len(f.tokens) for f in feeds]) - 1
     wanted = [int(e) for f, e in zip(feeds, ends, strict=True) if f.logits]
     rows = np.asarray(wanted or [0], np.int64)  # the program returns at least one row
-    logits = _run(program, conv, (tokens, slots, positions, rows))
+    window = np.arange(_window(int(positions.max()) + 1, conv.max_context_len), dtype=np.int64)  # its length
+
+    logits = _run(program, conv, (tokens, slots, positions, rows, window))
     return [logits[i] for i in range(len(wanted))]
+
+
+def _window(needed: int, context: int) -> int:
+    """The positions a step attends to: ``needed`` rounded up to a multiple of :data:`WINDOW_STEP` (at most the
+    context), so that a generation changes the program's input shapes every WINDOW_STEP tokens, not every token
+    (positions past a token's own are masked, whatever they hold)."""
+    return min(-(-needed // WINDOW_STEP) * WINDOW_STEP, context)
 
 
 def _single_step(program: Any, conv: Convention, feed: Feed) -> np.ndarray:

@@ -183,14 +183,15 @@ def test_portable_slot_files_run_in_executorchs_own_runtime() -> None:
     from executorch.runtime import Runtime
 
     exported = L.batched("gpt2", "portable")
-    steps = [([5, 6, 7], [0, 0, 0], [0, 1, 2], [2]), ([8, 9, 10, 11], [0, 2, 2, 2], [3, 0, 1, 2], [0, 3])]
+    steps = [([5, 6, 7], [0, 0, 0], [0, 1, 2], [2], range(3)), ([8, 9, 10, 11], [0, 2, 2, 2], [3, 0, 1, 2], [0, 3],
+                                                                range(8))]  # a window past the positions: masked
     method = Runtime.get().load_program(str(exported.path)).load_method("forward")
     import torch
 
     with pyrt.Program(exported.path) as prog:
         for step in steps:
-            ours = np.asarray(prog.run(*(np.asarray(a, np.int64) for a in step)))
-            theirs = method.execute([torch.tensor(a) for a in step])[0].numpy()
+            ours = np.asarray(prog.run(*(np.asarray(list(a), np.int64) for a in step)))
+            theirs = method.execute([torch.tensor(list(a)) for a in step])[0].numpy()
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
             assert ours.shape == (len(step[3]), archs.VOCAB)
 

@@ -1,16 +1,20 @@
 """Hugging Face causal LMs as one forward over a flat list of tokens, each with its KV-cache slot and position.
 
-``forward(tokens [T] int64, slots [T] int64, positions [T] int64, rows [R] int64) -> logits [R, vocab]``:
-token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose logits
-come back (the last token each sequence fed this step). This is the layout vLLM and TensorRT-LLM's
-in-flight batching use: prefill chunks of new sequences and one decode token of each running
-sequence share a step, and one engine holds the weights once.
+``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` (int64
+inputs): token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose
+logits come back (the last token each sequence fed this step); ``window``'s length W is how many
+cache positions the step attends to (its largest position + 1; its values are not read). This is
+the layout vLLM and TensorRT-LLM's in-flight batching use: prefill chunks of new sequences and one
+decode token of each running sequence share a step, and one engine holds the weights once.
 
-The cache of each layer is a buffer of ``max_batch_size * max_seq_len`` rows of ``[kv_heads, head_dim]``
-(row ``slot * max_seq_len + position``). A step first writes its tokens' keys and values at their rows
-(``index_copy_``), then gives every token its own slot's keys, masked to the positions at or before
-its own: a token never reads another slot, and a new sequence never reads what a slot's earlier
-owner left (each position is written before any token at or after it reads it).
+The cache of each layer is ``[max_batch_size, kv_heads, max_seq_len + 1, head_dim]``, stored flat as
+rows of ``head_dim`` (row ``(slot * kv_heads + head) * (max_seq_len + 1) + position``; the one position
+more than any token takes keeps a window of every position from being a special case that
+``torch.export`` would pin). A step first writes its
+tokens' keys and values at their rows (``index_copy_``), then gives every token its own slot's first
+W positions, masked to the positions at or before its own: a token never reads another slot, and a
+new sequence never reads what a slot's earlier owner left (each position is written before any token
+at or after it reads it).
 
 Each token is one row of the model's batch with sequence length 1, so the model's own attention
 (eager or SDPA), rotary or learned position embeddings and grouped-query heads run unchanged;
@@ -35,37 +39,39 @@ def _slot_layer_class() -> Any:
     class SlotLayer(StaticLayer):
         """One layer's cache: writes this step's keys/values at their rows, returns each token's slot."""
 
-        rows: torch.Tensor  # [T] cache rows of this step's tokens (slot * max_seq_len + position)
+        rows: torch.Tensor  # [T * kv_heads] cache rows of this step's tokens' keys and values
         slots: torch.Tensor  # [T]
-        keys: Any  # [slots * max_seq_len, kv_heads, head_dim]
+        window: int  # W: the cache positions this step attends to
+        keys: Any  # [slots * kv_heads * (max_seq_len + 1), head_dim]
         values: Any
 
-        def __init__(self, max_batch_size: int, max_seq_len: int) -> None:
+        def __init__(self, max_batch_size: int, max_seq_len: int, kv_heads: int) -> None:
             super().__init__(max_seq_len)
-            self.batch, self.seq = max_batch_size, max_seq_len
+            self.batch, self.seq, self.heads = max_batch_size, max_seq_len, kv_heads
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-            self.keys.index_copy_(0, self.rows, key_states[:, :, 0, :])
-            self.values.index_copy_(0, self.rows, value_states[:, :, 0, :])
+            dim = key_states.shape[-1]
+            self.keys.index_copy_(0, self.rows, key_states.reshape(-1, dim))  # [T, kv, 1, D] -> [T * kv, D]
+            self.values.index_copy_(0, self.rows, value_states.reshape(-1, dim))
             return self._of_slots(self.keys), self._of_slots(self.values)
 
         def _of_slots(self, cache: torch.Tensor) -> torch.Tensor:
-            """[T, kv_heads, max_seq_len, head_dim]: each token's own slot."""
-            heads, dim = cache.shape[1], cache.shape[2]
-            return cache.view(self.batch, self.seq, heads, dim).index_select(0, self.slots).transpose(1, 2)
+            """[T, kv_heads, W, head_dim]: each token's own slot, its first W positions."""
+            whole = cache.view(self.batch, self.heads, self.seq, cache.shape[-1])
+            return whole[:, :, :self.window].index_select(0, self.slots)
 
         def get_seq_length(self) -> int:
             return 0
 
         def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
-            return self.seq, 0
+            return self.window, 0
 
     return SlotLayer
 
 
 class SlotDecoderModule(torch.nn.Module):
-    """``forward(tokens [T], slots [T], positions [T], rows [R]) -> logits [R, vocab]`` over a cache of slots.
+    """``forward(tokens, slots, positions, rows, window) -> logits [R, vocab]`` over a cache of slots.
 
     The cache tensors are registered (non-persistent) buffers ``key_cache_N`` / ``value_cache_N``;
     ``torch.export`` turns them into mutable program state, as for the one-sequence layout.
@@ -81,29 +87,34 @@ class SlotDecoderModule(torch.nn.Module):
         self.max_seq_len, self.max_batch_size = max_seq_len, max_batch_size
         self.cache = StaticCache(max_cache_len=max_seq_len, config=config)
         layer_class = _slot_layer_class()
-        self.layers: list[Any] = [layer_class(max_batch_size, max_seq_len) for _ in self.cache.layers]
-        self.cache.layers[:] = self.layers
         heads, head_dim = get_head_shapes(config)
         if not isinstance(heads, int) or not isinstance(head_dim, int):
             raise ExportError(f"{type(model).__name__} has per-layer head shapes ({heads}, {head_dim}); the slot "
                               "layout needs one KV-head count and head size for every layer")
+        self.kv_heads = heads
+        self.positions = max_seq_len + 1  # cache positions per slot and head (see the module docstring)
+        self.layers: list[Any] = [layer_class(max_batch_size, self.positions, heads) for _ in self.cache.layers]
+        self.cache.layers[:] = self.layers
         first = next(model.parameters())
         self.dtype = first.dtype
         for i, layer in enumerate(self.layers):
             for kind in ("key", "value"):
-                buffer = torch.zeros(max_batch_size * max_seq_len, heads, head_dim, dtype=first.dtype,
+                buffer = torch.zeros(max_batch_size * heads * self.positions, head_dim, dtype=first.dtype,
                                      device=first.device)
                 self.register_buffer(f"{kind}_cache_{i}", buffer, persistent=False)
             layer.is_initialized = True
         self.head_only = _head_gives_logits(model)
 
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
-                ) -> torch.Tensor:
-        cache_rows = slots * self.max_seq_len + positions
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                window: torch.Tensor) -> torch.Tensor:
+        heads = torch.arange(self.kv_heads, device=slots.device)
+        cache_rows = ((slots[:, None] * self.kv_heads + heads[None, :]) * self.positions
+                      + positions[:, None]).reshape(-1)
+        width = window.shape[0]
         for i, layer in enumerate(self.layers):  # the buffers, as export lifted them
             layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
-            layer.rows, layer.slots = cache_rows, slots
-        seen = torch.arange(self.max_seq_len, device=positions.device)[None, :] <= positions[:, None]
+            layer.rows, layer.slots, layer.window = cache_rows, slots, width
+        seen = torch.arange(width, device=positions.device)[None, :] <= positions[:, None]
         blocked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=positions.device)
         mask = torch.where(seen, torch.zeros((), dtype=self.dtype, device=positions.device), blocked)[:, None, None, :]
         args = {"input_ids": tokens[:, None], "position_ids": positions[:, None], "attention_mask": mask,
@@ -145,12 +156,16 @@ def wrap(model: Any, max_seq_len: int, max_batch_size: int) -> torch.nn.Module:
                           f"{type(exc).__name__}: {exc}") from exc
 
 
-def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int) -> torch.export.ExportedProgram:
-    """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_batch_size`` logits rows."""
-    example = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 0]), torch.tensor([0, 1]))  # sizes >= 2
+def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int, max_seq_len: int
+           ) -> torch.export.ExportedProgram:
+    """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_batch_size`` logits rows,
+    a window of 1..``max_seq_len`` positions."""
+    example = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 1]),
+               torch.arange(3))  # sizes >= 2: torch.export specializes sizes 0 and 1
     tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
     rows = torch.export.Dim("rows", min=1, max=max_batch_size)
-    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows})
+    window = torch.export.Dim("window", min=1, max=max_seq_len)
+    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows}, {0: window})
     try:
         with torch.no_grad():
             return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
