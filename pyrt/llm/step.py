@@ -3,8 +3,9 @@
 A :class:`Feed` is one sequence's share of a step: its slot, the tokens it feeds (a prompt chunk,
 or the token it generated last) and the position of the first. :func:`run_step` turns the feeds
 into the program's inputs -- ``tokens [T], slots [T], positions [T], rows [R], window [W]`` for a
-slot-layout file (W: the step's largest position + 1), ``tokens [1, seq], input_pos`` for a one-sequence file (one feed) -- runs it, and returns
-the last token's logits of each feed that asks for them (float32 or wider, numpy).
+slot-layout file (W: the step's largest position + 1, rounded up), ``tokens [1, seq], input_pos``
+for a one-sequence file (one feed) -- runs it, and returns the last token's logits of each feed
+that asks for them (float32 or wider, numpy).
 """
 
 from __future__ import annotations
