@@ -47,8 +47,7 @@ def _slots_step(program: Any, conv: Convention, feeds: list[Feed]) -> list[np.nd
     ends = np.cumsum([len(f.tokens) for f in feeds]) - 1
     wanted = [int(e) for f, e in zip(feeds, ends, strict=True) if f.logits]
     rows = np.asarray(wanted or [0], np.int64)  # the program returns at least one row
-    window = np.arange(_window(int(positions.max()) + 1, conv.max_context_len), dtype=np.int64)  # its length
-
+    window = np.arange(_window(int(positions.max()) + 1, conv.max_context_len), dtype=np.int64)
     logits = _run(program, conv, (tokens, slots, positions, rows, window))
     return [logits[i] for i in range(len(wanted))]
 

@@ -222,3 +222,19 @@ def test_inspect_shows_the_constant_methods_values(llama4: L.Exported) -> None:
     as_json = json.loads(subprocess.run([sys.executable, "-m", "pyrt", "inspect", "--json", str(llama4.path)],
                                         capture_output=True, text=True, timeout=120, check=True).stdout)
     assert {m["name"]: m["output_specs"] for m in as_json["methods"]}["get_eos_ids"] == [{"kind": "Int", "value": 2}]
+
+
+def test_tensorrt_rtx_builds_a_slot_file_as_one_engine_with_a_dynamic_token_count(tmp_path: Any) -> None:
+    """It builds here without a GPU (TensorRT-RTX builds ahead of time); no GPU lent to us can run it."""
+    pytest.importorskip("tensorrt_rtx")
+    from pyrt.export import decoder_to_pte
+
+    summary = decoder_to_pte(archs.causal_lm("llama"), tmp_path / "m.pte", max_seq_len=24, max_batch_size=2,
+                             max_tokens_per_step=8, builder="tensorrt_rtx", progress=False)
+    assert len(summary.engines) == 1 and summary.fallback_ops == {}, summary
+    info = pyrt.inspect(tmp_path / "m.pte")
+    forward = next(m for m in info["methods"] if m["name"] == "forward")
+    assert forward["instruction_counts"]["DelegateCall"] == 1
+    assert [s["shape"] for s in forward["input_specs"]] == [[8], [8], [8], [2], [24]]
+    bindings = forward["delegates"][0]["tensorrt"]
+    assert bindings["inputs"][0] == "input_0" and summary.engines[0].inputs[0].shape == (-1,)  # tokens: dynamic

@@ -2,8 +2,8 @@
 
 ``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` (int64
 inputs): token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose
-logits come back (the last token each sequence fed this step); ``window``'s length W is how many
-cache positions the step attends to (its largest position + 1; its values are not read). This is
+logits come back (the last token each sequence fed this step); ``window`` is ``0, 1, ..., W-1``, the
+cache positions the step attends to (at least its largest position + 1). This is
 the layout vLLM and TensorRT-LLM's in-flight batching use: prefill chunks of new sequences and one
 decode token of each running sequence share a step, and one engine holds the weights once.
 
@@ -114,7 +114,7 @@ class SlotDecoderModule(torch.nn.Module):
         for i, layer in enumerate(self.layers):  # the buffers, as export lifted them
             layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
             layer.rows, layer.slots, layer.window = cache_rows, slots, width
-        seen = torch.arange(width, device=positions.device)[None, :] <= positions[:, None]
+        seen = window[None, :] <= positions[:, None]  # window's values, so W is an input of any engine that uses it
         blocked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=positions.device)
         mask = torch.where(seen, torch.zeros((), dtype=self.dtype, device=positions.device), blocked)[:, None, None, :]
         args = {"input_ids": tokens[:, None], "position_ids": positions[:, None], "attention_mask": mask,
