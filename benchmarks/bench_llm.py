@@ -18,6 +18,13 @@ weight-streaming budget of a reference-engine export (``pyrt bench --generate --
 it shows the sweep works end to end; its numbers time CPU reference engines, not a GPU.
 
     python benchmarks/bench_llm.py [--size small] [--samples 5] [--models llama,qwen2,gpt2] [--no-write]
+
+``--batch 1,2,4,8,16`` measures batched generation instead: per batch size B, every sequence's decode
+tokens/s of one ``pyrt.generate`` call over B prompts (a file exported with ``max_batch_size`` =
+the largest B, portable kernels), beside B solo ``pyrt.generate`` calls on the same file one after
+another, and ``transformers``' batched ``model.generate`` (left-padded; equal-length prompts here, so
+no pad is needed). Goals (issue #31): 8 sequences in one call >= 4x 8 solo calls, and >= transformers
+at every batch size.
 """
 
 from __future__ import annotations
@@ -128,6 +135,91 @@ def sweep_rows(model: Any, directory: Path, prompt_len: int, new: int) -> list[d
                                 new_tokens=new, iters=3)
 
 
+def _aggregate(results: list[Any]) -> float:
+    """Decode tokens (after each first) of every sequence per second from the earliest first token to the last end."""
+    tokens = sum(len(r.tokens) - 1 for r in results)
+    return tokens / ((max(r.timings.total_ms for r in results) - min(r.timings.ttft_ms for r in results)) / 1e3)
+
+
+def batch_rows(name: str, size: str, batches: list[int], prompt_len: int, new: int, samples: int,
+               directory: Path) -> list[list[str]]:
+    """Per batch size: pyrt's one call over B prompts, B solo pyrt calls, transformers' batched generate."""
+    import numpy as np
+    import torch
+
+    import pyrt
+    from pyrt.export import decoder_to_pte
+
+    model = build(name, size)
+    path = directory / f"{name}-slots.pte"
+    decoder_to_pte(model, path, max_seq_len=prompt_len + new, max_batch_size=max(batches), builder="portable",
+                   progress=False)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, model.config.vocab_size, prompt_len).tolist() for _ in range(max(batches))]
+    prog = pyrt.Program(path)
+
+    def hf(b: int) -> tuple[float, list[list[int]]]:
+        ids = torch.tensor(prompts[:b])
+        kw = {"attention_mask": torch.ones_like(ids), "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, **kw)
+            t1 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=new, **kw)
+            t2 = time.perf_counter()
+        return b * (new - 1) / ((t2 - t1) - (t1 - t0)), [r[prompt_len:].tolist() for r in out]
+
+    def solo(b: int) -> float:
+        done = [pyrt.generate(prog, p, max_new_tokens=new, eos_ids=[]) for p in prompts[:b]]
+        return sum(len(r.tokens) - 1 for r in done) / sum(r.timings.decode_ms / 1e3 for r in done)
+
+    pyrt.generate(prog, prompts[:2], max_new_tokens=4, eos_ids=[])  # warm up
+    rows = []
+    for b in batches:
+        got: dict[str, list[float]] = {"one call": [], "solo": [], "transformers": []}
+        for _ in range(samples):
+            results = pyrt.generate(prog, prompts[:b], max_new_tokens=new, eos_ids=[])
+            got["one call"].append(_aggregate(results))
+            got["solo"].append(solo(b))
+            rate, tokens = hf(b)
+            got["transformers"].append(rate)
+            if [r.tokens for r in results] != tokens:
+                raise SystemExit(f"{name} B={b}: pyrt's batched tokens differ from transformers'")
+        med = {k: statistics.median(v) for k, v in got.items()}
+        rows.append([name, str(b), f"{med['one call']:.0f}", f"{med['solo']:.0f}", f"{med['transformers']:.0f}",
+                     f"{med['one call'] / med['solo']:.2f}x", f"{med['one call'] / med['transformers']:.2f}x"])
+        print(rows[-1], flush=True)
+    prog.close()
+    return rows
+
+
+def batch_main(args: argparse.Namespace) -> int:
+    import importlib.metadata
+
+    import torch
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    torch.set_num_threads(1)
+    _unsafe_reset_threadpool(1)
+    batches = [int(b) for b in args.batch.split(",")]
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            rows += batch_rows(name, args.size, batches, args.prompt_len, args.new_tokens, args.samples, Path(tmp))
+    head = ["model", "B", "pyrt, one call (tok/s)", "pyrt, B solo calls", "transformers batched", "one call / solo",
+            "one call / transformers"]
+    text = "\n".join([
+        f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers "
+        f"{importlib.metadata.version('transformers')}; threads 1 on every side)", "",
+        f"{args.size} configs, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, greedy (pyrt's batched "
+        f"tokens equal transformers'), every sequence's decode tokens/s, median of {args.samples} samples:", "",
+        markdown_table(head, rows)])
+    print(text)
+    if not args.no_write:
+        write_results(f"bench_llm_batch_{args.size}", "LLM batched generation", text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("tiny", "small"), default="small")
@@ -136,7 +228,10 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--batch", help="batch sizes, e.g. 1,2,4,8,16: measure batched generation instead")
     args = ap.parse_args()
+    if args.batch:
+        return batch_main(args)
     import importlib.metadata
 
     import numpy as np
