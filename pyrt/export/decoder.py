@@ -102,9 +102,7 @@ def decoder_to_pte(
         program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
     else:
         methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
-        module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
-        program = slot_decoder.export(module, max_batch_size, slots, max_seq_len)
-        chosen, reason = "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
+        program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
     if builder == "portable":
         summary = _portable(program, path, methods, started)
     else:
@@ -186,6 +184,14 @@ def _check(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: A
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)} (or a torch dtype of them)")
+
+
+def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens: int
+                  ) -> tuple[torch.export.ExportedProgram, str, str]:
+    """(exported program, route, why) of a file of ``max_batch_size`` slots (pyrt's wrapper: the only route)."""
+    module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
+    program = slot_decoder.export(module, max_batch_size, max_tokens, max_seq_len)
+    return program, "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
 
 
 def _check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
