@@ -255,8 +255,13 @@ def _short(text: str, limit: int = 300) -> str:
 
 def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float
               ) -> ExportSummary:
-    """No delegate: ExecuTorch's ``to_edge`` + ``to_executorch`` (portable kernels), written atomically."""
-    from executorch.exir import EdgeCompileConfig, to_edge
+    """No delegate: ExecuTorch's ``to_edge`` + ``to_executorch`` (portable kernels), written atomically.
+
+    A slot file's caches are written in place (ExecuTorch's reinplace pass: ``index_put_`` into the buffer);
+    otherwise each step copies every layer's whole cache twice (``index_put`` into a new tensor, then the
+    buffer's write-back). One-sequence files are written as they always were.
+    """
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 
     target = Path(path)
     if target.is_dir() or not target.parent.is_dir():
@@ -266,7 +271,7 @@ def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: 
         # GPT-2's ops on the example sizes and pins a slot file's token count to the example's 2.
         edge = to_edge(program, constant_methods=methods, compile_config=EdgeCompileConfig(_check_ir_validity=False))
         ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
-        manager = edge.to_executorch()
+        manager = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass="get_max_batch_size" in methods))
     except Exception as exc:  # ExecuTorch raises many error types
         raise ExportError(f"ExecuTorch lowering (portable kernels) failed: {type(exc).__name__}: {exc}") from exc
     (size,) = atomic_write_all([(target, manager.write_to_file)])

@@ -23,7 +23,9 @@ the mask is passed in 4-D, which transformers takes as it is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,7 +42,7 @@ def _slot_layer_class() -> Any:
         """One layer's cache: writes this step's keys/values at their rows, returns each token's slot."""
 
         rows: torch.Tensor  # [T * kv_heads] cache rows of this step's tokens' keys and values
-        slots: torch.Tensor  # [T]
+        reads: torch.Tensor  # [T * kv_heads * W] cache rows each token reads: its slot's first W positions
         window: int  # W: the cache positions this step attends to
         keys: Any  # [slots * kv_heads * (max_seq_len + 1), head_dim]
         values: Any
@@ -57,9 +59,8 @@ def _slot_layer_class() -> Any:
             return self._of_slots(self.keys), self._of_slots(self.values)
 
         def _of_slots(self, cache: torch.Tensor) -> torch.Tensor:
-            """[T, kv_heads, W, head_dim]: each token's own slot, its first W positions."""
-            whole = cache.view(self.batch, self.heads, self.seq, cache.shape[-1])
-            return whole[:, :, :self.window].index_select(0, self.slots)
+            """[T, kv_heads, W, head_dim]: each token's own slot, its first W positions (one gather)."""
+            return cache.index_select(0, self.reads).view(-1, self.heads, self.window, cache.shape[-1])
 
         def get_seq_length(self) -> int:
             return 0
@@ -108,12 +109,13 @@ class SlotDecoderModule(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                 window: torch.Tensor) -> torch.Tensor:
         heads = torch.arange(self.kv_heads, device=slots.device)
-        cache_rows = ((slots[:, None] * self.kv_heads + heads[None, :]) * self.positions
-                      + positions[:, None]).reshape(-1)
+        starts = (slots[:, None] * self.kv_heads + heads[None, :]) * self.positions  # [T, kv]: each head's row 0
+        cache_rows = (starts + positions[:, None]).reshape(-1)
+        reads = (starts[:, :, None] + window[None, None, :]).reshape(-1)
         width = window.shape[0]
         for i, layer in enumerate(self.layers):  # the buffers, as export lifted them
             layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
-            layer.rows, layer.slots, layer.window = cache_rows, slots, width
+            layer.rows, layer.reads, layer.window = cache_rows, reads, width
         seen = window[None, :] <= positions[:, None]  # window's values, so W is an input of any engine that uses it
         blocked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=positions.device)
         mask = torch.where(seen, torch.zeros((), dtype=self.dtype, device=positions.device), blocked)[:, None, None, :]
@@ -124,6 +126,50 @@ class SlotDecoderModule(torch.nn.Module):
             logits: torch.Tensor = self.model.get_output_embeddings()(hidden.index_select(0, rows))
             return logits
         return self.model(**args).logits[:, 0, :].index_select(0, rows)
+
+
+ATTENTION = "pyrt_slots"
+
+
+def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention of one query token per row over its own slot: ``[T, heads, 1, D]`` against ``[T, kv_heads, W, D]``.
+
+    The query heads that share a KV head are grouped (``[T, kv_heads, heads / kv_heads, D]``), so grouped-query
+    models read their keys once instead of a copy repeated per query head (what ``repeat_kv`` makes); the
+    softmax runs in float32, as transformers' eager attention does. Returns ``[T, 1, heads, D]``.
+    """
+    rows, heads, _, dim = query.shape
+    groups = key.shape[1]
+    grouped = query.reshape(rows, groups, heads // groups, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask  # [T, 1, 1, W]: the positions each token may read
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return torch.matmul(weights, value).reshape(rows, heads, 1, dim).transpose(1, 2), None
+
+
+@functools.cache
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, slot_attention)
+
+
+@contextlib.contextmanager
+def _attention_of_slots(model: Any) -> Iterator[None]:
+    """``model`` attends with :func:`slot_attention` inside the block (its configs' own choice restored after)."""
+    _register_attention()
+    configs = [c for c in {id(c): c for c in (model.config, text_config(model))}.values()]
+    saved = [c._attn_implementation for c in configs]
+    try:
+        for config in configs:
+            config._attn_implementation = ATTENTION
+        yield
+    finally:
+        for config, name in zip(configs, saved, strict=True):
+            config._attn_implementation = name
 
 
 def _head_gives_logits(model: Any) -> bool:
@@ -166,8 +212,9 @@ def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int, max_se
     rows = torch.export.Dim("rows", min=1, max=max_batch_size)
     window = torch.export.Dim("window", min=1, max=max_seq_len)
     shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows}, {0: window})
+    model = getattr(module, "model", None)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _attention_of_slots(model) if model is not None else contextlib.nullcontext():
             return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
     except Exception as exc:  # torch.export raises many error types
         raise ExportError(f"torch.export of the {max_batch_size}-slot decoder failed: {type(exc).__name__}: {exc}"
