@@ -28,12 +28,12 @@ from tests.fixtures import llm_serve as S  # noqa: E402
 NAME = "gpt2"
 
 
-def build(**options: Any) -> Any:
-    """A replica of the portable slot file, built here (Ray Serve's deployment class as written)."""
+def build(builder: str = "portable", **options: Any) -> Any:
+    """A replica of the slot file, built here (Ray Serve's deployment class as written)."""
     cls = PyrtReplica.func_or_class
     own = next(c for c in cls.__mro__ if c.__module__ == "pyrt.serve.replica" and "__init__" in vars(c)
                and not inspect.iscoroutinefunction(c.__init__))
-    return own(ServeConfig(str(S.slot_file("portable")), name=NAME, kernels="numpy", **options))
+    return own(ServeConfig(str(S.slot_file(builder)), name=NAME, kernels="numpy", **options))
 
 
 def close(replica: Any) -> None:
@@ -168,6 +168,29 @@ def test_eight_prompts_at_once_each_equal_their_solo_output(replica: Any, prog: 
     after = replica.llm.hosts[NAME].engine.stats()["occupancy"]
     shared = sum(n - before.get(k, 0) for k, n in after.items() if int(k) > 1)
     assert shared > 0, after  # steps that carried more than one sequence
+
+
+def test_on_a_simulated_gpu_eight_prompts_at_once_equal_their_solo_output() -> None:
+    """The reference-engine slot file on a simulated GPU: 8 requests on 4 slots through the generate route."""
+    from pyrt.testing import simulated_gpus
+
+    tok = S.tokenizer()
+    with simulated_gpus(1), pyrt.Program(S.slot_file("reference"), kernels="numpy") as ref:
+        wants = [solo(ref, tok.encode(p), 4, eos_ids=[]) for p in S.PROMPTS]
+    replica = build("reference", simulated_gpus=1, tokenizer=str(S.tokenizer_dir()))
+
+    async def go() -> list[Any]:
+        return list(await asyncio.gather(*(S.call(replica, "POST", f"/v2/models/{NAME}/generate",
+                                                  {"text_input": p, "max_tokens": 4, "temperature": 0,
+                                                   "eos_ids": []}) for p in S.PROMPTS)))
+
+    try:
+        replies = asyncio.run(go())
+        occupancy = replica.llm.hosts[NAME].engine.stats()["occupancy"]
+    finally:
+        close(replica)
+    assert [r[1]["token_ids"] for r in replies] == wants and all(r[0] == 200 for r in replies)
+    assert max(int(k) for k in occupancy) > 1, occupancy
 
 
 def test_stop_strings_cut_the_text_before_them(replica: Any, prog: Any) -> None:
