@@ -272,7 +272,10 @@ class LlmRoutes:
                 if not piece.text and piece.finish_reason is None:
                     continue
                 delta: Any = ({"content": piece.text} if piece.text else {}) if chat else piece.text
-                yield sse(oa.chunk(chat, rid, created, model, delta, piece.finish_reason, usage))
+                event = oa.chunk(chat, rid, created, model, delta, piece.finish_reason, usage)
+                if spec.continuous_usage:
+                    event["usage"] = oa.usage(len(job.generation.prompt), piece.consumed)
+                yield sse(event)
                 if piece.finish_reason is not None and usage:
                     use = oa.usage(len(job.generation.prompt), piece.consumed)
                     yield sse(oa.usage_chunk(chat, rid, created, model, use))

@@ -6,7 +6,8 @@ field (400). Parameters: ``model``, ``prompt`` (text or token ids; one prompt) o
 ``max_tokens`` (completions default 16, as OpenAI's; chat: until EOS or a full cache) /
 ``max_completion_tokens``, ``temperature`` (0: greedy; default 1), ``top_p``, ``top_k`` (vLLM's
 extension; -1 or 0: no cut), ``seed``, ``stop`` (a string or a list of strings), ``stream``,
-``stream_options.include_usage``, ``n`` (1), ``ignore_eos`` (vLLM's extension). Fields OpenAI
+``stream_options`` (``include_usage``; vLLM's ``continuous_usage_stats``: the usage so far in
+every chunk), ``n`` (1), ``ignore_eos`` (vLLM's extension). Fields OpenAI
 has and pyrt does not implement (``logprobs``, ``echo``, penalties, ``logit_bias``, tools, ...)
 are accepted at their neutral values and refused otherwise; unknown fields are refused.
 
@@ -61,6 +62,7 @@ class Spec:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
     names: dict[str, str] = field(default_factory=dict)  # engine field -> the request's field, for messages
     request_id: str | None = None
 
@@ -130,17 +132,19 @@ def stop_strings(value: Any, param: str = "stop") -> tuple[str, ...]:
     return tuple(items)
 
 
-def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+def _stream(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats)."""
     stream = _flag(body, "stream")
     opts = body.get("stream_options")
     if opts is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise ApiError("stream_options is only allowed when stream is true", param="stream_options")
     if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
-        raise ApiError(f"stream_options={opts!r}: pyrt serve takes {{\"include_usage\": true|false}}",
+        raise ApiError(f"stream_options={opts!r}: pyrt serve takes include_usage and continuous_usage_stats",
                        param="stream_options")
-    return stream, _flag(opts, "include_usage")
+    usage, continuous = _flag(opts, "include_usage"), _flag(opts, "continuous_usage_stats")
+    return stream, usage, usage and continuous
 
 
 def _max_tokens(body: dict[str, Any], keys: tuple[str, ...], default: int | None) -> tuple[Any, str]:
@@ -157,11 +161,12 @@ def _common(body: dict[str, Any], fields: tuple[str, ...], keys: tuple[str, ...]
     n = body.get("n")
     if n is not None and (n != 1 or isinstance(n, bool)):
         raise ApiError(f"n={n!r}: pyrt serve answers one choice per request (n=1)", param="n")
-    stream, usage = _stream(body)
+    stream, usage, continuous = _stream(body)
     limit, key = _max_tokens(body, keys, default)
     options = {"max_new_tokens": limit, **sampling(body)}
     return Spec(model, options=options, stops=stop_strings(body.get("stop")), ignore_eos=_flag(body, "ignore_eos"),
-                stream=stream, include_usage=usage, names={**ENGINE_NAMES, "max_new_tokens": key})
+                stream=stream, include_usage=usage, continuous_usage=continuous,
+                names={**ENGINE_NAMES, "max_new_tokens": key})
 
 
 def completion_spec(body: Any) -> Spec:
