@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -34,11 +33,6 @@ log = logging.getLogger("pyrt.serve")
 IDLE_WAIT_S = 0.5  # the stepping thread looks for its stop flag this often while idle
 STALLED_WAIT_S = 0.005  # a step that advanced nothing (slots held elsewhere): wait before the next
 HEARTBEAT_S = 5.0  # a job waiting this long for a token checks that the stepping thread is alive
-# While a step runs (numpy kernels: many small operations, each holding the GIL), the event loop that writes the
-# streams waits for the GIL after every socket call, up to the interpreter's switch interval each time (5 ms by
-# default: a convoy that cost streamed requests hundreds of ms per token under Ray). A replica that generates
-# switches threads sooner.
-SWITCH_INTERVAL_S = 0.0005
 
 
 class EngineStopped(PyrtError):
@@ -55,8 +49,6 @@ class EngineHost:
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pyrt-steps-{model}", daemon=True)
-        self._closed = False
-        _switch_sooner(+1)
         self._thread.start()
 
     @property
@@ -105,24 +97,6 @@ class EngineHost:
         self._stop.set()
         self.engine.close()
         self._thread.join(timeout=30)
-        if not self._closed:
-            self._closed = True
-            _switch_sooner(-1)
-
-
-_HOSTS = [0, 0.0]  # live hosts, the switch interval before the first
-_HOSTS_LOCK = threading.Lock()
-
-
-def _switch_sooner(change: int) -> None:
-    """:data:`SWITCH_INTERVAL_S` while any host lives; the interpreter's own interval back after the last."""
-    with _HOSTS_LOCK:
-        if _HOSTS[0] == 0 and change > 0:
-            _HOSTS[1] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_HOSTS[1], SWITCH_INTERVAL_S))
-        _HOSTS[0] += change
-        if _HOSTS[0] == 0:
-            sys.setswitchinterval(_HOSTS[1])
 
 
 class Job:
