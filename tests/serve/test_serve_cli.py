@@ -38,6 +38,10 @@ def test_a_file_that_cannot_load_is_an_error_naming_it(tmp_path: Path) -> None:
     usage = subprocess.run([*COMMAND, str(bad), "--replicas", "0"], env=_env(), capture_output=True, text=True,
                            timeout=120)
     assert usage.returncode == 2 and "expected a whole number >= 1, got '0'" in usage.stderr
+    missing = tmp_path / "no-tokenizer"
+    done = subprocess.run([*COMMAND, str(bad), "--tokenizer", str(missing)], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and f"tokenizer={str(missing)!r}: not a directory" in done.stderr, done.stderr
 
 
 @pytest.mark.slow

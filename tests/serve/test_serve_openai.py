@@ -160,7 +160,9 @@ def test_eight_prompts_at_once_each_equal_their_solo_output(replica: Any, prog: 
         return list(await asyncio.gather(*v2, *v1))
 
     before = replica.llm.hosts[NAME].engine.stats()["occupancy"]
+    requests = replica.metrics.stats(NAME)["requests"]
     replies = asyncio.run(go())
+    assert replica.metrics.stats(NAME)["requests"] == requests + 16  # generation traffic counts in the stats
     for want, (status, body) in zip(wants, replies[:8], strict=True):
         assert status == 200 and body["token_ids"] == want and body["text_output"] == text(want)
     for want, (status, chunks) in zip(wants, replies[8:], strict=True):
@@ -191,6 +193,30 @@ def test_on_a_simulated_gpu_eight_prompts_at_once_equal_their_solo_output() -> N
         close(replica)
     assert [r[1]["token_ids"] for r in replies] == wants and all(r[0] == 200 for r in replies)
     assert max(int(k) for k in occupancy) > 1, occupancy
+
+
+def test_a_failed_run_is_500_and_the_replica_keeps_serving() -> None:
+    """The simulated GPU's TensorRT fails a launch on purpose: the request it carried gets 500, the next one runs."""
+    from pyrt.testing import simulated_gpus
+
+    body = {"model": NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+    with simulated_gpus(1) as sim:
+        replica = build("reference", tokenizer=str(S.tokenizer_dir()))  # on this process's simulated GPU
+        try:
+            sim.tensorrt.inject_failure("execute_async_v3")
+            status, reply = run(replica, "POST", "/v1/completions", body)
+            assert status == 500 and reply["error"]["type"] == "server_error", reply
+            sim.tensorrt.inject_failure("execute_async_v3")
+            status, chunks = run(replica, "POST", "/v1/completions", {**body, "stream": True})
+            assert status == 200 and chunks[-2]["error"]["type"] == "server_error" and chunks[-1] == "[DONE]"
+            sim.tensorrt.inject_failure("execute_async_v3")
+            status, reply = run(replica, "POST", f"/v2/models/{NAME}/generate", {"input_ids": [5], "max_tokens": 2})
+            assert status == 500 and reply["error"], reply
+            assert run(replica, "POST", "/v1/completions", body)[0] == 200  # the replica keeps serving
+            errors = replica.metrics.stats(NAME)["errors"]
+            assert sum(errors.values()) == 3 and len(errors) == 1, errors
+        finally:
+            close(replica)
 
 
 def test_stop_strings_cut_the_text_before_them(replica: Any, prog: Any) -> None:
