@@ -55,8 +55,6 @@ EXEMPT = {
     ("pyrt", "pyrt.runtime.program"): "the package root resolves Program on first use, so that `import pyrt` "
                                       "and pyrt.inspect stay cheap (no runtime, no CUDA seam)",
     ("pyrt", "pyrt.llm.loop"): "pyrt.generate resolves on first use, as Program does",
-    ("pyrt.serve.generate", "pyrt.llm.serving"): "the generate routes load LLM generation only in a replica that "
-                                                 "serves, and answer 404 where it does not import",
 }
 
 

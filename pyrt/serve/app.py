@@ -45,27 +45,33 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
                gpus_per_replica: float | None = None, budget: Any = None, data: Any = (),
                kernels: str | None = None, max_batch_size: int = 8, batch_wait_ms: float = 2.0,
                max_request_bytes: int | None = None, simulated_gpus: int | None = None,
-               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0) -> Application:
+               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0,
+               tokenizer: str | os.PathLike[str] | None = None, api_key: str | None = None,
+               max_queued_requests: int | None = None) -> Application:
     """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
 
     Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
     TensorRT delegates, else 0) and loads the Program on them with ``budget`` (resolved
     for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
-    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead.
+    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``tokenizer``,
+    ``api_key``, ``max_queued_requests``: the generation routes' options (:class:`ServeConfig`).
     """
     extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),
                       kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms, **extra)
+                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms,
+                      tokenizer=None if tokenizer is None else os.fspath(tokenizer), api_key=api_key,
+                      max_queued_requests=max_queued_requests, **extra)
     has_delegates = _check(cfg)
     gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
     cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})
     return PyrtReplica.options(  # type: ignore[attr-defined]
         name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
-        max_ongoing_requests=max(64, 2 * cfg.max_batch_size), graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+        max_ongoing_requests=max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64),
+        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         health_check_period_s=2.0,
     ).bind(cfg)
 

@@ -20,10 +20,11 @@ import contextlib
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, simulated_from_env
+from pyrt.serve.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, api_key_from_env, simulated_from_env
 from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
@@ -31,7 +32,8 @@ EXAMPLES = """examples:
   pyrt serve model.pte                               one replica on one GPU, http://127.0.0.1:8000/v2
   pyrt serve model.pte --replicas 4 --budget 50%     four replicas, half of each engine's streamable weights
   pyrt serve model.pte --address auto --host 0.0.0.0 join the Ray cluster this machine belongs to
-  PYRT_SIMULATED_GPUS=2 pyrt serve model.pte --replicas 2"""
+  PYRT_SIMULATED_GPUS=2 pyrt serve model.pte --replicas 2
+  pyrt serve llm.pte --tokenizer ./tokenizer        an LLM: OpenAI's API at /v1, Triton's generate routes"""
 
 
 def _whole(low: int) -> Any:
@@ -87,6 +89,12 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
     p.add_argument("--metrics-port", type=_whole(1), help="Prometheus port of a Ray this command starts")
+    p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory: text in and out "
+                                                      "on the generate routes, and OpenAI's /v1 API")
+    p.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on /v1 and /v2/models "
+                                                    f"(default ${API_KEY_ENV}; health stays open)")
+    p.add_argument("--max-queued-requests", type=_whole(1), metavar="N",
+                   help="generations that may wait for a KV-cache slot per replica; more get 429 (default: no bound)")
     p.add_argument("--ray-proxy", action="store_true",
                    help="serve HTTP through Ray Serve's proxy actor instead of HAProxy straight to the replicas "
                         "(a Ray this command starts; a cluster joined with --address keeps its own setting)")
@@ -105,6 +113,9 @@ def _wait_for_stop(stop: threading.Event) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0."""
+    # Ray Serve's option schema uses a Pydantic 1 idiom (extra keywords on Field) that Pydantic 2 warns about at
+    # import: 18 lines of third-party noise, from that one module, on every start. pyrt's own warnings still show.
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
     import ray  # extra: serve
     from ray import serve  # extra: serve
 
@@ -115,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
-                     simulated_gpus=sim, num_cpus=args.cpus_per_replica)
+                     simulated_gpus=sim, num_cpus=args.cpus_per_replica, tokenizer=args.tokenizer,
+                     api_key=args.api_key or api_key_from_env(), max_queued_requests=args.max_queued_requests)
     via = start(address=args.address, host=args.host, port=args.port,
                 num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
                 ray_proxy=args.ray_proxy)
@@ -123,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         deploy(app, app_name=APP_NAME, path=args.path)
-        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "
+        openai = f", OpenAI API at http://{args.host}:{args.port}/v1" if args.tokenizer else ""
+        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2{openai} ({args.replicas} replica(s), "
               f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
         _wait_for_stop(stop)
         print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)

@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyrt.errors import InputError
 from pyrt.testing import gpus_from_environment
 
+API_KEY_ENV = "PYRT_API_KEY"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 
 
@@ -46,6 +47,9 @@ class ServeConfig:
     simulated_gpus: int | None = None
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
+    tokenizer: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    max_queued_requests: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
@@ -65,6 +69,24 @@ class ServeConfig:
             raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
         if "/" in self.name or not self.name:
             raise InputError(f"serve name={self.name!r}: a model name must be non-empty and have no '/'")
+        self._check_generation()
+
+    def _check_generation(self) -> None:
+        if self.tokenizer is not None:
+            if not Path(self.tokenizer).is_dir():
+                raise InputError(f"serve tokenizer={self.tokenizer!r}: not a directory (a local Hugging Face "
+                                 "tokenizer: tokenizer.json, tokenizer_config.json)")
+            object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise InputError("serve api_key: expected a non-empty string")
+        bound = self.max_queued_requests
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
+            raise InputError(f"serve max_queued_requests={bound!r}: expected a whole number >= 1 (None: no bound)")
+
+
+def api_key_from_env() -> str | None:
+    """``$PYRT_API_KEY`` (None when unset or empty)."""
+    return os.environ.get(API_KEY_ENV, "").strip() or None
 
 
 def simulated_from_env() -> int | None:

@@ -1,107 +1,123 @@
-"""Generation routes for programs that follow ``pyrt.llm``'s convention (``/generate``, ``/generate_stream``).
+"""Triton's generate extension (``/v2/models/NAME/generate``, ``/generate_stream``): request checks, events.
 
-``pyrt.llm.serving`` is imported lazily; where it is missing, or the program does
-not follow its convention, both routes answer 404. Generation is not batched:
-each request runs on the replica's worker thread, token by token.
+A request body is a JSON object with the prompt as ``text_input`` (needs ``pyrt serve
+--tokenizer``) or ``input_ids``, and the generation parameters either in ``parameters`` or at
+the top level (as Triton's TensorRT-LLM models take them): ``max_tokens`` (the cap on new
+tokens; ``max_new_tokens`` in ``pyrt.generate``; default: until EOS or a full cache),
+``temperature`` (0: greedy), ``do_sample`` (default: sample when ``temperature`` > 0),
+``top_k``, ``top_p``, ``seed``, ``eos_ids``, ``stop`` (strings, cut from the text and ending
+with ``finish_reason`` "stop"; or lists of token ids). ``id`` is echoed back.
+
+``/generate`` answers ``{"model_name", "model_version", "text_output", "token_ids",
+"finish_reason", "timings", "usage"}``; ``/generate_stream`` sends one server-sent event per new
+token (``{"token_id", "index", "text_output"}``, the text that token completes, maybe "") and
+a final one (``{"finish_reason", "token_ids", "timings", "usage", "text_output"}``, the text
+held back until the end); the ``text_output`` of all events joined is ``/generate``'s.
+``text_output`` is there when the server has a tokenizer.
+
+>>> spec = generate_spec("m", {"text_input": "Hi", "max_tokens": 4, "parameters": {"temperature": 0}})
+>>> spec.text, spec.options["max_new_tokens"], spec.options["do_sample"]
+('Hi', 4, False)
 """
 
+from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Iterator, Mapping
-from concurrent.futures import Executor
-from types import ModuleType
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from pyrt.serve.failures import ApiError
+from pyrt.serve.llm_host import Piece
+from pyrt.serve.openai_api import Spec, sampling, stop_strings
+from pyrt.serve.protocol import VERSION
 
-from pyrt.errors import InputError, PyrtError
-
-_DONE = object()
-
-
-def llm_serving() -> ModuleType | None:
-    """``pyrt.llm.serving``, or None where it cannot be imported."""
-    try:
-        from pyrt.llm import serving  # lazily: only replicas that serve load LLM generation
-    except ImportError:
-        return None
-    return serving
+PARAMETERS = ("max_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "eos_ids", "stop")
+FIELDS = ("id", "text_input", "input_ids", "parameters", *PARAMETERS)
+NAMES = {"prompt_ids": "input_ids", "max_new_tokens": "max_tokens"}
 
 
-def _status(exc: BaseException) -> int:
-    return 400 if isinstance(exc, InputError) else 500
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ApiError(f"parameters={params!r} must be a JSON object", param="parameters")
+    extra = sorted(set(params) - set(PARAMETERS))
+    if extra:
+        raise ApiError(f"unknown parameter(s) {extra}; accepted: {', '.join(PARAMETERS)}", param="parameters")
+    both = sorted(set(params) & set(body))
+    if both:
+        raise ApiError(f"{both[0]} is given both at the top level and in parameters; give it once", param=both[0])
+    return {**{k: body[k] for k in PARAMETERS if k in body}, **params}
 
 
-def _error(exc: BaseException) -> JSONResponse:
-    text = str(exc) if isinstance(exc, PyrtError) else f"{type(exc).__name__}: {exc}"
-    return JSONResponse({"error": text}, status_code=_status(exc))
+def _sampling(params: dict[str, Any]) -> dict[str, Any]:
+    do_sample = params.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ApiError(f"do_sample={do_sample!r} must be a bool", param="do_sample")
+    temperature = params.get("temperature")
+    if do_sample and temperature == 0:
+        raise ApiError("do_sample is true and temperature is 0 (greedy): give one", param="temperature")
+    if do_sample is False or (do_sample is None and temperature is None):
+        temperature = 0  # greedy: pyrt.generate's default
+    elif temperature is None:
+        temperature = 1.0
+    return sampling({**params, "temperature": temperature})
 
 
-class Generation:
-    """The generate routes of one replica's models."""
+def _stop(value: Any) -> tuple[tuple[str, ...], list[Any] | None]:
+    """(stop strings, token-id stop sequences) from ``stop``."""
+    if isinstance(value, list) and value and all(isinstance(s, list) for s in value):
+        return (), value
+    return stop_strings(value), None
 
-    def __init__(self, program: Any, models: Mapping[str, Any], pool: Executor) -> None:
-        self.program, self.pool = program, pool
-        self.module = llm_serving()
-        self.models = {}
-        if self.module is not None:
-            for name, info in models.items():
-                try:
-                    ok = bool(self.module.follows_convention(program, info.method))
-                except PyrtError:
-                    ok = False
-                if ok:
-                    self.models[name] = info
 
-    async def generate(self, name: str, request: Request, *, stream: bool) -> Response:
-        if name not in self.models or self.module is None:
-            return JSONResponse({"error": f"model {name!r} does not generate (it does not follow pyrt.llm's "
-                                          "convention, or pyrt.llm is not installed)"}, status_code=404)
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise InputError(f"model {name!r}: the generate request must be a JSON object")
-        except ValueError as exc:
-            return _error(InputError(f"model {name!r}: the request is not valid JSON ({exc})"))
-        except InputError as exc:
-            return _error(exc)
-        try:
-            method = self.models[name].method  # the contract's signature is (program, body); forward is its default
-            extra = {} if method == "forward" else {"method": method}
-            events = self.module.generate_events(self.program, body, **extra)
-        except Exception as exc:  # validation before any run: InputError -> 400
-            return _error(exc)
-        first = await self._next(events)  # validation errors surface here, before any status is sent
-        if isinstance(first, BaseException):
-            return _error(first)
-        if stream:
-            return StreamingResponse(self._sse(first, events), media_type="text/event-stream")
-        last = first
-        while last is not _DONE and "finish_reason" not in last:
-            last = await self._next(events)
-            if isinstance(last, BaseException):
-                return _error(last)
-        final: dict[str, Any] = last if isinstance(last, dict) else {}
-        return JSONResponse({"model_name": name, "token_ids": final.get("token_ids", []),
-                             "finish_reason": final.get("finish_reason"), "timings": final.get("timings", {})})
+def generate_spec(model: str, body: Any) -> Spec:
+    """The request of ``POST /v2/models/{model}/generate[_stream]``, checked before any run."""
+    if not isinstance(body, dict):
+        raise ApiError(f"model {model!r}: the generate request must be a JSON object, got {type(body).__name__}")
+    extra = sorted(set(body) - set(FIELDS))
+    if extra:
+        raise ApiError(f"unknown request field(s) {extra}; expected text_input or input_ids, and parameters "
+                       f"({', '.join(PARAMETERS)})", param=extra[0])
+    given = [k for k in ("text_input", "input_ids") if body.get(k) is not None]
+    if len(given) != 1:
+        raise ApiError("give the prompt as text_input (text) or input_ids (token ids), once"
+                       + ("; got both" if len(given) == 2 else ""), param="text_input")
+    rid = body.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ApiError(f"id={rid!r} must be a string", param="id")
+    params = _parameters(body)
+    stops, stop_ids = _stop(params.get("stop"))
+    options = {"max_new_tokens": params.get("max_tokens"), **_sampling(params), "eos_ids": params.get("eos_ids"),
+               "stop": stop_ids}
+    spec = Spec(model, options=options, stops=stops, names=dict(NAMES), request_id=rid)
+    if "text_input" in given:
+        if not isinstance(body["text_input"], str):
+            raise ApiError(f"text_input={body['text_input']!r} must be a string", param="text_input")
+        spec.text = body["text_input"]
+    else:
+        spec.ids = body["input_ids"]
+    return spec
 
-    async def _next(self, events: Iterator[dict[str, Any]]) -> Any:
-        def step() -> Any:
-            try:
-                return next(events, _DONE)
-            except Exception as exc:  # handed back: the route answers it
-                return exc
 
-        return await asyncio.get_running_loop().run_in_executor(self.pool, step)
+def _head(model: str, spec: Spec) -> dict[str, Any]:
+    head: dict[str, Any] = {"model_name": model, "model_version": VERSION}
+    if spec.request_id is not None:
+        head["id"] = spec.request_id
+    return head
 
-    async def _sse(self, first: Any, events: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-        event = first
-        while event is not _DONE:
-            if isinstance(event, BaseException):
-                text = str(event) if isinstance(event, PyrtError) else f"{type(event).__name__}: {event}"
-                yield f"data: {json.dumps({'error': text})}\n\n".encode()
-                return
-            yield f"data: {json.dumps(event)}\n\n".encode()
-            event = await self._next(events)
+
+def token_event(model: str, spec: Spec, piece: Piece, index: int, text: bool) -> dict[str, Any]:
+    """A streamed event for one new token (``text``: with the text it completes)."""
+    event = {**_head(model, spec), "token_id": piece.tokens[0], "index": index}
+    if text:
+        event["text_output"] = piece.text
+    return event
+
+
+def final_event(model: str, spec: Spec, piece: Piece, tokens: list[int], prompt: int, text: str | None
+                ) -> dict[str, Any]:
+    """The last event (``text``: the text held back until the end) or, with the whole text, the response."""
+    event = {**_head(model, spec), "finish_reason": piece.finish_reason, "token_ids": tokens,
+             "timings": piece.result.timings.as_dict() if piece.result is not None else {},
+             "usage": {"prompt_tokens": prompt, "completion_tokens": len(tokens)}}
+    if text is not None:
+        event["text_output"] = text
+    return event

@@ -5,9 +5,9 @@ port (``ray.init(_metrics_export_port=P)``, then ``http://HOST:P/metrics``),
 tagged with the deployment and replica; names there carry Ray's ``ray_``
 prefix:
 
-- ``pyrt_serve_requests_total{model}``: infer requests answered (any status);
+- ``pyrt_serve_requests_total{model}``: infer and generation requests answered (any status);
 - ``pyrt_serve_errors_total{model, error}``: failed ones by class (``InputError``,
-  ``RequestTooLarge``, ``ExecutionError``, ...);
+  ``RequestTooLarge``, ``ExecutionError``, ``BusyError``, ...);
 - ``pyrt_serve_batch_rows{model}``: histogram of the rows in each run (1: unbatched);
 - ``pyrt_serve_run_seconds{model}``: histogram of each run's wall time;
 - ``pyrt_serve_weight_streaming_budget_bytes{model, engine, device}``: each engine's
@@ -18,6 +18,7 @@ The same counts, for the replica that answers, come from ``GET /v2/models/{name}
 thread that hands over what changed every ``FLUSH_S`` (Ray's own export to Prometheus runs every
 few seconds anyway): a Ray metric call releases the GIL, and on the replica's event loop, with
 its run thread busy, each one waited its turn for the GIL again (6% of the loop at 32 clients).
+The generation metrics (:mod:`pyrt.serve.llm_metrics`) are handed over by the same flush.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter as Tally
+from collections.abc import Callable
 from typing import Any
 
 from ray.serve import metrics
@@ -60,6 +62,7 @@ class ServeMetrics:
         self._runs: list[tuple[str, int, float]] = []  # (model, rows, seconds) not yet handed to Ray
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self.hooks: list[Callable[[], None]] = []  # more hand-overs run by each flush (generation metrics)
 
     def request(self, model: str) -> None:
         with self._lock:
@@ -109,6 +112,8 @@ class ServeMetrics:
         for model, rows, seconds in runs:
             self.rows.observe(rows, tags={"model": model})
             self.seconds.observe(seconds, tags={"model": model})
+        for hook in self.hooks:
+            hook()
 
     def inline(self, model: str) -> None:
         """A run of ``model`` on the replica's event loop (an idle replica, a short run)."""

@@ -10,11 +10,14 @@ batch fills during a run; a request that finds the replica idle runs at once
 (on the event loop when its method's runs are short). Status codes: 404
 unknown model (or path), 405 a path the protocol has for another method, 400
 a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
-500 a failed run (the typed error), 503 not ready.
+500 a failed run (the typed error), 503 not ready; with an API key, 401 without it.
+Programs that generate also answer OpenAI's ``/v1`` API and Triton's generate routes
+(:mod:`pyrt.serve.llm_routes`: an engine per generating model, stepped by its own thread).
 """
 
 
 import asyncio
+import hmac
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -26,36 +29,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pyrt._version import __version__
-from pyrt.errors import InputError, PyrtError
+from pyrt.errors import InputError
 from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
-from pyrt.serve import generate, routes
+from pyrt.serve import routes
 from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
+from pyrt.serve.failures import ApiError, RequestTooLarge, error_response, openai_response
+from pyrt.serve.llm_routes import LlmRoutes
 from pyrt.serve.metrics import ServeMetrics
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.testing import simulated_devices
 
 Item = tuple[str, list[np.ndarray]]
-
-
-class RequestTooLarge(InputError):
-    """A request body over the server's ``max_request_bytes`` (413)."""
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status a failure is answered with."""
-    if isinstance(exc, RequestTooLarge):
-        return 413
-    return 400 if isinstance(exc, InputError) else 500
-
-
-def error_response(exc: BaseException) -> JSONResponse:
-    text = str(exc) if isinstance(exc, PyrtError) else f"{type(exc).__name__}: {exc}"
-    return JSONResponse({"error": text}, status_code=status_of(exc))
 
 
 def load_program(cfg: ServeConfig) -> Program:
@@ -85,7 +74,13 @@ class PyrtReplica:
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
-        self.generation = generate.Generation(self.program, self.models, self.pool)
+        self.llm = LlmRoutes(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
+                             max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+
+    def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.close()
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -137,15 +132,37 @@ class PyrtReplica:
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request (Ray Serve hands every request to the replica here)."""
         path = routes.route_path(request.scope)
+        refused = self._unauthorized(request, path)
+        if refused is not None:
+            return refused
         found = routes.match(request.method, path)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
+            if path.startswith(routes.OPENAI_PREFIX):
+                return openai_response(ApiError(f"{what}: {path}", found))
             return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
         handler, params = found
         try:
             return await getattr(self, handler)(request, **params)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return error_response(exc)
+
+    def _unauthorized(self, request: Request, path: str) -> Response | None:
+        """401 for a guarded route without ``Authorization: Bearer KEY`` (compared in constant time)."""
+        key = self.cfg.api_key
+        if key is None or not routes.guarded(path):
+            return None
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+            return None
+        self.metrics.error("", "Unauthorized")
+        error = ApiError("no API key given: send 'Authorization: Bearer KEY'" if not given else
+                         "the API key is not valid", 401, code="invalid_api_key")
+        headers = {"WWW-Authenticate": "Bearer"}
+        if path.startswith(routes.OPENAI_PREFIX):
+            return openai_response(error, headers=headers)
+        return JSONResponse({"error": str(error)}, status_code=401, headers=headers)
 
     async def live(self, request: Request) -> JSONResponse:
         return JSONResponse({"live": True})
@@ -180,7 +197,11 @@ class PyrtReplica:
     async def model_stats(self, request: Request, name: str) -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
-        return JSONResponse(self.metrics.stats(name))
+        stats = self.metrics.stats(name)
+        generation = self.llm.stats(name)
+        if generation is not None:
+            stats["generation"] = generation
+        return JSONResponse(stats)
 
     async def infer(self, request: Request, name: str, version: str = "") -> Response:
         info = self.models.get(name)
@@ -189,6 +210,9 @@ class PyrtReplica:
         self.metrics.request(name)
         self.in_flight += 1
         try:
+            if name in self.llm.hosts:
+                raise InputError(f"model {name!r} generates: its runs would write the KV-cache slots that "
+                                 f"generations hold; use POST /v2/models/{name}/generate (or OpenAI's /v1 API)")
             body = await self._body(request)
             req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
             outputs = await self.dispatch(info, req)
@@ -215,10 +239,22 @@ class PyrtReplica:
         return b"".join(chunks)
 
     async def generate(self, request: Request, name: str) -> Response:
-        return await self.generation.generate(name, request, stream=False)
+        return await self.llm.generate(request, name, stream=False)
 
     async def generate_stream(self, request: Request, name: str) -> Response:
-        return await self.generation.generate(name, request, stream=True)
+        return await self.llm.generate(request, name, stream=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.llm.completions(request)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.llm.chat_completions(request)
+
+    async def openai_models(self, request: Request) -> Response:
+        return await self.llm.models(request)
+
+    async def openai_model(self, request: Request, model: str) -> Response:
+        return await self.llm.model(request, model)
 
     def _unknown(self, name: str) -> JSONResponse:
         self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values

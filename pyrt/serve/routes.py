@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's paths: which replica method answers a request.
+"""The Open Inference Protocol's paths and OpenAI's: which replica method answers a request.
 
 The replica answers HTTP in its own ``__call__`` (no web framework between Ray
 Serve and it: FastAPI's routing, dependency solving and query parsing cost more
@@ -11,6 +11,8 @@ path matches and whose method is the request's wins.
 (405, 404)
 >>> route_path({"path": "/portable/v2/health/live", "root_path": "/portable"})
 '/v2/health/live'
+>>> guarded("/v1/models"), guarded("/v2/models/m/infer"), guarded("/v2/health/ready"), guarded("/v2")
+(True, True, False, False)
 """
 
 from __future__ import annotations
@@ -49,7 +51,13 @@ ROUTES = (  # the hot path first
     Route("GET", "/v2/models/{name}/stats", "model_stats"),
     Route("POST", "/v2/models/{name}/generate", "generate"),
     Route("POST", "/v2/models/{name}/generate_stream", "generate_stream"),
+    Route("POST", "/v1/chat/completions", "chat_completions"),
+    Route("POST", "/v1/completions", "completions"),
+    Route("GET", "/v1/models", "openai_models"),
+    Route("GET", "/v1/models/{model}", "openai_model"),
 )
+OPENAI_PREFIX = "/v1"  # OpenAI's API: errors in its shape
+
 
 
 def match(method: str, path: str, routes: tuple[Route, ...] = ROUTES) -> tuple[str, dict[str, str]] | int:
@@ -71,3 +79,8 @@ def route_path(scope: Mapping[str, Any]) -> str:
     if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
         return path[len(root):]
     return path
+
+
+def guarded(path: str) -> bool:
+    """Whether an API key guards ``path``: OpenAI's routes and every model route (health and ``/v2`` do not)."""
+    return path in ("/v1", "/v2/models") or path.startswith(("/v1/", "/v2/models/"))

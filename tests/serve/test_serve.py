@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures import serve as serve_fixtures
-from tests.fixtures.serve import MAX_ROWS, assert_batched_equal, free_port, json_infer, rows, wait_for
+from tests.fixtures.serve import MAX_ROWS, assert_batched_equal, json_infer, rows, wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("executorch")
@@ -30,7 +29,7 @@ th = pytest.importorskip("tritonclient.http")
 
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve import ingress  # noqa: E402
-from pyrt.serve.app import deployment, run, start  # noqa: E402
+from pyrt.serve.app import deployment, run  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
 
 MAX_REQUEST_BYTES = 1 << 20
@@ -41,18 +40,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return serve_fixtures.build(tmp_path_factory.mktemp("serve"))
 
 
-METRICS_PORT = free_port()
-INGRESS: dict[str, str] = {}  # what start() said serves HTTP
-
-
-@pytest.fixture(scope="session")
-def ray_serve() -> Iterator[str]:
-    """A local Ray on this machine's 2 cores, three simulated GPUs, Serve's proxy on a free port."""
-    port = free_port()
-    INGRESS["mode"] = start(port=port, num_cpus=2, num_gpus=3, metrics_port=METRICS_PORT)
-    yield f"127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+METRICS_PORT = serve_fixtures.METRICS_PORT  # the session's Ray (tests/serve/conftest.py: ray_serve)
+INGRESS = serve_fixtures.INGRESS
 
 
 @pytest.fixture(scope="module")

@@ -34,9 +34,14 @@ def test_a_file_that_cannot_load_is_an_error_naming_it(tmp_path: Path) -> None:
     bad.write_bytes(b"not a program at all")
     done = subprocess.run([*COMMAND, str(bad)], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and str(bad) in done.stderr, done.stderr
+    assert "deprecated" not in done.stderr.lower(), done.stderr  # Ray Serve's Pydantic warnings stay out of sight
     usage = subprocess.run([*COMMAND, str(bad), "--replicas", "0"], env=_env(), capture_output=True, text=True,
                            timeout=120)
     assert usage.returncode == 2 and "expected a whole number >= 1, got '0'" in usage.stderr
+    missing = tmp_path / "no-tokenizer"
+    done = subprocess.run([*COMMAND, str(bad), "--tokenizer", str(missing)], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and f"tokenizer={str(missing)!r}: not a directory" in done.stderr, done.stderr
 
 
 @pytest.mark.slow

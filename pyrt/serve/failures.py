@@ -1,0 +1,79 @@
+"""How a failed request is answered: its HTTP status, and the body in each protocol's shape.
+
+The Open Inference Protocol's routes answer ``{"error": "text"}``; OpenAI's ``/v1`` routes answer
+``{"error": {"message", "type", "param", "code"}}`` as OpenAI's API (and vLLM) do, so the
+``openai`` client raises its own typed errors (``BadRequestError``, ``NotFoundError``,
+``RateLimitError``, ...). Statuses: 400 a bad request (:class:`pyrt.errors.InputError`, naming
+the value), 401 no or a wrong API key, 404 an unknown model or path, 413 a body over the limit,
+429 a full generation queue (:class:`pyrt.errors.BusyError`), 500 a failed run.
+
+>>> status_of(InputError("max_tokens=0 must be an int >= 1")), openai_body(ApiError("x", 404, param="model"))
+(400, {'error': {'message': 'x', 'type': 'invalid_request_error', 'param': 'model', 'code': None}})
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from pyrt.errors import BusyError, InputError, PyrtError
+
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+CODES = {401: "invalid_api_key", 429: "queue_full"}
+
+
+class RequestTooLarge(InputError):
+    """A request body over the server's ``max_request_bytes`` (413)."""
+
+
+class ApiError(InputError):
+    """A request refused with ``status``, naming the request field ``param`` (None: no one field)."""
+
+    def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status a failure is answered with."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    if isinstance(exc, RequestTooLarge):
+        return 413
+    if isinstance(exc, BusyError):
+        return 429
+    return 400 if isinstance(exc, InputError) else 500
+
+
+def message_of(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, PyrtError) else f"{type(exc).__name__}: {exc}"
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The Open Inference Protocol's answer: ``{"error": "text"}`` with :func:`status_of`'s status."""
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
+
+
+def param_of(exc: BaseException, params: tuple[str, ...]) -> str | None:
+    """The request field an error message starts with (``max_tokens=0 must be ...`` -> ``max_tokens``)."""
+    if isinstance(exc, ApiError):
+        return exc.param
+    found = re.match(r"[A-Za-z_][\w.]*", str(exc))
+    name = found.group(0) if found else ""
+    return name if name.split(".")[0] in params else None
+
+
+def openai_body(exc: BaseException, params: tuple[str, ...] = ()) -> dict[str, Any]:
+    """OpenAI's error object for ``exc``: its message, type, the field it names, a code."""
+    status = status_of(exc)
+    code = exc.code if isinstance(exc, ApiError) and exc.code else CODES.get(status)
+    return {"error": {"message": message_of(exc), "type": TYPES.get(status, "server_error"),
+                      "param": param_of(exc, params), "code": code}}
+
+
+def openai_response(exc: BaseException, params: tuple[str, ...] = (), headers: dict[str, str] | None = None
+                    ) -> JSONResponse:
+    return JSONResponse(openai_body(exc, params), status_code=status_of(exc), headers=headers)

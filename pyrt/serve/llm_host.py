@@ -1,0 +1,201 @@
+"""A replica's generation engines: one ``pyrt.llm.Engine`` per generating model, stepped by its own thread.
+
+:class:`EngineHost` owns the engine and a thread that runs its steps while anything is queued
+or running (and sleeps on ``Engine.wait_for_work`` otherwise), so concurrent requests share each
+forward call. The engine's steps and the replica's infer runs go through the same
+``pyrt.Program``, whose runs of one method take turns on that method's lock; the infer route
+refuses the method an engine drives (its runs would write the KV-cache slots generations hold).
+
+:class:`Job` is one request's generation seen from the event loop: ``updates()`` yields the new
+token ids as the stepping thread produces them (a listener on the stepping thread wakes the
+loop; several tokens come at once when the loop was busy). :func:`pieces` adds text (a
+:class:`pyrt.serve.text.TextStream`: incremental detokenization and stop strings) and ends with
+one :class:`Piece` carrying the finish reason. Cancelling a job (a client that went away, a stop
+string) frees its slot at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrt.errors import BusyError, PyrtError
+from pyrt.llm.serving import Engine, Generation, GenerationResult
+from pyrt.serve.text import TextStream
+
+log = logging.getLogger("pyrt.serve")
+
+IDLE_WAIT_S = 0.5  # the stepping thread looks for its stop flag this often while idle
+STALLED_WAIT_S = 0.005  # a step that advanced nothing (slots held elsewhere): wait before the next
+HEARTBEAT_S = 5.0  # a job waiting this long for a token checks that the stepping thread is alive
+
+
+class EngineStopped(PyrtError):
+    """The engine's stepping thread stopped or failed: the generations it carried end with this (500)."""
+
+
+class EngineHost:
+    """``model``'s engine on ``program`` and the thread that steps it (until :meth:`close`)."""
+
+    def __init__(self, program: Any, method: str, model: str, max_queued: int | None = None) -> None:
+        self.model, self.max_queued = model, max_queued
+        self.engine = Engine(program, method=method)
+        self.failure: BaseException | None = None  # the last unexpected step failure
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pyrt-steps-{model}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.engine.wait_for_work(IDLE_WAIT_S):
+                continue
+            try:
+                advanced = self.engine.step()
+            except Exception as exc:  # the engine catches run failures; anything else ends what it carried
+                log.exception("%s: a generation step failed; its generations end", self.model)
+                self.failure, self.failures = exc, self.failures + 1
+                self.engine.close()
+                continue
+            if advanced == 0:
+                self._stop.wait(STALLED_WAIT_S)
+
+    def submit(self, prompt: list[int], **options: Any) -> Job:
+        """Queue a generation (``Engine.submit``'s checks); its :class:`Job` on the running event loop.
+
+        BusyError when ``max_queued`` generations already wait for a slot beyond those the next
+        step admits (the slots free now).
+        """
+        if not self.alive:
+            raise EngineStopped(f"model {self.model!r}: the replica's generation engine has stopped")
+        started = time.perf_counter()
+        with self.engine.lock:  # the bound and the submission at once
+            waiting = self.engine.queued - self.engine.pool.free  # the next step admits as many as are free
+            if self.max_queued is not None and waiting >= self.max_queued:
+                raise BusyError(f"model {self.model!r}: {waiting} generations already wait for one of "
+                                f"{self.engine.slots} KV-cache slots (max_queued_requests={self.max_queued})")
+            generation = self.engine.submit(prompt, **options)
+        return Job(self, generation, asyncio.get_running_loop(), started)
+
+    def stats(self) -> dict[str, Any]:
+        out = self.engine.stats()
+        out["free_slots"] = self.engine.pool.free
+        out["step_failures"] = self.failures
+        return out
+
+    def close(self) -> None:
+        """Stop the thread; every generation still queued or running ends as cancelled."""
+        self._stop.set()
+        self.engine.close()
+        self._thread.join(timeout=30)
+
+
+class Job:
+    """One request's generation, seen from the event loop that submitted it."""
+
+    def __init__(self, host: EngineHost, generation: Generation, loop: asyncio.AbstractEventLoop,
+                 started: float) -> None:
+        self.host, self.generation, self.loop, self.started = host, generation, loop, started
+        self.failures = host.failures
+        self.token_times: list[float] = []  # perf_counter of each new token, taken on the stepping thread
+        self.cancelled_here = False
+        self._wake = asyncio.Event()
+        self._scheduled = False
+        generation.add_listener(self._heard)
+
+    def _heard(self, sequence: Any) -> None:
+        """On the stepping thread, under the engine's lock: note the token times, wake the loop once."""
+        now = time.perf_counter()
+        while len(self.token_times) < len(sequence.new):
+            self.token_times.append(now)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._woken)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _woken(self) -> None:
+        self._scheduled = False
+        self._wake.set()
+
+    async def updates(self) -> AsyncIterator[list[int]]:
+        """The new token ids as they come, until the generation ends (then :attr:`result` or :attr:`error`)."""
+        seen = 0
+        while True:
+            with self.host.engine.lock:
+                sequence = self.generation.sequence
+                new, done = sequence.new[seen:], sequence.done
+            seen += len(new)
+            if new:
+                yield new
+            if done:
+                return
+            await self._wait()
+
+    async def _wait(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), HEARTBEAT_S)
+        except asyncio.TimeoutError:
+            if not self.host.alive:
+                raise EngineStopped(f"model {self.host.model!r}: the generation engine stopped") from None
+        self._wake.clear()
+
+    def cancel(self, reason: Any = "cancelled") -> None:
+        """End the generation at the engine's next step (its slot is freed there)."""
+        self.cancelled_here = True
+        self.host.engine.cancel(self.generation, reason=reason)
+
+    @property
+    def result(self) -> GenerationResult:
+        """The ended generation's result; its run failure raised, or EngineStopped when the engine ended it."""
+        if self.generation.error is not None:
+            raise self.generation.error
+        result = self.generation.result
+        if result is None or (result.finish_reason == "cancelled" and not self.cancelled_here):
+            why = f": {self.host.failure}" if self.host.failures != self.failures else " (the replica is stopping)"
+            raise EngineStopped(f"model {self.host.model!r}: the generation was ended by the engine{why}")
+        return result
+
+
+@dataclass
+class Piece:
+    """What one update gives a response: new ids, their text (may be empty), and at the end the finish reason."""
+
+    tokens: list[int]
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length" | "cache_full" on the last piece
+    result: GenerationResult | None = None
+    consumed: int = 0  # new tokens the response accounts for (a stop string cuts the rest)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def pieces(job: Job, text: TextStream | None) -> AsyncIterator[Piece]:
+    """One piece per new token (its text delta when there is a tokenizer), then the final piece.
+
+    A stop string in the text cancels the generation (``finish_reason`` "stop"); the tokens after
+    the one that completed it are not given out.
+    """
+    consumed = 0
+    async for ids in job.updates():
+        for token in ids:
+            consumed += 1
+            delta = text.add([token]) if text is not None else ""
+            yield Piece([token], delta, consumed=consumed)
+            if text is not None and text.stopped:
+                job.cancel("stop")
+                yield Piece([], "", "stop", job.generation.result, consumed)
+                return
+    result = job.result
+    rest = text.flush() if text is not None else ""
+    reason = "stop" if text is not None and text.stopped else result.finish_reason
+    yield Piece([], rest, reason, result, consumed)

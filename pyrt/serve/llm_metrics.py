@@ -1,0 +1,108 @@
+"""Generation metrics of one replica: Ray metrics (handed over with :class:`pyrt.serve.metrics.ServeMetrics`'
+once-a-second flush) and the ``generation`` part of ``GET /v2/models/NAME/stats``.
+
+Per model (names carry Ray's ``ray_`` prefix on the Prometheus endpoint):
+
+- ``pyrt_serve_time_to_first_token_seconds``: histogram, a generation request's arrival to its
+  first new token (queueing for a slot and prefill included);
+- ``pyrt_serve_inter_token_latency_seconds``: histogram, the time between consecutive new tokens
+  of one generation (one step of the engine, shared by every running sequence);
+- ``pyrt_serve_queued_generations`` / ``pyrt_serve_running_generations``: gauges, generations
+  waiting for a KV-cache slot / holding one, at the last flush;
+- ``pyrt_serve_batch_occupancy``: histogram, sequences in each engine step (up to the file's
+  ``max_batch_size``: how full the batch was);
+- ``pyrt_serve_generated_tokens_total`` / ``pyrt_serve_prompt_tokens_total``: counters, new
+  tokens sampled and prompt tokens prefilled.
+
+The stats route gives the engine's counters at once, with the median and 99th percentile of the
+last :data:`WINDOW` samples of each latency.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from ray.serve import metrics
+
+TOKEN_BOUNDARIES = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
+OCCUPANCY_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+WINDOW = 4096  # latency samples kept per model for the stats route's percentiles
+
+
+class GenerationMetrics:
+    """Latency samples as generations end, and the engines' counters read at each flush."""
+
+    def __init__(self) -> None:
+        tags = ("model",)
+        self.ttft = metrics.Histogram("pyrt_serve_time_to_first_token_seconds",
+                                      "a generation request's arrival to its first new token",
+                                      boundaries=TOKEN_BOUNDARIES, tag_keys=tags)
+        self.itl = metrics.Histogram("pyrt_serve_inter_token_latency_seconds",
+                                     "time between consecutive new tokens of one generation",
+                                     boundaries=TOKEN_BOUNDARIES, tag_keys=tags)
+        self.queued = metrics.Gauge("pyrt_serve_queued_generations", "generations waiting for a KV-cache slot",
+                                    tag_keys=tags)
+        self.running = metrics.Gauge("pyrt_serve_running_generations", "generations holding a KV-cache slot",
+                                     tag_keys=tags)
+        self.occupancy = metrics.Histogram("pyrt_serve_batch_occupancy", "sequences in each generation step",
+                                           boundaries=OCCUPANCY_BOUNDARIES, tag_keys=tags)
+        self.generated = metrics.Counter("pyrt_serve_generated_tokens", "new tokens generated", tag_keys=tags)
+        self.prompt = metrics.Counter("pyrt_serve_prompt_tokens", "prompt tokens prefilled", tag_keys=tags)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, float | None, list[float]]] = []  # not yet handed to Ray
+        self._ttft: dict[str, deque[float]] = {}
+        self._itl: dict[str, deque[float]] = {}
+        self._done: dict[str, tuple[int, int, Counter[int]]] = {}  # engine counters already handed over
+
+    def finished(self, model: str, ttft_s: float | None, gaps_s: list[float]) -> None:
+        """A generation ended: its time to first token (None: it had none) and inter-token gaps."""
+        with self._lock:
+            self._pending.append((model, ttft_s, gaps_s))
+            if ttft_s is not None:
+                self._ttft.setdefault(model, deque(maxlen=WINDOW)).append(ttft_s)
+            self._itl.setdefault(model, deque(maxlen=WINDOW)).extend(gaps_s)
+
+    def flush(self, engines: Mapping[str, Any]) -> None:
+        """Hand Ray what changed: latency samples, the engines' token and step counters, the gauges."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for model, ttft_s, gaps in pending:
+            tags = {"model": model}
+            if ttft_s is not None:
+                self.ttft.observe(ttft_s, tags=tags)
+            for gap in gaps:
+                self.itl.observe(gap, tags=tags)
+        for model, host in engines.items():
+            self._flush_engine(model, host.stats())
+
+    def _flush_engine(self, model: str, stats: dict[str, Any]) -> None:
+        tags = {"model": model}
+        self.queued.set(stats["queued"], tags=tags)
+        self.running.set(stats["running"], tags=tags)
+        generated, prompt, steps = self._done.get(model, (0, 0, Counter()))
+        occupancy = Counter({int(k): v for k, v in stats["occupancy"].items()})
+        if stats["tokens_generated"] > generated:
+            self.generated.inc(stats["tokens_generated"] - generated, tags=tags)
+        if stats["prompt_tokens"] > prompt:
+            self.prompt.inc(stats["prompt_tokens"] - prompt, tags=tags)
+        for size, count in (occupancy - steps).items():
+            for _ in range(count):
+                self.occupancy.observe(size, tags=tags)
+        self._done[model] = (stats["tokens_generated"], stats["prompt_tokens"], occupancy)
+
+    def stats(self, model: str, host: Any) -> dict[str, Any]:
+        """The stats route's ``generation`` object: the engine's counters and recent latency percentiles."""
+        with self._lock:
+            ttft, itl = list(self._ttft.get(model, ())), list(self._itl.get(model, ()))
+        return {**host.stats(), "time_to_first_token_ms": _summary(ttft), "inter_token_latency_ms": _summary(itl)}
+
+
+def _summary(samples: list[float]) -> dict[str, Any]:
+    if not samples:
+        return {"count": 0, "p50": None, "p99": None}
+    p50, p99 = np.percentile(np.asarray(samples) * 1e3, [50, 99])
+    return {"count": len(samples), "p50": round(float(p50), 3), "p99": round(float(p99), 3)}
