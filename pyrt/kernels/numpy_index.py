@@ -88,17 +88,22 @@ def _scatter_add(a: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray) ->
 
 @op("aten::index_put.out", n_in=4)
 def _index_put(a: np.ndarray, indices: Sequence[np.ndarray | None], values: Operand, accumulate: bool = False) -> Out:
+    out = a.copy()
+    put_into(out, indices, values, accumulate)
+    return out
+
+
+def put_into(a: np.ndarray, indices: Sequence[np.ndarray | None], values: Operand, accumulate: bool = False) -> None:
+    """``a[indices] = values`` (or ``+=``, each index once per occurrence) in place, as ATen's ``index_put_``."""
     idx: tuple[slice | np.ndarray, ...] = tuple(
         slice(None) if i is None else (i.astype(bool) if i.dtype == np.bool_ else i) for i in indices)
-    out = a.copy()
     try:
         if accumulate:
-            np.add.at(out, idx, values)  # type: ignore[arg-type]  # numpy's stub omits slices, ufunc.at takes them
+            np.add.at(a, idx, values)  # type: ignore[arg-type]  # numpy's stub omits slices, ufunc.at takes them
         else:
-            out[idx] = values
+            a[idx] = values
     except IndexError as exc:
         raise InputError(f"index_put: {exc}") from None
-    return out
 
 
 @op("aten::copy.out", n_in=3)

@@ -29,6 +29,7 @@ import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.kernels.base import Kernel, KernelSite, Step, shape_only
+from pyrt.kernels.numpy_index import put_into
 from pyrt.memory.host import TorchHost
 from pyrt.memory.layout import numpy_dtype
 from pyrt.memory.tensors import DeviceTensor, HostTensor, Value
@@ -214,6 +215,34 @@ def _copy_(site: KernelSite) -> Step:
     return copy
 
 
+def _index_put_(site: KernelSite) -> Step:
+    """``aten::index_put_(self, indices, values, accumulate) -> self``: in place.
+
+    ExecuTorch's reinplace pass writes a mutable buffer's ``index_put`` this way (the KV caches of
+    pyrt's slot files): the cache is updated where it lies, not copied into a new tensor and back.
+    """
+    site.require_args(4)
+    get_dst, get_indices, get_values, get_accumulate = (site.getter(k) for k in range(4))
+    table, where = site.table, site.where
+    torch_host = isinstance(table.host, TorchHost)
+
+    def put() -> None:
+        dst, indices, values = get_dst(), list(get_indices()), get_values()
+        if isinstance(dst, DeviceTensor) or isinstance(values, DeviceTensor):
+            raise InputError(f"{where}: index_put_ on device memory (engines update device buffers)")
+        if torch_host:  # torch tensors: torch is imported already
+            import torch
+
+            try:
+                torch.ops.aten.index_put_.default(dst, indices, values, bool(get_accumulate()))
+            except (IndexError, RuntimeError) as exc:
+                raise InputError(f"{where}: index_put_: {exc}") from None
+        else:
+            put_into(dst, indices, values, bool(get_accumulate()))
+
+    return put
+
+
 def _copy_device(dst: Value, src: Value, table: ValueTable, where: str) -> None:
     if not (isinstance(dst, DeviceTensor) and isinstance(src, DeviceTensor)):
         raise InputError(f"{where}: copy_ between host and device memory (use et_copy's h2d/d2h copies)")
@@ -324,6 +353,8 @@ _SPECIAL: dict[str, Callable[[KernelSite], Step]] = {
     "dim_order_ops::_empty_dim_order.out": _empty_dim_order,
     "aten::copy_": _copy_,
     "aten::copy_.default": _copy_,
+    "aten::index_put_": _index_put_,
+    "aten::index_put_.default": _index_put_,
     "et_copy::_h2d_copy.out": _h2d,
     "et_copy::_d2h_copy.out": _d2h,
 }
@@ -343,6 +374,8 @@ _WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors 
     "dim_order_ops::_empty_dim_order.out": lambda a: a[2:3],
     "aten::copy_": lambda a: a[0:1] + a[3:4],
     "aten::copy_.default": lambda a: a[0:1] + a[3:4],
+    "aten::index_put_": lambda a: a[0:1] + a[4:5],
+    "aten::index_put_.default": lambda a: a[0:1] + a[4:5],
     "et_copy::_h2d_copy.out": lambda a: a[1:2],
     "et_copy::_d2h_copy.out": lambda a: a[1:2],
 }
