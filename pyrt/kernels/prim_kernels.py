@@ -354,7 +354,6 @@ _SPECIAL: dict[str, Callable[[KernelSite], Step]] = {
     "aten::copy_": _copy_,
     "aten::copy_.default": _copy_,
     "aten::index_put_": _index_put_,
-    "aten::index_put_.default": _index_put_,
     "et_copy::_h2d_copy.out": _h2d,
     "et_copy::_d2h_copy.out": _d2h,
 }
@@ -375,7 +374,6 @@ _WRITES: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {  # tensors 
     "aten::copy_": lambda a: a[0:1] + a[3:4],
     "aten::copy_.default": lambda a: a[0:1] + a[3:4],
     "aten::index_put_": lambda a: a[0:1] + a[4:5],
-    "aten::index_put_.default": lambda a: a[0:1] + a[4:5],
     "et_copy::_h2d_copy.out": lambda a: a[1:2],
     "et_copy::_d2h_copy.out": lambda a: a[1:2],
 }
