@@ -179,7 +179,9 @@ def test_a_failed_run_ends_the_generations_it_carried_and_the_engine_goes_on(lla
         assert list(fine) == want and pool_of(prog, L.SLOTS).free == L.SLOTS
 
 
-def test_portable_slot_files_run_in_executorchs_own_runtime() -> None:
+@pytest.mark.parametrize("kernels", ["numpy", "torch"])
+def test_portable_slot_files_run_in_executorchs_own_runtime(kernels: str) -> None:
+    """Two steps, the second reading what the first wrote: the cache updates in place (index_put_) on both."""
     from executorch.runtime import Runtime
 
     exported = L.batched("gpt2", "portable")
@@ -188,7 +190,7 @@ def test_portable_slot_files_run_in_executorchs_own_runtime() -> None:
     method = Runtime.get().load_program(str(exported.path)).load_method("forward")
     import torch
 
-    with pyrt.Program(exported.path) as prog:
+    with pyrt.Program(exported.path, kernels=kernels) as prog:
         for step in steps:
             ours = np.asarray(prog.run(*(np.asarray(list(a), np.int64) for a in step)))
             theirs = method.execute([torch.tensor(list(a)) for a in step])[0].numpy()
