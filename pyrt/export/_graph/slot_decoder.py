@@ -141,13 +141,16 @@ def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: t
     softmax runs in float32, as transformers' eager attention does. Returns ``[T, 1, heads, D]``.
     """
     rows, heads, _, dim = query.shape
-    groups = key.shape[1]
-    grouped = query.reshape(rows, groups, heads // groups, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)
-    if attention_mask is not None:
-        scores = scores + attention_mask  # [T, 1, 1, W]: the positions each token may read
+    groups, width = key.shape[1], key.shape[2]
+    share = heads // groups  # query heads per KV head
+    grouped = query.reshape(rows * groups, share, dim)
+    keys_t = key.reshape(rows * groups, width, dim).transpose(1, 2)
+    scores = torch.bmm(grouped, keys_t) * (dim ** -0.5 if scaling is None else scaling)  # plain bmm: no broadcast copies
+    if attention_mask is not None:  # [T, 1, 1, W]: the positions each token may read
+        scores = (scores.view(rows, groups, share, width) + attention_mask).view(rows * groups, share, width)
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    return torch.matmul(weights, value).reshape(rows, heads, 1, dim).transpose(1, 2), None
+    out = torch.bmm(weights, value.reshape(rows * groups, width, dim))  # [T * kv_heads, share, D]
+    return out.view(rows, 1, heads, dim), None
 
 
 @functools.cache
