@@ -145,7 +145,7 @@ def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: t
     share = heads // groups  # query heads per KV head
     grouped = query.reshape(rows * groups, share, dim)
     keys_t = key.reshape(rows * groups, width, dim).transpose(1, 2)
-    scores = torch.bmm(grouped, keys_t) * (dim ** -0.5 if scaling is None else scaling)  # plain bmm: no broadcast copies
+    scores = torch.bmm(grouped, keys_t) * (dim ** -0.5 if scaling is None else scaling)  # bmm: no broadcast copy
     if attention_mask is not None:  # [T, 1, 1, W]: the positions each token may read
         scores = (scores.view(rows, groups, share, width) + attention_mask).view(rows * groups, share, width)
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
