@@ -19,11 +19,13 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
 
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
 from pyrt.serve import ingress
 from pyrt.serve.config import ServeConfig, simulated_from_env
+from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import PyrtReplica
 
@@ -45,20 +47,23 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
                gpus_per_replica: float | None = None, budget: Any = None, data: Any = (),
                kernels: str | None = None, max_batch_size: int = 8, batch_wait_ms: float = 2.0,
                max_request_bytes: int | None = None, simulated_gpus: int | None = None,
-               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0) -> Application:
+               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0,
+               **limits: Any) -> Application:
     """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
 
     Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
     TensorRT delegates, else 0) and loads the Program on them with ``budget`` (resolved
     for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
-    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead.
+    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``limits``:
+    ``max_queued_requests``, ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig`
+    (:mod:`pyrt.serve.limits`); Ray Serve gets the same ``max_queued_requests``.
     """
     extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),
                       kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms, **extra)
+                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms, **extra, **limits)
     has_delegates = _check(cfg)
     gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
     cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})
@@ -66,8 +71,16 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
         name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
         max_ongoing_requests=max(64, 2 * cfg.max_batch_size), graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
-        health_check_period_s=2.0,
+        health_check_period_s=2.0, **_backpressure(cfg),
     ).bind(cfg)
+
+
+def _backpressure(cfg: ServeConfig) -> dict[str, Any]:
+    """Ray Serve's own queue limit for the requests it holds before a replica takes them: 503 with Retry-After."""
+    if cfg.max_queued_requests is None:
+        return {}
+    return {"max_queued_requests": cfg.max_queued_requests,
+            "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S)}
 
 
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, simulated_from_env
+from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S, simulated_from_env
 from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
@@ -56,6 +56,16 @@ def _number(text: str) -> float:
     return x
 
 
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return x
+
+
 def _budget(text: str) -> Any:
     """``--budget``: :func:`pyrt.streaming.budget_argument`, its ValueError as a usage error."""
     try:
@@ -83,6 +93,14 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--batch-wait-ms", type=_number, default=2.0, help="how long a batch waits to fill (default 2)")
     p.add_argument("--max-request-bytes", type=_whole(1), default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies are refused with 413 (default 64 MiB)")
+    p.add_argument("--max-queued-requests", type=_whole(1), metavar="N",
+                   help="requests each replica holds waiting for its run thread; more are refused at once with 503 "
+                        "and Retry-After (default: no limit)")
+    p.add_argument("--request-timeout-s", type=_seconds, metavar="T",
+                   help="an infer request not answered within T s of its arrival gets 504 (default: no limit)")
+    p.add_argument("--read-timeout-s", type=_seconds, default=DEFAULT_READ_TIMEOUT_S, metavar="R",
+                   help="a client must send its request (headers and body) within R s, else 408 "
+                        f"(default {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
@@ -115,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
     app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
-                     simulated_gpus=sim, num_cpus=args.cpus_per_replica)
+                     simulated_gpus=sim, num_cpus=args.cpus_per_replica,
+                     max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout_s,
+                     read_timeout_s=args.read_timeout_s)
     via = start(address=args.address, host=args.host, port=args.port,
                 num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
                 ray_proxy=args.ray_proxy)

@@ -16,6 +16,7 @@ from pyrt.errors import InputError
 
 SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+DEFAULT_READ_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class ServeConfig:
     ``$PYRT_SIMULATED_GPUS`` where the application is built); ``inline_run_ms``: an idle
     replica runs a method whose last run was shorter on its event loop instead of its run
     thread (that hop costs about 0.5 ms, two thread switches; other routes wait at most that
-    long; 0: never).
+    long; 0: never). Limits (:mod:`pyrt.serve.limits`): ``max_queued_requests``: requests a
+    replica holds waiting for its run thread (None: no limit), beyond which it answers 503 with
+    ``Retry-After`` at once; ``request_timeout_s``: an infer request not answered within that many
+    seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its
+    request within that many seconds (408 after).
     """
 
     path: str
@@ -46,6 +51,9 @@ class ServeConfig:
     simulated_gpus: int | None = None
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
+    max_queued_requests: int | None = None
+    request_timeout_s: float | None = None
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
@@ -61,10 +69,23 @@ class ServeConfig:
         for key in ("batch_wait_ms", "inline_run_ms"):
             if not getattr(self, key) >= 0:
                 raise InputError(f"serve {key}={getattr(self, key)!r}: expected a number of ms >= 0")
+        self._check_limits()
         if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
             raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
         if "/" in self.name or not self.name:
             raise InputError(f"serve name={self.name!r}: a model name must be non-empty and have no '/'")
+
+    def _check_limits(self) -> None:
+        queued = self.max_queued_requests
+        if queued is not None and (not isinstance(queued, int) or isinstance(queued, bool) or queued < 1):
+            raise InputError(f"serve max_queued_requests={queued!r}: expected a whole number >= 1 (or None: "
+                             "no limit)")
+        for key in ("request_timeout_s", "read_timeout_s"):
+            value = getattr(self, key)
+            if value is None and key == "request_timeout_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InputError(f"serve {key}={value!r}: expected a number of seconds > 0")
 
 
 def simulated_from_env() -> int | None:

@@ -63,7 +63,7 @@ class Generation:
             body = json.loads(await request.body())
             if not isinstance(body, dict):
                 raise InputError(f"model {name!r}: the generate request must be a JSON object")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             return _error(InputError(f"model {name!r}: the request is not valid JSON ({exc})"))
         except InputError as exc:
             return _error(exc)

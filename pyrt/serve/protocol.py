@@ -162,6 +162,8 @@ def _loads(data: bytes | memoryview, where: str) -> dict[str, Any]:
         doc = json.loads(bytes(data))
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{where}: the request is not valid JSON ({exc})") from None
+    except RecursionError:  # json's parser recurses per nesting level: [[[[...]]]] exhausts the stack
+        raise InputError(f"{where}: the request's JSON nests too deeply") from None
     if not isinstance(doc, dict):
         raise InputError(f"{where}: the request must be a JSON object, got {type(doc).__name__}")
     return doc

@@ -10,13 +10,14 @@ batch fills during a run; a request that finds the replica idle runs at once
 (on the event loop when its method's runs are short). Status codes: 404
 unknown model (or path), 405 a path the protocol has for another method, 400
 a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
-500 a failed run (the typed error), 503 not ready.
+500 a failed run (the typed error), 503 not ready; and the limits of
+:mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
+``request_timeout_s``, 408 a body slower than ``read_timeout_s``.
 """
 
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -26,15 +27,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pyrt._version import __version__
-from pyrt.errors import InputError, PyrtError
+from pyrt.errors import PyrtError
 from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
-from pyrt.serve import generate, routes
+from pyrt.serve import generate, limits, routes
 from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
-from pyrt.serve.metrics import ServeMetrics
+from pyrt.serve.limits import RunThread
+from pyrt.serve.metrics import ServeMetrics, process_stats
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.testing import simulated_devices
@@ -42,20 +44,12 @@ from pyrt.testing import simulated_devices
 Item = tuple[str, list[np.ndarray]]
 
 
-class RequestTooLarge(InputError):
-    """A request body over the server's ``max_request_bytes`` (413)."""
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status a failure is answered with."""
-    if isinstance(exc, RequestTooLarge):
-        return 413
-    return 400 if isinstance(exc, InputError) else 500
+status_of = limits.http_status  # the HTTP status a failure is answered with
 
 
 def error_response(exc: BaseException) -> JSONResponse:
     text = str(exc) if isinstance(exc, PyrtError) else f"{type(exc).__name__}: {exc}"
-    return JSONResponse({"error": text}, status_code=status_of(exc))
+    return JSONResponse({"error": text}, status_code=status_of(exc), headers=limits.headers_of(exc))
 
 
 def load_program(cfg: ServeConfig) -> Program:
@@ -76,7 +70,8 @@ class PyrtReplica:
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.program = load_program(cfg)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
+        self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
+        self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
         self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
@@ -113,7 +108,7 @@ class PyrtReplica:
         return results
 
     async def _on_pool(self, run: Any, items: list[Item]) -> list[Any]:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, run, items)
+        return await self.runs.call(run, items)
 
     async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
         """Batched where the method batches, the request fits a batch and others are in flight; else run now.
@@ -128,10 +123,14 @@ class PyrtReplica:
         if limit > 1 and req.rows <= limit and not alone:
             return list(await self.batches.submit((info.name, req.arrays)))
         short = self.cfg.inline_run_ms / 1000
-        if alone and self.last_run_s.get(info.name, short) < short:
+        if alone and not self.runs.busy and self.last_run_s.get(info.name, short) < short:
             self.metrics.inline(info.name)
             return self.run(info, req.arrays)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
+        return await self.runs.call(self.run, info, req.arrays)
+
+    def queued(self) -> int:
+        """Decoded requests waiting for the run thread: in the batch queue, or for the thread itself."""
+        return self.batches.waiting + self.runs.waiting
 
     # -- routes -----------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -180,7 +179,7 @@ class PyrtReplica:
     async def model_stats(self, request: Request, name: str) -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
-        return JSONResponse(self.metrics.stats(name))
+        return JSONResponse({**self.metrics.stats(name), **process_stats()})
 
     async def infer(self, request: Request, name: str, version: str = "") -> Response:
         info = self.models.get(name)
@@ -188,10 +187,12 @@ class PyrtReplica:
             return self._unknown(name)
         self.metrics.request(name)
         self.in_flight += 1
+        arrived, cfg = time.monotonic(), self.cfg
         try:
-            body = await self._body(request)
+            body = await limits.read_body(request, cfg.max_request_bytes, cfg.read_timeout_s)
             req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
-            outputs = await self.dispatch(info, req)
+            self.runs.admit(self.queued(), f"model {name!r}")
+            outputs = await limits.within(self.dispatch(info, req), cfg.request_timeout_s, arrived, f"model {name!r}")
             data, headers = encode_infer(info, req, outputs)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.metrics.error(name, type(exc).__name__)
@@ -200,19 +201,6 @@ class PyrtReplica:
             self.in_flight -= 1
         media = "application/octet-stream" if headers else "application/json"
         return Response(data, media_type=media, headers=headers)
-
-    async def _body(self, request: Request) -> bytes:
-        limit = self.cfg.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestTooLarge(f"request body of {declared} bytes is over the server's limit of {limit} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestTooLarge(f"request body is over the server's limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     async def generate(self, request: Request, name: str) -> Response:
         return await self.generation.generate(name, request, stream=False)

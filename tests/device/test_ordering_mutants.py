@@ -36,7 +36,9 @@ GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
 TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          "pyrt/device/memory.py": ("tests/runtime/test_graph_forward.py", "tests/device/test_async_ordering.py"),
          # asyncio waits of the serving batcher
-         "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",)}
+         "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",),
+         # the replica's timeouts and run thread
+         "pyrt/serve/limits.py": ("tests/serve/test_serve_limits.py",)}
 DEFAULT_TESTS = ("tests/device/test_async_ordering.py",)
 
 # "file: first line of the statement" -> why it is not a mutant.
