@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -154,6 +155,8 @@ class PyrtReplica:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     def _all_replicas_running(self) -> bool:
+        if not ray.is_initialized():  # built outside Ray (tests): no application; serve.status() would start a Ray
+            return False
         try:
             status = serve.status().applications[self.cfg.app_name]
         except (KeyError, RuntimeError):
