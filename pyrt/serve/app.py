@@ -13,7 +13,10 @@ instead of restarting forever.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import ray
@@ -23,7 +26,7 @@ from ray.serve.config import BackpressureConfig
 
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
-from pyrt.serve import ingress
+from pyrt.serve import ingress, lifetime
 from pyrt.serve.config import ServeConfig, simulated_from_env
 from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
@@ -84,12 +87,14 @@ def _backpressure(cfg: ServeConfig) -> dict[str, Any]:
 
 
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
-          num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False) -> str:
+          num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False,
+          owner: str | None = None, read_timeout_s: float | None = None) -> str:
     """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP ingress on ``port``.
 
-    A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`),
-    or through Ray Serve's proxy actor with ``ray_proxy``; a joined cluster keeps its own setting.
-    Returns which of the two serves HTTP.
+    A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`,
+    which gives clients ``read_timeout_s`` to send their headers), or through Ray Serve's proxy actor
+    with ``ray_proxy``; a joined cluster keeps its own setting. Every process of a Ray started here
+    carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process). Returns which serves HTTP.
     """
     env: dict[str, str] = {}
     if not ray.is_initialized():
@@ -100,7 +105,10 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
             kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
             if metrics_port is not None:
                 kwargs["_metrics_export_port"] = metrics_port
-            env = ingress.ingress_env(ray_proxy=ray_proxy)
+            guard = tempfile.mkdtemp(prefix="pyrt-serve-")
+            atexit.register(shutil.rmtree, guard, True)
+            env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s),
+                   lifetime.OWNER_ENV: owner or lifetime.owner_token()}
         with ingress.environment(env):  # read by Ray's processes as they start
             ray.init(**kwargs)
             serve.start(http_options={"host": host, "port": port})

@@ -6,7 +6,8 @@
 
 It starts a local Ray (or joins ``--address``), deploys the program, prints where
 it serves once every replica has loaded it, and serves until Ctrl-C or SIGTERM,
-which drain the requests in flight and exit 0. A local Ray serves HTTP through
+which drain the requests in flight and exit 0; no process of the Ray it started
+outlives it, however it stops (:mod:`pyrt.serve.lifetime`). A local Ray serves HTTP through
 HAProxy straight to the replicas (``--ray-proxy``: through Ray Serve's proxy
 actor, one process hop more; see :mod:`pyrt.serve.ingress`). Ray and Serve come with the
 ``serve`` extra (``pip install 'pyrt[serve]'``); this module imports them only
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from pyrt.serve import lifetime
 from pyrt.serve.config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S, simulated_from_env
 from pyrt.streaming import budget_argument
 
@@ -121,14 +124,15 @@ def _wait_for_stop(stop: threading.Event) -> None:
         pass
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0."""
-    import ray  # extra: serve
-    from ray import serve  # extra: serve
+    """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0 (:mod:`pyrt.serve.lifetime`)."""
+    from pyrt.serve.app import deployment  # extra: serve
 
-    from pyrt.serve.app import deployment, start  # extra: serve
-    from pyrt.serve.app import run as deploy  # extra: serve
-
+    lifetime.end_orphans(_say)
     sim = simulated_from_env()
     app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
@@ -136,22 +140,50 @@ def run(args: argparse.Namespace) -> int:
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica,
                      max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout_s,
                      read_timeout_s=args.read_timeout_s)
-    via = start(address=args.address, host=args.host, port=args.port,
-                num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
-                ray_proxy=args.ray_proxy)
-    stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    owner = None if args.address else lifetime.owner_token()  # marks the processes of the Ray started here
+    watchdog = lifetime.start_watchdog(owner) if owner else None
     try:
-        deploy(app, app_name=APP_NAME, path=args.path)
-        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "
-              f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
-        _wait_for_stop(stop)
-        print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
+        finished = _serve(args, app, sim, owner)
     finally:
-        with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
-            serve.delete(APP_NAME)
-        serve.shutdown()
-        ray.shutdown()
-        signal.signal(signal.SIGTERM, previous)
+        if watchdog is not None:
+            watchdog.close()
+    if not finished:  # a thread is stuck in a Ray that is gone: Ray's exit handlers would wait on it too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
+
+def _serve(args: argparse.Namespace, app: Any, sim: int | None, owner: str | None) -> bool:
+    """Serve until stopped; False when the stop had to abandon a step (:func:`pyrt.serve.lifetime.shutdown`)."""
+    import ray  # extra: serve
+    from ray import serve  # extra: serve
+
+    from pyrt.serve.app import GRACEFUL_SHUTDOWN_S, start  # extra: serve
+    from pyrt.serve.app import run as deploy  # extra: serve
+
+    stop = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        via = start(address=args.address, host=args.host, port=args.port,
+                    num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
+                    ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own SIGTERM handler exits
+        deploy(app, app_name=APP_NAME, path=args.path)
+        _say(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "
+             f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops")
+        _wait_for_stop(stop)
+        _say("pyrt serve: draining requests in flight")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the stop is bounded: a second signal does not cut it short
+            signal.signal(sig, signal.SIG_IGN)
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
+                serve.delete(APP_NAME)
+            serve.shutdown()
+
+        finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return finished

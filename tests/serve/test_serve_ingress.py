@@ -59,3 +59,30 @@ def test_environment_is_restored(haproxy: str, monkeypatch: pytest.MonkeyPatch) 
     with ingress.environment({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}):
         assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0" and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+
+
+def test_the_guard_confines_ray_s_haproxy_config_then_runs_the_binary(tmp_path: Path) -> None:
+    """Ray runs the guard as HAProxy (``-f CONFIG ...``): the config's side ports bind to the serve port's host and
+    headers get the read timeout; then the real binary runs with the same arguments."""
+    import subprocess
+
+    seen = tmp_path / "seen"
+    binary = tmp_path / "real-haproxy"
+    binary.write_text(f"#!/bin/sh\necho \"$@\" > {seen}\n")
+    binary.chmod(0o755)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("defaults\n    mode http\nfrontend prometheus\n    bind :9101\nfrontend http_frontend\n"
+                      "    bind 10.1.2.3:8000\nlisten stats\n  bind *:8404\n")
+    guard = ingress.write_guard(str(tmp_path), str(binary), 12.5)
+    subprocess.run([guard, "-db", "-f", str(config), "-sf", "42"], check=True, timeout=60)
+    assert seen.read_text().split() == ["-db", "-f", str(config), "-sf", "42"]
+    text = config.read_text()
+    assert "bind 10.1.2.3:9101" in text and "bind 10.1.2.3:8404" in text and "timeout http-request 13s" in text
+    assert ":9101" not in text.replace("10.1.2.3:9101", "") and "*:" not in text
+
+
+def test_a_server_on_every_interface_keeps_ray_s_binds(haproxy: str, tmp_path: Path) -> None:
+    config = "defaults\nfrontend prometheus\n    bind :9101\nfrontend http_frontend\n    bind *:8000\n"
+    assert ingress.confine(config).count("bind :9101") == 1
+    env = ingress.ingress_env(guard_dir=str(tmp_path), read_timeout_s=30)
+    assert env[ingress.BINARY].startswith(str(tmp_path)) and os.access(env[ingress.BINARY], os.X_OK)
