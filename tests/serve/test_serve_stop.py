@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from pyrt.serve import ingress, lifetime
-from tests.fixtures.serve import build, free_port, wait_for
+from pyrt.serve import ingress
+from tests.fixtures.serve import build, wait_for
+from tests.fixtures.serve_process import ROOT, Server, listeners, port_free
 
 pytest.importorskip("ray.serve")
 pytest.importorskip("executorch")
@@ -28,53 +28,9 @@ requests = pytest.importorskip("requests")
 if not os.path.isdir("/proc"):
     pytest.skip("processes are checked through /proc (Linux)", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-EXIT_S = 60  # the bound this suite holds a stop to (a whole-group SIGTERM used to take 62 s and abort)
-
-
 @pytest.fixture(scope="module")
 def dyn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("stop"))["dyn"]
-
-
-class Server:
-    """One ``pyrt serve`` in its own session, its output in a file."""
-
-    def __init__(self, path: Path, log: Path, *flags: str) -> None:
-        self.port, self.log = free_port(), log
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYRT_SIMULATED_GPUS": "1"}
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pyrt", "serve", str(path), "--port", str(self.port),
-                                          "--cpus-per-replica", "0.5", *flags], env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self.owner = lifetime.owner_token(self.proc.pid)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"pyrt serve exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-        if "Ctrl-C or SIGTERM drains and stops" not in self.output():  # printed once Ray Serve said it runs
-            return False
-        return requests.get(f"http://127.0.0.1:{self.port}/v2/health/ready", timeout=30).status_code == 200
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def marked(self) -> list[lifetime.Marked]:
-        return lifetime.marked(self.owner)
-
-    def wait_exit(self) -> int:
-        try:
-            return self.proc.wait(EXIT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"pyrt serve still runs {EXIT_S} s after it was told to stop:\n"
-                                 f"{self.output()[-3000:]}") from None
-
-    def kill_everything(self) -> None:
-        """After a failed test: end what is left (its marked processes, then itself)."""
-        lifetime.end(self.marked(), grace_s=2)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
@@ -82,39 +38,12 @@ def server(dyn: Path, tmp_path: Path) -> Iterator[Any]:
     made: list[Server] = []
 
     def start(*flags: str) -> Server:
-        made.append(Server(dyn, tmp_path / f"serve{len(made)}.log", *flags))
-        wait_for(made[-1].ready, 300, "pyrt serve ready")
-        return made[-1]
+        made.append(Server(dyn, tmp_path / f"serve{len(made)}.log", "--cpus-per-replica", "0.5", *flags))
+        return made[-1].wait_ready()
 
     yield start
     for s in made:
-        s.kill_everything()
-
-
-def listeners(pid: int) -> list[tuple[str, int]]:
-    """(address, port) of a process's listening TCP sockets."""
-    try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
-    except OSError:
-        return []
-    out = []
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-            for row in (line.split() for line in f.readlines()[1:]):
-                if row[3] == "0A" and row[9] in inodes:
-                    address, port = row[1].split(":")
-                    out.append((address, int(port, 16)))
-    return out
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+        s.stop()
 
 
 def assert_nothing_left(s: Server) -> None:
