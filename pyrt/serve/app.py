@@ -88,11 +88,12 @@ def _backpressure(cfg: ServeConfig) -> dict[str, Any]:
 
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
           num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False,
-          owner: str | None = None, read_timeout_s: float | None = None) -> str:
+          owner: str | None = None, read_timeout_s: float | None = None, request_timeout_s: float | None = None) -> str:
     """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP ingress on ``port``.
 
     A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`,
-    which gives clients ``read_timeout_s`` to send their headers), or through Ray Serve's proxy actor
+    which gives clients ``read_timeout_s`` to send their headers and waits for a replica a little
+    longer than ``request_timeout_s``), or through Ray Serve's proxy actor
     with ``ray_proxy``; a joined cluster keeps its own setting. Every process of a Ray started here
     carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process). Returns which serves HTTP.
     """
@@ -107,7 +108,8 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
                 kwargs["_metrics_export_port"] = metrics_port
             guard = tempfile.mkdtemp(prefix="pyrt-serve-")
             atexit.register(shutil.rmtree, guard, True)
-            env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s),
+            env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s,
+                                         request_timeout_s=request_timeout_s),
                    lifetime.OWNER_ENV: owner or lifetime.owner_token()}
         with ingress.environment(env):  # read by Ray's processes as they start
             ray.init(**kwargs)

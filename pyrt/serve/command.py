@@ -167,7 +167,8 @@ def _serve(args: argparse.Namespace, app: Any, sim: int | None, owner: str | Non
     try:
         via = start(address=args.address, host=args.host, port=args.port,
                     num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
-                    ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s)
+                    ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s,
+                    request_timeout_s=args.request_timeout_s)
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own SIGTERM handler exits
         deploy(app, app_name=APP_NAME, path=args.path)
         _say(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2 ({args.replicas} replica(s), "

@@ -91,21 +91,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None,
-                read_timeout_s: float | None = None) -> dict[str, str]:
+def node_env(request_timeout_s: float | None = None) -> dict[str, str]:
+    """What each node of a cluster should be started with (``VAR=VALUE ray start ...``) to serve as a local Ray does.
+
+    HAProxy and direct ingress, Ray's patience with a slow proxy start, the short drain, the retry
+    of a request a dying replica dropped, and, with ``request_timeout_s``, a bound on HAProxy's wait
+    for a replica (``timeout server``: a replica on a host that vanished never answers; HAProxy
+    answers 500 after it instead of holding the client forever).
+    """
+    env = {**PATIENCE, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON}
+    if request_timeout_s is not None:
+        env[SERVER_TIMEOUT] = str(math.ceil(request_timeout_s) + SERVER_MARGIN_S)
+    return env
+
+
+SERVER_TIMEOUT = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
+SERVER_MARGIN_S = 5  # HAProxy waits this much longer than the replica's own request timeout (whose 504 says more)
+
+
+def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None, read_timeout_s: float | None = None,
+                request_timeout_s: float | None = None) -> dict[str, str]:
     """The variables a local Ray is started with: HAProxy and direct ingress (or Ray's proxy), :data:`PATIENCE`.
 
-    The ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local Rays on one machine
-    do not collide. Variables the environment already sets are left out. With ``guard_dir``,
-    HAProxy runs through a guard written there (:func:`write_guard`), around whichever binary
-    Ray would run.
+    :func:`node_env`, and the ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local
+    Rays on one machine do not collide. Variables the environment already sets are left out.
+    With ``guard_dir``, HAProxy runs through a guard written there (:func:`write_guard`), around
+    whichever binary Ray would run.
     """
     binary = haproxy_binary()
     if ray_proxy or binary is None:
         return {k: v for k, v in PATIENCE.items() if k not in os.environ}
-    env = {**PATIENCE, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
-           **{key: str(_free_port()) for key in OWN_PORTS}}
+    env = {**node_env(request_timeout_s), **{key: str(_free_port()) for key in OWN_PORTS}}
     env = {k: v for k, v in env.items() if k not in os.environ}
     if guard_dir is not None:
         env[BINARY] = write_guard(guard_dir, binary, read_timeout_s)

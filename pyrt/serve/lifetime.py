@@ -70,13 +70,13 @@ def alive(token: str) -> bool:
     return pid.isdigit() and _start_time(int(pid)) == start and not _gone(int(pid))
 
 
-def _owner(pid: int) -> str | None:
+def _owner(pid: int, name: str = OWNER_ENV) -> str | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
     except OSError:
         return None
-    key = OWNER_ENV.encode() + b"="
+    key = name.encode() + b"="
     for item in env.split(b"\0"):
         if item.startswith(key):
             return item[len(key):].decode("ascii", "replace")
@@ -91,8 +91,8 @@ def _name(pid: int) -> str:
         return "?"
 
 
-def marked(owner: str | None = None) -> list[Marked]:
-    """The processes marked with ``owner`` (None: with any owner), this one left out."""
+def marked(owner: str | None = None, key: str = OWNER_ENV) -> list[Marked]:
+    """The processes marked with ``owner`` (None: with any owner) in ``$key``, this one left out."""
     found = []
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
@@ -101,7 +101,7 @@ def marked(owner: str | None = None) -> list[Marked]:
     for pid in pids:
         if pid == os.getpid():
             continue
-        token = _owner(pid)
+        token = _owner(pid, key)
         if token is not None and (owner is None or token == owner) and not _gone(pid):  # a zombie has ended
             found.append(Marked(pid, token, _name(pid)))
     return found

@@ -86,3 +86,13 @@ def test_a_server_on_every_interface_keeps_ray_s_binds(haproxy: str, tmp_path: P
     assert ingress.confine(config).count("bind :9101") == 1
     env = ingress.ingress_env(guard_dir=str(tmp_path), read_timeout_s=30)
     assert env[ingress.BINARY].startswith(str(tmp_path)) and os.access(env[ingress.BINARY], os.X_OK)
+
+
+def test_haproxy_waits_for_a_replica_a_little_longer_than_the_request_timeout(haproxy: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica on a host that vanished never answers: HAProxy gives up (500) instead of holding the client."""
+    monkeypatch.delenv(ingress.SERVER_TIMEOUT, raising=False)
+    assert ingress.SERVER_TIMEOUT not in ingress.ingress_env()  # Ray's default: no limit
+    assert ingress.ingress_env(request_timeout_s=19.5)[ingress.SERVER_TIMEOUT] == str(20 + ingress.SERVER_MARGIN_S)
+    node = ingress.node_env(10)
+    assert node["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and not set(node) & set(ingress.OWN_PORTS)
