@@ -107,7 +107,7 @@ def node_env(request_timeout_s: float | None = None) -> dict[str, str]:
 
 
 SERVER_TIMEOUT = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
-SERVER_MARGIN_S = 5  # HAProxy waits this much longer than the replica's own request timeout (whose 504 says more)
+SERVER_MARGIN_S = 2  # HAProxy waits this much longer than the replica's own request timeout (whose 504 says more)
 
 
 def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None, read_timeout_s: float | None = None,
