@@ -5,12 +5,15 @@ GPUs each, every node started as the README says a cluster node should be
 (``pyrt.serve.ingress.node_env``: HAProxy, direct ingress, HAProxy's wait for a replica bounded
 by the request timeout). ``pyrt serve`` runs on the head with ``--replicas 3`` (one GPU each);
 tritonclient traffic runs on the head too (``tests/fixtures/traffic.py``). Slow (minutes):
-``pytest -m slow tests/serve/test_serve_cluster.py -s`` prints the measured recovery.
+``pytest -m slow tests/serve/test_serve_cluster.py -s`` prints the measured recovery;
+``PYRT_TEST_RAY_ENV='{"RAY_health_check_period_ms": "1000", ...}'`` adds variables to every node
+(to measure Ray's failure detection tuned).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -43,7 +46,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, 
         pytest.skip(why)
     directory = tmp_path_factory.mktemp("cluster")
     path = build(directory)["dyn"]
-    with Cluster(directory, ["head", "w1", "w2"], env=ingress.node_env(REQUEST_TIMEOUT_S)) as cluster:
+    env = {**ingress.node_env(REQUEST_TIMEOUT_S), **json.loads(os.environ.get("PYRT_TEST_RAY_ENV", "{}"))}
+    with Cluster(directory, ["head", "w1", "w2"], env=env) as cluster:
         cluster.up()
         proc = cluster.popen("head", [sys.executable, "-m", "pyrt", "serve", str(path), "--address", cluster.gcs,
                                       "--replicas", "3", "--host", "0.0.0.0", "--port", str(PORT),
@@ -177,6 +181,6 @@ def test_node_loss_fails_at_most_the_requests_in_flight_serve_restores_the_repli
     for when, took, _ in (first, second):  # the survivors answered meanwhile
         assert any(r["status"] == 200 and when < r["sent"] < when + took for r in infer)
     ready_codes = [r["status"] for r in records if r["kind"] == "ready"]
-    assert set(ready_codes) <= {200, 503, 500}, summary
-    assert ready_codes[0] == 200 and ready_codes[-1] == 200
+    assert ready_codes[0] == 200 and ready_codes[-1] == 200 and set(ready_codes) <= {200, 503, 500}, summary
+    assert ready_codes.count(500) <= 2, summary  # a readiness request caught on a lost host, at most one per loss
     assert w1_again, "the returned host took no replica when w2 was lost"
