@@ -13,17 +13,22 @@ instead of restarting forever.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
 
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
-from pyrt.serve import ingress
+from pyrt.serve import ingress, lifetime
 from pyrt.serve.config import ServeConfig, simulated_from_env
+from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import PyrtReplica
 
@@ -47,14 +52,16 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
                max_request_bytes: int | None = None, simulated_gpus: int | None = None,
                app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0,
                tokenizer: str | os.PathLike[str] | None = None, api_key: str | None = None,
-               max_queued_requests: int | None = None) -> Application:
+               **limits: Any) -> Application:
     """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
 
     Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
     TensorRT delegates, else 0) and loads the Program on them with ``budget`` (resolved
     for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
     ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``tokenizer``,
-    ``api_key``, ``max_queued_requests``: the generation routes' options (:class:`ServeConfig`).
+    ``api_key``: the generation routes' options; ``limits``: ``max_queued_requests``,
+    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`);
+    Ray Serve gets the same ``max_queued_requests``.
     """
     extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
@@ -63,26 +70,48 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
                       kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
                       simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms,
                       tokenizer=None if tokenizer is None else os.fspath(tokenizer), api_key=api_key,
-                      max_queued_requests=max_queued_requests, **extra)
+                      **extra, **limits)
     has_delegates = _check(cfg)
     gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
     cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})
+    # the replica takes every request up to its own limits (infer: 503 past max_queued_requests; generations
+    # beyond the KV-cache slots: 429), so Ray hands it more than those limits let wait
+    ongoing = max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64)
     return PyrtReplica.options(  # type: ignore[attr-defined]
         name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
-        max_ongoing_requests=max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64),
-        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
-        health_check_period_s=2.0,
+        max_ongoing_requests=ongoing, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+        health_check_period_s=2.0, **_backpressure(cfg, ongoing),
     ).bind(cfg)
 
 
+def _backpressure(cfg: ServeConfig, ongoing: int) -> dict[str, Any]:
+    """Ray Serve's own queue limit, a backstop for the requests it holds before a replica takes them: 503 with
+    Retry-After.
+
+    The replica's own limit (``max_queued_requests``) is the one clients meet. Ray's counts a request
+    as queued from its arrival until it holds one of the replica's ``max_ongoing_requests`` places,
+    yielding in between, so a burst that finds free places can still be counted over a small limit
+    (Ray 2.60 says so in ``_can_accept_request``; seen: a burst of 16 on a limit of 2 with 66 places
+    free refused with Ray's text). Ray's limit is therefore ``ongoing`` (as many again as the replica
+    takes), never below the replica's.
+    """
+    if cfg.max_queued_requests is None:
+        return {}
+    return {"max_queued_requests": max(ongoing, cfg.max_queued_requests),
+            "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S)}
+
+
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
-          num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False) -> str:
+          num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False,
+          owner: str | None = None, read_timeout_s: float | None = None, request_timeout_s: float | None = None) -> str:
     """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP ingress on ``port``.
 
-    A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`),
-    or through Ray Serve's proxy actor with ``ray_proxy``; a joined cluster keeps its own setting.
-    Returns which of the two serves HTTP.
+    A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`,
+    which gives clients ``read_timeout_s`` to send their headers and waits for a replica a little
+    longer than ``request_timeout_s``), or through Ray Serve's proxy actor
+    with ``ray_proxy``; a joined cluster keeps its own setting. Every process of a Ray started here
+    carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process). Returns which serves HTTP.
     """
     env: dict[str, str] = {}
     if not ray.is_initialized():
@@ -93,7 +122,11 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
             kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
             if metrics_port is not None:
                 kwargs["_metrics_export_port"] = metrics_port
-            env = ingress.ingress_env(ray_proxy=ray_proxy)
+            guard = tempfile.mkdtemp(prefix="pyrt-serve-")
+            atexit.register(shutil.rmtree, guard, True)
+            env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s,
+                                         request_timeout_s=request_timeout_s),
+                   lifetime.OWNER_ENV: owner or lifetime.owner_token()}
         with ingress.environment(env):  # read by Ray's processes as they start
             ray.init(**kwargs)
             serve.start(http_options={"host": host, "port": port})

@@ -43,6 +43,11 @@ class BatchQueue:
         self.arrived = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def waiting(self) -> int:
+        """Items submitted and not yet taken into a batch (those whose callers went away included, until taken)."""
+        return len(self.pending)
+
     async def submit(self, item: Any) -> Any:
         """``item``'s result, once a batch holding it has run."""
         loop = asyncio.get_running_loop()

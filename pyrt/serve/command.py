@@ -6,7 +6,8 @@
 
 It starts a local Ray (or joins ``--address``), deploys the program, prints where
 it serves once every replica has loaded it, and serves until Ctrl-C or SIGTERM,
-which drain the requests in flight and exit 0. A local Ray serves HTTP through
+which drain the requests in flight and exit 0; no process of the Ray it started
+outlives it, however it stops (:mod:`pyrt.serve.lifetime`). A local Ray serves HTTP through
 HAProxy straight to the replicas (``--ray-proxy``: through Ray Serve's proxy
 actor, one process hop more; see :mod:`pyrt.serve.ingress`). Ray and Serve come with the
 ``serve`` extra (``pip install 'pyrt[serve]'``); this module imports them only
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -24,7 +26,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from pyrt.serve.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, api_key_from_env, simulated_from_env
+from pyrt.serve import lifetime
+from pyrt.serve.config import (
+    API_KEY_ENV,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    api_key_from_env,
+    simulated_from_env,
+)
 from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
@@ -58,6 +67,16 @@ def _number(text: str) -> float:
     return x
 
 
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return x
+
+
 def _budget(text: str) -> Any:
     """``--budget``: :func:`pyrt.streaming.budget_argument`, its ValueError as a usage error."""
     try:
@@ -85,6 +104,15 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--batch-wait-ms", type=_number, default=2.0, help="how long a batch waits to fill (default 2)")
     p.add_argument("--max-request-bytes", type=_whole(1), default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies are refused with 413 (default 64 MiB)")
+    p.add_argument("--max-queued-requests", type=_whole(1), metavar="N",
+                   help="requests each replica holds waiting for its run thread (more are refused at once with 503 "
+                        "and Retry-After), and generations waiting for a KV-cache slot (more get 429) (default: no "
+                        "limit)")
+    p.add_argument("--request-timeout-s", type=_seconds, metavar="T",
+                   help="an infer request not answered within T s of its arrival gets 504 (default: no limit)")
+    p.add_argument("--read-timeout-s", type=_seconds, default=DEFAULT_READ_TIMEOUT_S, metavar="R",
+                   help="a client must send its request (headers and body) within R s, else 408 "
+                        f"(default {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
@@ -93,8 +121,6 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
                                                       "on the generate routes, and OpenAI's /v1 API")
     p.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on /v1 and /v2/models "
                                                     f"(default ${API_KEY_ENV}; health stays open)")
-    p.add_argument("--max-queued-requests", type=_whole(1), metavar="N",
-                   help="generations that may wait for a KV-cache slot per replica; more get 429 (default: no bound)")
     p.add_argument("--ray-proxy", action="store_true",
                    help="serve HTTP through Ray Serve's proxy actor instead of HAProxy straight to the replicas "
                         "(a Ray this command starts; a cluster joined with --address keeps its own setting)")
@@ -111,40 +137,71 @@ def _wait_for_stop(stop: threading.Event) -> None:
         pass
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0."""
+    """Start Ray and Serve, deploy, serve until SIGTERM / Ctrl-C, drain, exit 0 (:mod:`pyrt.serve.lifetime`)."""
     # Ray Serve's option schema uses a Pydantic 1 idiom (extra keywords on Field) that Pydantic 2 warns about at
     # import: 18 lines of third-party noise, from that one module, on every start. pyrt's own warnings still show.
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
-    import ray  # extra: serve
-    from ray import serve  # extra: serve
+    from pyrt.serve.app import deployment  # extra: serve
 
-    from pyrt.serve.app import deployment, start  # extra: serve
-    from pyrt.serve.app import run as deploy  # extra: serve
-
+    lifetime.end_orphans(_say)
     sim = simulated_from_env()
     app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica, tokenizer=args.tokenizer,
-                     api_key=args.api_key or api_key_from_env(), max_queued_requests=args.max_queued_requests)
-    via = start(address=args.address, host=args.host, port=args.port,
-                num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
-                ray_proxy=args.ray_proxy)
-    stop = threading.Event()  # installed after ray.init, whose own SIGTERM handler aborts the process
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                     api_key=args.api_key or api_key_from_env(), max_queued_requests=args.max_queued_requests,
+                     request_timeout_s=args.request_timeout_s, read_timeout_s=args.read_timeout_s)
+    owner = None if args.address else lifetime.owner_token()  # marks the processes of the Ray started here
+    watchdog = lifetime.start_watchdog(owner) if owner else None
     try:
-        deploy(app, app_name=APP_NAME, path=args.path)
-        openai = f", OpenAI API at http://{args.host}:{args.port}/v1" if args.tokenizer else ""
-        print(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2{openai} ({args.replicas} replica(s), "
-              f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops", file=sys.stderr, flush=True)
-        _wait_for_stop(stop)
-        print("pyrt serve: draining requests in flight", file=sys.stderr, flush=True)
+        finished = _serve(args, app, sim, owner)
     finally:
-        with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
-            serve.delete(APP_NAME)
-        serve.shutdown()
-        ray.shutdown()
-        signal.signal(signal.SIGTERM, previous)
+        if watchdog is not None:
+            watchdog.close()
+    if not finished:  # a thread is stuck in a Ray that is gone: Ray's exit handlers would wait on it too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
+
+def _serve(args: argparse.Namespace, app: Any, sim: int | None, owner: str | None) -> bool:
+    """Serve until stopped; False when the stop had to abandon a step (:func:`pyrt.serve.lifetime.shutdown`)."""
+    import ray  # extra: serve
+    from ray import serve  # extra: serve
+
+    from pyrt.serve.app import GRACEFUL_SHUTDOWN_S, start  # extra: serve
+    from pyrt.serve.app import run as deploy  # extra: serve
+
+    stop = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        via = start(address=args.address, host=args.host, port=args.port,
+                    num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
+                    ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s,
+                    request_timeout_s=args.request_timeout_s)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own SIGTERM handler exits
+        deploy(app, app_name=APP_NAME, path=args.path)
+        openai = f", OpenAI API at http://{args.host}:{args.port}/v1" if args.tokenizer else ""
+        _say(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2{openai} ({args.replicas} replica(s), "
+             f"HTTP via {via}); Ctrl-C or SIGTERM drains and stops")
+        _wait_for_stop(stop)
+        _say("pyrt serve: draining requests in flight")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the stop is bounded: a second signal does not cut it short
+            signal.signal(sig, signal.SIG_IGN)
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):  # the ingress answers while the replicas finish their requests
+                serve.delete(APP_NAME)
+            serve.shutdown()
+
+        finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return finished

@@ -17,6 +17,7 @@ from pyrt.testing import gpus_from_environment
 
 API_KEY_ENV = "PYRT_API_KEY"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+DEFAULT_READ_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,13 @@ class ServeConfig:
     ``$PYRT_SIMULATED_GPUS`` where the application is built); ``inline_run_ms``: an idle
     replica runs a method whose last run was shorter on its event loop instead of its run
     thread (that hop costs about 0.5 ms, two thread switches; other routes wait at most that
-    long; 0: never).
+    long; 0: never). Limits (:mod:`pyrt.serve.limits`): ``max_queued_requests``: requests a
+    replica holds waiting for its run thread (None: no limit), beyond which an infer request gets 503
+    with ``Retry-After`` at once, and generations waiting for a KV-cache slot, beyond which a generate
+    or OpenAI request gets 429; ``request_timeout_s``: an infer request not answered within that many
+    seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its
+    request within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
+    directory) turns on the text and OpenAI routes; ``api_key`` guards them.
     """
 
     path: str
@@ -50,6 +57,8 @@ class ServeConfig:
     tokenizer: str | None = None
     api_key: str | None = field(default=None, repr=False)
     max_queued_requests: int | None = None
+    request_timeout_s: float | None = None
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
@@ -65,6 +74,7 @@ class ServeConfig:
         for key in ("batch_wait_ms", "inline_run_ms"):
             if not getattr(self, key) >= 0:
                 raise InputError(f"serve {key}={getattr(self, key)!r}: expected a number of ms >= 0")
+        self._check_limits()
         if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
             raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
         if "/" in self.name or not self.name:
@@ -79,9 +89,18 @@ class ServeConfig:
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InputError("serve api_key: expected a non-empty string")
-        bound = self.max_queued_requests
-        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
-            raise InputError(f"serve max_queued_requests={bound!r}: expected a whole number >= 1 (None: no bound)")
+
+    def _check_limits(self) -> None:
+        queued = self.max_queued_requests
+        if queued is not None and (not isinstance(queued, int) or isinstance(queued, bool) or queued < 1):
+            raise InputError(f"serve max_queued_requests={queued!r}: expected a whole number >= 1 (or None: "
+                             "no limit)")
+        for key in ("request_timeout_s", "read_timeout_s"):
+            value = getattr(self, key)
+            if value is None and key == "request_timeout_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InputError(f"serve {key}={value!r}: expected a number of seconds > 0")
 
 
 def api_key_from_env() -> str | None:

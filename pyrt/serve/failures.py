@@ -4,11 +4,14 @@ The Open Inference Protocol's routes answer ``{"error": "text"}``; OpenAI's ``/v
 ``{"error": {"message", "type", "param", "code"}}`` as OpenAI's API (and vLLM) do, so the
 ``openai`` client raises its own typed errors (``BadRequestError``, ``NotFoundError``,
 ``RateLimitError``, ...). Statuses: 400 a bad request (:class:`pyrt.errors.InputError`, naming
-the value), 401 no or a wrong API key, 404 an unknown model or path, 413 a body over the limit,
-429 a full generation queue (:class:`pyrt.errors.BusyError`), 500 a failed run.
+the value), 401 no or a wrong API key, 404 an unknown model or path, 429 a full generation queue
+(:class:`pyrt.errors.BusyError`), 500 a failed run; the limits' errors carry their own
+(:mod:`pyrt.serve.limits`: 408, 413, 503 with ``Retry-After``, 504).
 
 >>> status_of(InputError("max_tokens=0 must be an int >= 1")), openai_body(ApiError("x", 404, param="model"))
 (400, {'error': {'message': 'x', 'type': 'invalid_request_error', 'param': 'model', 'code': None}})
+>>> status_of(Overloaded("full")), status_of(RuntimeError("boom")), headers_of(BusyError("busy"))
+(503, 500, {'Retry-After': '1'})
 """
 
 from __future__ import annotations
@@ -19,14 +22,11 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from pyrt.errors import BusyError, InputError, PyrtError
+from pyrt.serve.limits import RETRY_AFTER_S, Overloaded
 
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 CODES = {401: "invalid_api_key", 429: "queue_full"}
-
-
-class RequestTooLarge(InputError):
-    """A request body over the server's ``max_request_bytes`` (413)."""
 
 
 class ApiError(InputError):
@@ -38,14 +38,20 @@ class ApiError(InputError):
 
 
 def status_of(exc: BaseException) -> int:
-    """The HTTP status a failure is answered with."""
+    """The HTTP status a failure is answered with: its own (the limits' errors carry one), else by kind."""
     if isinstance(exc, ApiError):
         return exc.status
-    if isinstance(exc, RequestTooLarge):
-        return 413
+    status = getattr(exc, "http_status", None)
+    if isinstance(status, int):
+        return status
     if isinstance(exc, BusyError):
         return 429
     return 400 if isinstance(exc, InputError) else 500
+
+
+def headers_of(exc: BaseException) -> dict[str, str]:
+    """Extra headers of a failure's answer: ``Retry-After`` for a full queue (503) or generation queue (429)."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, (Overloaded, BusyError)) else {}
 
 
 def message_of(exc: BaseException) -> str:
@@ -54,7 +60,7 @@ def message_of(exc: BaseException) -> str:
 
 def error_response(exc: BaseException) -> JSONResponse:
     """The Open Inference Protocol's answer: ``{"error": "text"}`` with :func:`status_of`'s status."""
-    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc), headers=headers_of(exc))
 
 
 def param_of(exc: BaseException, params: tuple[str, ...]) -> str | None:
@@ -76,4 +82,5 @@ def openai_body(exc: BaseException, params: tuple[str, ...] = ()) -> dict[str, A
 
 def openai_response(exc: BaseException, params: tuple[str, ...] = (), headers: dict[str, str] | None = None
                     ) -> JSONResponse:
-    return JSONResponse(openai_body(exc, params), status_code=status_of(exc), headers=headers)
+    return JSONResponse(openai_body(exc, params), status_code=status_of(exc), headers={**headers_of(exc),
+                                                                                          **(headers or {})})

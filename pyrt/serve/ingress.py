@@ -16,6 +16,13 @@ serves with whatever its own processes were started with (set them there:
 ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_HA_PROXY=1 ray start ...``).
 A variable already set in the environment is left as it is.
 
+HAProxy's configuration is Ray's; a local Ray of ``pyrt serve`` runs it through a guard
+(:func:`write_guard`, Ray's ``RAY_SERVE_HAPROXY_BINARY_PATH``) that edits it before HAProxy
+starts (:func:`confine`): Ray binds HAProxy's Prometheus and stats pages to every interface
+(``bind :PORT``) whatever ``--host`` says, so they bind to the serve port's host instead; and
+Ray sets no ``timeout http-request`` (a client may take ``timeout client``, an hour, between
+bytes of its headers), so a client gets ``--read-timeout-s`` to send them (then 408).
+
 One difference from Ray's proxy: a replica killed outright (SIGKILL, the OOM
 killer) can take the one request racing its death with it (the client's
 connection closed unanswered, or HAProxy's 502, which Ray maps to 500); about
@@ -29,10 +36,15 @@ Replicas stopped by Ray (scaling, redeploys, Ctrl-C) drain without loss.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
+import shlex
 import shutil
 import socket
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NoReturn
 
 HAPROXY = "HAProxy -> replicas (direct ingress)"
 RAY_PROXY = "Ray Serve's HTTP proxy"
@@ -80,18 +92,100 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ingress_env(*, ray_proxy: bool = False) -> dict[str, str]:
+def node_env(request_timeout_s: float | None = None) -> dict[str, str]:
+    """What each node of a cluster should be started with (``VAR=VALUE ray start ...``) to serve as a local Ray does.
+
+    HAProxy and direct ingress, Ray's patience with a slow proxy start, the short drain, the retry
+    of a request a dying replica dropped, and, with ``request_timeout_s``, a bound on HAProxy's wait
+    for a replica (``timeout server``: a replica on a host that vanished never answers; HAProxy
+    answers 500 after it instead of holding the client forever).
+    """
+    env = {**PATIENCE, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON}
+    if request_timeout_s is not None:
+        env[SERVER_TIMEOUT] = str(math.ceil(request_timeout_s) + SERVER_MARGIN_S)
+    return env
+
+
+SERVER_TIMEOUT = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
+SERVER_MARGIN_S = 2  # HAProxy waits this much longer than the replica's own request timeout (whose 504 says more)
+
+
+def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None, read_timeout_s: float | None = None,
+                request_timeout_s: float | None = None) -> dict[str, str]:
     """The variables a local Ray is started with: HAProxy and direct ingress (or Ray's proxy), :data:`PATIENCE`.
 
-    The ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local Rays on one machine
-    do not collide. Variables the environment already sets are left out.
+    :func:`node_env`, and the ports Ray fixes (:data:`OWN_PORTS`) get free ones, so two local
+    Rays on one machine do not collide. Variables the environment already sets are left out.
+    With ``guard_dir``, HAProxy runs through a guard written there (:func:`write_guard`), around
+    whichever binary Ray would run.
     """
-    if ray_proxy or haproxy_binary() is None:
+    binary = haproxy_binary()
+    if ray_proxy or binary is None:
         return {k: v for k, v in PATIENCE.items() if k not in os.environ}
-    env = {**PATIENCE, "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S, "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
-           **{key: str(_free_port()) for key in OWN_PORTS}}
-    return {k: v for k, v in env.items() if k not in os.environ}
+    env = {**node_env(request_timeout_s), **{key: str(_free_port()) for key in OWN_PORTS}}
+    env = {k: v for k, v in env.items() if k not in os.environ}
+    if guard_dir is not None:
+        env[BINARY] = write_guard(guard_dir, binary, read_timeout_s)
+    return env
+
+
+BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"
+_BIND = re.compile(r"^(\s*bind\s+)(\*)?:(\d+)(\s*)$", re.MULTILINE)
+
+
+def confine(config: str, read_timeout_s: float | None = None) -> str:
+    """Ray's HAProxy configuration with every ``bind`` on the serve port's host, and headers given a time limit.
+
+    >>> cfg = "defaults\\n    mode http\\nfrontend prometheus\\n    bind :9101\\nfrontend http_frontend\\n" \\
+    ...       "    bind 127.0.0.1:8000\\nlisten stats\\n  bind *:8404\\n"
+    >>> print(confine(cfg, 30))
+    defaults
+        timeout http-request 30s
+        mode http
+    frontend prometheus
+        bind 127.0.0.1:9101
+    frontend http_frontend
+        bind 127.0.0.1:8000
+    listen stats
+      bind 127.0.0.1:8404
+    <BLANKLINE>
+    """
+    serve = re.search(r"^frontend http_frontend\s*\n\s*bind\s+(\S+):(\d+)\s*$", config, re.MULTILINE)
+    host = serve.group(1) if serve else "*"
+    if host not in ("*", "", "0.0.0.0", "::", "[::]"):
+        config = _BIND.sub(lambda m: f"{m.group(1)}{host}:{m.group(3)}{m.group(4)}", config)
+    if read_timeout_s is not None and not re.search(r"^\s*timeout http-request ", config, re.MULTILINE):
+        config = re.sub(r"^defaults[ \t]*$", f"defaults\n    timeout http-request {math.ceil(read_timeout_s)}s",
+                        config, count=1, flags=re.MULTILINE)
+    return config
+
+
+def guard_main(binary: str, read_timeout_s: float | None) -> NoReturn:
+    """The guard: confine the configuration HAProxy is started with (``-f PATH``), then become ``binary``."""
+    args = sys.argv[1:]
+    for flag, path in zip(args, args[1:], strict=False):
+        if flag == "-f" and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            confined = confine(text, read_timeout_s)
+            if confined != text:
+                with open(path + ".pyrt", "w", encoding="utf-8") as f:
+                    f.write(confined)
+                os.replace(path + ".pyrt", path)
+    os.execv(binary, [binary, *args])
+
+
+def write_guard(directory: str, binary: str, read_timeout_s: float | None) -> str:
+    """An executable in ``directory`` that Ray runs as HAProxy: :func:`guard_main` around ``binary``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(directory, "haproxy")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"#!{sys.executable} -I\n# pyrt serve: Ray Serve's HAProxy, confined (pyrt.serve.ingress.confine)\n"
+                f"import sys\nsys.path.insert(0, {root!r})\nfrom pyrt.serve.ingress import guard_main\n"
+                f"guard_main({binary!r}, {read_timeout_s!r})\n")
+    os.chmod(path, 0o755)
+    return path
 
 
 def mode(env: Mapping[str, str]) -> str:
@@ -113,3 +207,27 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pyrt.serve.ingress [--request-timeout-s T]``: :func:`node_env` as ``export`` lines for a shell.
+
+    For each node of a cluster that ``pyrt serve --address`` joins:
+    ``eval "$(python -m pyrt.serve.ingress --request-timeout-s 30)"; ray start --head`` (and
+    ``ray start --address HEAD:6379`` on every other node).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pyrt.serve.ingress", description=main.__doc__.splitlines()[0]
+                                     if main.__doc__ else None)
+    parser.add_argument("--request-timeout-s", type=float, metavar="T",
+                        help="the --request-timeout-s pyrt serve will be given: HAProxy waits for a replica T + "
+                             f"{SERVER_MARGIN_S} s at most")
+    args = parser.parse_args(argv)
+    for key, value in sorted(node_env(args.request_timeout_s).items()):
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

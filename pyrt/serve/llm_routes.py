@@ -140,6 +140,8 @@ class LlmRoutes:
             return json.loads(data)
         except (UnicodeDecodeError, ValueError) as exc:
             raise ApiError(f"the request is not valid JSON ({exc})") from None
+        except RecursionError:  # json's parser recurses per nesting level: [[[[...]]]] exhausts the stack
+            raise ApiError("the request's JSON nests too deeply") from None
 
     def _prompt(self, spec: oa.Spec) -> Any:
         tok = self.tokenizer

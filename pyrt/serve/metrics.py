@@ -29,6 +29,7 @@ from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from ray.serve import metrics
 
 BATCH_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
@@ -144,3 +145,16 @@ class ServeMetrics:
                 "runs_on_event_loop": self._inline[model],
                 "weight_streaming": self._budgets.get(model, []),
             }
+
+
+def process_stats() -> dict[str, Any]:
+    """Where this replica runs and what it holds: its Ray node id ("" outside Ray), resident memory, open files."""
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    rss = 0
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc (not Linux)
+        fds = -1
+    return {"node_id": node, "rss_bytes": rss, "open_fds": fds}

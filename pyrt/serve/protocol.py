@@ -162,6 +162,8 @@ def _loads(data: bytes | memoryview, where: str) -> dict[str, Any]:
         doc = json.loads(bytes(data))
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{where}: the request is not valid JSON ({exc})") from None
+    except RecursionError:  # json's parser recurses per nesting level: [[[[...]]]] exhausts the stack
+        raise InputError(f"{where}: the request's JSON nests too deeply") from None
     if not isinstance(doc, dict):
         raise InputError(f"{where}: the request must be a JSON object, got {type(doc).__name__}")
     return doc
@@ -218,6 +220,7 @@ def _tensor(item: dict[str, Any], spec: InputSpec, body: bytes, cursor: int, whe
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
         raise InputError(f"{where}: shape {shape!r} must be a list of whole numbers >= 0")
+    check_shape(spec, tuple(shape), where)  # before numpy sees it: dims past its limits are ValueErrors there
     dtype = _np_dtype(spec.dtype, where)
     count = math.prod(shape)
     params = item.get("parameters") or {}
@@ -270,12 +273,25 @@ def _from_json(data: Any, dtype: np.dtype, shape: list[int], count: int, where: 
         arr = np.asarray(data)
         if arr.dtype.kind not in "biuf" or (dtype.kind != "b" and arr.dtype.kind == "b"):
             raise ValueError(f"values of type {arr.dtype.name}")
-        out = arr.astype(dtype).reshape(-1)
-    except (ValueError, TypeError, OverflowError) as exc:
+        if dtype.kind in "iu" and arr.size:
+            _check_integers(arr, dtype)
+        with np.errstate(over="raise", invalid="raise"):  # 1e300 into float32: an error, not inf
+            out = arr.astype(dtype).reshape(-1)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise InputError(f"{where}: 'data' is not a list of {dtype.name} numbers ({exc})") from None
     if out.size != count:
         raise InputError(f"{where}: {out.size} values in 'data'; shape {shape} needs {count}")
     return out.reshape(shape)
+
+
+def _check_integers(arr: np.ndarray, dtype: np.dtype) -> None:
+    """ValueError unless every value of ``arr`` is a whole number that ``dtype`` holds (no wrapping, no truncation)."""
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
+        raise ValueError("values that are not whole numbers")
+    info = np.iinfo(dtype)
+    low, high = arr.min(), arr.max()
+    if low < info.min or high > info.max:
+        raise ValueError(f"values from {low} to {high}, outside {info.min}..{info.max}")
 
 
 def _requested_outputs(doc: dict[str, Any], info: ModelInfo, req: InferRequest, where: str) -> None:

@@ -10,20 +10,23 @@ batch fills during a run; a request that finds the replica idle runs at once
 (on the event loop when its method's runs are short). Status codes: 404
 unknown model (or path), 405 a path the protocol has for another method, 400
 a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
-500 a failed run (the typed error), 503 not ready; with an API key, 401 without it.
-Programs that generate also answer OpenAI's ``/v1`` API and Triton's generate routes
-(:mod:`pyrt.serve.llm_routes`: an engine per generating model, stepped by its own thread).
+500 a failed run (the typed error), 503 not ready; with an API key, 401 without it; and the
+limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
+``request_timeout_s``, 408 a body slower than ``read_timeout_s``. Programs that generate also
+answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.llm_routes`: an engine
+per generating model, stepped by its own thread; 429 when ``max_queued_requests`` generations
+already wait for a KV-cache slot).
 """
 
 
 import asyncio
 import hmac
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,13 +36,14 @@ from pyrt.errors import InputError
 from pyrt.format.method_io import flatten
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
-from pyrt.serve import routes
+from pyrt.serve import limits, routes
 from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
-from pyrt.serve.failures import ApiError, RequestTooLarge, error_response, openai_response
+from pyrt.serve.failures import ApiError, error_response, openai_response
+from pyrt.serve.limits import RunThread
 from pyrt.serve.llm_routes import LlmRoutes
-from pyrt.serve.metrics import ServeMetrics
+from pyrt.serve.metrics import ServeMetrics, process_stats
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.testing import simulated_devices
@@ -65,7 +69,8 @@ class PyrtReplica:
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.program = load_program(cfg)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pyrt-run")
+        self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
+        self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
         self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
@@ -108,7 +113,7 @@ class PyrtReplica:
         return results
 
     async def _on_pool(self, run: Any, items: list[Item]) -> list[Any]:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, run, items)
+        return await self.runs.call(run, items)
 
     async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
         """Batched where the method batches, the request fits a batch and others are in flight; else run now.
@@ -123,10 +128,14 @@ class PyrtReplica:
         if limit > 1 and req.rows <= limit and not alone:
             return list(await self.batches.submit((info.name, req.arrays)))
         short = self.cfg.inline_run_ms / 1000
-        if alone and self.last_run_s.get(info.name, short) < short:
+        if alone and not self.runs.busy and self.last_run_s.get(info.name, short) < short:
             self.metrics.inline(info.name)
             return self.run(info, req.arrays)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.run, info, req.arrays)
+        return await self.runs.call(self.run, info, req.arrays)
+
+    def queued(self) -> int:
+        """Decoded requests waiting for the run thread: in the batch queue, or for the thread itself."""
+        return self.batches.waiting + self.runs.waiting
 
     # -- routes -----------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -172,6 +181,8 @@ class PyrtReplica:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     def _all_replicas_running(self) -> bool:
+        if not ray.is_initialized():  # built outside Ray (tests): no application; serve.status() would start a Ray
+            return False
         try:
             status = serve.status().applications[self.cfg.app_name]
         except (KeyError, RuntimeError):
@@ -197,7 +208,7 @@ class PyrtReplica:
     async def model_stats(self, request: Request, name: str) -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
-        stats = self.metrics.stats(name)
+        stats = {**self.metrics.stats(name), **process_stats()}
         generation = self.llm.stats(name)
         if generation is not None:
             stats["generation"] = generation
@@ -209,13 +220,15 @@ class PyrtReplica:
             return self._unknown(name)
         self.metrics.request(name)
         self.in_flight += 1
+        arrived, cfg = time.monotonic(), self.cfg
         try:
             if name in self.llm.hosts:
                 raise InputError(f"model {name!r} generates: its runs would write the KV-cache slots that "
                                  f"generations hold; use POST /v2/models/{name}/generate (or OpenAI's /v1 API)")
             body = await self._body(request)
             req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
-            outputs = await self.dispatch(info, req)
+            self.runs.admit(self.queued(), f"model {name!r}")
+            outputs = await limits.within(self.dispatch(info, req), cfg.request_timeout_s, arrived, f"model {name!r}")
             data, headers = encode_infer(info, req, outputs)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.metrics.error(name, type(exc).__name__)
@@ -226,17 +239,8 @@ class PyrtReplica:
         return Response(data, media_type=media, headers=headers)
 
     async def _body(self, request: Request) -> bytes:
-        limit = self.cfg.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestTooLarge(f"request body of {declared} bytes is over the server's limit of {limit} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestTooLarge(f"request body is over the server's limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        """The request's body within ``max_request_bytes`` (413) and ``read_timeout_s`` (408)."""
+        return await limits.read_body(request, self.cfg.max_request_bytes, self.cfg.read_timeout_s)
 
     async def generate(self, request: Request, name: str) -> Response:
         return await self.llm.generate(request, name, stream=False)

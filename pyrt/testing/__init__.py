@@ -15,6 +15,10 @@ imported by them (the runtime is handed its seams, it does not look for fakes).
 [1, 2]
 >>> pyrt.cuda.current() is not sim.cuda
 True
+
+A slow GPU, for tests of timeouts and overload: ``$PYRT_SIMULATED_SECONDS_PER_ROW`` (read by
+:func:`simulated_devices`, so also by ``pyrt serve``'s replicas on simulated GPUs, whose processes
+inherit it) makes every engine launch take that many seconds per row of its first input.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _PROCESS_LOCK = threading.Lock()
 
 __all__ = [
     "SimulatedGPUs", "simulated_gpus", "simulated_devices", "gpus_from_environment", "install_from_environment",
+    "SECONDS_PER_ROW_ENV", "seconds_per_row_from_env",
     "FakeDriver", "FakeTensorRT",
     "RefEngine", "RefProfile", "RefTensor", "RefNode", "RefWeight", "Ref", "DType",
 ]
@@ -88,7 +93,28 @@ def simulated_devices(
     (2, False)
     """
     driver = FakeDriver(n, memory, name=name, capability=capability)
-    return SimulatedGPUs(driver, FakeTensorRT(driver), cuda_seam.Cuda(driver))
+    trt = FakeTensorRT(driver)
+    trt.seconds_per_row = seconds_per_row_from_env()
+    return SimulatedGPUs(driver, trt, cuda_seam.Cuda(driver))
+
+
+SECONDS_PER_ROW_ENV = "PYRT_SIMULATED_SECONDS_PER_ROW"
+
+
+def seconds_per_row_from_env() -> float:
+    """``$PYRT_SIMULATED_SECONDS_PER_ROW`` (0 when unset): how slow simulated engine launches are made.
+
+    >>> seconds_per_row_from_env() >= 0
+    True
+    """
+    value = os.environ.get(SECONDS_PER_ROW_ENV, "").strip()
+    try:
+        seconds = float(value) if value else 0.0
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InputError(f"{SECONDS_PER_ROW_ENV}={value!r}: expected a number of seconds >= 0")
+    return seconds
 
 
 def gpus_from_environment() -> int | None:

@@ -31,12 +31,23 @@ ROOT = Path(__file__).resolve().parents[2]
 DEVICE_CONTEXT = "pyrt/runtime/device_context.py"
 OUTPUTS = "pyrt/runtime/outputs.py"
 GRAPH_FORWARD = "pyrt/runtime/graph_forward.py"
+LLM_ISOLATION = "tests/llm/test_llm_isolation.py"
+SERVE_OPENAI = "tests/serve/test_serve_openai.py"
 
 # The test modules that must fail for a mutant of each file (default: the general path's ordering tests).
 TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          "pyrt/device/memory.py": ("tests/runtime/test_graph_forward.py", "tests/device/test_async_ordering.py"),
          # asyncio waits of the serving batcher
-         "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",)}
+         "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",),
+         # threading waits of a generation: without them a result is read before it exists
+         "pyrt/llm/loop.py": (LLM_ISOLATION,),
+         "pyrt/llm/stream.py": (LLM_ISOLATION,),
+         # the replica's generation engine: its stepping thread, the event loop's waits for tokens
+         "pyrt/llm/engine.py": (SERVE_OPENAI,),
+         "pyrt/serve/llm_host.py": (SERVE_OPENAI,),
+         "pyrt/serve/llm_routes.py": (SERVE_OPENAI,),
+         # the replica's timeouts and run thread
+         "pyrt/serve/limits.py": ("tests/serve/test_serve_limits.py",)}
 DEFAULT_TESTS = ("tests/device/test_async_ordering.py",)
 
 # "file: first line of the statement" -> why it is not a mutant.
@@ -68,6 +79,17 @@ EXEMPT = {
         "a threading.Event the serve command waits on, not a CUDA event",
     "pyrt/serve/metrics.py: while not self._stop.wait(every_s):":
         "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
+    "pyrt/llm/engine.py: self._changed.wait(0.05)  # nothing to run: a cancel or a slot may come from elsewhere":
+        "a pause (threading.Condition) while nothing can run: without it the loop re-checks at once, spinning a "
+        "core; every check is made under the lock, so it orders nothing",
+    "pyrt/llm/engine.py: self._changed.wait(0.05)":
+        "a pause (threading.Condition) while another thread steps: without it the waiter re-checks at once, "
+        "spinning a core; every check is made under the lock, so it orders nothing",
+    "pyrt/serve/llm_host.py: self._stop.wait(STALLED_WAIT_S)":
+        "a pause (threading.Event) after a step that advanced nothing: without it the stepping thread spins, "
+        "it orders nothing",
+    "pyrt/llm/gen_bench.py: torch.cuda.synchronize()":
+        "the host-link bandwidth measurement's clock reads (torch, real GPUs only): timing, orders no result",
     "pyrt/runtime/device_context.py: self._keep = []":
         "drops the host copies after their copies' events were waited for: deleting it holds memory longer, "
         "it orders nothing",
@@ -95,6 +117,9 @@ REPLACEMENTS = [
      " => self._cuda.free_memory(self.ptr, self.device)",
      "dropping an output frees it with cuMemFree, which synchronises the device"),
 ]
+
+# A mutant that hangs (a wait deleted from a loop) fails its tests by this per-test limit (pytest-timeout).
+MUTANT_TIMEOUT_S = 240
 
 FOUND = statements(ROOT)
 MUTANTS = [s for s in FOUND if s.key not in EXEMPT]
@@ -176,5 +201,5 @@ def _run(tree: Path, prebuilt: Path, *tests: str) -> subprocess.CompletedProcess
     env = {**os.environ, "PYTHONPATH": str(tree), "PYRT_PREBUILT_PTE": str(prebuilt), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         "--rootdir", str(tree), *(str(tree / t) for t in tests)],
+         "--timeout", str(MUTANT_TIMEOUT_S), "--rootdir", str(tree), *(str(tree / t) for t in tests)],
         cwd=tree, env=env, capture_output=True, text=True, timeout=600)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,53 @@ def test_environment_is_restored(haproxy: str, monkeypatch: pytest.MonkeyPatch) 
     with ingress.environment({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}):
         assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0" and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+
+
+def test_the_guard_confines_ray_s_haproxy_config_then_runs_the_binary(tmp_path: Path) -> None:
+    """Ray runs the guard as HAProxy (``-f CONFIG ...``): the config's side ports bind to the serve port's host and
+    headers get the read timeout; then the real binary runs with the same arguments."""
+    import subprocess
+
+    seen = tmp_path / "seen"
+    binary = tmp_path / "real-haproxy"
+    binary.write_text(f"#!/bin/sh\necho \"$@\" > {seen}\n")
+    binary.chmod(0o755)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("defaults\n    mode http\nfrontend prometheus\n    bind :9101\nfrontend http_frontend\n"
+                      "    bind 10.1.2.3:8000\nlisten stats\n  bind *:8404\n")
+    guard = ingress.write_guard(str(tmp_path), str(binary), 12.5)
+    subprocess.run([guard, "-db", "-f", str(config), "-sf", "42"], check=True, timeout=60)
+    assert seen.read_text().split() == ["-db", "-f", str(config), "-sf", "42"]
+    text = config.read_text()
+    assert "bind 10.1.2.3:9101" in text and "bind 10.1.2.3:8404" in text and "timeout http-request 13s" in text
+    assert ":9101" not in text.replace("10.1.2.3:9101", "") and "*:" not in text
+
+
+def test_a_server_on_every_interface_keeps_ray_s_binds(haproxy: str, tmp_path: Path) -> None:
+    config = "defaults\nfrontend prometheus\n    bind :9101\nfrontend http_frontend\n    bind *:8000\n"
+    assert ingress.confine(config).count("bind :9101") == 1
+    env = ingress.ingress_env(guard_dir=str(tmp_path), read_timeout_s=30)
+    assert env[ingress.BINARY].startswith(str(tmp_path)) and os.access(env[ingress.BINARY], os.X_OK)
+
+
+def test_haproxy_waits_for_a_replica_a_little_longer_than_the_request_timeout(haproxy: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica on a host that vanished never answers: HAProxy gives up (500) instead of holding the client."""
+    monkeypatch.delenv(ingress.SERVER_TIMEOUT, raising=False)
+    assert ingress.SERVER_TIMEOUT not in ingress.ingress_env()  # Ray's default: no limit
+    assert ingress.ingress_env(request_timeout_s=19.5)[ingress.SERVER_TIMEOUT] == str(20 + ingress.SERVER_MARGIN_S)
+    node = ingress.node_env(10)
+    assert node["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and not set(node) & set(ingress.OWN_PORTS)
+
+
+def test_the_node_variables_print_as_shell_exports() -> None:
+    """``eval "$(python -m pyrt.serve.ingress --request-timeout-s 30)"`` sets exactly :func:`ingress.node_env` (30)."""
+    shell = (f"eval \"$({sys.executable} -m pyrt.serve.ingress --request-timeout-s 30)\" && "
+             f"{sys.executable} -c 'import json, os; print(json.dumps(dict(os.environ)))'")
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    expected = ingress.node_env(30)
+    assert {k: seen.get(k) for k in expected} == expected
+    assert "RAY_SERVE_HAPROXY_RETRY_ON" in expected and " " in expected["RAY_SERVE_HAPROXY_RETRY_ON"]  # quoted

@@ -7,7 +7,6 @@ The replica is built in this process (no Ray): the class as written, then ``disp
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,8 @@ pytest.importorskip("executorch")
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.protocol import InferRequest  # noqa: E402
-from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from pyrt.testing import simulated_gpus  # noqa: E402
-from tests.fixtures.serve import assert_batched_equal, build, json_infer, rows  # noqa: E402
+from tests.fixtures.serve import asgi_request, assert_batched_equal, build, in_process, json_infer, rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +31,7 @@ def dyn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _replica(cfg: ServeConfig) -> Any:
-    cls = PyrtReplica.func_or_class
-    own = next(c for c in cls.__mro__ if c.__module__ == "pyrt.serve.replica" and "__init__" in vars(c)
-               and not inspect.iscoroutinefunction(c.__init__))
-    return own(cfg)
+    return in_process(cfg)
 
 
 @pytest.fixture
@@ -135,18 +130,7 @@ def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
 def _request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
              scope: dict[str, Any] | None = None, *, late: bool = False) -> Any:
     """A Starlette request, as Ray Serve hands one to a replica; ``late``: its body arrives after a yield."""
-    from starlette.requests import Request
-
-    chunks = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if late:
-            await asyncio.sleep(0)  # as from a socket: other requests start meanwhile
-        return chunks.pop() if chunks else {"type": "http.disconnect"}
-
-    full = {"type": "http", "method": method, "path": path, "query_string": b"",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()], **(scope or {})}
-    return Request(full, receive)
+    return asgi_request(method, path, body, headers, scope, late=late)
 
 
 def _http(replica: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,

@@ -117,6 +117,15 @@ BAD = [
     (_json([{**X, "data": None, "parameters": {"binary_data_size": 12}}, IDX]), None, "exceeds the 0 bytes left"),
     (_json([X, IDX], outputs=[{"name": "output9"}]), None, "no output 'output9'"),
     (_json([X, IDX]), "999", "is not a length within"),
+    # found by tests/serve/test_serve_fuzz.py: 500s before (numpy's ValueError), silent wrapping or inf
+    (_json([{**X, "shape": [2**64, 0], "data": []}, IDX]), None, "exceeds the upper bound"),
+    (_json([{**X, "shape": [0, 10**30], "data": None, "parameters": {"binary_data_size": 0}}, IDX]), None,
+     "exceeds the upper bound"),
+    (_json([{**X, "data": [1e300, 0, 0]}, IDX]), None, "overflow"),
+    (_json([X, {**IDX, "data": [2**70]}]), None, "not a list of int64 numbers"),
+    (_json([X, {**IDX, "data": [1.5]}]), None, "not whole numbers"),
+    (_json([X, {**IDX, "data": [float("nan")]}]), None, "not whole numbers"),
+    (b"[" * 200_000 + b"]" * 200_000, None, "nests too deeply"),
 ]
 
 

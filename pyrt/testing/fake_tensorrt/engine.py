@@ -6,6 +6,7 @@ and a launch queued on a fake CUDA stream that computes real results on the CPU.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from typing import Any
 
@@ -29,6 +30,15 @@ from pyrt.testing.fake_tensorrt.failures import FailureInjection
 from pyrt.testing.refengine import DTYPES, RefEngine, RefTensor
 
 OUTPUT_ALIGNMENT = 256  # what the fake asks an output allocator for (cudaMalloc's guarantee)
+
+
+def _run_bytes(engine: FakeCudaEngine, inputs: dict[str, tuple[np.ndarray, tuple[int, ...]]]
+               ) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
+    """The reference engine's results, after ``seconds_per_row`` per row of the first input (a slow GPU)."""
+    if engine._trt.seconds_per_row > 0:
+        shape = inputs[engine.ref.inputs[0].name][1]
+        time.sleep(engine._trt.seconds_per_row * (int(shape[0]) if shape else 1))
+    return engine.ref.run_bytes(inputs)
 
 
 class FakeCudaEngine:
@@ -360,7 +370,7 @@ class FakeExecutionContext:
                     return f"input {t.name!r} at {addresses[t.name]:#x} is no longer valid device memory"
                 inputs[t.name] = (view, shapes[t.name])
             try:
-                results = engine.ref.run_bytes(inputs)
+                results = _run_bytes(engine, inputs)
             except PyrtError as exc:
                 return f"enqueueV3: {exc}"
             for name, (raw, shape) in results.items():
@@ -390,7 +400,7 @@ class FakeExecutionContext:
         trt.driver.cuStreamSynchronize(stream_handle)  # TensorRT waits for the inputs to know the shape
         inputs = {t.name: (self._view(t, self._shapes[t.name]), self._shapes[t.name]) for t in engine.ref.inputs}
         try:
-            results = engine.ref.run_bytes(inputs)  # type: ignore[arg-type]  # views checked above
+            results = _run_bytes(engine, inputs)  # type: ignore[arg-type]  # views checked above
         except PyrtError as exc:
             return self._error(f"enqueueV3: {exc}")
         for t in engine.ref.outputs:

@@ -20,6 +20,9 @@ class FailureInjection:
         # makes it ask for more than the bound), and every (output name, bytes) it asked for.
         self.ask_extra_bytes = 0
         self.allocations_asked: list[tuple[str, int]] = []
+        # A slow GPU: each launch takes this many seconds per row of its first input (its leading dim) before
+        # its results are written, so tests can make runs long on purpose (timeouts, overload).
+        self.seconds_per_row = 0.0
 
     def inject_failure(self, call: str, times: int = 1) -> None:
         """Make the next ``times`` calls of ``call`` fail as TensorRT fails.

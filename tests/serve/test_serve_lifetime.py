@@ -1,0 +1,81 @@
+"""pyrt.serve.lifetime's parts on real processes: marks, owners that are gone, an end for what ignores SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from pyrt.serve import lifetime
+from tests.fixtures.serve import wait_for
+
+if not os.path.isdir("/proc"):
+    pytest.skip("processes are found through /proc (Linux)", allow_module_level=True)
+
+STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
+           "time.sleep(600)"
+
+
+def spawn(owner: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], env={**os.environ, lifetime.OWNER_ENV: owner},
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"  # its SIGTERM handler is in place
+    return proc
+
+
+@pytest.fixture
+def owner() -> Iterator[str]:
+    """The mark of a live stand-in owner: not this process's, which the serving tests' local Ray carries."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield lifetime.owner_token(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_marked_processes_that_ignore_sigterm_are_ended_with_sigkill(owner: str) -> None:
+    procs = [spawn(owner), spawn(owner)]
+    try:
+        found = lifetime.marked(owner)
+        assert sorted(p.pid for p in found) == sorted(p.pid for p in procs)
+        assert sorted(p.pid for p in lifetime.end(found, grace_s=0.5)) == sorted(p.pid for p in procs)
+        assert [p.wait(60) for p in procs] == [-9, -9] and not lifetime.marked(owner)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_orphans_of_a_dead_owner_are_ended_and_named_and_a_live_owner_s_are_not(owner: str) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead_owner = f"{gone.pid}:{lifetime.owner_token(os.getpid()).split(':')[1]}"  # its pid, not its start time
+    assert not lifetime.alive(dead_owner)
+    orphan, kept = spawn(dead_owner), spawn(owner)
+    said: list[str] = []
+    try:
+        ended = lifetime.end_orphans(said.append)
+        assert orphan.pid in {p.pid for p in ended} and kept.pid not in {p.pid for p in ended}
+        assert orphan.wait(60) == -9 and kept.poll() is None
+        assert f"(pid {gone.pid})" in said[0] and f"({orphan.pid})" in said[0]
+    finally:
+        for p in (orphan, kept):
+            p.kill()
+            p.wait()
+
+
+def test_the_watchdog_ends_its_owner_s_processes_when_its_pipe_closes(owner: str) -> None:
+    proc = spawn(owner)
+    try:
+        pipe = lifetime.start_watchdog(owner)
+        assert pipe is not None and proc.poll() is None
+        pipe.close()  # as when pyrt serve exits, however
+        assert proc.wait(60) == -9
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: not lifetime.marked(owner), 30, "nothing marked left")

@@ -1,0 +1,116 @@
+"""``pyrt serve`` stops however it is told to, and nothing of it outlives it (checked through /proc).
+
+Each test starts ``pyrt serve`` in a session of its own (so a signal to its process group
+reaches it and its local Ray, not pytest), stops it one way, then checks: it exited, the
+port is free, and no process marked as its own (``PYRT_SERVE_OWNER``, :mod:`pyrt.serve.lifetime`)
+is left. While it serves, its HAProxy listens only on ``--host``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyrt.serve import ingress
+from tests.fixtures.serve import build, wait_for
+from tests.fixtures.serve_process import ROOT, Server, listeners, port_free
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("executorch")
+requests = pytest.importorskip("requests")
+if not os.path.isdir("/proc"):
+    pytest.skip("processes are checked through /proc (Linux)", allow_module_level=True)
+
+@pytest.fixture(scope="module")
+def dyn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("stop"))["dyn"]
+
+
+@pytest.fixture
+def server(dyn: Path, tmp_path: Path) -> Iterator[Any]:
+    made: list[Server] = []
+
+    def start(*flags: str) -> Server:
+        made.append(Server(dyn, tmp_path / f"serve{len(made)}.log", "--cpus-per-replica", "0.5", *flags))
+        return made[-1].wait_ready()
+
+    yield start
+    for s in made:
+        s.stop()
+
+
+def assert_nothing_left(s: Server) -> None:
+    wait_for(lambda: port_free(s.port), 15, f"port {s.port} free")
+    wait_for(lambda: not s.marked(), 30, f"no process of pyrt serve {s.proc.pid} left (left: {s.marked()})")
+
+
+def test_haproxy_listens_only_on_host_and_a_sigterm_to_the_whole_group_stops_it_at_once(server: Any) -> None:
+    """systemd's ``KillMode=control-group`` (``systemctl stop``): SIGTERM to every process of the service at once.
+    Ray's GCS stops with it, so nothing can be drained; pyrt serve says so and exits 0 instead of waiting 60 s
+    on the GCS and aborting. Meanwhile: HAProxy's serve port and both side ports listen on 127.0.0.1 only."""
+    s = server()
+    if ingress.haproxy_binary() is not None:
+        haproxies = [p for p in s.marked() if p.name == "haproxy"]
+        bound = [address for p in haproxies for address, _ in listeners(p.pid)]
+        assert len(bound) >= 3 and set(bound) == {"0100007F"}, bound  # 127.0.0.1 in /proc's byte order
+    os.killpg(s.proc.pid, signal.SIGTERM)
+    assert s.wait_exit() == 0
+    assert "Ray's GCS has stopped" in s.output()
+    assert_nothing_left(s)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT to the group"])
+def test_a_normal_stop_leaves_no_process_and_frees_the_port(server: Any, how: str) -> None:
+    """SIGTERM to its pid, Ctrl-C (SIGINT to the terminal's process group): drains, exits 0, nothing left."""
+    s = server()
+    if how == "SIGTERM":
+        s.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(s.proc.pid, signal.SIGINT)
+    assert s.wait_exit() == 0
+    assert "draining requests in flight" in s.output() and "not drained" not in s.output()
+    assert_nothing_left(s)
+
+
+@pytest.mark.slow
+def test_after_sigkill_its_watchdog_ends_its_ray(server: Any) -> None:
+    s = server()
+    s.proc.kill()
+    s.proc.wait()
+    assert s.marked()  # Ray's processes outlive a SIGKILLed driver (they are not its process group's)...
+    assert_nothing_left(s)  # ... until the watchdog, whose pipe closed, ends them
+
+
+@pytest.mark.slow
+def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: Path) -> None:
+    """pyrt serve and its watchdog both SIGKILLed: the next pyrt serve (here one given a bad file) ends the leftovers
+    and says so."""
+    s = server()
+    watchdogs = []  # the watchdog carries no mark: found by its command line
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[-3:-1] == [b"pyrt.serve.lifetime", s.owner.encode()]:
+                    os.kill(pid, signal.SIGKILL)
+                    watchdogs.append(pid)
+        except OSError:
+            continue
+    assert len(watchdogs) == 1
+    s.proc.kill()
+    s.proc.wait()
+    assert s.marked()
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(b"not a program")
+    done = subprocess.run([sys.executable, "-m", "pyrt", "serve", str(bad)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 1
+    assert f"left by an earlier pyrt serve (pid {s.proc.pid})" in done.stderr, done.stderr
+    assert_nothing_left(s)
