@@ -76,6 +76,7 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "inject_failure": "make the next calls of a TensorRT function fail as TensorRT fails",
         "ask_extra_bytes": "bytes added to what the fake asks an output allocator for (the overflow path)",
         "allocations_asked": "(output, bytes) the fake asked output allocators for",
+        "seconds_per_row": "a slow GPU for tests of timeouts and overload ($PYRT_SIMULATED_SECONDS_PER_ROW)",
     },
     "Runtime": {
         "stream_requests": "byte counts the fake runtime asked a stream reader for",
