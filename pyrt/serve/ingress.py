@@ -220,7 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pyrt.serve.ingress", description=main.__doc__.splitlines()[0]
                                      if main.__doc__ else None)
-    parser.add_argument("--request-timeout-s", type=float, metavar="T",
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+        return value
+
+    parser.add_argument("--request-timeout-s", type=seconds, metavar="T",
                         help="the --request-timeout-s pyrt serve will be given: HAProxy waits for a replica T + "
                              f"{SERVER_MARGIN_S} s at most")
     args = parser.parse_args(argv)

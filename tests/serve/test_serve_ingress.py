@@ -112,3 +112,10 @@ def test_the_node_variables_print_as_shell_exports() -> None:
     expected = ingress.node_env(30)
     assert {k: seen.get(k) for k in expected} == expected
     assert "RAY_SERVE_HAPROXY_RETRY_ON" in expected and " " in expected["RAY_SERVE_HAPROXY_RETRY_ON"]  # quoted
+
+
+@pytest.mark.parametrize("bad", ["-5", "0", "inf", "soon"])
+def test_the_node_variables_refuse_a_timeout_that_is_not_a_positive_number(bad: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pyrt.serve.ingress", "--request-timeout-s", bad],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"got {bad!r}" in done.stderr and not done.stdout
