@@ -410,3 +410,12 @@ def test_the_replica_imports_no_torch_for_a_numpy_kernel_program() -> None:
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["200", "False"], done.stdout
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", f"/v2/models/{NAME}/generate",
+                                  f"/v2/models/{NAME}/generate_stream"])
+def test_json_nested_200000_deep_is_400_on_the_generation_routes(replica: Any, path: str) -> None:
+    status, reply = run(replica, "POST", path, b"[" * 200_000 + b"]" * 200_000)
+    message = reply["error"]["message"] if path.startswith("/v1") else reply["error"]
+    assert status == 400 and "nests too deeply" in message, reply
+    assert run(replica, "POST", f"/v2/models/{NAME}/generate", {"input_ids": [5], "max_tokens": 1})[0] == 200
