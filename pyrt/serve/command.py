@@ -34,6 +34,9 @@ from pyrt.serve.config import (
     api_key_from_env,
     simulated_from_env,
 )
+from pyrt.serve.config import number_argument as _number
+from pyrt.serve.config import seconds_argument as _seconds
+from pyrt.serve.config import whole_argument as _whole
 from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
@@ -43,38 +46,6 @@ EXAMPLES = """examples:
   pyrt serve model.pte --address auto --host 0.0.0.0 join the Ray cluster this machine belongs to
   PYRT_SIMULATED_GPUS=2 pyrt serve model.pte --replicas 2
   pyrt serve llm.pte --tokenizer ./tokenizer        an LLM: OpenAI's API at /v1, Triton's generate routes"""
-
-
-def _whole(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
-        return n
-    return parse
-
-
-def _number(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return x
-
-
-def _seconds(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return x
 
 
 def _budget(text: str) -> Any:

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,3 +113,44 @@ def api_key_from_env() -> str | None:
 def simulated_from_env() -> int | None:
     """``$PYRT_SIMULATED_GPUS`` as a count (None when unset); InputError naming a bad value."""
     return gpus_from_environment()
+
+
+# argparse types of the command lines (pyrt serve, python -m pyrt.serve.ingress, pyrt.tools' parser): a bad
+# value is a usage error naming it
+def whole_argument(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (the usage error says which bound).
+
+    >>> whole_argument(1)("3")
+    3
+    """
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+    return parse
+
+
+def number_argument(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return x
+
+
+def seconds_argument(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return x

@@ -46,6 +46,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn
 
+from pyrt.serve.config import seconds_argument
+
 HAPROXY = "HAProxy -> replicas (direct ingress)"
 RAY_PROXY = "Ray Serve's HTTP proxy"
 
@@ -220,16 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pyrt.serve.ingress", description=main.__doc__.splitlines()[0]
                                      if main.__doc__ else None)
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-        return value
-
-    parser.add_argument("--request-timeout-s", type=seconds, metavar="T",
+    parser.add_argument("--request-timeout-s", type=seconds_argument, metavar="T",
                         help="the --request-timeout-s pyrt serve will be given: HAProxy waits for a replica T + "
                              f"{SERVER_MARGIN_S} s at most")
     args = parser.parse_args(argv)

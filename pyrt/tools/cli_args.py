@@ -12,6 +12,7 @@ from typing import Any
 
 from pyrt._version import __version__
 from pyrt.serve import command as serve_command
+from pyrt.serve.config import whole_argument
 from pyrt.streaming import budget_argument
 from pyrt.tools.inputs import parse_shape_arg
 
@@ -81,20 +82,7 @@ def _budget(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _whole(low: int) -> Any:
-    """An argparse type: a whole number >= ``low`` (the usage error says which bound)."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
-        return n
-    return parse
-
-
-_count, _one_or_more = _whole(0), _whole(1)
+_count, _one_or_more = whole_argument(0), whole_argument(1)
 
 
 def _batches(text: str) -> list[int]:
