@@ -17,6 +17,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 import ray
@@ -31,6 +32,8 @@ from pyrt.serve.config import ServeConfig, simulated_from_env
 from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import PyrtReplica
+
+PROXY_WAIT_S = 180.0  # beyond serve.start's own 60 s
 
 GRACEFUL_SHUTDOWN_S = 30.0
 
@@ -129,10 +132,33 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
                    lifetime.OWNER_ENV: owner or lifetime.owner_token()}
         with ingress.environment(env):  # read by Ray's processes as they start
             ray.init(**kwargs)
-            serve.start(http_options={"host": host, "port": port})
+            _start_serve(host, port)
         return ingress.mode(env) if not address else "the cluster's Serve ingress"
-    serve.start(http_options={"host": host, "port": port})
+    _start_serve(host, port)
     return "the running Ray's Serve ingress"
+
+
+def _start_serve(host: str, port: int) -> None:
+    """``serve.start``, waiting past its fixed 60 s for proxies that are still starting on busy cores.
+
+    Ray gives up on its proxies after 60 s with a TimeoutError though the controller keeps starting
+    them (its own patience is :data:`ingress.PATIENCE`); here a second ``serve.start`` joins that
+    controller and the wait goes on until every proxy is healthy, for up to :data:`PROXY_WAIT_S` more.
+    """
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        return
+    except TimeoutError:
+        serve.start(http_options={"host": host, "port": port})  # joins the controller the first call started
+    deadline = time.monotonic() + PROXY_WAIT_S
+    while True:
+        states = dict(serve.status().proxies)  # node id -> ProxyStatus, a str enum
+        if states and all(state == "HEALTHY" for state in states.values()):
+            return
+        if time.monotonic() > deadline:
+            raise PyrtError(f"Serve's HTTP proxies on {host}:{port} were not ready {PROXY_WAIT_S + 60:.0f} s after "
+                            f"the start: { {node: str(state) for node, state in states.items()} or 'none'}")
+        time.sleep(0.5)
 
 
 def run(app: Application, *, app_name: str = "pyrt", path: str = "", route_prefix: str = "/") -> Any:

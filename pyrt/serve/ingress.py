@@ -63,7 +63,7 @@ RETRY_ON = "conn-failure empty-response"
 # does not answer a health check within 10 s. On a machine whose cores are busy a new actor's worker takes
 # longer than that to start (seen on 2 cores with two other busy processes: the HAProxy manager killed before
 # it ran), and the server never came up. A local Ray waits longer; a proxy that truly hangs is still replaced.
-PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
 # Ports Ray fixes for HAProxy's Prometheus exporter and stats page (9101, 8404) and for the Serve proxy that HAProxy

@@ -26,6 +26,8 @@ from tests.fixtures.serve import METRICS_PORT, wait_for  # noqa: E402
 
 KEY = "test-key"
 APP = "llm"
+MAX_TOKENS = S.MAX_SEQ_LEN - 2  # all the cache leaves after the prompt "hello" (one token)
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +108,28 @@ def _stats(base: str) -> dict[str, Any]:
 
 
 def test_a_client_that_goes_away_mid_stream_frees_its_slot(base: str) -> None:
-    before = _stats(base)["tokens_generated"]
-    body = {"model": "gpt2", "prompt": "hello", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+    """Closing the connection after the first event cancels the generation through HAProxy and the replica.
+
+    The whole generation (MAX_TOKENS tokens of the tiny model) takes a few tens of milliseconds on an
+    idle machine, and on a loaded one the disconnect can arrive after it ended by itself (CI saw it
+    once). Cancelling within one step is proven in-process (tests/serve/test_serve_openai.py); here
+    one of ATTEMPTS streams must be cut short, which no replica that ignores a disconnect can do.
+    """
+    body = {"model": "gpt2", "prompt": "hello", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
             "stream": True}
-    with requests.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                       stream=True, timeout=120) as reply:
-        first = next(reply.iter_lines(delimiter=b"\n\n"))
-        assert json.loads(first.removeprefix(b"data: "))["choices"][0]["finish_reason"] is None
-    stats = wait_for(lambda: (lambda s: s if s["running"] == 0 else None)(_stats(base)), 60, "the slot freed")
-    assert stats["free_slots"] == S.SLOTS and stats["tokens_generated"] - before < 40, stats
+    generated = []
+    for _ in range(ATTEMPTS):
+        before = _stats(base)["tokens_generated"]
+        with requests.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                           stream=True, timeout=120) as reply:
+            first = next(reply.iter_lines(delimiter=b"\n\n"))
+            assert json.loads(first.removeprefix(b"data: "))["choices"][0]["finish_reason"] is None
+        stats = wait_for(lambda: (lambda s: s if s["running"] == 0 else None)(_stats(base)), 60, "the slot freed")
+        assert stats["free_slots"] == S.SLOTS, stats
+        generated.append(stats["tokens_generated"] - before)
+        if generated[-1] < MAX_TOKENS:
+            break
+    assert min(generated) < MAX_TOKENS, f"no stream was cut short: tokens generated {generated}"
 
 
 @pytest.mark.slow
