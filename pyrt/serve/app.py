@@ -14,6 +14,7 @@ instead of restarting forever.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import PyrtReplica
 
 PROXY_WAIT_S = 180.0  # beyond serve.start's own 60 s
+log = logging.getLogger("pyrt.serve")
 
 GRACEFUL_SHUTDOWN_S = 30.0
 
@@ -149,6 +151,7 @@ def _start_serve(host: str, port: int) -> None:
         serve.start(http_options={"host": host, "port": port})
         return
     except TimeoutError:
+        log.warning("Serve's HTTP proxies were not ready within Ray's 60 s; waiting up to %.0f s more", PROXY_WAIT_S)
         serve.start(http_options={"host": host, "port": port})  # joins the controller the first call started
     deadline = time.monotonic() + PROXY_WAIT_S
     while True:

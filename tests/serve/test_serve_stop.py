@@ -66,6 +66,21 @@ def test_haproxy_listens_only_on_host_and_a_sigterm_to_the_whole_group_stops_it_
     assert_nothing_left(s)
 
 
+def test_a_proxy_slower_than_serve_start_s_60_s_is_waited_for(dyn: Path, tmp_path: Path) -> None:
+    """On busy cores Ray's proxies can take longer than ``serve.start``'s fixed 60 s (seen: two busy loops beside
+    the suite), and it raised TimeoutError though they were still coming up. Here it gives up at once (its limit
+    set to 0 in the server's process); pyrt serve waits for the proxies itself, then serves."""
+    s = Server(dyn, tmp_path / "serve.log", "--cpus-per-replica", "0.5",
+               prelude="import ray.serve._private.api as api\napi.HTTP_PROXY_TIMEOUT = 0")
+    try:
+        s.wait_ready()
+        assert "not ready within Ray's 60 s; waiting" in s.output()
+        assert requests.get(f"{s.base}/v2", timeout=30).json()["name"] == "pyrt"
+    finally:
+        s.stop()
+    assert_nothing_left(s)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT to the group"])
 def test_a_normal_stop_leaves_no_process_and_frees_the_port(server: Any, how: str) -> None:
