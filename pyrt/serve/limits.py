@@ -115,6 +115,7 @@ class RunThread:
         self._count = threading.Lock()
         self._waiting = 0  # calls handed to the thread, not started
         self._running = 0
+        self.most_waiting = 0  # the longest queue an admitted request joined (itself included)
 
     @property
     def waiting(self) -> int:
@@ -127,10 +128,19 @@ class RunThread:
         return self._running + self._waiting > 0
 
     def admit(self, queued: int, what: str) -> None:
-        """Overloaded naming ``what`` when ``queued`` requests already wait and the limit allows no more."""
+        """Overloaded naming ``what`` when ``queued`` requests already wait and the limit allows no more.
+
+        A request that finds the run thread idle joins no queue (``queued`` 0) yet counts as 1 in
+        :attr:`most_waiting`: that is the largest ``queued`` an admitted request saw, plus one.
+        """
         if self.limit is not None and queued >= self.limit:
             raise Overloaded(f"{what}: {queued} requests are waiting at this replica, its limit "
                              f"(--max-queued-requests {self.limit}); retry after {RETRY_AFTER_S} s")
+        self.most_waiting = max(self.most_waiting, queued + 1)
+
+    def queue_stats(self, queued: int) -> dict[str, Any]:
+        """The queue now (``queued`` waiting), its limit (None: none) and the longest an admitted request joined."""
+        return {"waiting": queued, "limit": self.limit, "most_waiting": self.most_waiting}
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the run thread, after the calls handed to it before.

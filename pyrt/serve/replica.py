@@ -208,7 +208,7 @@ class PyrtReplica:
     async def model_stats(self, request: Request, name: str) -> JSONResponse:
         if name not in self.models:
             return self._unknown(name)
-        stats = {**self.metrics.stats(name), **process_stats()}
+        stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
         generation = self.llm.stats(name)
         if generation is not None:
             stats["generation"] = generation

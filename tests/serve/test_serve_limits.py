@@ -101,6 +101,8 @@ def test_a_full_queue_refuses_at_once_with_503_and_retry_after(make: Any, dyn: P
     for i in ok:
         assert_batched_equal(output(replies[i]), direct(dyn, xs[i]))
     assert replica.metrics.stats("dyn")["errors"] == {"Overloaded": len(refused)}
+    stats = json.loads(asyncio.run(replica(asgi_request("GET", "/v2/models/dyn/stats"))).body)
+    assert stats["queue"] == {"waiting": 0, "limit": 2, "most_waiting": 2}  # the queue never held more than 2
     x = rows(np.random.default_rng(9), 3)  # the queue has drained: a request is served again
     assert_batched_equal(output(asyncio.run(replica(infer_request(x)))), direct(dyn, x))
 

@@ -79,9 +79,11 @@ def burst(s: Server, n: int, seed: int) -> list[tuple[np.ndarray, float, float, 
 
 def test_beyond_the_queue_clients_get_503_with_retry_after_and_the_accepted_get_their_results(
         server: Server, dyn: Path) -> None:
-    """16 requests at once on a replica that runs one at a time (0.5 s each) and lets 2 wait: at most 1 + 2
-    are accepted, plus one for each run that ended before the last request reached the replica; the rest are refused at
+    """16 requests at once on a replica that runs one at a time (0.5 s each) and lets 2 wait: no admitted request
+    ever joins a queue of more than 2 (the replica's own record, ``queue.most_waiting``); the rest are refused at
     once (before the last accepted one is answered), each with Retry-After and a JSON error naming the limit.
+    How many are accepted depends on how many runs end while the burst still arrives (on a busy machine HAProxy
+    can hand a request on seconds after the client sent it), so the count is bounded, not fixed.
     The replica's memory does not grow from one such burst to the next."""
     rss = []
     for round_ in range(3):
@@ -89,11 +91,7 @@ def test_beyond_the_queue_clients_get_503_with_retry_after_and_the_accepted_get_
         ok = [d for d in done if d[3].status_code == 200]
         refused = [d for d in done if d[3].status_code == 503]
         assert len(ok) + len(refused) == 16, [d[3].text for d in done]
-        last_sent = max(sent for _, sent, _, _ in done)
-        # runs that ended before the last request reached the replica free a place: the client sees its send, and
-        # on a busy machine HAProxy may hand a request on up to a run's time later
-        early = sum(1 for _, _, answered, _ in ok if answered < last_sent + SLOW_S)
-        assert 1 <= len(ok) <= 1 + QUEUE + early, (len(ok), early)
+        assert ok and refused, (len(ok), len(refused))
         last_ok = max(answered for _, _, answered, _ in ok)
         for _, _, answered, reply in refused:
             assert reply.headers["Retry-After"] == "1" and answered < last_ok
@@ -102,6 +100,8 @@ def test_beyond_the_queue_clients_get_503_with_retry_after_and_the_accepted_get_
         for x, _, _, reply in ok:
             assert_batched_equal(output(reply), direct(dyn, x))
         wait_for(lambda: stats(server.base)["requests"] > 0, 30, "stats")
+        queue = stats(server.base)["queue"]
+        assert queue["limit"] == QUEUE and 1 <= queue["most_waiting"] <= QUEUE, queue
         rss.append(stats(server.base)["rss_bytes"])
     assert rss[2] <= rss[0] * 1.05, rss  # bounded: the third burst holds no more than the first
 
