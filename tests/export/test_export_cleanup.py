@@ -44,7 +44,10 @@ def _others(directory: Path, keep: str = "m.pte") -> list[str]:
 def _start_stalled_export(target: Path) -> subprocess.Popen:
     """A child export that stops half-way through writing ``target`` (it prints "writing" when there)."""
     child = textwrap.dedent(f"""
-        import sys, time, torch
+        import signal, sys, time, torch
+        # Ctrl-C's KeyboardInterrupt, as in a terminal: a shell's background job (a CI started with &)
+        # starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(ROOT)!r})
         from pyrt.export import to_pte
         from pyrt.export._write import executorch_serializer as _writer
