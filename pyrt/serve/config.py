@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,23 +135,22 @@ def whole_argument(low: int) -> Callable[[str], int]:
     return parse
 
 
-def number_argument(text: str) -> float:
-    """An argparse type: a number >= 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return x
+def float_argument(wanted: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a number for which ``ok`` holds; the usage error says it expected ``wanted``.
+
+    >>> float_argument("a number > 0", lambda x: x > 0)("2.5")
+    2.5
+    """
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan  # fails every ``ok`` written as a comparison
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return x
+    return parse
 
 
-def seconds_argument(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return x
+number_argument = float_argument("a number >= 0", lambda x: x >= 0)
+seconds_argument = float_argument("a number of seconds > 0", lambda x: 0 < x < math.inf)  # finite

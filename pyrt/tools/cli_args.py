@@ -12,7 +12,7 @@ from typing import Any
 
 from pyrt._version import __version__
 from pyrt.serve import command as serve_command
-from pyrt.serve.config import whole_argument
+from pyrt.serve.config import float_argument, whole_argument
 from pyrt.streaming import budget_argument
 from pyrt.tools.inputs import parse_shape_arg
 
@@ -109,14 +109,8 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
-def _positive(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return x
+_seconds = float_argument("a number of seconds > 0", lambda x: x > 0)
+_bandwidth_gbps = float_argument("a bandwidth in GB/s > 0", lambda x: x > 0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -213,7 +207,7 @@ def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--warmup", type=_count, default=5, help="untimed runs before each row (default 5)")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--iters", type=_count, help="timed runs per row (default: >= 10 runs and >= 1 s)")
-    amount.add_argument("--seconds", type=_positive, help="time each row for this long")
+    amount.add_argument("--seconds", type=_seconds, help="time each row for this long")
     p.add_argument("--plot", metavar="CURVE.png", help="plot throughput and latency against budget (matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -223,7 +217,7 @@ def _add_bench(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--new-tokens", type=_one_or_more, default=32, help="--generate: new tokens (default 32)")
     p.add_argument("--batch", type=_batches, help="--generate: sequences generated at once, e.g. 1,4,16 (default 1; "
                    "a file of max_batch_size B runs up to B in one step)")
-    p.add_argument("--bandwidth", type=_positive, metavar="GB/s", help="--generate: the host-to-device bandwidth "
+    p.add_argument("--bandwidth", type=_bandwidth_gbps, metavar="GB/s", help="--generate: the host-to-device bandwidth "
                    "of the B*BW/S column (default: measured when weights stream)")
 
 
