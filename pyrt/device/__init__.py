@@ -7,7 +7,8 @@ driver calls, devices and contexts (:mod:`~pyrt.device.driver`), device memory
 handles (:mod:`~pyrt.device.memory`), stream and event handles
 (:mod:`~pyrt.device.streams`) and the TensorRT flavours (:mod:`~pyrt.device.tensorrt_seam`);
 :mod:`pyrt.engine` (one TensorRT engine: deserialize, budget, context, launch)
-and :mod:`pyrt.streaming` (weight-streaming budget arithmetic, pure integers)
+and :mod:`pyrt.streaming` (weight-streaming budget arithmetic, pure integers; the values
+as written are parsed in :mod:`~pyrt.device.budgets`)
 belong to this layer too.
 
 May import: :mod:`pyrt.errors`, :mod:`pyrt.format`, this layer's modules, the
