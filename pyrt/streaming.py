@@ -21,6 +21,11 @@ Load-time forms (see :func:`parse_budget`):
   ``repr`` (``0.3`` is 3/10, not the binary double), so shares are always
   exact decimal fractions.
 * a mapping ``{delegate_index: any of the above}`` setting engines one by one.
+* ``"fit"`` (any case): what the program's memory plan leaves each device for weights
+  (:mod:`pyrt.runtime.memory_plan`), known once the engines are deserialized.
+
+:func:`parse_load_budget` reads a whole load-time budget once, where it enters
+(``Program``, ``set_budget``), into one :class:`LoadBudget`; the layers below take that.
 
 Out-of-range policy: a program-wide byte budget is a TOTAL, split across the
 streamable engines in proportion to their streamable sizes
@@ -38,20 +43,22 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from pyrt.device.budgets import (
     COMPILE_SPEC_KEY,
     MAX_BUDGET_BYTES,
     BudgetSpec,
     BudgetValue,
+    LoadBudget,
     budget_argument,
     find_baked_budget,
     parse_budget,
     parse_compile_spec_budget,
+    parse_load_budget,
     shown,
 )
 from pyrt.errors import BudgetError
@@ -62,11 +69,13 @@ __all__ = [
     "BudgetSpec",
     "BudgetWarning",
     "EngineStreamingInfo",
+    "LoadBudget",
     "ResolvedBudget",
     "budget_argument",
     "find_baked_budget",
     "parse_budget",
     "parse_compile_spec_budget",
+    "parse_load_budget",
     "resolve_budgets",
     "split_proportionally",
 ]
@@ -211,12 +220,15 @@ def _split_total(engines: Sequence[EngineStreamingInfo], total: int,
             else ResolvedBudget(e.delegate_index, 0, None, "none") for e in engines]
 
 
-def resolve_budgets(engines: Sequence[EngineStreamingInfo], load_time: LoadTimeBudget = None,
-                    *, source: str = "load-time budget") -> list[ResolvedBudget]:
+def resolve_budgets(engines: Sequence[EngineStreamingInfo], load_time: LoadBudget | LoadTimeBudget = None,
+                    *, source: str = "load-time budget",
+                    planned: Mapping[int, int] | None = None) -> list[ResolvedBudget]:
     """Decide every engine's budget; results follow the order of ``engines``.
 
+    ``load_time``: a :class:`LoadBudget` (any other value is read by :func:`parse_load_budget`).
     A program-wide byte budget is a total split by streamable size; a share,
-    ``"auto"`` or a mapping entry applies per engine.
+    ``"auto"`` or a mapping entry applies per engine; ``"fit"`` applies ``planned``
+    (engine index -> bytes: the memory plan's split), with source "fit".
 
     >>> engines = [EngineStreamingInfo(0, 300), EngineStreamingInfo(1, 100, baked=40)]
     >>> [(r.budget, r.source) for r in resolve_budgets(engines, "200B")]
@@ -225,15 +237,23 @@ def resolve_budgets(engines: Sequence[EngineStreamingInfo], load_time: LoadTimeB
     [(150, 'load-time'), (40, 'baked')]
     >>> [(r.budget, r.source) for r in resolve_budgets(engines)]
     [(None, 'automatic'), (40, 'baked')]
+    >>> [(r.budget, r.source) for r in resolve_budgets(engines, "fit", planned={0: 30, 1: 10})]
+    [(30, 'fit'), (10, 'fit')]
     """
     indices = [e.delegate_index for e in engines]
     if len(set(indices)) != len(indices):
         raise BudgetError(f"resolve_budgets: duplicate delegate indices in {indices}")
-    if isinstance(load_time, Mapping):
-        specs = _parse_mapping(load_time, sorted(indices), source)
-        return [_per_engine(e, specs.get(e.delegate_index), f"{source} for delegate "
-                            f"{e.delegate_index}", True) for e in engines]
-    spec = parse_budget(load_time, source=source)
+    if isinstance(load_time, Mapping):  # not yet read: an unknown index is named against the real ones first
+        _check_indices(load_time, sorted(indices), source)
+    budget = parse_load_budget(load_time, source=source)
+    if budget.kind == "fit":
+        if planned is None:
+            raise BudgetError(f"{source}: budget 'fit' needs the memory plan's split (planned=)")
+        fitted = _each(engines, {i: BudgetSpec("bytes", b) for i, b in planned.items()}, source)
+        return [replace(r, source="fit") if r.source == "load-time" else r for r in fitted]
+    if budget.kind == "per-engine":
+        return _each(engines, budget.engines, source)
+    spec = budget.spec
     if spec is not None and spec.kind != "auto" and not any(e.streamable_bytes for e in engines):
         _warn(f"{source}: budget {spec} ignored, the program has no streamable weights")
     if spec is not None and spec.kind == "bytes":
@@ -262,12 +282,16 @@ def validate_budget(load_time: LoadTimeBudget, *, source: str = "load-time budge
         parse_budget(value, source=f"{source} for delegate {key}")
 
 
-def _parse_mapping(mapping: Mapping[Any, object], valid: list[int],
-                   source: str) -> dict[int, BudgetSpec | None]:
-    specs: dict[int, BudgetSpec | None] = {}
-    for key, value in mapping.items():
+def _each(engines: Sequence[EngineStreamingInfo], specs: Mapping[int, BudgetSpec | None],
+          source: str) -> list[ResolvedBudget]:
+    """Decide engine by engine from ``specs`` (delegate index -> spec); an index with no engine is an error."""
+    _check_indices(specs, sorted(e.delegate_index for e in engines), source)
+    return [_per_engine(e, specs.get(e.delegate_index), f"{source} for delegate {e.delegate_index}", True)
+            for e in engines]
+
+
+def _check_indices(keys: Iterable[object], valid: list[int], source: str) -> None:
+    for key in keys:
         if isinstance(key, bool) or not isinstance(key, int) or key not in valid:
             raise BudgetError(f"{source}: no TensorRT delegate with index {shown(key)}; "
                               f"valid delegate indices are {valid}")
-        specs[key] = parse_budget(value, source=f"{source} for delegate {key}")
-    return specs

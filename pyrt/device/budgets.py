@@ -1,7 +1,8 @@
 """Weight-streaming budgets as written: parse what users, command lines and files say.
 
 The forms and the policy are :mod:`pyrt.streaming`'s (which re-exports these names);
-here each written value becomes a :class:`BudgetSpec`. Pure; no TensorRT, CUDA or torch.
+here each written value becomes a :class:`BudgetSpec`, and a whole load-time budget one
+:class:`LoadBudget`, read once where it enters. Pure; no TensorRT, CUDA or torch.
 
 >>> parse_budget("50%", source="load-time budget")
 BudgetSpec(kind='share', value=Fraction(1, 2))
@@ -12,8 +13,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 from numbers import Integral
 from typing import Literal, Union, cast
@@ -23,6 +24,7 @@ from pyrt.errors import BudgetError
 logger = logging.getLogger("pyrt.streaming")  # the name users filter budget log lines by
 
 COMPILE_SPEC_KEY = "weight_streaming_budget"
+FIT = "fit"  # the load-time budget the program's memory plan decides
 MAX_BUDGET_BYTES = 2**63  # formats.md §2: "at most 2^63"
 _MAX_NUMBER_CHARS = 1000  # under int()'s 4300-digit limit; fits every float's exact decimal
 
@@ -38,6 +40,7 @@ _BYTES_RE = re.compile(rf"({_NUMBER})\s*([a-z]*)", re.ASCII | re.IGNORECASE)
 _PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
 
 BudgetKind = Literal["auto", "bytes", "share"]
+LoadBudgetKind = Literal["none", "auto", "bytes", "share", "per-engine", "fit"]
 BudgetValue = Union[None, str, int, float, "BudgetSpec"]
 
 
@@ -180,6 +183,57 @@ a share must be in (0, 1] (a percentage in (0, 100]); pass an int for a byte cou
         return _parse_str(value, source)
     raise _error(value, source, f"unsupported type {type(value).__name__}; expected None, "
                  "'auto', an int of bytes, a str like '2GiB' or '50%', or a float share")
+
+
+@dataclass(frozen=True)
+class LoadBudget:
+    """A load-time budget as :func:`parse_load_budget` reads it: what every layer below the edge takes.
+
+    ``kind`` "none": nothing given (baked, else automatic); "auto", "bytes" (a total), "share":
+    ``spec``, for the whole program; "per-engine": ``engines`` (delegate index -> spec; None:
+    as if nothing were given); "fit": the memory plan's split, known once the engines load.
+
+    >>> parse_load_budget({1: "50%"}, source="load-time budget").engines
+    {1: BudgetSpec(kind='share', value=Fraction(1, 2))}
+    """
+
+    kind: LoadBudgetKind = "none"
+    spec: BudgetSpec | None = None
+    engines: Mapping[int, BudgetSpec | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        whole = self.kind in ("auto", "bytes", "share")
+        if (self.spec.kind if self.spec else None) != (self.kind if whole else None) or (
+                self.engines and self.kind != "per-engine"):
+            raise _error(self, "LoadBudget", "spec must be given for, and match, kind 'auto', 'bytes' or "
+                         "'share'; engines only for kind 'per-engine'")
+
+
+def parse_load_budget(value: object, *, source: str) -> LoadBudget:
+    """Read a load-time budget (any form :mod:`pyrt.streaming` lists) once; errors name ``source``.
+
+    A mapping's keys must be ints >= 0 here; :func:`pyrt.streaming.resolve_budgets` checks
+    them against the program's engines.
+
+    >>> parse_load_budget(" FIT", source="x").kind, parse_load_budget("2GiB", source="x").spec
+    ('fit', BudgetSpec(kind='bytes', value=2147483648))
+    >>> parse_load_budget({-1: "1GiB"}, source="load-time budget")
+    Traceback (most recent call last):
+    pyrt.errors.BudgetError: load-time budget: engine index -1 is not a non-negative int
+    """
+    if isinstance(value, LoadBudget):
+        return value
+    if isinstance(value, str) and value.strip().lower() == FIT:
+        return LoadBudget("fit")
+    if isinstance(value, Mapping):
+        engines = {}
+        for key, item in value.items():
+            if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+                raise BudgetError(f"{source}: engine index {shown(key)} is not a non-negative int")
+            engines[key] = parse_budget(item, source=f"{source} for delegate {key}")
+        return LoadBudget("per-engine", engines=engines)
+    spec = parse_budget(value, source=source)
+    return LoadBudget() if spec is None else LoadBudget(spec.kind, spec)
 
 
 def budget_argument(text: str) -> str | dict[int, str]:

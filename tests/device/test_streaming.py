@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import warnings
 from decimal import Decimal
 from fractions import Fraction
@@ -20,10 +21,12 @@ from pyrt.streaming import (
     BudgetSpec,
     BudgetWarning,
     EngineStreamingInfo,
+    LoadBudget,
     ResolvedBudget,
     find_baked_budget,
     parse_budget,
     parse_compile_spec_budget,
+    parse_load_budget,
     resolve_budgets,
     split_proportionally,
 )
@@ -288,10 +291,10 @@ def _decide(results: list[ResolvedBudget]) -> list[tuple[int | None, str]]:
     return [(r.budget, r.source) for r in results]
 
 
-def _quiet(engines: list[EngineStreamingInfo], load_time: object = None) -> list[ResolvedBudget]:
+def _quiet(engines: list[EngineStreamingInfo], load_time: object = None, **kw: object) -> list[ResolvedBudget]:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return resolve_budgets(engines, load_time)  # type: ignore[arg-type]
+        return resolve_budgets(engines, load_time, **kw)  # type: ignore[arg-type]
 
 
 E0 = EngineStreamingInfo(0, 300)
@@ -400,6 +403,50 @@ def test_bad_program_wide_value_names_source() -> None:
 def test_duplicate_delegate_indices_rejected() -> None:
     with pytest.raises(BudgetError, match=r"duplicate delegate indices in \[0, 0\]"):
         resolve_budgets([E0, EngineStreamingInfo(0, 5)])
+
+
+# --------------------------------------------------------------------------- parse_load_budget
+
+@pytest.mark.parametrize("value, expected", [
+    (None, LoadBudget()), ("", LoadBudget()), ("fit", LoadBudget("fit")), (" Fit ", LoadBudget("fit")),
+    ("auto", LoadBudget("auto", BudgetSpec("auto"))), (200, LoadBudget("bytes", _bytes(200))),
+    ("50%", LoadBudget("share", _share(1, 2))), ({}, LoadBudget("per-engine")),
+    ({3: "1KiB", 0: None}, LoadBudget("per-engine", engines={3: _bytes(KiB), 0: None})),
+])
+def test_parse_load_budget_reads_every_form_once(value: object, expected: LoadBudget) -> None:
+    assert parse_load_budget(value, source=SRC) == expected
+    assert parse_load_budget(expected, source=SRC) is expected  # already read: as is
+
+
+@pytest.mark.parametrize("value, match", [
+    ({-1: 1}, r"engine index -1 is not a non-negative int"), ({"0": 1}, r"engine index '0' is not"),
+    ({True: 1}, r"engine index True is not"), ({0: "fit"}, r"for delegate 0: invalid .* 'fit'"),
+    ("lots", r"invalid weight-streaming budget 'lots'"),
+])
+def test_parse_load_budget_names_the_value_and_its_source(value: object, match: str) -> None:
+    with pytest.raises(BudgetError, match=rf"^{re.escape(SRC)}.*{match}"):
+        parse_load_budget(value, source=SRC)
+
+
+@pytest.mark.parametrize("kind, spec, engines", [
+    ("bytes", None, {}), ("auto", _bytes(1), {}), ("none", _bytes(1), {}), ("fit", None, {0: None}),
+])
+def test_load_budget_refuses_a_spec_or_engines_its_kind_cannot_have(kind: str, spec: object, engines: dict) -> None:
+    with pytest.raises(BudgetError, match="LoadBudget"):
+        LoadBudget(kind, spec, engines)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("load_time", [None, "auto", 200, "0B", 0.5, {0: "10%"}, {1: None, 0: 7}])
+def test_resolve_takes_the_read_value_as_it_takes_the_written_one(load_time: object) -> None:
+    parsed = parse_load_budget(load_time, source="load-time budget")
+    assert _quiet([E0, E1, EMPTY], parsed) == _quiet([E0, E1, EMPTY], load_time)
+
+
+def test_fit_applies_the_planned_split_with_its_own_source() -> None:
+    results = _quiet([E0, E1, EMPTY], LoadBudget("fit"), planned={0: 120, 1: 30})
+    assert _decide(results) == [(120, "fit"), (30, "fit"), (None, "none")]
+    with pytest.raises(BudgetError, match=r"^set_budget: budget 'fit' needs the memory plan's split"):
+        resolve_budgets([E0], "fit", source="set_budget")
 
 
 @pytest.mark.parametrize("fields", [
