@@ -261,27 +261,6 @@ def resolve_budgets(engines: Sequence[EngineStreamingInfo], load_time: LoadBudge
     return [_per_engine(e, spec, source, False) for e in engines]
 
 
-def validate_budget(load_time: LoadTimeBudget, *, source: str = "load-time budget") -> None:
-    """Check a load-time budget's syntax before any engine or device is touched.
-
-    Mapping keys are checked against real engine indices later, by
-    :func:`resolve_budgets`; here they must merely be ints.
-
-    >>> validate_budget({0: "1GiB", 1: "50%"})
-    >>> validate_budget(-1)
-    Traceback (most recent call last):
-    ...
-    pyrt.errors.BudgetError: load-time budget: invalid weight-streaming budget -1: must not be negative
-    """
-    if not isinstance(load_time, Mapping):
-        parse_budget(load_time, source=source)
-        return
-    for key, value in load_time.items():
-        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
-            raise BudgetError(f"{source}: engine index {shown(key)} is not a non-negative int")
-        parse_budget(value, source=f"{source} for delegate {key}")
-
-
 def _each(engines: Sequence[EngineStreamingInfo], specs: Mapping[int, BudgetSpec | None],
           source: str) -> list[ResolvedBudget]:
     """Decide engine by engine from ``specs`` (delegate index -> spec); an index with no engine is an error."""

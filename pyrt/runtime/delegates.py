@@ -2,17 +2,17 @@
 
 :func:`draft_delegates` parses each ``TensorRTBackend`` blob zero-copy, picks its device
 from the ``target_device`` compile spec (else the blob's ``device_id``) remapped through
-``device_map``; :func:`load_engines` deserializes the engines there and applies the
-weight-streaming budget (:mod:`pyrt.streaming`) before the execution contexts exist.
+``device_map``; :func:`load_engines` deserializes the engines there; :func:`apply_budgets`
+applies a weight-streaming budget (:mod:`pyrt.streaming`), creating their execution contexts.
 The streams a method runs on are :mod:`pyrt.runtime.device_context`'s; the steps that
 launch the engines, :mod:`pyrt.runtime.delegate_steps`'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from pyrt import cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
@@ -21,7 +21,7 @@ from pyrt.errors import PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, TensorRTBlob, parse_blob
 from pyrt.pte_reader import BackendDelegate, ExecutionPlan
 from pyrt.runtime.memory_plan import close_engines, share_scratch
-from pyrt.streaming import BudgetSource, EngineStreamingInfo, ResolvedBudget, find_baked_budget, resolve_budgets
+from pyrt.streaming import EngineStreamingInfo, LoadBudget, ResolvedBudget, find_baked_budget, resolve_budgets
 
 TARGET_DEVICE = "target_device"
 
@@ -69,40 +69,33 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
     return out
 
 
-def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, budget: Any,
-                 share_activations: bool = True, planner: Callable[[Sequence[DelegateDraft]], Any] | None = None,
-                 label: str | None = None) -> None:
-    """Deserialize every engine, then resolve and apply budgets (engine index = position in ``drafts``).
+def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, share_activations: bool = True) -> None:
+    """Deserialize every engine (engine index = position in ``drafts``); no execution context exists yet.
 
     ``share_activations``: engines of one method on one device share one activation scratch
     (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
-    ``planner(drafts)``, called once the engines are deserialized and before any context exists,
-    returns the budget to apply (``budget`` is not used then); ``label`` replaces the budgets' source.
+    Nothing to load (no drafts) touches no device.
     """
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
             d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
                                    trt=trt, cuda=cuda, name=d.name)
-        if share_activations:
+        if share_activations and drafts:
             share_scratch(drafts, cuda_seam.resolve(cuda))
-        if planner is not None:
-            budget = planner(drafts)
-        apply_budgets(drafts, budget, source="load-time budget", label=label)
     except BaseException:
         close_engines(drafts)
         raise
 
 
-def apply_budgets(drafts: Sequence[DelegateDraft], budget: Any, *, source: str, label: str | None = None) -> None:
-    """Resolve budgets for all engines (validated first), then configure each one.
+def apply_budgets(drafts: Sequence[DelegateDraft], budget: LoadBudget, *, source: str,
+                  planned: Mapping[int, int] | None = None) -> None:
+    """Resolve every engine's budget from ``budget`` (read once: :func:`pyrt.streaming.parse_load_budget`),
+    then configure each engine, which (re)creates its execution context.
 
-    ``label`` ("fit") names where explicit budgets came from instead of "load-time".
+    ``planned``: the memory plan's split (engine index -> bytes), which ``"fit"`` applies.
     """
     infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
-    resolved = resolve_budgets(infos, budget, source=source)
-    for d, r in zip(drafts, resolved, strict=True):
-        if label is not None and r.source == "load-time":
-            r = replace(r, source=cast(BudgetSource, label))
+    for d, r in zip(drafts, resolve_budgets(infos, budget, source=source, planned=planned), strict=True):
         d.engine.configure(r.budget, r.source)
         d.resolved = r

@@ -39,17 +39,10 @@ from pyrt.errors import BudgetError, ResourceError
 from pyrt.streaming import BudgetSpec, parse_budget, split_proportionally
 
 __all__ = ["DEFAULT_HEADROOM", "GRAPH_RESERVE_BYTES", "DevicePlan", "EngineMemory", "MemoryPlan",
-           "check_arenas", "device_arenas", "engine_memory", "format_bytes", "graph_reserve", "is_fit",
-           "plan_memory"]
+           "check_arenas", "device_arenas", "engine_memory", "format_bytes", "graph_reserve", "plan_memory"]
 
 DEFAULT_HEADROOM = "5%"  # of each GPU's memory, for the caller's tensors, fragmentation and other libraries
 GRAPH_RESERVE_BYTES = 64 << 20  # per captured method and device: a reserve, not a measurement
-FIT = "fit"
-
-
-def is_fit(budget: Any) -> bool:
-    """Whether ``budget`` asks for the program-wide plan (``"fit"``, any case)."""
-    return isinstance(budget, str) and budget.strip().lower() == FIT
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,12 @@ from pyrt.runtime.memory_plan import (
     device_arenas,
     engine_memory,
     graph_reserve,
-    is_fit,
     plan_memory,
     scratches,
 )
 from pyrt.runtime.plan import MethodPlan, finish_method
 from pyrt.runtime.profile import Profiler
-from pyrt.streaming import parse_budget, validate_budget
+from pyrt.streaming import LoadBudget, parse_budget, parse_load_budget
 
 if TYPE_CHECKING:
     from pyrt.runtime.profile import Profiler
@@ -173,18 +172,17 @@ class Program:
                 self._pte.attach_data(self._data)
             if devices is not None and trt is None:
                 trt = getattr(devices, "tensorrt", None)
-            self._load(budget, device_map, trt, kernels, devices, cuda_graphs, graph_outputs, fold)
+            load_budget = parse_load_budget(budget, source="load-time budget")  # named before any device work
+            self._load(load_budget, device_map, trt, kernels, devices, cuda_graphs, graph_outputs, fold)
         except BaseException:
             self._release()
             raise
         self._closed = False
 
-    def _load(self, budget: Any, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
+    def _load(self, budget: LoadBudget, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
               devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
               fold: bool = True) -> None:
-        fit = is_fit(budget)
-        if not fit:
-            validate_budget(budget, source="load-time budget")  # a bad value is named before any device work
+        """Draft the methods, then load the engines -> plan the memory -> apply ``budget`` -> create the contexts."""
         xplans = self._pte.program.execution_plan
         prim = library("prim")
         needs_lib = any(prim.lookup(op) is None for p in xplans for op in p.operators)
@@ -199,27 +197,16 @@ class Program:
         self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
         cuda = self._check_devices(drafts, self._cuda)
         self._delegates = [d for draft in drafts for d in draft.delegates]
-        arenas, graphs = device_arenas(drafts), graph_reserve(drafts, cuda_graphs)
+        self._arenas, self._graphs = device_arenas(drafts), graph_reserve(drafts, cuda_graphs)
         before = {dev: cuda.mem_info(dev) for dev in sorted({d for dr in drafts for d in dr.devices()})} if cuda else {}
-        check_arenas(arenas, before, self.source)  # before any engine is deserialized
-
-        def planner(delegates: Sequence[Any]) -> Any:
-            self._measured = {dev: cuda.mem_info(dev) for dev in before}
-            self._engine_bytes = {dev: max(0, before[dev][0] - self._measured[dev][0]) for dev in before}
-            self._facts = engine_memory(delegates)
-            self._plan = plan_memory(self._facts, self._measured, arenas=arenas, graphs=graphs,
-                                     headroom=self._headroom, fit=fit, source=self.source)
-            return self._plan.budgets if fit else budget
-
-        self._arenas, self._graphs = arenas, graphs
-        if self._delegates:
-            load_engines(self._delegates, trt=trt, cuda=cuda, budget=budget, share_activations=self._share,
-                         planner=planner, label="fit" if fit else None)
-        else:
-            planner([])
-        if budget is not None and not self._delegates and not fit:  # still a typed error when malformed
-
-            apply_budgets([], budget, source="load-time budget")
+        check_arenas(self._arenas, before, self.source)  # before any engine is deserialized
+        load_engines(self._delegates, trt=trt, cuda=cuda, share_activations=self._share)
+        self._measured = {dev: cuda.mem_info(dev) for dev in before}
+        self._engine_bytes = {dev: max(0, before[dev][0] - self._measured[dev][0]) for dev in before}
+        self._facts = engine_memory(self._delegates)
+        self._plan = plan_memory(self._facts, self._measured, arenas=self._arenas, graphs=self._graphs,
+                                 headroom=self._headroom, fit=budget.kind == "fit", source=self.source)
+        apply_budgets(self._delegates, budget, source="load-time budget", planned=self._plan.budgets)
         for draft in drafts:
             ctx = None
             if draft.devices():
@@ -342,18 +329,19 @@ class Program:
         no run in flight.
         """
         self._check_open()
-        fit = is_fit(budget)
-        if fit:
+        parsed = parse_load_budget(budget, source="set_budget")
+        planned = None
+        if parsed.kind == "fit":
             if headroom is not None:
                 check_headroom(headroom)
                 self._headroom = headroom
-            budget = self.plan_memory().budgets
+            planned = self.plan_memory().budgets
         with self._no_runs():
             self._check_open()  # closed while waiting for runs to finish
             for runner in self._runners.values():  # graphs hold the old contexts' work: capture again
                 runner.reset_graphs()
-            apply_budgets(self._delegates, budget, source="set_budget", label="fit" if fit else None)
-            if fit:
+            apply_budgets(self._delegates, parsed, source="set_budget", planned=planned)
+            if planned is not None:
                 self._plan = self.plan_memory()
 
     # -- lifetime -------------------------------------------------------------------------------
