@@ -23,6 +23,7 @@ GROUPS: list[tuple[str, list[str]]] = [
     ("memory", ["pyrt/memory"]),
     ("kernels", ["pyrt/kernels"]),
     ("runtime", ["pyrt/runtime"]),
+    ("sim", ["pyrt/sim"]),
     ("testing", ["pyrt/testing"]),
     ("export", ["pyrt/export"]),
     ("apps", ["pyrt/tools", "pyrt/serve", "pyrt/llm"]),

@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("memory", ("pyrt.memory",)),
     ("kernels", ("pyrt.kernels",)),
     ("runtime", ("pyrt.runtime",)),
+    ("sim", ("pyrt.sim",)),
     ("testing", ("pyrt.testing",)),
     ("export", ("pyrt.export",)),
     ("apps", ("pyrt.tools", "pyrt.serve", "pyrt.llm")),

@@ -1,10 +1,13 @@
-"""Fakes at pyrt's two lowest seams, so the real runtime code runs on CPU machines.
+"""pyrt's simulated GPU: a CUDA driver and a TensorRT that run reference engines on the CPU, or on a real GPU.
 
-:func:`simulated_gpus` installs a fake CUDA driver (:mod:`pyrt.testing.fake_cuda`)
-and a fake TensorRT (:mod:`pyrt.testing.fake_tensorrt`) together; everything
-above the seams (engines, programs) runs unchanged and computes real results
-for reference engines (:mod:`pyrt.testing.refengine`). Importing this package
-imports neither torch nor TensorRT.
+Product code, not test help: ``builder="reference"`` exports (:mod:`pyrt.sim.refengine`, the
+engines' format and interpreter), ``PYRT_SIMULATED_GPUS=n`` (:func:`install_from_environment`,
+which ``import pyrt`` calls), ``pyrt serve`` without a GPU (:func:`simulated_devices` in each
+replica) and reference engines over the real CUDA driver (:mod:`pyrt.sim.gpu_reference`) all
+run on it. :func:`simulated_gpus` installs a fake CUDA driver (:mod:`pyrt.sim.fake_cuda`)
+and a fake TensorRT (:mod:`pyrt.sim.fake_tensorrt`) together at pyrt's two lowest seams;
+everything above the seams (engines, programs) runs unchanged and computes real results
+for reference engines. Importing this package imports neither torch nor TensorRT.
 
 May import: every layer below it (base, format, device, memory, kernels, runtime); never
 imported by them (the runtime is handed its seams, it does not look for fakes).
@@ -32,9 +35,9 @@ from dataclasses import dataclass
 from pyrt import cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.errors import InputError
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt import FakeTensorRT
-from pyrt.testing.refengine import DType, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt import FakeTensorRT
+from pyrt.sim.refengine import DType, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
 SIMULATED_GPUS_ENV = "PYRT_SIMULATED_GPUS"
 _PROCESS_WIDE: list[contextlib.ExitStack] = []  # the simulated GPUs install_from_environment() put in place

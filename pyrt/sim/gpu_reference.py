@@ -1,7 +1,7 @@
 """Reference engines on a real GPU: pyrt's CUDA half, for real, without TensorRT.
 
-:class:`DeviceMemory` gives :class:`~pyrt.testing.fake_tensorrt.FakeTensorRT`
-the memory interface it uses on a :class:`~pyrt.testing.fake_cuda.FakeDriver`,
+:class:`DeviceMemory` gives :class:`~pyrt.sim.fake_tensorrt.FakeTensorRT`
+the memory interface it uses on a :class:`~pyrt.sim.fake_cuda.FakeDriver`,
 but over the real CUDA driver (through :class:`pyrt.cuda.Cuda`): engine weights
 are real ``cuMemAlloc`` allocations, and an engine launch waits for the
 launch stream's pending work, copies its inputs to the host, computes them
@@ -26,7 +26,7 @@ import numpy as np
 
 from pyrt import cuda as cuda_seam
 from pyrt.errors import DeviceError
-from pyrt.testing.fake_tensorrt import FakeTensorRT
+from pyrt.sim.fake_tensorrt import FakeTensorRT
 
 
 class DeviceMemory:
