@@ -5,7 +5,7 @@ The model is issue 24's ``masked_select`` between two ``Linear`` layers
 exported it before: ``masked_select`` in ExecuTorch between two engines (reproduced with
 ``torch_executed_ops=["aten.masked_select.default"]``); "one engine" is today's default:
 the whole model in one engine whose output TensorRT sizes through pyrt's output allocator.
-Both run on the simulated GPU (``pyrt.testing``) with numpy host input and output; the
+Both run on the simulated GPU (``pyrt.sim``) with numpy host input and output; the
 reference engines compute real results. Per forward it counts the CUDA driver calls
 (host->device and device->host copies, stream synchronisations, all calls) through a
 counting proxy of the simulated driver, the stream waits TensorRT does inside ``enqueueV3``
@@ -81,8 +81,8 @@ def export(directory: Path) -> dict[str, Path]:
 def measure(path: Path, forwards: int, samples: int) -> dict[str, Any]:
     from pyrt import cuda as cuda_seam
     from pyrt.runtime.program import Program
+    from pyrt.sim import simulated_gpus
     from pyrt.testing import datadep_models as dm
-    from pyrt.testing import simulated_gpus
 
     model, _ = dm.build(MODEL)
     x = dm.example(MODEL, "partial").numpy()

@@ -156,8 +156,8 @@ def measure_gpu(n: int, forwards: int, samples: int, path: Path, case: Case, clo
     from cuda.bindings import driver
 
     from pyrt.cuda import Cuda
-    from pyrt.testing import fake_tensorrt
-    from pyrt.testing.gpu_reference import reference_tensorrt
+    from pyrt.sim import fake_tensorrt
+    from pyrt.sim.gpu_reference import reference_tensorrt
 
     proxy = TimedDriver(driver, CLOCKS[clock])
     cuda = Cuda(proxy)
@@ -173,7 +173,7 @@ def measure_gpu(n: int, forwards: int, samples: int, path: Path, case: Case, clo
 
 
 def measure(n: int, forwards: int, samples: int, path: Path, case: Case, clock: str) -> dict[str, float]:
-    from pyrt.testing import fake_tensorrt, simulated_gpus
+    from pyrt.sim import fake_tensorrt, simulated_gpus
 
     context = fake_tensorrt.FakeExecutionContext
     names = ("execute_async_v3", "set_tensor_address", "set_input_shape", "infer_shapes", "get_tensor_shape")

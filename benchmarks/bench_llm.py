@@ -128,7 +128,7 @@ def sweep_rows(model: Any, directory: Path, prompt_len: int, new: int) -> list[d
     import pyrt
     from pyrt.export import decoder_to_pte
     from pyrt.llm.gen_bench import generation_sweep
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     path = directory / "ws.pte"
     decoder_to_pte(model, path, max_seq_len=prompt_len + new, builder="reference", weight_streaming=True,

@@ -1,7 +1,7 @@
 """Device memory of a three-engine program (a model with two graph breaks) on simulated GPUs of 8, 24 and
 80 GiB: with and without shared activation memory, and budget="fit" against the per-engine automatic budgets.
 
-The simulated GPU (pyrt.testing) counts every device byte the program holds; TensorRT's stand-in takes
+The simulated GPU (pyrt.sim) counts every device byte the program holds; TensorRT's stand-in takes
 what real TensorRT takes (resident weights, streaming scratch, activation memory per context or the shared
 area). The model and the GPUs are scaled by 1/1024 (GiB -> MiB) so the engines' weights can live in the
 .pte; every size in the plan is linear in that scale, and the table reports sizes scaled back up.
@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 
 import pyrt  # noqa: E402
 from pyrt.runtime.memory_plan import format_bytes  # noqa: E402
-from pyrt.testing import simulated_devices  # noqa: E402
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor  # noqa: E402
+from pyrt.sim import simulated_devices  # noqa: E402
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor  # noqa: E402
 
 SCALE = 1024  # GiB in the report = MiB on the simulated GPU
 MiB = 1 << 20

@@ -30,7 +30,7 @@ SECONDS_PER_ROW = 0.05
 
 
 def measure(path: Path, log: Path, seconds: float, queue: int | None) -> list[str]:
-    from pyrt.testing import SECONDS_PER_ROW_ENV
+    from pyrt.sim import SECONDS_PER_ROW_ENV
     from tests.fixtures.serve_process import Server
 
     flags = ["--max-batch-size", "1", "--cpus-per-replica", "0.5"]

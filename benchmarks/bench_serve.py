@@ -118,7 +118,7 @@ def figures(lat: list[float], wall: float) -> dict[str, float]:
 
 def direct(path: Path, x: np.ndarray, n: int) -> dict[int, dict[str, float]]:
     from pyrt.runtime.program import Program
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     with simulated_gpus(1), Program(path, kernels=KERNELS) as prog:
         return {c: measure(lambda i: prog(x), c, n) for c in CONCURRENCY}
@@ -128,7 +128,7 @@ FASTAPI_APP = """
 import os, sys, numpy as np, torch, uvicorn
 from fastapi import FastAPI, Request, Response
 from pyrt.runtime.program import Program
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 torch.set_num_threads(1)
 path, port, shape = sys.argv[1], int(sys.argv[2]), tuple(int(d) for d in sys.argv[3].split(","))
 with simulated_gpus(1):

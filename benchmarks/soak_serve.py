@@ -70,7 +70,7 @@ def serve(files: dict[str, Any], port: int) -> None:
 
 def _direct(path: Path, xs: list[np.ndarray]) -> list[np.ndarray]:
     from pyrt.runtime.program import Program
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     with simulated_gpus(1), Program(path, kernels="numpy") as prog:
         return [np.asarray(prog(x)) for x in xs]

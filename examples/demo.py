@@ -15,7 +15,7 @@ of sight otherwise (``pyrt.logs``).
    and compare with eager PyTorch. Without a GPU (or on one the TensorRT flavour
    cannot run on, such as TensorRT-RTX on Hopper), real engines cannot run: the
    demo says so and runs a reference-engine export of the same model on
-   pyrt.testing's simulated GPU instead, exercising the same runtime code.
+   pyrt.sim's simulated GPU instead, exercising the same runtime code.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def main() -> None:
                 print(f"the TensorRT engines cannot run on this GPU: {exc}")
         else:
             print("no CUDA device here: real TensorRT engines need a GPU to run.")
-        from pyrt.testing import simulated_gpus
-        from pyrt.testing.gpu_reference import reference_tensorrt
+        from pyrt.sim import simulated_gpus
+        from pyrt.sim.gpu_reference import reference_tensorrt
 
         ref_path = out_dir / "demo-reference.pte"
         pyrt.export.to_pte(model, ref_path, (x,), builder="reference", **options)
@@ -94,7 +94,7 @@ def main() -> None:
             with pyrt.Program(ref_path, budget="50%", trt=reference_tensorrt()) as prog:
                 compare(prog, model, x.cuda(), "50%")
             return
-        print(f"running {ref_path} (reference engines) on pyrt.testing's simulated GPU instead:")
+        print(f"running {ref_path} (reference engines) on pyrt.sim's simulated GPU instead:")
         with simulated_gpus(1), pyrt.Program(ref_path, budget="50%") as prog:
             compare(prog, model, x, "50%")
 

@@ -6,7 +6,7 @@
 ...     out = prog(x)
 
 Importing pyrt imports neither torch nor executorch. With ``PYRT_SIMULATED_GPUS=n`` in the
-environment, the process runs on n simulated GPUs (:func:`pyrt.testing.install_from_environment`).
+environment, the process runs on n simulated GPUs (:func:`pyrt.sim.install_from_environment`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,6 @@ def __getattr__(name: str) -> Any:
 
 
 if _os.environ.get("PYRT_SIMULATED_GPUS", "").strip().isdigit():  # the CLI, the server and scripts alike
-    from pyrt.testing import install_from_environment as _install
+    from pyrt.sim import install_from_environment as _install
 
     _install()  # a value that is no count: the command line's error, or a DeviceError's hint, says so

@@ -13,8 +13,8 @@ enqueues on a stream. Every TensorRT return value is checked. Outputs whose shap
 the run decides get TensorRT output allocators (:mod:`pyrt.device.output_allocator`).
 
 >>> import numpy as np
->>> from pyrt.testing import simulated_gpus
->>> from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+>>> from pyrt.sim import simulated_gpus
+>>> from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 >>> from pyrt.format.trt_blob import IOBinding
 >>> ref = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
 ...                 nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])])

@@ -1,7 +1,7 @@
 """Batched LLM generation on a real GPU's memory: slot files, the engine, isolation (issue #31's device check).
 
 No TensorRT runs on the GPUs lent here, so the engines are pyrt's reference engines over the real
-CUDA driver (:func:`pyrt.testing.gpu_reference.reference_tensorrt`): the KV caches are device
+CUDA driver (:func:`pyrt.sim.gpu_reference.reference_tensorrt`): the KV caches are device
 buffers that the engines update, copied with the driver; everything pyrt does around them runs
 for real. Two steps, as for ``scripts/gpu_check.py``::
 
@@ -67,7 +67,7 @@ def checks(folder: Path) -> dict[str, Any]:
     import pyrt
     import pyrt.llm
     from pyrt import cuda as cuda_seam
-    from pyrt.testing.gpu_reference import reference_tensorrt
+    from pyrt.sim.gpu_reference import reference_tensorrt
 
     spec = json.loads((folder / "want.json").read_text())
     prompts, new, want = spec["prompts"], spec["new"], spec["want"]

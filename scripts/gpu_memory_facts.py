@@ -66,7 +66,7 @@ def facts(cuda: pcuda.Cuda) -> dict[str, Any]:
 def main() -> int:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else None
     if "--simulated" in sys.argv:
-        from pyrt.testing import simulated_gpus
+        from pyrt.sim import simulated_gpus
 
         with simulated_gpus(1):
             result = facts(pcuda.current())

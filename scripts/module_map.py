@@ -13,21 +13,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pyrt._layers import LAYERS  # noqa: E402  (this tree's pyrt, the layer list tests/test_layers.py checks)
+
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- module-map:begin -->", "<!-- module-map:end -->"
-# (title, package folder or top-level modules), bottom layer first, as tests/test_layers.py orders them.
-GROUPS: list[tuple[str, list[str]]] = [
-    ("base", ["pyrt/errors.py", "pyrt/_version.py"]),
-    ("format", ["pyrt/pte_reader.py", "pyrt/format"]),
-    ("device", ["pyrt/cuda.py", "pyrt/engine.py", "pyrt/streaming.py", "pyrt/device"]),
-    ("memory", ["pyrt/memory"]),
-    ("kernels", ["pyrt/kernels"]),
-    ("runtime", ["pyrt/runtime"]),
-    ("testing", ["pyrt/testing"]),
-    ("export", ["pyrt/export"]),
-    ("apps", ["pyrt/tools", "pyrt/serve", "pyrt/llm"]),
-    ("root", ["pyrt/__init__.py", "pyrt/__main__.py"]),
-]
+
+
+def entry(prefix: str) -> str:
+    """The file or folder a layer's module prefix names: ``pyrt`` alone is the package root's __init__.py."""
+    if prefix == "pyrt":
+        return "pyrt/__init__.py"
+    path = prefix.replace(".", "/")
+    return path if (ROOT / path).is_dir() else path + ".py"
+
+
+# (title, package folders and top-level modules), bottom layer first.
+GROUPS: list[tuple[str, list[str]]] = [(title, [entry(p) for p in prefixes]) for title, prefixes in LAYERS]
 
 
 def first_line(path: Path) -> str:

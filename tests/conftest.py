@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 from tests.fixtures import pte as ptefixtures
 
 
@@ -105,7 +105,7 @@ def synthetic_pte(pte_file: Callable[[str], Path]) -> Path:
 # -- the simulated GPU -------------------------------------------------------------------------------
 @pytest.fixture
 def sim() -> Iterator[Any]:
-    """One simulated GPU (``pyrt.testing.simulated_gpus(1)``) that must end the test without a hazard.
+    """One simulated GPU (``pyrt.sim.simulated_gpus(1)``) that must end the test without a hazard.
 
     Test files that need more GPUs or memory limits define their own ``sim``."""
     with simulated_gpus(1) as s:

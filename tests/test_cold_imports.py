@@ -4,7 +4,7 @@ Cold start (``benchmarks/bench_cold_start.py``) is mostly imports: torch alone i
 second and 200+ MiB. Each case runs in a fresh subprocess and reads ``sys.modules`` (or
 ``-X importtime``, for the command line) after loading and running:
 
-- a TensorRT-only program (reference engines, ``pyrt.testing``'s simulated GPU), through the
+- a TensorRT-only program (reference engines, ``pyrt.sim``'s simulated GPU), through the
   Python API and through ``pyrt run`` / ``pyrt inspect``;
 - a program of portable operators run with pyrt's numpy kernels.
 """
@@ -77,7 +77,7 @@ def _load_and_run(path: Path, kernels: str | None) -> tuple[list[str], np.ndarra
         import json, sys
         import numpy as np
         import pyrt
-        from pyrt.testing import simulated_gpus
+        from pyrt.sim import simulated_gpus
         x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
         with simulated_gpus(1), pyrt.Program({str(path)!r}, kernels={kernels!r}) as prog:
             y = prog(x)

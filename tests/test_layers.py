@@ -1,7 +1,8 @@
 """The package's layers: imports go down, never up, and never round in a circle.
 
-The layer order is written once, here (``LAYERS``, bottom first); ``docs/architecture.md``
-explains it. Each pyrt module belongs to the first layer whose prefix names it. The rules,
+The layer order is written once, in :mod:`pyrt._layers` (``LAYERS``, bottom first), which
+``scripts/module_map.py`` reads too; ``docs/architecture.md`` explains it. Each pyrt module
+belongs to the first layer whose prefix names it. The rules,
 checked on the imports the source spells (module level, ``TYPE_CHECKING`` blocks
 and function bodies alike, read with :mod:`ast`, nothing imported):
 
@@ -20,7 +21,10 @@ and function bodies alike, read with :mod:`ast`, nothing imported):
    modules' public names its parent package may import). ``pyrt._version`` is such a
    private module of ``pyrt`` itself, so every pyrt module may import ``__version__`` from it;
 6. no arrow back up: a module inside a package never imports a top-level module (such as
-   ``pyrt.cuda``) that imports that package, directly or through other modules.
+   ``pyrt.cuda``) that imports that package, directly or through other modules;
+7. test help (``TEST_HELP``: ``pyrt.testing``'s tiny architectures and tokenizers) is no part of
+   the product: no module outside it imports it, whatever its layer. The simulated GPU that the
+   product offers (``builder="reference"``, ``PYRT_SIMULATED_GPUS``) lives in ``pyrt.sim``.
 """
 
 from __future__ import annotations
@@ -32,24 +36,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from pyrt._layers import HOME, LAYERS, TEST_HELP
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# Bottom first. A module belongs to the first layer with a prefix equal to its name or a package above it.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("pyrt.errors", "pyrt._version", "pyrt.logs")),
-    ("format", ("pyrt.format", "pyrt.pte_reader")),
-    ("device", ("pyrt.device", "pyrt.cuda", "pyrt.engine", "pyrt.streaming")),
-    ("memory", ("pyrt.memory",)),
-    ("kernels", ("pyrt.kernels",)),
-    ("runtime", ("pyrt.runtime",)),
-    ("testing", ("pyrt.testing",)),
-    ("export", ("pyrt.export",)),
-    ("apps", ("pyrt.tools", "pyrt.serve", "pyrt.llm")),
-    ("root", ("pyrt", "pyrt.__main__")),
-]
-# The package a top-level module counts as part of, for the package-circle rule.
-HOME = {"pyrt.pte_reader": "pyrt.format", "pyrt.cuda": "pyrt.device", "pyrt.engine": "pyrt.device",
-        "pyrt.streaming": "pyrt.device"}
 # (importing module, imported module): why a function-local import is right there.
 EXEMPT = {
     ("pyrt", "pyrt.runtime.program"): "the package root resolves Program on first use, so that `import pyrt` "
@@ -70,7 +60,7 @@ def layer_of(module: str) -> int:
     for rank, (_, prefixes) in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes if p != "pyrt") or module in prefixes:
             return rank
-    raise AssertionError(f"{module} belongs to no layer: add its package to LAYERS in tests/test_layers.py")
+    raise AssertionError(f"{module} belongs to no layer: add its package to LAYERS in pyrt/_layers.py")
 
 
 def package_of(module: str) -> str:
@@ -253,9 +243,25 @@ def back_up(edges: dict[str, set[str]], roots: set[str]) -> list[tuple[str, str]
     return bad
 
 
+def is_test_help(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in TEST_HELP)
+
+
+def imports_of_test_help(module: str) -> Iterator[tuple[str, int]]:
+    """(test-help module, line) for each import of test help by a module outside it (rule 7)."""
+    if not is_test_help(module):
+        yield from ((target, line) for target, line, _ in imports(module) if is_test_help(target))
+
+
 def test_every_module_has_a_layer() -> None:
     for module in MODULES:
         layer_of(module)
+
+
+def test_every_name_in_the_layer_list_is_a_module() -> None:
+    named = [p for _, prefixes in LAYERS for p in prefixes] + list(HOME) + list(HOME.values()) + list(TEST_HELP)
+    stale = sorted(set(named) - set(MODULES))
+    assert not stale, f"pyrt/_layers.py names modules that do not exist: {stale}"
 
 
 def test_imports_never_go_up_a_layer() -> None:
@@ -312,6 +318,13 @@ def test_no_private_name_crosses_a_module_line() -> None:
            for m in MODULES for what, line in private_imports(m)]
     assert not bad, ("private names imported across modules (give the helper a public name, or put it in a "
                      "private package):\n" + "\n".join(bad))
+
+
+def test_nothing_in_the_product_imports_test_help() -> None:
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: {m} imports {target}"
+           for m in MODULES for target, line in imports_of_test_help(m)]
+    assert not bad, ("product modules that import test help (the simulated GPU is pyrt.sim; tiny models and "
+                     "tokenizers are for tests and benchmarks only):\n" + "\n".join(bad))
 
 
 def test_no_arrow_back_up_to_a_top_level_module() -> None:
@@ -388,3 +401,16 @@ def test_arrows_back_up_are_found() -> None:
              "pyrt.helper": {"pyrt.format.bounds"}}
     roots = {"pyrt.cuda", "pyrt.reader", "pyrt.helper"}
     assert back_up(edges, roots) == [("pyrt.device.seam", "pyrt.cuda"), ("pyrt.format.io", "pyrt.reader")]
+
+
+@pytest.mark.parametrize(("name", "source", "expected"), [
+    ("pyrt.tools._probe_", "from pyrt.testing import archs\n", [("pyrt.testing.archs", 1)]),
+    ("pyrt.tools._probe_", "def f():\n    import pyrt.testing\n", [("pyrt.testing", 2)]),
+    ("pyrt.export._probe_", "from pyrt.testing.archs import build\n", [("pyrt.testing.archs", 1)]),
+    ("pyrt.tools._probe_", "from pyrt.sim import simulated_gpus\n", []),  # the product's simulated GPU
+    ("pyrt.testing._probe_", "from pyrt.testing.archs import build\n", []),  # test help among itself
+])
+def test_imports_of_test_help_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str,
+                                        expected: list[tuple[str, int]]) -> None:
+    module = _probe(tmp_path, monkeypatch, name, source)
+    assert list(imports_of_test_help(module)) == expected

@@ -2,7 +2,7 @@
 
 Job: the lowest layer that touches hardware. :mod:`pyrt.cuda` (the public CUDA
 module) and the modules here wrap ``cuda.bindings`` and TensorRT behind two
-seams that tests replace with the fakes of :mod:`pyrt.testing`: the checked
+seams that the simulated GPU (:mod:`pyrt.sim`) replaces with its fakes: the checked
 driver calls, devices and contexts (:mod:`~pyrt.device.driver`), device memory
 handles (:mod:`~pyrt.device.memory`), stream and event handles
 (:mod:`~pyrt.device.streams`) and the TensorRT flavours (:mod:`~pyrt.device.tensorrt_seam`);

@@ -2,13 +2,13 @@
 
 Everything goes through one *driver* module with the surface of
 ``cuda.bindings.driver`` (cuda-python), imported lazily. Tests swap in a fake
-driver (``pyrt.testing.fake_cuda``) with :func:`use_driver`, so the code above
+driver (``pyrt.sim.fake_cuda``) with :func:`use_driver`, so the code above
 this seam runs unchanged on machines without a GPU. Every driver return code is
 checked; a failure raises :class:`~pyrt.errors.DeviceError` naming the call and
 the CUDA error name. Without a driver or GPU, :func:`device_count` is 0 and
 anything that needs a device raises ``DeviceError`` listing what is present.
 
->>> from pyrt.testing import simulated_gpus
+>>> from pyrt.sim import simulated_gpus
 >>> with simulated_gpus(2, memory=1 << 20):
 ...     with alloc(16, device=1) as buf:
 ...         memcpy_htod(buf, bytes(range(16)))
@@ -42,7 +42,7 @@ class Cuda(CudaDriver):
     The checked driver calls, device queries and contexts are :class:`~pyrt.device.driver.CudaDriver`'s;
     this class adds device memory, copies, streams and events.
 
-    >>> from pyrt.testing.fake_cuda import FakeDriver
+    >>> from pyrt.sim.fake_cuda import FakeDriver
     >>> Cuda(FakeDriver(gpus=1)).device_count()
     1
     """

@@ -1,7 +1,7 @@
 """The CUDA driver half of :class:`pyrt.cuda.Cuda`: checked driver calls, devices, contexts, frees.
 
 :class:`CudaDriver` holds one driver module with the surface of ``cuda.bindings.driver``
-(imported lazily, or a fake from :mod:`pyrt.testing.fake_cuda`), checks every return code
+(imported lazily, or a fake from :mod:`pyrt.sim.fake_cuda`), checks every return code
 (a failure is a :class:`~pyrt.errors.DeviceError` naming the call and the CUDA error name),
 enumerates devices, retains their primary contexts and frees device memory.
 :class:`~pyrt.device.memory.DeviceAllocation` and the stream/event handles of
@@ -216,4 +216,4 @@ def _simulation_hint() -> str:
     if value:
         return ""
     return ("; to run programs of reference engines without a GPU, set PYRT_SIMULATED_GPUS=1 before pyrt is "
-            "imported, or run inside pyrt.testing.simulated_gpus(1)")
+            "imported, or run inside pyrt.sim.simulated_gpus(1)")

@@ -18,7 +18,7 @@ class DeviceAllocation:
     """A span of device memory: ``ptr``, ``nbytes``, ``device``; ``free()`` or ``with``.
 
     >>> from pyrt.cuda import alloc
-    >>> from pyrt.testing import simulated_gpus
+    >>> from pyrt.sim import simulated_gpus
     >>> with simulated_gpus(1, memory=1024):
     ...     with alloc(256, device=0) as a:
     ...         (a.nbytes, a.device, a.ptr != 0)

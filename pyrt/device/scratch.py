@@ -11,7 +11,7 @@ allocation, every live member rebound to it, then the old one freed) when a budg
 change makes a member need more. Engines that can run concurrently (different
 methods, hence different locks and streams) get different scratches.
 
->>> from pyrt.testing import simulated_gpus
+>>> from pyrt.sim import simulated_gpus
 >>> with simulated_gpus(1) as sim:
 ...     scratch = SharedScratch(sim.cuda, 0, "forward")
 ...     scratch.nbytes, scratch.saved_bytes

@@ -1,7 +1,7 @@
 """The TensorRT seam: find a TensorRT flavour, make runtimes, map dtypes.
 
 pyrt speaks to TensorRT only through the module this returns, so tests can
-swap in ``pyrt.testing.fake_tensorrt`` with :func:`use_tensorrt`. Flavours are
+swap in ``pyrt.sim.fake_tensorrt`` with :func:`use_tensorrt`. Flavours are
 tried in the order of :data:`FLAVOURS`. ``tensorrt_lean`` crashes the process
 when used without a CUDA device, so it is never imported without one, and no
 runtime of any flavour is created without one: both raise
@@ -9,7 +9,7 @@ runtime of any flavour is created without one: both raise
 
 >>> load_tensorrt("tensorrt_rtx").__name__      # doctest: +SKIP
 'tensorrt_rtx'
->>> from pyrt.testing import simulated_gpus
+>>> from pyrt.sim import simulated_gpus
 >>> with simulated_gpus(1) as sim:
 ...     load_tensorrt() is sim.tensorrt
 True

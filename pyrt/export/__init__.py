@@ -8,7 +8,7 @@
 Importing this package imports neither torch nor executorch: ``to_pte``,
 ``decoder_to_pte`` and the ExecuTorch backend load them on first use (``__getattr__``).
 
-May import: every layer below (format, device, memory, kernels, runtime; testing for the
+May import: every layer below (format, device, memory, kernels, runtime; sim for the
 reference engines); torch, executorch, onnx and TensorRT only inside the functions that
 need them. Nothing below imports this package.
 """

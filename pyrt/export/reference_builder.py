@@ -1,8 +1,8 @@
 """The reference builder: a partition's FX graph -> a ``PYRTREF1`` reference engine.
 
-pyrt.testing's fake TensorRT executes these engines on the CPU, so export ->
+pyrt.sim's fake TensorRT executes these engines on the CPU, so export ->
 run is tested end to end without a GPU. The engine is validated by building a
-:class:`pyrt.testing.refengine.RefEngine` (weights as zero-copy views), then
+:class:`pyrt.sim.refengine.RefEngine` (weights as zero-copy views), then
 streamed to a file by ``RefEngine.write_to`` (the bytes of ``to_bytes()``, a
 weight at a time), so a multi-GiB engine never sits in memory whole.
 
@@ -24,7 +24,7 @@ from torch._ops import OpOverload
 
 from pyrt.errors import ExportError
 from pyrt.format.trt_blob import IOBinding
-from pyrt.testing.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
+from pyrt.sim.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
 # kwargs that say where a result lives, not what it is: an engine ignores them. (memory_format
 # is kept: ``clone(memory_format=contiguous_format)`` is what makes a later ``view`` legal.)

@@ -15,6 +15,6 @@ outputs handed back by :mod:`~pyrt.runtime.outputs`, per-run device state
 :class:`~pyrt.runtime.program.Program`.
 
 May import: every lower layer (errors, format, device, memory, kernels). Never
-:mod:`pyrt.testing`: fakes are passed in (``Program(path, devices=...)``) or
-installed at the seams, not imported by the runtime.
+:mod:`pyrt.sim` (nor :mod:`pyrt.testing`): simulated GPUs are passed in (``Program(path, devices=...)``)
+or installed at the seams, not imported by the runtime.
 """

@@ -100,7 +100,7 @@ class Program:
     a TensorRT module or one of "tensorrt", "tensorrt_rtx", "tensorrt_lean"
     (default: the first that imports); ``kernels``: "torch", "numpy" or None (auto);
     ``devices``: the GPUs to run on, passed explicitly: a :class:`pyrt.cuda.Cuda`, or
-    what :func:`pyrt.testing.simulated_gpus` yields (its fake TensorRT too, unless ``trt``
+    what :func:`pyrt.sim.simulated_gpus` yields (its fake TensorRT too, unless ``trt``
     is given); None: the process's CUDA driver. The program keeps what it was loaded
     with; later changes of the process default do not reach it. ``cuda_graphs``: replay
     each run of device-only work (static engines reading and writing one device's
@@ -135,7 +135,7 @@ class Program:
     time. :meth:`set_budget` and :meth:`close` wait for runs in flight; a run
     still waiting when the program is closed raises ProgramClosedError.
 
-    >>> from pyrt.testing import simulated_gpus
+    >>> from pyrt.sim import simulated_gpus
     >>> with simulated_gpus(1) as sim:                            # doctest: +SKIP
     ...     prog = Program("model.pte", devices=sim)
     """

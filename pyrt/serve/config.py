@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrt.errors import InputError
-from pyrt.testing import gpus_from_environment
+from pyrt.sim import gpus_from_environment
 
 API_KEY_ENV = "PYRT_API_KEY"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20

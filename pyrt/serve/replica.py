@@ -46,7 +46,7 @@ from pyrt.serve.llm_routes import LlmRoutes
 from pyrt.serve.metrics import ServeMetrics, process_stats
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
-from pyrt.testing import simulated_devices
+from pyrt.sim import simulated_devices
 
 Item = tuple[str, list[np.ndarray]]
 

@@ -5,7 +5,7 @@ Job: ``pyrt inspect`` (:func:`pyrt.inspect`, the report), ``run``, ``bench``
 reading inputs from files or drawing random ones; the parser of every subcommand,
 ``serve`` (:mod:`pyrt.serve.command`) and ``generate`` / ``bench --generate`` (:mod:`pyrt.llm`) included.
 
-May import: every layer below (the runtime, export, testing for
+May import: every layer below (the runtime, export, sim for
 ``PYRT_SIMULATED_GPUS``) and the apps beside it, :mod:`pyrt.serve` and :mod:`pyrt.llm`;
 nothing below imports this package, and neither do they.
 """

@@ -16,7 +16,7 @@ error's message, no traceback unless ``--debug``); 130 interrupted; 141 the
 reader of stdout went away (``pyrt inspect --json m.pte | head``). Results go
 to stdout, messages and progress bars to stderr (colour only on a terminal
 and never with ``NO_COLOR`` set). ``PYRT_SIMULATED_GPUS=n`` runs the command
-on ``n`` simulated GPUs (:func:`pyrt.testing.simulated_gpus`).
+on ``n`` simulated GPUs (:func:`pyrt.sim.simulated_gpus`).
 
 The parser is :mod:`pyrt.tools.cli_args`, the subcommands :mod:`pyrt.tools.commands`,
 messages and exit statuses :mod:`pyrt.tools.terminal`; this module runs one command line.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pyrt.errors import PyrtError
 from pyrt.logs import configure as configure_logging
 from pyrt.logs import reset as reset_logging
-from pyrt.testing import gpus_from_environment, simulated_gpus
+from pyrt.sim import gpus_from_environment, simulated_gpus
 from pyrt.tools.cli_args import parser
 from pyrt.tools.commands import COMMANDS
 from pyrt.tools.terminal import (

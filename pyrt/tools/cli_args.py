@@ -26,7 +26,7 @@ _EXAMPLES = {
   pyrt profile model.pte --trace trace.json     time per operator and delegate, and a trace
 
 environment:
-  PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.testing; reference engines only)
+  PYRT_SIMULATED_GPUS=n   run on n simulated GPUs (pyrt.sim; reference engines only)
   PYRT_KERNELS=numpy      run non-delegated operators with pyrt's numpy kernels
   PYRT_LOG=debug          pyrt's log level (debug, info, warning, error; -v is debug)
   NO_COLOR=1              no colour on a terminal either""",

@@ -9,7 +9,7 @@ A statement is an *ordering statement* when it (or, for an ``if``/``while``, its
 * records a stream for a foreign tensor (``record_stream``);
 * chooses the stream a buffer is freed on (``free_async``, ``alloc_async``, ``free_on``).
 
-Every package module is scanned but the fakes (``pyrt/testing``) and the exporter (``pyrt/export``, build time).
+Every package module is scanned but the fakes (``pyrt/sim``) and the exporter (``pyrt/export``, build time).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ CALLS = frozenset({"record", "wait", "synchronize", "record_stream", "wait_for",
                    "free_async", "alloc_async", "cuEventRecord", "cuStreamWaitEvent", "cuStreamSynchronize",
                    "cuEventSynchronize", "cuCtxSynchronize"})
 KEEP_NAMES = frozenset({"free_on", "_free_on", "keepalive", "_keep"})
-SKIPPED = ("pyrt/testing/", "pyrt/export/")
+SKIPPED = ("pyrt/sim/", "pyrt/export/")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pyrt.kernels.prim_kernels import _copy_device
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.program import Program
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 from tests.fixtures import gpu_programs
 
 W = gpu_programs.HANDMADE_W
@@ -263,7 +263,7 @@ def test_et_copy_ops_across_two_devices(sim: Any, programs: dict[str, Path]) -> 
 def test_devices_passed_explicitly_change_nothing_process_wide(programs: dict[str, Path]) -> None:
     """Program(devices=...) runs on what it was given; the process default is never consulted."""
     import pyrt.cuda
-    from pyrt.testing import simulated_devices
+    from pyrt.sim import simulated_devices
 
     sim = simulated_devices(2)
     default = pyrt.cuda.current()

@@ -13,8 +13,8 @@ import pytest
 import pyrt.cuda
 from pyrt.cuda import Cuda
 from pyrt.errors import DeviceError, InputError
-from pyrt.testing import simulated_gpus
-from pyrt.testing.fake_cuda import CUdevice_attribute, CUresult, FakeDriver
+from pyrt.sim import simulated_gpus
+from pyrt.sim.fake_cuda import CUdevice_attribute, CUresult, FakeDriver
 
 MiB = 1 << 20
 

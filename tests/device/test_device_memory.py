@@ -10,8 +10,8 @@ from pyrt.cuda import DeviceAllocation
 from pyrt.errors import DeviceError
 from pyrt.format.dtypes import ScalarType
 from pyrt.memory.tensors import OutputTensor, OwnedDeviceTensor
-from pyrt.testing import simulated_gpus
-from pyrt.testing.fake_cuda import CUresult
+from pyrt.sim import simulated_gpus
+from pyrt.sim.fake_cuda import CUresult
 
 
 def test_an_owned_allocation_is_freed_once() -> None:

@@ -26,9 +26,9 @@ from pyrt.device import tensorrt_seam
 from pyrt.engine import Engine
 from pyrt.errors import BackendError, BudgetError, DeviceError, EngineError, InputError
 from pyrt.format.trt_blob import IOBinding
-from pyrt.testing import simulated_gpus
-from pyrt.testing.fake_tensorrt import FakeRuntime, FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.sim import simulated_gpus
+from pyrt.sim.fake_tensorrt import FakeRuntime, FakeTensorRT
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
 MiB = 1 << 20
 RNG = np.random.default_rng(1234)
@@ -573,7 +573,7 @@ def test_stream_reader_that_cannot_be_created_is_a_device_error(sim, monkeypatch
 
 @pytest.mark.parametrize("name", ["streamable_weights_size", "weight_streaming_scratch_memory_size"])
 def test_streaming_sizes_are_read_not_guessed(sim, monkeypatch, name: str) -> None:
-    from pyrt.testing.fake_tensorrt import FakeCudaEngine
+    from pyrt.sim.fake_tensorrt import FakeCudaEngine
 
     with _load(ADD_MUL) as engine:  # built without weight streaming: TensorRT reads 0, it does not raise
         assert getattr(engine, name) == 0

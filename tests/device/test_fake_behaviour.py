@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from pyrt.cuda import Cuda
-from pyrt.testing import fake_tensorrt
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt import FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.sim import fake_tensorrt
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt import FakeTensorRT
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
 
 def _ref_engine(*, streaming: bool) -> RefEngine:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pyrt.cuda import Cuda
-from pyrt.testing import fake_tensorrt
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt import FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefEngineFormatError, RefNode, RefProfile, RefTensor
+from pyrt.sim import fake_tensorrt
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt import FakeTensorRT
+from pyrt.sim.refengine import Ref, RefEngine, RefEngineFormatError, RefNode, RefProfile, RefTensor
 
 MiB = 1 << 20
 

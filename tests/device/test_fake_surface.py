@@ -1,6 +1,6 @@
 """The fakes are held to the real bindings (issue 10, item 5).
 
-``pyrt.testing.fake_tensorrt`` and ``pyrt.testing.fake_cuda`` stand in for
+``pyrt.sim.fake_tensorrt`` and ``pyrt.sim.fake_cuda`` stand in for
 ``tensorrt_rtx`` and ``cuda.bindings.driver``; both real packages import on a
 machine without a GPU, so their surfaces can be compared here, in CI:
 
@@ -59,10 +59,10 @@ from pyrt.cuda import Cuda
 from pyrt.engine import Engine
 from pyrt.errors import PyrtError
 from pyrt.format.trt_blob import IOBinding
-from pyrt.testing import fake_cuda, fake_tensorrt
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt import FakeCudaEngine, FakeExecutionContext, FakeRuntime, FakeTensorRT
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.sim import fake_cuda, fake_tensorrt
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt import FakeCudaEngine, FakeExecutionContext, FakeRuntime, FakeTensorRT
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
 PYRT = Path(pyrt.engine.__file__).parent
 
@@ -478,7 +478,7 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
 def _drive_profiles_and_shared_memory(trt: Any, cuda: Cuda) -> None:
     """A two-profile engine on shared (USER_MANAGED) activation memory, run under its second profile."""
     from pyrt.device.scratch import SharedScratch
-    from pyrt.testing.refengine import RefProfile
+    from pyrt.sim.refengine import RefProfile
 
     ref = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))],
                     nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])],
@@ -564,7 +564,7 @@ def test_what_pyrt_calls_on_the_cuda_driver_is_real(rdrv: Any, monkeypatch: pyte
 def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, str]]]:
     """From pyrt's source: driver names ("cu..." strings, ``.CU...`` attributes); the argument
     counts of literal ``.call("cu...", ...)`` and ``._copy("cu...", device, stream, ...)``; and
-    ``getattr(driver, "name", ...)`` / ``getattr(trt, "name", ...)`` probes outside pyrt.testing."""
+    ``getattr(driver, "name", ...)`` / ``getattr(trt, "name", ...)`` probes outside pyrt.sim."""
     names: set[str] = set()
     arities: set[tuple[str, int]] = set()
     probes: set[tuple[str, str]] = set()
@@ -574,7 +574,7 @@ def _static_cuda_uses() -> tuple[set[str], set[tuple[str, int]], set[tuple[str, 
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-                    and "testing" not in path.relative_to(PYRT).parts):
+                    and "sim" not in path.relative_to(PYRT).parts):
                 target = ast.unparse(node.args[0])
                 group = "driver" if "driver" in target else "module" if target in ("trt", "module") else None
                 if group:

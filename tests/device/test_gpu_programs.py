@@ -1,7 +1,7 @@
 """pyrt's CUDA half through Program: simulated GPUs always, the real GPU when present.
 
 The same tests run twice: on ``simulated_gpus(1)``, and (marked ``gpu``) on the
-real driver with :func:`pyrt.testing.gpu_reference.reference_tensorrt`, which
+real driver with :func:`pyrt.sim.gpu_reference.reference_tensorrt`, which
 runs pyrt reference engines on real device memory (no TensorRT flavour runs on
 every GPU: TensorRT-RTX refuses Hopper). Programs placed on ``cuda:1`` are mapped
 onto device 0, so one GPU is enough. What runs for real on a GPU: device arenas,
@@ -23,8 +23,8 @@ import pytest
 import pyrt.cuda
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.runtime.program import Program
-from pyrt.testing import simulated_gpus
-from pyrt.testing.gpu_reference import reference_tensorrt
+from pyrt.sim import simulated_gpus
+from pyrt.sim.gpu_reference import reference_tensorrt
 from tests.fixtures import gpu_programs
 
 ONE_GPU = {"cuda:1": "cuda:0"}

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyrt.errors import EngineError, UnsupportedOperatorError
-from pyrt.testing.refengine import (
+from pyrt.sim.refengine import (
     ALIGN,
     HEADER,
     MAGIC,
@@ -411,8 +411,8 @@ def test_first_runs_on_many_threads_at_once_import_torch_once() -> None:
     code = """
 import sys, threading
 import numpy as np
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
-from pyrt.testing.refengine import backends
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.sim.refengine import backends
 assert "torch" not in sys.modules
 eng = RefEngine(inputs=[RefTensor("x", "float32", (2,))], outputs=[RefTensor("y", "float32", (2,))],
                 weights={"w": np.array([10.0, 20.0], dtype=np.float32)},

@@ -251,7 +251,7 @@ def test_tensorrt_rtx_without_nonzero_ends_with_engines_and_a_reason(tmp_path: P
 def test_the_reference_engine_reports_data_dependent_dims_as_minus_one(name: str, exported: dict) -> None:
     """As TensorRT does before running: the fake TensorRT's shape inference rests on this."""
     from pyrt.format.trt_blob import parse_blob
-    from pyrt.testing.refengine import RefEngine
+    from pyrt.sim.refengine import RefEngine
     from tests.export.test_export_helpers import delegates
 
     (d,) = delegates(exported[name][0])
@@ -268,7 +268,7 @@ def test_the_reference_engine_runs_an_empty_input_from_raw_bytes() -> None:
     """An engine fed by nonzero's empty result (0 rows) once failed to view 0 bytes as float32."""
     import numpy as np
 
-    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
     ref = RefEngine([RefTensor("x", "float32", (-1, 4), (0, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))], {},
                     [RefNode("aten::relu.default", [Ref("x")], {}, ["y"])])

@@ -17,7 +17,7 @@ import pyrt
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
 from pyrt.export._write import executorch_serializer as _writer
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 
 OLD = b"previous export, must survive"
 

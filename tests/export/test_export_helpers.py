@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
 torch_tensorrt_missing = not hasattr(torch.ops, "tensorrt") or not hasattr(torch.ops.tensorrt, "execute_engine")
 if torch_tensorrt_missing:  # a stand-in schema with Torch-TensorRT's name (the real one takes a TorchBind Engine)
@@ -138,7 +138,7 @@ def delegates(path: str | Path) -> list[dict[str, Any]]:
 def run_pte(path: str | Path, *inputs: torch.Tensor, gpus: int = 2) -> list[torch.Tensor]:
     """Run a .pte with pyrt.Program on simulated GPUs (skips the test while pyrt.Program is missing)."""
     program_cls = pytest.importorskip("pyrt.runtime.program").Program
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     with simulated_gpus(gpus), program_cls(path) as prog:
         out = prog.run(*inputs)

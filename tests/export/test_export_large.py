@@ -16,7 +16,7 @@ import pyrt
 from pyrt.export import to_pte
 from pyrt.format.trt_blob import parse_blob
 from pyrt.pte_reader import PteFile
-from pyrt.testing.refengine import RefEngine
+from pyrt.sim.refengine import RefEngine
 
 TWO_GIB = 1 << 31
 

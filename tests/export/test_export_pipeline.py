@@ -20,7 +20,7 @@ from pyrt.export import to_pte
 from pyrt.export._engines.stage import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.format.trt_blob import parse_blob
-from pyrt.testing.refengine import RefEngine
+from pyrt.sim.refengine import RefEngine
 from tests.export.test_export_helpers import affine_engine, delegates, standin, torchtrt_program
 from tests.export.test_export_traps import Branchy, TwoLinears, _options
 
@@ -177,7 +177,7 @@ def test_importing_pyrt_export_does_not_import_torch() -> None:
 def test_runs_end_to_end_on_simulated_gpus(branchy_pte: tuple[Path, object]) -> None:
     """export -> pyrt.Program on the CPU (fake CUDA + fake TensorRT), equal to eager."""
     program_cls = pytest.importorskip("pyrt.runtime.program").Program
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     path, _ = branchy_pte
     torch.manual_seed(0)

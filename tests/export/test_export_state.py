@@ -21,7 +21,8 @@ from torch.export import Dim
 import pyrt
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.testing import archs, simulated_gpus
+from pyrt.sim import simulated_gpus
+from pyrt.testing import archs
 
 PROMPT = [1, 2, 3, 4]
 NEW_TOKENS = 32

@@ -19,7 +19,7 @@ from pyrt.export import reference_builder
 from pyrt.export._graph.spec import EngineSpec, evaluate
 from pyrt.export.torchtrt import decode_state, engine_state
 from pyrt.format.trt_blob import AliasedIO, IOBinding
-from pyrt.testing.refengine import RefEngine
+from pyrt.sim.refengine import RefEngine
 from tests.export.test_export_helpers import StandInEngine, standin
 from tests.export.test_export_traps import TwoLinears
 

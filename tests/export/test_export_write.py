@@ -119,7 +119,7 @@ def test_zero_runs_are_written_as_holes(tmp_path: Path) -> None:
     """The engine's 16 MiB of zeros costs no disk: the spill file and the .pte leave it as a hole."""
     from pyrt.format.trt_blob import parse_blob
     from pyrt.pte_reader import PteFile
-    from pyrt.testing.refengine import RefEngine
+    from pyrt.sim.refengine import RefEngine
 
     target = tmp_path / "zeros.pte"
     to_pte(ZeroWeight(), target, (torch.randn(4),), builder="reference", progress=False)

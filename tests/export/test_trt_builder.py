@@ -554,7 +554,7 @@ def test_engine_deserializes_with_the_reported_io(conv) -> None:
 def test_current_on_a_gpu_the_flavour_cannot_run_is_refused(mlp_onnx: Path) -> None:
     """On an H100, TensorRT-RTX built a 'current' engine that ran nowhere ("Supported compute
     capabilities: None"); pyrt refuses the build instead."""
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     with simulated_gpus(1, capability=(9, 0), name="H100"):
         with pytest.raises(ExportError, match=r"'current' is device 0: H100 .*does not run engines on compute "

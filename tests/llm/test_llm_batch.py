@@ -16,7 +16,8 @@ import pyrt
 import pyrt.llm
 from pyrt.errors import BusyError, InputError
 from pyrt.llm.slots import pool_of
-from pyrt.testing import archs, simulated_gpus
+from pyrt.sim import simulated_gpus
+from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
 NEW = 12

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import pyrt
-from pyrt.testing import archs, simulated_gpus
+from pyrt.sim import simulated_gpus
+from pyrt.testing import archs
 from pyrt.tools.cli import main
 from tests.fixtures import llm_models as L
 

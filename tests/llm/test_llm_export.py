@@ -16,7 +16,8 @@ import pyrt
 import pyrt.llm
 from pyrt.errors import ExportError
 from pyrt.export import decoder_to_pte
-from pyrt.testing import archs, simulated_gpus
+from pyrt.sim import simulated_gpus
+from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
 

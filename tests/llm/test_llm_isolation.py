@@ -17,7 +17,7 @@ import pyrt
 import pyrt.llm
 from pyrt.errors import BusyError
 from pyrt.llm.slots import pool_of
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 from tests.fixtures import llm_models as L
 
 NEW = 12

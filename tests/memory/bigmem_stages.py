@@ -92,8 +92,8 @@ def load(directory: Path) -> dict:
     import numpy as np  # and the fake TensorRT's numpy executor (zero-copy weights)
 
     import pyrt
-    from pyrt.testing import simulated_gpus
-    from pyrt.testing.fake_tensorrt import FakeRuntime
+    from pyrt.sim import simulated_gpus
+    from pyrt.sim.fake_tensorrt import FakeRuntime
 
     reads: list[int] = []
     original = FakeRuntime._read_stream

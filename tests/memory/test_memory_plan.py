@@ -7,8 +7,8 @@ import pytest
 
 import pyrt
 from pyrt.runtime.memory_plan import EngineMemory, plan_memory
+from pyrt.sim import simulated_devices
 from pyrt.streaming import split_proportionally
-from pyrt.testing import simulated_devices
 from tests.fixtures.memplan import MiB, add_engine, chain_program
 
 pytest.importorskip("executorch")

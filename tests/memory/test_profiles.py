@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import pyrt
-from pyrt.testing import simulated_devices
-from pyrt.testing.refengine import RefProfile
+from pyrt.sim import simulated_devices
+from pyrt.sim.refengine import RefProfile
 from tests.fixtures.memplan import MiB, add_engine, chain_program
 
 pytest.importorskip("executorch")

@@ -10,7 +10,7 @@ import pyrt
 from pyrt.device.scratch import SharedScratch
 from pyrt.engine import Engine
 from pyrt.format.trt_blob import IOBinding
-from pyrt.testing import simulated_devices
+from pyrt.sim import simulated_devices
 from tests.fixtures.memplan import MiB, add_engine, chain_program
 
 pytest.importorskip("executorch")

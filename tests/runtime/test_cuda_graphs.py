@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pyrt.runtime.program import Program
-from pyrt.testing.fake_cuda import CUresult
+from pyrt.sim.fake_cuda import CUresult
 from tests.fixtures import gpu_programs
 
 N = 6

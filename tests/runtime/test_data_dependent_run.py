@@ -27,8 +27,8 @@ import torch
 from pyrt.errors import ExecutionError
 from pyrt.export import to_pte
 from pyrt.runtime.program import Program
+from pyrt.sim import simulated_gpus
 from pyrt.testing import datadep_models as dm
-from pyrt.testing import simulated_gpus
 
 
 class _Programs(dict):
@@ -160,8 +160,8 @@ def test_a_mutant_without_the_resize_fails(tmp_path: Path) -> None:
 def test_the_allocator_subclasses_the_flavours_base(flavour: str) -> None:
     """The same class works over the real binding's IOutputAllocator (and its Dims) and the fake's."""
     from pyrt.device.output_allocator import PlannedOutput, allocator_class
-    from pyrt.testing.fake_tensorrt import Dims as FakeDims
-    from pyrt.testing.fake_tensorrt import IOutputAllocator as FakeBase
+    from pyrt.sim.fake_tensorrt import Dims as FakeDims
+    from pyrt.sim.fake_tensorrt import IOutputAllocator as FakeBase
 
     if flavour == "fake":
         base, dims = FakeBase, FakeDims
@@ -187,7 +187,7 @@ def test_an_engine_reports_the_shape_and_refuses_capture_with_a_reason() -> None
     from pyrt.engine import Engine
     from pyrt.errors import EngineError
     from pyrt.format.trt_blob import IOBinding
-    from pyrt.testing.refengine import Ref, RefEngine, RefNode, RefTensor
+    from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
 
     ref = RefEngine([RefTensor("x", "float32", (8,))], [RefTensor("y", "int64", (-1, 1))],
                     nodes=[RefNode("aten::gt.Scalar", [Ref("x"), 0.0], {}, ["m"]),

@@ -9,7 +9,7 @@ ExecuTorch's ``Program`` dataclass (values, tensor fields, list items, chain
 instructions, operators, container specs, arena sizes, I/O indices, device
 tags, delegate references and compile specs), re-serializes it with
 ExecuTorch's serializer and sometimes flips bytes of the result. pyrt then
-loads it (torch or numpy kernels, under ``pyrt.testing.simulated_gpus``) and
+loads it (torch or numpy kernels, under ``pyrt.sim.simulated_gpus``) and
 runs every method twice with inputs shaped from the file's declarations.
 
 Guards keep a bad example from harming the machine, and report it as a finding:
@@ -50,7 +50,7 @@ pytest.importorskip("executorch")
 from pyrt.errors import PyrtError  # noqa: E402
 from pyrt.kernels.allowlist import allowed_operators  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
-from pyrt.testing import simulated_gpus  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PYRT_FUZZ_EXAMPLES", "60"))
 HANG_SECONDS = 10
@@ -689,7 +689,7 @@ import torch  # both kernel sets available, as in the parent
 import pyrt
 from pyrt.errors import PyrtError
 from pyrt.runtime.program import Program
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 
 class Hang(BaseException):
     pass

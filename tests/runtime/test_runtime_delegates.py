@@ -1,4 +1,4 @@
-"""Delegated programs end to end through ``pyrt.testing.simulated_gpus`` (fake CUDA + fake TensorRT).
+"""Delegated programs end to end through ``pyrt.sim.simulated_gpus`` (fake CUDA + fake TensorRT).
 
 The main program is written by ``pyrt.export.to_pte`` (reference engines,
 ExecuTorch 1.5.1 serializer): two TensorRT engines around a graph break, on
@@ -25,7 +25,7 @@ pytest.importorskip("executorch")
 from pyrt import cuda as cuda_seam  # noqa: E402
 from pyrt.errors import BudgetError, DeviceError, InputError  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
-from pyrt.testing import simulated_gpus  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
 from tests.conftest import cuda_device_count  # noqa: E402
 from tests.fixtures.pte import handmade_two_engines as _handmade  # noqa: E402
 
@@ -201,7 +201,7 @@ def test_trt_only_program_does_not_import_torch(exported: dict[str, Any]) -> Non
     out = _run_isolated(f"""
         import sys
         import pyrt
-        from pyrt.testing import simulated_gpus
+        from pyrt.sim import simulated_gpus
         with simulated_gpus(1):
             prog = pyrt.Program({str(exported["trt_only"])!r})
             print(sorted(m for m in ("torch", "executorch", "tensorrt") if m in sys.modules))
@@ -216,7 +216,7 @@ def test_trt_only_program_runs_without_torch(exported: dict[str, Any]) -> None:
         import sys
         sys.modules["torch"] = None  # importing torch now fails: numpy all the way down
         import numpy as np, pyrt
-        from pyrt.testing import simulated_gpus
+        from pyrt.sim import simulated_gpus
         with simulated_gpus(1), pyrt.Program({str(exported["trt_only"])!r}) as prog:
             y = prog(np.arange(8, dtype=np.float32).reshape(2, 4) / 7)
         print(type(y).__name__, y.tolist())

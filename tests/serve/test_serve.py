@@ -30,7 +30,7 @@ th = pytest.importorskip("tritonclient.http")
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve import ingress  # noqa: E402
 from pyrt.serve.app import deployment, run  # noqa: E402
-from pyrt.testing import simulated_gpus  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
 
 MAX_REQUEST_BYTES = 1 << 20
 

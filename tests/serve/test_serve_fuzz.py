@@ -30,7 +30,7 @@ from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve import routes  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.protocol import DATATYPES  # noqa: E402
-from pyrt.testing import simulated_gpus  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
 from tests.fixtures.serve import asgi_request, assert_batched_equal, build, close, in_process, json_infer  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PYRT_FUZZ_EXAMPLES", "400"))

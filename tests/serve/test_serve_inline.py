@@ -21,7 +21,7 @@ pytest.importorskip("executorch")
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.protocol import InferRequest  # noqa: E402
-from pyrt.testing import simulated_gpus  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
 from tests.fixtures.serve import asgi_request, assert_batched_equal, build, in_process, json_infer, rows  # noqa: E402
 
 

@@ -21,7 +21,7 @@ pytest.importorskip("executorch")
 from pyrt.errors import InputError  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
-from pyrt.testing import SECONDS_PER_ROW_ENV, simulated_gpus  # noqa: E402
+from pyrt.sim import SECONDS_PER_ROW_ENV, simulated_gpus  # noqa: E402
 from tests.fixtures.serve import (  # noqa: E402
     asgi_request,
     assert_batched_equal,
@@ -192,7 +192,7 @@ def test_bad_limits_are_input_errors_naming_the_value(dyn: Path, options: dict[s
 
 
 def test_a_bad_slow_gpu_setting_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyrt.testing import seconds_per_row_from_env
+    from pyrt.sim import seconds_per_row_from_env
 
     monkeypatch.setenv(SECONDS_PER_ROW_ENV, "fast")
     with pytest.raises(InputError, match="PYRT_SIMULATED_SECONDS_PER_ROW='fast'"):

@@ -174,7 +174,7 @@ def test_eight_prompts_at_once_each_equal_their_solo_output(replica: Any, prog: 
 
 def test_on_a_simulated_gpu_eight_prompts_at_once_equal_their_solo_output() -> None:
     """The reference-engine slot file on a simulated GPU: 8 requests on 4 slots through the generate route."""
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     tok = S.tokenizer()
     with simulated_gpus(1), pyrt.Program(S.slot_file("reference"), kernels="numpy") as ref:
@@ -197,7 +197,7 @@ def test_on_a_simulated_gpu_eight_prompts_at_once_equal_their_solo_output() -> N
 
 def test_a_failed_run_is_500_and_the_replica_keeps_serving() -> None:
     """The simulated GPU's TensorRT fails a launch on purpose: the request it carried gets 500, the next one runs."""
-    from pyrt.testing import simulated_gpus
+    from pyrt.sim import simulated_gpus
 
     body = {"model": NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
     with simulated_gpus(1) as sim:

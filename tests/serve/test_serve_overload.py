@@ -1,6 +1,6 @@
 """Overload, timeouts and slow clients through the real server: ``pyrt serve`` (HAProxy -> replica), real sockets.
 
-The GPU is simulated and slow on purpose (``PYRT_SIMULATED_SECONDS_PER_ROW``, pyrt.testing):
+The GPU is simulated and slow on purpose (``PYRT_SIMULATED_SECONDS_PER_ROW``, pyrt.sim):
 a run of one row takes ``SLOW_S``. Every request loop is bounded in count and time.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pyrt.runtime.program import Program
-from pyrt.testing import SECONDS_PER_ROW_ENV, simulated_gpus
+from pyrt.sim import SECONDS_PER_ROW_ENV, simulated_gpus
 from tests.fixtures.serve import assert_batched_equal, build, json_infer, rows, wait_for
 from tests.fixtures.serve_process import Server
 

@@ -24,7 +24,7 @@ import pytest
 from pyrt.errors import BudgetError, InputError
 from pyrt.format.method_io import InputSpec
 from pyrt.runtime.program import Program
-from pyrt.testing import simulated_gpus
+from pyrt.sim import simulated_gpus
 from pyrt.tools.bench import PLOT_DPI, PLOT_SIZE, parse_sweep
 from pyrt.tools.inputs import assemble, parse_shape_arg, summarize
 
@@ -362,7 +362,7 @@ def test_run_simulated_gpus_matches_the_api(graph_break: Path, tmp_path: Path) -
         y = prog(saved["input0"])
         engines = [dict(vars(w)) for w in prog.weight_streaming]
     # The command never imports torch, so its reference engines compute with numpy; this process has torch,
-    # and they compute with torch.ops.aten (pyrt.testing.refengine.backends, "auto"): float32 sums in
+    # and they compute with torch.ops.aten (pyrt.sim.refengine.backends, "auto"): float32 sums in
     # another order, equal within rounding (1.2e-7 seen), not bit for bit.
     np.testing.assert_allclose(saved["output0"], y, rtol=1e-5, atol=1e-6)
     assert info["weight_streaming"] == engines and [e["source"] for e in engines] == ["load-time"] * 2

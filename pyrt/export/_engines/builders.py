@@ -59,7 +59,7 @@ def converts(node: fx.Node) -> bool:
 
 
 class ReferenceBuilder:
-    """Reference engines (``PYRTREF1``) for pyrt.testing's fake TensorRT.
+    """Reference engines (``PYRTREF1``) for pyrt.sim's fake TensorRT.
 
     It accepts exactly what the TensorRT builders accept, so both partition a graph
     the same way; every such op must encode (``reference_builder.supports``).

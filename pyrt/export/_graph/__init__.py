@@ -6,6 +6,6 @@ assertions, symbolic sizes, forced ops), ``partition`` (engine partitions and fa
 ``datadep`` (data-dependent output shapes), ``spec`` (what an engine node carries) and
 ``engine_op`` (the ``pyrt::execute_engine`` operator).
 
-May import: pyrt.export's public option checks, pyrt.testing (reference engines), pyrt.format,
+May import: pyrt.export's public option checks, pyrt.sim (reference engines), pyrt.format,
 pyrt.errors; torch and executorch.
 """

@@ -22,7 +22,7 @@ import torch
 
 from pyrt.errors import ExportError
 from pyrt.export._graph.spec import EngineSpec, evaluate
-from pyrt.testing.refengine import RefEngine
+from pyrt.sim.refengine import RefEngine
 
 NAMESPACE = "pyrt"
 OP_NAME = "execute_engine"

@@ -2,7 +2,7 @@
 checks every call starts with (initialised, a current context, a live stream).
 
 :class:`DriverState` is the bottom of the fake driver's layers (state < queue < memory <
-copies < streams < graphs < :class:`~pyrt.testing.fake_cuda.driver.FakeDriver`).
+copies < streams < graphs < :class:`~pyrt.sim.fake_cuda.driver.FakeDriver`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.handles import (
     CUdevice,
     CUevent,
     CUresult,

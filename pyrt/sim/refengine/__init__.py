@@ -44,9 +44,9 @@ torch backend is asked for.
 
 from __future__ import annotations
 
-from pyrt.testing.refengine.blob import ALIGN, HEADER, MAGIC, MEMORY_FORMATS, NONFINITE, VERSION
-from pyrt.testing.refengine.engine import SYM_OPS, RefEngine
-from pyrt.testing.refengine.model import (
+from pyrt.sim.refengine.blob import ALIGN, HEADER, MAGIC, MEMORY_FORMATS, NONFINITE, VERSION
+from pyrt.sim.refengine.engine import SYM_OPS, RefEngine
+from pyrt.sim.refengine.model import (
     DTYPES,
     DType,
     MemoryFormat,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pyrt.testing.fake_cuda import FakeDriver
+from pyrt.sim.fake_cuda import FakeDriver
 
 
 class FailureInjection:

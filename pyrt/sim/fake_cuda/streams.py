@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pyrt.testing.fake_cuda.copies import CopyDriver
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.copies import CopyDriver
+from pyrt.sim.fake_cuda.handles import (
     CUevent,
     CUresult,
     CUstream,
 )
-from pyrt.testing.fake_cuda.state import (
+from pyrt.sim.fake_cuda.state import (
     EVENT_DISABLE_TIMING,
     Queue,
 )

@@ -10,7 +10,7 @@ import math
 import struct
 from typing import Any
 
-from pyrt.testing.refengine.model import (
+from pyrt.sim.refengine.model import (
     DType,
     MemoryFormat,
     Ref,

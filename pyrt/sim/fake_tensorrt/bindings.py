@@ -9,7 +9,7 @@ import enum
 import sys
 from typing import Any
 
-from pyrt.testing.fake_tensorrt.failures import FailureInjection
+from pyrt.sim.fake_tensorrt.failures import FailureInjection
 
 # Reference dtype -> TensorRT DataType member; float64/int16 have no TensorRT I/O type.
 # (Kept apart from pyrt.device.tensorrt_seam's table on purpose: the fake must not share pyrt's mistakes.)
@@ -69,7 +69,7 @@ class _Bound(type):
     >>> Lazy()
     Traceback (most recent call last):
     ...
-    TypeError: pyrt.testing.fake_tensorrt.ILogger.__init__() must be called when overriding __init__
+    TypeError: pyrt.sim.fake_tensorrt.ILogger.__init__() must be called when overriding __init__
     """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -196,7 +196,7 @@ class InvalidDims(Dims):
 
 
 # The binding classes' home is the package, as TensorRT's are its module's: messages and reprs name
-# pyrt.testing.fake_tensorrt.ILogger (cf. tensorrt_rtx.ILogger), not this submodule.
+# pyrt.sim.fake_tensorrt.ILogger (cf. tensorrt_rtx.ILogger), not this submodule.
 for _cls in (DataType, TensorIOMode, ExecutionContextAllocationStrategy, ILogger, Logger, SeekPosition,
              IStreamReaderV2, IOutputAllocator, Dims):
-    _cls.__module__ = "pyrt.testing.fake_tensorrt"
+    _cls.__module__ = "pyrt.sim.fake_tensorrt"

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.handles import (
     CUgraph,
     CUgraphExec,
     CUresult,
     CUstreamCaptureStatus,
     Handle,
 )
-from pyrt.testing.fake_cuda.state import (
+from pyrt.sim.fake_cuda.state import (
     LEGACY,
 )
-from pyrt.testing.fake_cuda.streams import StreamDriver
+from pyrt.sim.fake_cuda.streams import StreamDriver
 
 
 class GraphDriver(StreamDriver):

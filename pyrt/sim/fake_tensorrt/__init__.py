@@ -1,9 +1,9 @@
 """A fake ``tensorrt`` module: the surface pyrt's engine layer uses, failures included.
 
-It deserializes only reference engines (:mod:`pyrt.testing.refengine`); real
+It deserializes only reference engines (:mod:`pyrt.sim.refengine`); real
 TensorRT engine bytes, or anything else, are refused the way TensorRT refuses
 a bad plan: ``deserialize_cuda_engine`` logs an error and returns None. Its
-engines live on a :class:`~pyrt.testing.fake_cuda.FakeDriver` device, read
+engines live on a :class:`~pyrt.sim.fake_cuda.FakeDriver` device, read
 their inputs from and write their outputs to that device's memory, and
 compute real results on the CPU. Failures mirror TensorRT: a budget setter
 that does not take (negative, or while a context exists) logs an error and
@@ -20,7 +20,7 @@ TypeError; an exception raised inside a ``log``/``read``/``seek`` callback is
 printed to stderr, never propagated; a stream reader is asked for exact byte
 counts and an empty read aborts deserialization.
 
->>> from pyrt.testing.fake_cuda import FakeDriver
+>>> from pyrt.sim.fake_cuda import FakeDriver
 >>> trt = FakeTensorRT(FakeDriver(gpus=1))
 >>> class Quiet(trt.ILogger):
 ...     def log(self, severity, msg): pass
@@ -30,12 +30,12 @@ True
 The package: :mod:`.failures` (call counts, injected failures), :mod:`.bindings` (enums,
 logger and reader bases, Dims), :mod:`.runtime`, :mod:`.engine` (engine and execution
 context) and :mod:`.module` (:class:`FakeTensorRT`). It imports numpy, pyrt.errors,
-:mod:`pyrt.testing.fake_cuda` and :mod:`pyrt.testing.refengine`.
+:mod:`pyrt.sim.fake_cuda` and :mod:`pyrt.sim.refengine`.
 """
 
 from __future__ import annotations
 
-from pyrt.testing.fake_tensorrt.bindings import (
+from pyrt.sim.fake_tensorrt.bindings import (
     DataType,
     Dims,
     ExecutionContextAllocationStrategy,
@@ -46,9 +46,9 @@ from pyrt.testing.fake_tensorrt.bindings import (
     SeekPosition,
     TensorIOMode,
 )
-from pyrt.testing.fake_tensorrt.engine import FakeCudaEngine, FakeExecutionContext
-from pyrt.testing.fake_tensorrt.module import FakeTensorRT, __version__
-from pyrt.testing.fake_tensorrt.runtime import FakeRuntime
+from pyrt.sim.fake_tensorrt.engine import FakeCudaEngine, FakeExecutionContext
+from pyrt.sim.fake_tensorrt.module import FakeTensorRT, __version__
+from pyrt.sim.fake_tensorrt.runtime import FakeRuntime
 
 __all__ = [
     "FakeTensorRT", "FakeRuntime", "FakeCudaEngine", "FakeExecutionContext", "DataType", "TensorIOMode",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError, UnsupportedOperatorError
-from pyrt.testing.refengine.model import (
+from pyrt.sim.refengine.model import (
     RefEngineExecutionError,
     RefWeight,
 )

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt.bindings import (
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt.bindings import (
     IO_DTYPES,
     DataType,
     Dims,
@@ -26,8 +26,8 @@ from pyrt.testing.fake_tensorrt.bindings import (
     call_override,
     log_message,
 )
-from pyrt.testing.fake_tensorrt.failures import FailureInjection
-from pyrt.testing.refengine import DTYPES, RefEngine, RefTensor
+from pyrt.sim.fake_tensorrt.failures import FailureInjection
+from pyrt.sim.refengine import DTYPES, RefEngine, RefTensor
 
 OUTPUT_ALIGNMENT = 256  # what the fake asks an output allocator for (cudaMalloc's guarantee)
 

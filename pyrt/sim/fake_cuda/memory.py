@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.handles import (
     CUdeviceptr,
     CUpointer_attribute,
     CUresult,
 )
-from pyrt.testing.fake_cuda.queue import QueueDriver
-from pyrt.testing.fake_cuda.state import (
+from pyrt.sim.fake_cuda.queue import QueueDriver
+from pyrt.sim.fake_cuda.state import (
     ADDRESS_ALIGN,
     FREED_REMEMBERED,
     LEGACY,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError
-from pyrt.testing.fake_tensorrt.bindings import (
+from pyrt.sim.fake_tensorrt.bindings import (
     IO_DTYPES,
     ILogger,
     IStreamReaderV2,
@@ -22,9 +22,9 @@ from pyrt.testing.fake_tensorrt.bindings import (
     call_override,
     log_message,
 )
-from pyrt.testing.fake_tensorrt.engine import FakeCudaEngine
-from pyrt.testing.fake_tensorrt.failures import FailureInjection
-from pyrt.testing.refengine import ALIGN, HEADER, MAGIC, RefEngine
+from pyrt.sim.fake_tensorrt.engine import FakeCudaEngine
+from pyrt.sim.fake_tensorrt.failures import FailureInjection
+from pyrt.sim.refengine import ALIGN, HEADER, MAGIC, RefEngine
 
 _PLAN_MAGICS = (b"ptrt", b"ftrt", b"vtrt", b"ntrt")  # first bytes of serialized TensorRT plans
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.handles import (
     CUresult,
 )
-from pyrt.testing.fake_cuda.state import (
+from pyrt.sim.fake_cuda.state import (
     LEGACY,
     SYNC,
     DriverState,

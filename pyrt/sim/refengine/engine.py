@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError, UnsupportedOperatorError
-from pyrt.testing.refengine.backends import NUMPY_OPS, Backend, pick_backend, split_target
-from pyrt.testing.refengine.blob import HEADER, MAGIC, VERSION, WRITE_CHUNK, align, encode_arg, parse_blob, tensor_json
-from pyrt.testing.refengine.model import (
+from pyrt.sim.refengine.backends import NUMPY_OPS, Backend, pick_backend, split_target
+from pyrt.sim.refengine.blob import HEADER, MAGIC, VERSION, WRITE_CHUNK, align, encode_arg, parse_blob, tensor_json
+from pyrt.sim.refengine.model import (
     DType,
     MemoryFormat,
     Ref,
@@ -28,7 +28,7 @@ from pyrt.testing.refengine.model import (
     RefTensor,
     RefWeight,
 )
-from pyrt.testing.refengine.validation import check_profiles, fits, validate_graph
+from pyrt.sim.refengine.validation import check_profiles, fits, validate_graph
 
 SHAPES_KEPT = 256  # input shapes whose output shapes an engine remembers
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.handles import (
     CUcontext,
     CUresult,
 )
-from pyrt.testing.fake_cuda.memory import MemoryDriver
-from pyrt.testing.fake_cuda.state import (
+from pyrt.sim.fake_cuda.memory import MemoryDriver
+from pyrt.sim.fake_cuda.state import (
     POISON,
     SYNC,
 )

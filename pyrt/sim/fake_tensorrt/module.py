@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from pyrt.testing.fake_cuda import FakeDriver
-from pyrt.testing.fake_tensorrt.bindings import (
+from pyrt.sim.fake_cuda import FakeDriver
+from pyrt.sim.fake_tensorrt.bindings import (
     DataType,
     Dims,
     ExecutionContextAllocationStrategy,
@@ -18,8 +18,8 @@ from pyrt.testing.fake_tensorrt.bindings import (
     SeekPosition,
     TensorIOMode,
 )
-from pyrt.testing.fake_tensorrt.failures import FailureInjection
-from pyrt.testing.fake_tensorrt.runtime import FakeRuntime
+from pyrt.sim.fake_tensorrt.failures import FailureInjection
+from pyrt.sim.fake_tensorrt.runtime import FakeRuntime
 
 __version__ = "0.0-fake"
 
@@ -28,7 +28,7 @@ class FakeTensorRT(FailureInjection):
     """A fake TensorRT module bound to one fake CUDA driver.
 
     Use it wherever pyrt takes a ``trt`` module, or through
-    :func:`pyrt.testing.simulated_gpus`, which installs it as the default.
+    :func:`pyrt.sim.simulated_gpus`, which installs it as the default.
     """
 
     __name__ = "fake_tensorrt"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from pyrt.testing.refengine.model import (
+from pyrt.sim.refengine.model import (
     DTYPES,
     DType,
     Ref,

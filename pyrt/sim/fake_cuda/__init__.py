@@ -43,8 +43,8 @@ standard library.
 
 from __future__ import annotations
 
-from pyrt.testing.fake_cuda.driver import FakeDriver
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.driver import FakeDriver
+from pyrt.sim.fake_cuda.handles import (
     CUcontext,
     CUdevice,
     CUdevice_attribute,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias
 
-from pyrt.testing.fake_cuda.graphs import GraphDriver
-from pyrt.testing.fake_cuda.handles import (
+from pyrt.sim.fake_cuda.graphs import GraphDriver
+from pyrt.sim.fake_cuda.handles import (
     CUcontext,
     CUdevice,
     CUdevice_attribute,
