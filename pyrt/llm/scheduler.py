@@ -11,7 +11,8 @@ sequence, their ``max_new_tokens`` or a full cache. A feed may carry several tok
 logits at several of its last positions, and an outcome may keep only some of them: a step
 that checks guessed tokens overwrites the rejected ones' cache positions at the next.
 
->>> >>> from pyrt.llm.request import make_request
+>>> from pyrt.llm.params import SamplingParams
+>>> from pyrt.llm.request import make_request
 >>> from pyrt.llm.slots import SlotPool
 >>> conv = Convention("forward", batch=1, max_prefill=8, dynamic=True, max_context_len=16, vocab_size=10,
 ...                   bos_id=None, eos_ids=(), n_layers=None, constants={}, layout="slots", slots=2)
