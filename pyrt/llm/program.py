@@ -31,6 +31,14 @@ class LLMProgram:
         size, source = self.conv.slots, str(program.source)
         self.slots: SlotPool = program.extension(SLOTS_KEY, lambda: SlotPool(size, source))
 
+    @classmethod
+    def of(cls, program: Any, conv: Convention, slots: SlotPool) -> LLMProgram:
+        """An LLMProgram from its parts: ``program`` (anything with ``run(*inputs, method=...)``) whose convention
+        is ``conv``, its slots ``slots`` (a stand-in program in tests, one whose convention was read elsewhere)."""
+        llm = cls.__new__(cls)
+        llm.program, llm.conv, llm.slots = program, conv, slots
+        return llm
+
     @property
     def source(self) -> str:
         return str(self.program.source)
