@@ -29,7 +29,26 @@ class BudgetError(PyrtError, ValueError):
 
 
 class InputError(PyrtError, ValueError):
-    """Inputs given to a method do not match what it expects."""
+    """Inputs given to a method do not match what it expects.
+
+    ``field``: the argument or request field the message starts with, where there is one; an API
+    that calls it something else names it its own way with :meth:`renamed`.
+
+    >>> err = InputError("max_new_tokens=0 must be an int >= 1", field="max_new_tokens")
+    >>> str(err.renamed("max_tokens")), err.renamed("max_tokens").field
+    ('max_tokens=0 must be an int >= 1', 'max_tokens')
+    """
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def renamed(self, name: str) -> InputError:
+        """This error with its field called ``name``, as the caller that sent the value spells it."""
+        message = str(self)
+        if self.field is None or not message.startswith(self.field):
+            return self
+        return InputError(name + message[len(self.field):], field=name)
 
 
 class ExecutionError(PyrtError, RuntimeError):

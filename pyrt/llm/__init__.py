@@ -4,6 +4,12 @@ May import: every layer below the apps (runtime, memory, format, errors) and num
 the other apps: the command line (:mod:`pyrt.tools`, ``pyrt generate``, ``bench --generate``)
 and the server (:mod:`pyrt.serve`, lazily) import this package.
 
+Inside: :mod:`~pyrt.llm.params` (what a request asks, checked once), :mod:`~pyrt.llm.request`
+(checked against the program), :mod:`~pyrt.llm.scheduler` (who runs, what each feeds: pure),
+:mod:`~pyrt.llm.runner` (the program's inputs, the run, :mod:`~pyrt.llm.sampling`),
+:mod:`~pyrt.llm.engine` (the one owner that steps them; other threads talk to it through queues),
+:mod:`~pyrt.llm.stream` (the caller's handle), :mod:`~pyrt.llm.loop` (``pyrt.generate``).
+
 >>> import pyrt
 >>> with pyrt.Program("m.pte") as prog:                                    # doctest: +SKIP
 ...     out = pyrt.generate(prog, [1, 2, 3], max_new_tokens=32)
@@ -12,7 +18,7 @@ and the server (:mod:`pyrt.serve`, lazily) import this package.
 ...         print(token)
 ...     many = pyrt.generate(prog, [[1, 2, 3], [4, 5]], max_new_tokens=32)   # one result per prompt
 ...     engine = pyrt.llm.Engine(prog)                                   # continuous batching
-...     s = engine.submit([1, 2, 3], max_new_tokens=8)
+...     s = engine.submit([1, 2, 3], params=pyrt.llm.SamplingParams(max_new_tokens=8))
 ...     while engine.pending:
 ...         engine.step()
 """
@@ -22,8 +28,13 @@ from __future__ import annotations
 from pyrt.llm.convention import Convention, follows_convention, read_convention
 from pyrt.llm.engine import Engine
 from pyrt.llm.loop import generate
-from pyrt.llm.stream import Generation, GenerationResult
+from pyrt.llm.outputs import FinishReason, GenerationResult
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.program import LLMProgram, serves
+from pyrt.llm.request import Request, make_request
+from pyrt.llm.stream import Generation
 from pyrt.llm.timings import Timings
 
-__all__ = ["generate", "Engine", "Generation", "GenerationResult", "Timings", "Convention", "follows_convention",
+__all__ = ["generate", "Engine", "Generation", "GenerationResult", "FinishReason", "SamplingParams", "Request",
+           "make_request", "LLMProgram", "serves", "Timings", "Convention", "follows_convention",
            "read_convention"]

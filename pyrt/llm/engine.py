@@ -1,17 +1,22 @@
-"""Continuous batching: many generations share each forward call of one LLM program.
+"""Continuous batching with one owner: the thread stepping an engine is the only one that touches its state.
 
-:class:`Engine` keeps a queue of submitted generations and, at each :meth:`Engine.step`, one
-forward call for every running one: each decoding sequence feeds the token it generated last,
-and sequences still reading their prompt feed chunks of it within the file's token budget per
-step (``get_max_tokens_per_step``). A queued generation joins when a KV-cache slot is free
-(:mod:`pyrt.llm.slots`: the program's slots are shared with every other engine and
-``pyrt.generate`` call on it) and leaves after its last token, between steps. On a one-sequence
-file the engine runs one generation at a time, in submission order.
+:class:`Engine` holds a :class:`~pyrt.llm.scheduler.Scheduler` (who runs, what each feeds) and a
+:class:`~pyrt.llm.runner.Runner` (the program's inputs, the run, the sampling). One thread at a
+time steps it: the caller's (:meth:`Engine.step`, or iterating a generation while no thread runs
+the engine) or the one in :meth:`Engine.run` (a server's). Every other thread talks to it through
+queues: :meth:`Engine.submit` and cancellations post commands to its inbox, applied at the start
+of the next step (at once when nothing steps), and each generation's tokens come back through its
+:class:`~pyrt.llm.stream.Generation` handle's own queue; :meth:`Engine.stats` reads what the
+stepping thread last published. Each step feeds every running generation (a decoding sequence its
+last token; prompts in chunks within the file's token budget per step, ``get_max_tokens_per_step``);
+a queued generation joins when a KV-cache slot is free (the program's slots are shared with every
+other engine and ``pyrt.generate`` call on it) and leaves after its last token, between steps. On a
+one-sequence file the engine runs one generation at a time, in submission order.
 
 >>> with pyrt.Program("m.pte") as prog:                                   # doctest: +SKIP
 ...     engine = Engine(prog)
 ...     a = engine.submit([1, 2, 3], max_new_tokens=8)
-...     b = engine.submit([4, 5], max_new_tokens=8, do_sample=True, seed=0)
+...     b = engine.submit([4, 5], params=SamplingParams(max_new_tokens=8, do_sample=True, seed=0))
 ...     while engine.pending:
 ...         engine.step()
 ...     a.result.tokens, b.result.finish_reason
@@ -19,46 +24,76 @@ file the engine runs one generation at a time, in submission order.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import queue
 import threading
-import time
-from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pyrt.errors import BusyError, InputError
-from pyrt.llm.convention import SINGLE, Convention, read_convention
-from pyrt.llm.request import Request, check_request, check_stop
-from pyrt.llm.sampling import sample_token
-from pyrt.llm.slots import SlotPool, pool_of
-from pyrt.llm.step import Feed, run_step
-from pyrt.llm.stream import FinishReason, Generation, Sequence
+from pyrt.llm.outputs import FinishReason, Update
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.program import LLMProgram
+from pyrt.llm.request import Request, make_request
+from pyrt.llm.runner import Runner
+from pyrt.llm.scheduler import Scheduler, Sequence
+from pyrt.llm.slots import Reservation, Slots
+from pyrt.llm.stream import Generation, Outbox
+
+IDLE_WAIT_S = 0.5  # Engine.run looks at its stop flag this often while nothing is queued or running
+STALLED_WAIT_S = 0.005  # Engine.run, after a step that ran nothing (slots held by others): wait before the next
+PAUSE_S = 0.05  # a caller waiting for a generation while another thread steps, or while nothing can run
+
+
+@dataclass(frozen=True)
+class _Add:
+    seq: Sequence
+    outbox: Outbox
+
+
+@dataclass(frozen=True)
+class _Abort:
+    seq_id: int
+    reason: FinishReason
 
 
 class Engine:
     """Continuous batching over ``program`` (a :class:`pyrt.Program` following the LLM convention).
 
-    ``max_queued``: submissions beyond this many waiting for a slot raise :class:`pyrt.BusyError`
-    (None: no bound). Thread-safe: submit and cancel from any thread; one step runs at a time.
+    ``max_queued``: a submission that would make more than this many generations wait for a
+    KV-cache slot (beyond the slots free now, which the next step fills) raises
+    :class:`pyrt.BusyError` (None: no bound). ``slots``: where its generations take slots
+    (default: the program's pool, shared with every engine on it; ``pyrt.generate`` passes
+    slots it reserved, given back when the engine has nothing left to run). Thread-safe:
+    submit and cancel from any thread; one thread steps at a time.
     """
 
-    def __init__(self, program: Any, *, method: str = "forward", max_queued: int | None = None) -> None:
-        self.program = program
-        self.conv = engine_convention(program, method)
+    def __init__(self, program: Any, *, method: str = "forward", max_queued: int | None = None,
+                 slots: Slots | None = None) -> None:
         if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int)
                                        or max_queued < 0):
             raise InputError(f"max_queued={max_queued!r} must be an int >= 0 or None")
-        self.max_queued = max_queued
-        self.pool: SlotPool = pool_of(program, self.conv.slots)
-        self.lock = threading.RLock()
-        self._changed = threading.Condition(self.lock)
-        self._stepping = threading.Lock()
-        self._queue: deque[Sequence] = deque()
-        self._running: list[Sequence] = []  # admission order
-        self._reserved: list[int] | None = None  # slots taken ahead (pyrt.generate), else taken on demand
-        self.steps = 0
-        self.occupancy: Counter[int] = Counter()  # sequences per step -> steps
-        self.tokens_generated = 0
-        self.prompt_tokens = 0
+        llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
+        self.llm, self.program, self.conv, self.max_queued = llm, llm.program, llm.conv, max_queued
+        self._slots = llm.slots if slots is None else slots
+        self._scheduler = Scheduler(self.conv, self._slots)
+        self._runner = Runner(self.program, self.conv)
+        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._posted = threading.Event()  # a command was posted (wakes Engine.run)
+        self._stepping = threading.Lock()  # held by the one thread that steps
+        # the queue bound: counting and admitting at once (re-entrant: a dropped handle's finalizer may run
+        # on a thread that holds it, and apply its cancellation there)
+        self._admission = threading.RLock()
+        self._queued = 0  # submitted, not yet holding a slot, not ended
+        self._ids = itertools.count()
+        self._outboxes: dict[int, Outbox] = {}  # the stepping thread's: each live generation's queue
+        self._published: dict[str, Any] = {}
+        self._looping = False
+        self._publish()
 
+    # -- what a caller sees -----------------------------------------------------------------------
     @property
     def slots(self) -> int:
         """Sequences one step can hold (the file's ``get_max_batch_size``; 1 for a one-sequence file)."""
@@ -66,245 +101,163 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        with self.lock:
-            return len(self._queue)
+        """Generations submitted that hold no slot yet."""
+        return self._queued
 
     @property
     def running(self) -> int:
-        with self.lock:
-            return len(self._running)
+        """Generations holding a slot (as of the last step or command applied)."""
+        return int(self._published["running"])
 
     @property
     def pending(self) -> int:
         """Generations queued or running."""
-        with self.lock:
-            return len(self._queue) + len(self._running)
+        return self.queued + self.running
 
-    def submit(self, prompt_ids: Any, *, max_new_tokens: int | None = None, do_sample: bool = False,
-               temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-               seed: int | None = None, eos_ids: Any = None, stop: Any = None,
-               names: dict[str, str] | None = None) -> Generation:
-        """Queue a generation; its stream. Every value is checked here (InputError naming it).
+    def stats(self) -> dict[str, Any]:
+        """Counters: steps, generated and prompt tokens, queued and running, slots and free slots, sequences per
+        step (a snapshot: the stepping thread publishes it after each step)."""
+        return {**self._published, "queued": self._queued, "free_slots": self._slots.free}
 
-        ``stop``: token-id sequences that end the generation when its new tokens end with one
-        (``finish_reason == "stop"``). The rest as for :func:`pyrt.generate`.
-        """
-        request = check_request(self.conv, prompt_ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_ids=eos_ids,
-                                names=names, stop=check_stop(stop, self.conv.vocab_size, names))
-        return self.submit_request(request)
+    # -- commands (any thread) --------------------------------------------------------------------
+    def submit(self, prompt_ids: Any, params: SamplingParams | None = None, **sampling: Any) -> Generation:
+        """Queue a generation of ``prompt_ids``; its handle. ``params``, or the same fields as keywords
+        (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_ids``,
+        ``stop``: token-id sequences that end it, ``finish_reason == "stop"``). Every value is checked
+        here (InputError naming it); BusyError past ``max_queued``."""
+        if params is None:
+            params = SamplingParams(**sampling)
+        elif sampling:
+            raise InputError(f"give params or sampling keywords, not both (got {sorted(sampling)})")
+        return self.add(make_request(self.conv, prompt_ids, params))
 
-    def submit_request(self, request: Request) -> Generation:
-        """Queue an already checked request (:func:`pyrt.llm.request.check_request`)."""
-        sequence = Sequence(request, request.seed)
-        with self.lock:
-            if self.max_queued is not None and len(self._queue) >= self.max_queued:
-                raise BusyError(f"{self.program.source}: {len(self._queue)} generations already wait for one of "
-                                f"{self.slots} slots (max_queued={self.max_queued})")
-            self._queue.append(sequence)
-            self._changed.notify_all()
-        return Generation(self, sequence)
+    def add(self, request: Request) -> Generation:
+        """Queue an already checked request (:func:`pyrt.llm.request.make_request` for this engine's program)."""
+        seq, outbox = Sequence.of(next(self._ids), request), Outbox()
+        with self._admission:
+            waiting = self._queued - self._slots.free  # the next step admits as many as are free
+            if self.max_queued is not None and waiting >= self.max_queued:
+                raise BusyError(f"{self.llm.source}: {waiting} generations already wait for one of {self.slots} "
+                                f"KV-cache slots (max_queued={self.max_queued})")
+            self._queued += 1
+            self._post(_Add(seq, outbox))
+        return Generation(self, seq.id, request.prompt, outbox)
 
-    def cancel(self, stream: Generation, reason: FinishReason = "cancelled") -> None:
-        """End ``stream`` at the next step with ``finish_reason`` ``reason``, keeping its tokens; frees its slot."""
-        with self.lock:
-            seq = stream.sequence
-            if not seq.done and seq.cancel_reason is None:
-                seq.cancel_reason = reason
-                self._changed.notify_all()
+    def cancel(self, generation: Generation, reason: FinishReason = "cancelled") -> None:
+        """End ``generation`` at the next step (at once when nothing steps) with ``finish_reason`` ``reason``,
+        keeping its tokens; its slot is freed."""
+        self.abort(generation.id, reason)
 
-    def drop(self, seq: Sequence) -> None:
-        """A handle was dropped unfinished: cancel its generation (at once when no step is running)."""
-        with self.lock:
-            if seq.done:
-                return
-            if seq.cancel_reason is None:
-                seq.cancel_reason = "cancelled"
-        if self._stepping.acquire(blocking=False):
+    def abort(self, seq_id: int, reason: FinishReason) -> None:
+        self._post(_Abort(seq_id, reason))
+        if self._stepping.acquire(blocking=False):  # nothing steps: apply it now
             try:
-                with self.lock:
-                    self._end_cancelled()
+                self._apply_commands()
+                self._settle()
             finally:
                 self._stepping.release()
 
-    def close(self) -> None:
-        """Cancel every generation still queued or running and give their slots back."""
-        with self._stepping, self.lock:
-            for seq in [*self._queue, *self._running]:
-                seq.cancel_reason = seq.cancel_reason or "cancelled"
-            self._end_cancelled()
-            self._changed.notify_all()
+    def _post(self, command: _Add | _Abort) -> None:
+        self._inbox.put(command)
+        self._posted.set()
 
+    # -- stepping (one thread at a time) ----------------------------------------------------------
     def step(self) -> int:
-        """One forward call for every running generation (joining queued ones); how many advanced."""
+        """One forward call for every running generation (joining queued ones); how many it carried."""
         with self._stepping:
             return self._step()
 
-    def drive(self) -> None:
-        """Run a step if nobody else is running one, else wait until the running one ends."""
-        if self._stepping.acquire(blocking=False):
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """``with engine.paused():`` no step runs inside the block (submissions queue, as when steps are slow)."""
+        with self._stepping:
+            yield
+
+    def advance(self, outbox: Outbox) -> None:
+        """Bring a waiting generation's next update closer: step when no thread steps, else wait for the one that
+        does (at most a moment: a slot may also free on another engine of the program)."""
+        if not self._looping and self._stepping.acquire(blocking=False):
             try:
-                if self._step() == 0:
-                    with self.lock:
-                        self._changed.wait(0.05)  # nothing to run: a cancel or a slot may come from elsewhere
+                if self._step():
+                    return
             finally:
                 self._stepping.release()
-        else:
-            with self.lock:
-                self._changed.wait(0.05)
+        outbox.pause(PAUSE_S)
 
-    def wait_for(self, seq: Sequence, timeout: float | None) -> bool:
-        """Drive or wait until ``seq`` ends (True), or ``timeout`` seconds pass (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self.lock:
-                if seq.done:
-                    return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            self.drive()
+    def run(self, stop: threading.Event) -> None:
+        """Step on this thread until ``stop`` is set: the engine's one stepping thread (a server's); while it
+        runs, generations wait for it instead of stepping. A run failure ends the generations it carried;
+        anything else raised here is a bug, and ends this call."""
+        self._looping = True
+        try:
+            while not stop.is_set():
+                if not self.pending:
+                    self._posted.wait(IDLE_WAIT_S)
+                self._posted.clear()
+                if self.step() == 0 and self.pending:  # nothing could run: slots are held elsewhere
+                    stop.wait(STALLED_WAIT_S)
+        finally:
+            self._looping = False
 
-    def wait_for_work(self, timeout: float) -> bool:
-        """Block until something is queued or running (True), or ``timeout`` seconds pass (False)."""
-        with self.lock:
-            return self._changed.wait_for(lambda: bool(self._queue or self._running), timeout)
-
-    def stats(self) -> dict[str, Any]:
-        """Counters: steps, generated and prompt tokens, queued and running now, sequences per step."""
-        with self.lock:
-            return {"steps": self.steps, "tokens_generated": self.tokens_generated,
-                    "prompt_tokens": self.prompt_tokens, "queued": len(self._queue), "running": len(self._running),
-                    "slots": self.slots, "occupancy": {str(k): v for k, v in sorted(self.occupancy.items())}}
-
-    # -- one step ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Cancel every generation still queued or running and give their slots back."""
+        with self._stepping:
+            self._apply_commands()
+            self._deliver(self._scheduler.abort_all("cancelled"))
+            with self._admission:
+                self._queued = 0
+            self._settle()
 
     def _step(self) -> int:
-        with self.lock:
-            self._end_cancelled()
-            self._admit()
-            plan = self._plan()
-        if not plan:
-            return 0
-        try:
-            logits = run_step(self.program, self.conv, [feed for _, feed in plan])
-        except Exception as exc:  # a failed run ends the generations it carried, not the engine
-            with self.lock:
-                for seq, _ in plan:
-                    self._fail(seq, exc)
-                self._changed.notify_all()
-            return len(plan)
-        with self.lock:
-            self._advance(plan, logits)
-            self._changed.notify_all()
-        return len(plan)
+        self._apply_commands()
+        with self._admission:
+            self._queued -= len(self._scheduler.admit())
+        feeds = self._scheduler.schedule()
+        if feeds:
+            try:
+                outcomes = self._runner.run(feeds)
+            except Exception as exc:  # a failed run ends the generations it carried, not the engine
+                self._deliver(self._scheduler.fail(feeds, exc))
+            else:
+                self._deliver(self._scheduler.update(feeds, outcomes))
+        self._settle()
+        return len(feeds)
 
-    def _end_cancelled(self) -> None:
-        for seq in [s for s in self._queue if s.cancel_reason is not None]:
-            self._queue.remove(seq)
-            self._end(seq, seq.cancel_reason or "cancelled")
-        for seq in [s for s in self._running if s.cancel_reason is not None]:
-            self._end(seq, seq.cancel_reason or "cancelled")
-
-    def _admit(self) -> None:
-        while self._queue:
-            slot = self._take_slot()
-            if slot is None:
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
                 return
-            seq = self._queue.popleft()
-            seq.slot = slot
-            self._running.append(seq)
-
-    def _take_slot(self) -> int | None:
-        if self._reserved is not None:
-            return self._reserved.pop(0) if self._reserved else None
-        taken = self.pool.take(1)
-        return taken[0] if taken else None
-
-    def _plan(self) -> list[tuple[Sequence, Feed]]:
-        """Decoding sequences first (one token each), then prompt chunks in admission order, within the budget."""
-        budget = self.conv.tokens_per_step
-        plan: list[tuple[Sequence, Feed]] = []
-        for seq in self._running:
-            if seq.new and budget > 0:
-                assert seq.slot is not None  # running sequences hold a slot
-                plan.append((seq, Feed(seq.slot, (seq.new[-1],), seq.next_position, True)))
-                budget -= 1
-        for seq in self._running:
-            if not seq.new and budget > 0:
-                assert seq.slot is not None
-                chunk = seq.prompt[seq.fed:seq.fed + budget]
-                plan.append((seq, Feed(seq.slot, tuple(chunk), seq.fed, seq.fed + len(chunk) == len(seq.prompt))))
-                budget -= len(chunk)
-        return plan
-
-    def _advance(self, plan: list[tuple[Sequence, Feed]], logits: list[Any]) -> None:
-        rows = iter(logits)
-        self.steps += 1
-        self.occupancy[len(plan)] += 1
-        for seq, feed in plan:
-            seq.fed = feed.start + len(feed.tokens)
-            if not seq.new:
-                self.prompt_tokens += len(feed.tokens)
-            if not feed.logits:
+            if isinstance(command, _Add):
+                self._outboxes[command.seq.id] = command.outbox
+                self._scheduler.add(command.seq)
                 continue
-            if not seq.new:
-                seq.clock.prefilled = seq.clock.now()
-            token = sample_token(next(rows), seq.request.sampling, seq.rng)
-            seq.new.append(token)
-            seq.unread.append(token)
-            self.tokens_generated += 1
-            if len(seq.new) == 1:
-                seq.clock.first = seq.clock.now()
-            reason = finish_reason(seq, self.conv)
-            if reason is not None:
-                self._end(seq, reason)
-            else:
-                seq.notify()
+            ended = self._scheduler.abort(command.seq_id, command.reason)
+            if ended is not None:
+                update, was_waiting = ended
+                if was_waiting:
+                    with self._admission:
+                        self._queued -= 1
+                self._deliver([update])
 
-    def _end(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.finish(reason)
-        self._release(seq)
-        seq.notify()
+    def _deliver(self, updates: list[Update]) -> None:
+        for update in updates:
+            outbox = self._outboxes.pop(update.seq_id) if update.final else self._outboxes[update.seq_id]
+            outbox.put(update)
 
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
-        seq.error = exc
-        seq.clock.end = seq.clock.now()
-        self._release(seq)
-        seq.notify()
+    def _settle(self) -> None:
+        """After a step or a command: a reservation with nothing left to run goes back; the stats are published."""
+        if isinstance(self._slots, Reservation) and not self._scheduler.has_work and not self._queued:
+            self._slots.release()
+        self._publish()
 
-    def _release(self, seq: Sequence) -> None:
-        if seq in self._running:
-            self._running.remove(seq)
-        if seq.slot is not None:
-            if self._reserved is not None:
-                self._reserved.append(seq.slot)
-            else:
-                self.pool.give_back([seq.slot])
-            seq.slot = None
-        if self._reserved is not None and not self._queue and not self._running:
-            self.pool.give_back(self._reserved)  # a private engine's work is done: its slots go back
-            self._reserved = []
-
-    def reserve(self, count: int) -> int:
-        """Take up to ``count`` slots now for this engine alone (``pyrt.generate``); BusyError when none is free."""
-        with self.lock:
-            taken = self.pool.take(count)
-            if not taken:
-                raise BusyError(busy_message(self.program.source, self.slots))
-            self._reserved = taken
-            return len(taken)
-
-
-def finish_reason(seq: Sequence, conv: Convention) -> FinishReason | None:
-    """Why ``seq`` ends after its newest token, or None: EOS, a stop sequence, its cap, a full cache."""
-    request, new = seq.request, seq.new
-    if new[-1] in request.eos_ids or any(new[-len(s):] == list(s) for s in request.stop if len(s) <= len(new)):
-        return "stop"
-    if request.max_new_tokens is not None and len(new) >= request.max_new_tokens:
-        return "length"
-    if seq.next_position >= conv.max_context_len:
-        return "cache_full"
-    return None
+    def _publish(self) -> None:
+        counters = self._scheduler.counters
+        self._published = {"steps": counters.steps, "tokens_generated": counters.tokens_generated,
+                           "prompt_tokens": counters.prompt_tokens, "running": len(self._scheduler.running),
+                           "slots": self.slots,
+                           "occupancy": {str(k): v for k, v in sorted(counters.occupancy.items())}}
 
 
 def busy_message(source: str, slots: int) -> str:
@@ -314,16 +267,4 @@ def busy_message(source: str, slots: int) -> str:
             "max_batch_size")
 
 
-def engine_convention(program: Any, method: str) -> Convention:
-    """``program``'s convention, checked for what an engine runs."""
-    conv = read_convention(program, method)
-    if conv.layout == SINGLE and conv.batch != 1:
-        raise InputError(f"{program.source}: forward takes a fixed batch of {conv.batch} sequences that move in step; "
-                         "pyrt generates on files of batch 1 or on slot files (decoder_to_pte(max_batch_size=...))")
-    if conv.layout == SINGLE and not conv.dynamic and conv.max_prefill != 1:
-        raise InputError(f"{program.source}: forward takes exactly {conv.max_prefill} tokens per call (a static "
-                         "shape); the convention needs a dynamic length or one token per call")
-    return conv
-
-
-__all__ = ["Engine", "Generation", "busy_message"]
+__all__ = ["Engine", "Generation", "SamplingParams", "busy_message"]

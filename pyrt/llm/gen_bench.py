@@ -28,8 +28,9 @@ from pyrt import cuda
 from pyrt.errors import InputError, PyrtError
 from pyrt.llm.convention import read_convention
 from pyrt.llm.loop import generate
-from pyrt.llm.request import check_request
-from pyrt.llm.stream import GenerationResult
+from pyrt.llm.outputs import GenerationResult
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.request import make_request
 
 PLOT_SIZE, PLOT_DPI = (8.0, 4.5), 100
 
@@ -48,8 +49,11 @@ def generation_sweep(prog: Any, *, budgets: Sequence[Any] = (None,), batches: Se
             raise InputError(f"--batch {b!r} must be an int >= 1")
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, conv.vocab_size, prompt_len).tolist() for _ in range(max(batches))]
-    check_request(conv, prompts[0], max_new_tokens=new_tokens, eos_ids=[],
-                  names={"prompt_ids": "--prompt-len", "max_new_tokens": "--new-tokens"})
+    try:
+        make_request(conv, prompts[0], SamplingParams(max_new_tokens=new_tokens, eos_ids=()))
+    except InputError as exc:  # named as the command line spells them
+        flag = {"prompt_ids": "--prompt-len", "max_new_tokens": "--new-tokens"}.get(exc.field or "")
+        raise exc if flag is None else exc.renamed(flag) from None
     rows = []
     for budget in budgets:
         if budget is not None:

@@ -1,6 +1,6 @@
 """``pyrt.generate``: one prompt or many, on a program that follows the convention.
 
-Each prompt becomes one generation of a private :class:`pyrt.llm.Engine`, which takes KV-cache
+Each prompt becomes one generation of a private :class:`pyrt.llm.Engine`, which reserves KV-cache
 slots of the program for it (as many as there are prompts, at most the file's
 ``get_max_batch_size``; more prompts wait for a slot). A prompt is prefilled in chunks of the
 file's token budget (whole, on a dynamic one-sequence file; token by token on a static one),
@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import InputError
-from pyrt.llm.convention import Convention
-from pyrt.llm.engine import Engine
-from pyrt.llm.request import Request, check_request
-from pyrt.llm.stream import Generation, GenerationResult
+from pyrt.errors import BusyError, InputError
+from pyrt.llm.engine import Engine, busy_message
+from pyrt.llm.outputs import GenerationResult
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.program import LLMProgram
+from pyrt.llm.request import make_request
+from pyrt.llm.stream import Generation
 
 
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
@@ -43,36 +45,39 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     values are InputError naming them.
     """
     if not isinstance(stream, bool):
-        raise InputError(f"stream={stream!r} must be a bool")
-    engine = Engine(program, method=method)
+        raise InputError(f"stream={stream!r} must be a bool", field="stream")
+    llm = LLMProgram(program, method)
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))
-    requests = [check_request(engine.conv, p, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                              temperature=temperature, top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids,
-                              names=None if single else {"prompt_ids": f"prompt_ids[{i}]"})
-                for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))]
-    engine.reserve(min(len(requests), engine.slots))
-    streams = [engine.submit_request(r) for r in requests]
+    requests = []
+    for i, (prompt, s) in enumerate(zip(prompts, seeds, strict=True)):
+        params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids)
+        try:
+            requests.append(make_request(llm.conv, prompt, params))
+        except InputError as exc:
+            if single or exc.field != "prompt_ids":
+                raise
+            raise exc.renamed(f"prompt_ids[{i}]") from None
+    slots = llm.slots.reserve(min(len(requests), llm.conv.slots))
+    if not slots.free:
+        raise BusyError(busy_message(llm.source, llm.conv.slots))
+    engine = Engine(llm, slots=slots)
+    streams = [engine.add(r) for r in requests]
     if stream:
         return streams[0] if single else streams
     results = [finish(s) for s in streams]
     return results[0] if single else results
 
 
-def start(program: Any, conv: Convention, request: Request) -> Generation:
-    """A generation of one checked request on a private engine holding one slot (nothing runs until iterated)."""
-    engine = Engine(program, method=conv.method)
-    engine.reserve(1)
-    return engine.submit_request(request)
-
-
 def finish(generation: Generation) -> GenerationResult:
-    """Run ``generation`` to its end (driving its engine); its result, or the run failure raised."""
+    """Run ``generation`` to its end (stepping its engine); its result, or the run failure raised."""
     generation.wait()
     if generation.error is not None:
         raise generation.error
-    assert generation.result is not None  # wait() returns once it ended
-    return generation.result
+    result = generation.result
+    assert result is not None  # wait() returns once it ended
+    return result
 
 
 def _prompts(value: Any) -> tuple[list[Any], bool]:
@@ -86,9 +91,10 @@ def _prompts(value: Any) -> tuple[list[Any], bool]:
 def _seeds(seed: Any, count: int) -> list[Any]:
     if isinstance(seed, (list, tuple)):
         if len(seed) != count:
-            raise InputError(f"seed has {len(seed)} values for {count} prompts: give one per prompt, or one int")
+            raise InputError(f"seed has {len(seed)} values for {count} prompts: give one per prompt, or one int",
+                             field="seed")
         return list(seed)
     return [seed] * count
 
 
-__all__ = ["generate", "Generation", "GenerationResult", "start", "finish"]
+__all__ = ["generate", "Generation", "GenerationResult", "finish"]

@@ -1,8 +1,9 @@
 """Choosing the next token from logits: greedy, or sampling with temperature, top-k and top-p.
 
-Sampling follows ``transformers``' order (temperature, then top-k, then top-p, then a draw
-from the softmax) with a ``numpy.random.Generator`` seeded per generation, so a seed gives
-the same tokens on every run.
+:func:`sample` is a function of (logits, parameters, random state) and nothing else: the
+runner calls it for each row a step returns. Sampling follows ``transformers``' order
+(temperature, then top-k, then top-p, then a draw from the softmax) with a
+``numpy.random.Generator`` seeded per generation, so a seed gives the same tokens on every run.
 
 >>> import numpy as np
 >>> greedy_token(np.array([0.1, 2.0, -1.0]))
@@ -13,19 +14,9 @@ the same tokens on every run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Sampling:
-    """Validated sampling parameters (``do_sample=False``: greedy)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
+from pyrt.llm.params import SamplingParams
 
 
 def greedy_token(logits: np.ndarray) -> int:
@@ -52,7 +43,7 @@ def probabilities(logits: np.ndarray, temperature: float = 1.0, top_k: int | Non
     return probs
 
 
-def sample_token(logits: np.ndarray, params: Sampling, rng: np.random.Generator) -> int:
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """One token: greedy, or a draw from :func:`probabilities` with ``rng``."""
     if not params.do_sample:
         return greedy_token(logits)

@@ -1,27 +1,40 @@
-"""Which KV-cache slots of a program are taken: one pool per :class:`pyrt.Program`, shared by every generation.
+"""Which KV-cache slots of a program are taken: a pool per :class:`pyrt.Program`, shared by every generation.
 
 A file exported with ``decoder_to_pte(max_batch_size=B)`` holds B slots; any other LLM file holds
 one. A generation takes a slot before its first token and gives it back after its last, so
 generations on one program never write or read each other's cache, whichever object (a
-:class:`pyrt.llm.Engine`, a ``pyrt.generate`` call, a thread) runs them.
+:class:`pyrt.llm.Engine`, a ``pyrt.generate`` call, a thread) runs them. The pool is kept with
+the Program (:class:`pyrt.llm.program.LLMProgram`); a :class:`Reservation` is a share of it
+taken ahead for one engine (``pyrt.generate``'s), given back whole when released.
 
->>> pool = SlotPool(2, "m.pte")
->>> pool.take(3), pool.free
-([0, 1], 0)
+>>> pool = SlotPool(3, "m.pte")
+>>> pool.take(2), pool.free
+([0, 1], 1)
 >>> pool.give_back([1]); pool.take(1)
 [1]
+>>> mine = pool.reserve(4); mine.free, pool.free      # what was free: slot 2
+(1, 0)
+>>> mine.release(); pool.free
+1
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from typing import Any
+from typing import Protocol
 
 from pyrt.errors import PyrtError
 
-_POOLS: weakref.WeakKeyDictionary[Any, SlotPool] = weakref.WeakKeyDictionary()
-_POOLS_LOCK = threading.Lock()
+
+class Slots(Protocol):
+    """What an engine's scheduler takes its slots from: a pool, or a reservation of one."""
+
+    @property
+    def free(self) -> int: ...
+
+    def take(self, n: int) -> list[int]: ...
+
+    def give_back(self, slots: list[int]) -> None: ...
 
 
 class SlotPool:
@@ -49,11 +62,33 @@ class SlotPool:
                 raise PyrtError(f"{self.source}: slots {bad} given back but not taken")
             self._free = sorted(self._free + list(slots))
 
+    def reserve(self, n: int) -> Reservation:
+        """Up to ``n`` free slots taken now for one engine alone (maybe none: its ``free`` says)."""
+        return Reservation(self, self.take(n))
 
-def pool_of(program: Any, size: int) -> SlotPool:
-    """``program``'s pool of ``size`` slots, made on first use (one per Program object)."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(program)
-        if pool is None:
-            pool = _POOLS[program] = SlotPool(size, str(program.source))
-        return pool
+
+class Reservation:
+    """Slots taken ahead from ``pool``: handed out and given back here, returned to the pool by :meth:`release`."""
+
+    def __init__(self, pool: SlotPool, slots: list[int]) -> None:
+        self.pool, self.held = pool, len(slots)
+        self._free = slots
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int]:
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def give_back(self, slots: list[int]) -> None:
+        self._free = sorted(self._free + list(slots))
+
+    def release(self) -> None:
+        """Give every slot back to the pool (each must have been given back here first); idempotent."""
+        if self.held != len(self._free):
+            raise PyrtError(f"{self.pool.source}: a reservation of {self.held} slots released with "
+                            f"{self.held - len(self._free)} still taken")
+        self.pool.give_back(self._free)
+        self._free, self.held = [], 0

@@ -1,89 +1,64 @@
-"""One generation's state (:class:`Sequence`) and the handle its caller holds (:class:`Generation`).
+"""The handle a caller holds for one generation (:class:`Generation`), and the queue that feeds it (:class:`Outbox`).
 
-A :class:`Generation` iterates the new token ids as they come and has :attr:`~Generation.result`
-once the generation ends. Iterating one runs the engine's steps when nobody else is running
-them (a caller alone with its streams needs no thread), or waits for the thread that is. A
-generation whose handle is dropped unfinished is cancelled at its engine's next step, freeing
-its slot.
+The thread that steps the engine puts each :class:`~pyrt.llm.outputs.Update` of a generation
+into its outbox; the handle takes them from there. Iterating a handle yields the new token ids
+as they come: it steps the engine itself when no thread runs it (a caller alone with its
+streams needs no thread), else waits for the thread that does. A generation whose handle is
+dropped unfinished is cancelled, freeing its slot.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
-import numpy as np
-
-from pyrt.llm.request import Request
-from pyrt.llm.timings import Clock, Timings
-
-FinishReason = Literal["stop", "length", "cache_full", "cancelled"]
+from pyrt.llm.outputs import FinishReason, GenerationResult, Update
 
 
-@dataclass
-class GenerationResult:
-    """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does)."""
+class Outbox:
+    """One generation's updates: put by the stepping thread, taken by its handle (``listener``: called after
+    each put, on the stepping thread, e.g. to wake an event loop)."""
 
-    tokens: list[int]
-    finish_reason: FinishReason
-    timings: Timings
-    prompt: list[int] = field(default_factory=list)
+    def __init__(self) -> None:
+        self._items: deque[Update] = deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._listener: Callable[[], None] | None = None
 
+    def put(self, update: Update) -> None:
+        with self._ready:
+            self._items.append(update)
+            self._ready.notify_all()
+            listener = self._listener
+        if listener is not None:
+            listener()
 
-class Sequence:
-    """A generation inside an engine: its request, slot, tokens fed so far, new tokens, random state."""
+    def take(self) -> list[Update]:
+        with self._ready:
+            items = list(self._items)
+            self._items.clear()
+            return items
 
-    def __init__(self, request: Request, seed: int | None) -> None:
-        self.request = request
-        self.prompt = list(request.prompt)
-        self.new: list[int] = []
-        self.unread: deque[int] = deque()
-        self.slot: int | None = None
-        self.fed = 0  # tokens of prompt + new already written to the cache
-        self.rng = np.random.default_rng(seed)
-        self.clock = Clock()
-        self.result: GenerationResult | None = None
-        self.error: BaseException | None = None
-        self.cancel_reason: FinishReason | None = None
-        self.listeners: list[Callable[[Sequence], None]] = []
+    def pause(self, timeout: float) -> None:
+        """Return when an update is there, or after ``timeout`` seconds."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(timeout)
 
-    @property
-    def done(self) -> bool:
-        return self.result is not None or self.error is not None
-
-    @property
-    def next_position(self) -> int:
-        """The cache position the last new token will take when it is fed."""
-        return len(self.prompt) + len(self.new) - 1
-
-    def finish(self, reason: FinishReason) -> None:
-        self.clock.end = self.clock.now()
-        timings = self.clock.timings(len(self.prompt), len(self.new))
-        self.result = GenerationResult(list(self.new), reason, timings, list(self.prompt))
-
-    def notify(self) -> None:
-        for listener in list(self.listeners):
-            listener(self)
+    def listen(self, listener: Callable[[], None]) -> None:
+        with self._ready:
+            self._listener = listener
 
 
 class Driver(Protocol):
     """What a :class:`Generation` needs of the engine that runs it (:class:`pyrt.llm.Engine`)."""
 
-    @property
-    def lock(self) -> AbstractContextManager[Any]:
-        """Guards every Sequence of the engine (re-entrant)."""
+    def advance(self, outbox: Outbox) -> None: ...
 
-    def drive(self) -> None: ...
-
-    def cancel(self, stream: Generation, reason: FinishReason = "cancelled") -> None: ...
-
-    def drop(self, seq: Sequence) -> None: ...
-
-    def wait_for(self, seq: Sequence, timeout: float | None) -> bool: ...
+    def abort(self, seq_id: int, reason: FinishReason) -> None: ...
 
 
 class Generation:
@@ -91,63 +66,99 @@ class Generation:
 
     ``tokens``: every new id so far; ``done``; ``cancel()`` ends it at the engine's next step
     (``finish_reason == "cancelled"``, the tokens so far kept). A run failure is raised where the
-    iteration reaches it.
+    iteration reaches it. :meth:`take` and :meth:`on_update` serve readers that must not block
+    (an event loop).
     """
 
-    def __init__(self, engine: Driver, sequence: Sequence) -> None:
-        self._engine, self._seq = engine, sequence
-        self._finalizer = weakref.finalize(self, engine.drop, sequence)
+    def __init__(self, engine: Driver, seq_id: int, prompt: tuple[int, ...], outbox: Outbox) -> None:
+        self._engine, self.id, self._prompt, self._outbox = engine, seq_id, prompt, outbox
+        self._tokens: list[int] = []
+        self._times: list[float] = []
+        self._read = 0
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, engine.abort, seq_id, "cancelled")
 
     def __iter__(self) -> Iterator[int]:
         return self
 
     def __next__(self) -> int:
         while True:
-            with self._engine.lock:
-                if self._seq.unread:
-                    return self._seq.unread.popleft()
-                if self._seq.error is not None:
-                    raise self._seq.error
-                if self._seq.result is not None:
+            with self._lock:
+                self._apply()
+                if self._read < len(self._tokens):
+                    self._read += 1
+                    return self._tokens[self._read - 1]
+                if self._error is not None:
+                    raise self._error
+                if self._result is not None:
                     raise StopIteration
-            self._engine.drive()
+            self._engine.advance(self._outbox)
+
+    def _apply(self) -> None:
+        """Take the updates waiting in the outbox (under ``self._lock``)."""
+        for update in self._outbox.take():
+            self._tokens.extend(update.tokens)
+            self._times.extend([update.at] * len(update.tokens))
+            if update.final:
+                self._result, self._error = update.result, update.error
+                self._finalizer.detach()
+
+    def take(self) -> list[int]:
+        """The new ids not yet taken here or by iteration (maybe none); never blocks, never steps."""
+        with self._lock:
+            self._apply()
+            new = self._tokens[self._read:]
+            self._read = len(self._tokens)
+            return new
+
+    def on_update(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on the stepping thread after each update of this generation (new tokens, its end)."""
+        self._outbox.listen(listener)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the generation ends (stepping the engine when no thread runs it); True when it has."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._engine.advance(self._outbox)
+        return True
+
+    def _state(self) -> tuple[list[int], GenerationResult | None, BaseException | None]:
+        with self._lock:
+            self._apply()
+            return self._tokens, self._result, self._error
 
     @property
     def result(self) -> GenerationResult | None:
-        return self._seq.result
+        return self._state()[1]
 
     @property
     def error(self) -> BaseException | None:
-        return self._seq.error
+        return self._state()[2]
 
     @property
     def done(self) -> bool:
-        return self._seq.done
+        _, result, error = self._state()
+        return result is not None or error is not None
 
     @property
     def tokens(self) -> list[int]:
-        with self._engine.lock:
-            return list(self._seq.new)
+        return list(self._state()[0])
+
+    @property
+    def token_times(self) -> list[float]:
+        """``time.perf_counter()`` when each new token came (as the stepping thread produced it)."""
+        with self._lock:
+            self._apply()
+            return list(self._times)
 
     @property
     def prompt(self) -> list[int]:
-        return list(self._seq.prompt)
+        return list(self._prompt)
 
-    def cancel(self) -> None:
-        self._engine.cancel(self)
-
-    def add_listener(self, listener: Callable[[Sequence], None]) -> None:
-        """Call ``listener(sequence)`` on the stepping thread after each new token and when it ends."""
-        with self._engine.lock:
-            self._seq.listeners.append(listener)
-            if self._seq.done:
-                listener(self._seq)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the generation ends (driving the engine when nobody else is); True when it has."""
-        return self._engine.wait_for(self._seq, timeout)
-
-    @property
-    def sequence(self) -> Sequence:
-        """The engine's record of this generation (read it under ``engine.lock``)."""
-        return self._seq
+    def cancel(self, reason: FinishReason = "cancelled") -> None:
+        """End the generation at the engine's next step (at once when nothing steps), its tokens so far kept."""
+        self._engine.abort(self.id, reason)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +151,8 @@ class Program:
         self._contexts: list[Any] = []
         self._delegates: list[Any] = []
         self._data: Any = None
+        self._extensions: dict[str, Any] = {}
+        self._extensions_lock = threading.Lock()
         check_graph_outputs(graph_outputs)
         if not isinstance(fold, bool):
             raise InputError(f"fold={fold!r} must be True (fold constant kernel calls at load) or False")
@@ -344,6 +347,19 @@ class Program:
             if planned is not None:
                 self._plan = self.plan_memory()
 
+    # -- what applications keep with it -----------------------------------------------------------
+    def extension(self, key: str, make: Callable[[], Any]) -> Any:
+        """The object kept with this program under ``key``: ``make()``'s result, made on the first call.
+
+        One per key for the program's lifetime, whichever thread asks first. ``pyrt.llm`` keeps the
+        program's KV-cache slot pool here, so every engine and ``pyrt.generate`` call on it shares one.
+        """
+        self._check_open()
+        with self._extensions_lock:
+            if key not in self._extensions:
+                self._extensions[key] = make()
+            return self._extensions[key]
+
     # -- lifetime -------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -379,6 +395,7 @@ class Program:
         for runner in self._runners.values():
             runner.reset_graphs()
         self._runners.clear()
+        self._extensions.clear()
         close_engines(self._delegates)
         for plan in self._plans:
             plan.close()

@@ -41,9 +41,7 @@ TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",),
          # threading waits of a generation: without them a result is read before it exists
          "pyrt/llm/loop.py": (LLM_ISOLATION,),
-         "pyrt/llm/stream.py": (LLM_ISOLATION,),
-         # the replica's generation engine: its stepping thread, the event loop's waits for tokens
-         "pyrt/llm/engine.py": (SERVE_OPENAI,),
+         # the replica's generation engine: the event loop's waits for tokens
          "pyrt/serve/llm_host.py": (SERVE_OPENAI,),
          "pyrt/serve/llm_routes.py": (SERVE_OPENAI,),
          # the replica's timeouts and run thread
@@ -79,12 +77,15 @@ EXEMPT = {
         "a threading.Event the serve command waits on, not a CUDA event",
     "pyrt/serve/metrics.py: while not self._stop.wait(every_s):":
         "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
-    "pyrt/llm/engine.py: self._changed.wait(0.05)  # nothing to run: a cancel or a slot may come from elsewhere":
-        "a pause (threading.Condition) while nothing can run: without it the loop re-checks at once, spinning a "
-        "core; every check is made under the lock, so it orders nothing",
-    "pyrt/llm/engine.py: self._changed.wait(0.05)":
-        "a pause (threading.Condition) while another thread steps: without it the waiter re-checks at once, "
-        "spinning a core; every check is made under the lock, so it orders nothing",
+    "pyrt/llm/engine.py: self._posted.wait(IDLE_WAIT_S)":
+        "Engine.run's pause (threading.Event) while nothing is queued or running: without it the loop steps "
+        "again at once, spinning a core; commands are applied in the step, so it orders nothing",
+    "pyrt/llm/engine.py: stop.wait(STALLED_WAIT_S)":
+        "Engine.run's pause after a step that ran nothing (slots held by another engine): without it the loop "
+        "spins, it orders nothing",
+    "pyrt/llm/stream.py: self._ready.wait(timeout)":
+        "a generation's pause (threading.Condition) while another thread steps or nothing can run: without it "
+        "the reader looks again at once, spinning a core; updates are taken under the lock, so it orders nothing",
     "pyrt/serve/llm_host.py: self._stop.wait(STALLED_WAIT_S)":
         "a pause (threading.Event) after a step that advanced nothing: without it the stepping thread spins, "
         "it orders nothing",

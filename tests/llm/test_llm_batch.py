@@ -15,10 +15,14 @@ import pytest
 import pyrt
 import pyrt.llm
 from pyrt.errors import BusyError, InputError
-from pyrt.llm.slots import pool_of
 from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
+
+
+def free_slots(prog: Any) -> int:
+    """The program's KV-cache slots that no generation holds."""
+    return pyrt.llm.LLMProgram(prog).slots.free
 
 NEW = 12
 # (family, builder): reference engines on the simulated GPU, and ExecuTorch's portable kernels on the CPU.
@@ -91,7 +95,7 @@ def test_sequences_join_and_leave_between_steps_and_cancel_keeps_their_tokens(ll
         done = [s.result for s in first + late]
         assert all(r is not None for r in done)
         assert [r.tokens for i, r in enumerate(done) if i != 1] == [w for i, w in enumerate(want) if i != 1]
-        assert pool_of(prog, L.SLOTS).free == L.SLOTS  # every slot given back
+        assert free_slots(prog) == L.SLOTS  # every slot given back
         stats = engine.stats()
         assert stats["tokens_generated"] == 6 * NEW + len(kept) and max(map(int, stats["occupancy"])) == L.SLOTS
 
@@ -144,11 +148,12 @@ def test_a_bad_submission_is_an_input_error_and_disturbs_nobody(llama4: L.Export
                 engine.submit([1, 2], **bad)
         with pytest.raises(InputError, match=r"prompt_ids\[1\]=1000 is outside the vocabulary"):
             engine.submit([1, 1000])
-        waiting = engine.submit([7], max_new_tokens=2)  # the queue's one place (slots are taken at a step)
+        holders = [engine.submit([7 + i], max_new_tokens=2) for i in range(L.SLOTS - 1)]  # the free slots' takers
+        waiting = engine.submit([7], max_new_tokens=2)  # the queue's one place: it waits for a slot
         with pytest.raises(BusyError, match="max_queued=1"):
             engine.submit([7], max_new_tokens=2)
-        running.wait()
-        waiting.wait()
+        for stream in (running, *holders, waiting):
+            stream.wait()
     assert running.result is not None and running.result.tokens == want
     assert waiting.result is not None and len(waiting.result.tokens) == 2
 
@@ -159,11 +164,11 @@ def test_a_dropped_stream_is_cancelled_and_gives_its_slot_back(llama4: L.Exporte
         kept = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
         dropped = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
         engine.step()
-        assert engine.running == 2 and pool_of(prog, L.SLOTS).free == L.SLOTS - 2
+        assert engine.running == 2 and free_slots(prog) == L.SLOTS - 2
         del dropped  # e.g. a client that went away: nobody can read its tokens any more
-        assert engine.running == 1 and pool_of(prog, L.SLOTS).free == L.SLOTS - 1
+        assert engine.running == 1 and free_slots(prog) == L.SLOTS - 1
         kept.wait()
-        assert pool_of(prog, L.SLOTS).free == L.SLOTS
+        assert free_slots(prog) == L.SLOTS
 
 
 def test_a_failed_run_ends_the_generations_it_carried_and_the_engine_goes_on(llama4: L.Exported) -> None:
@@ -177,7 +182,7 @@ def test_a_failed_run_ends_the_generations_it_carried_and_the_engine_goes_on(lla
         with pytest.raises(pyrt.PyrtError, match="execute_async_v3"):
             list(doomed)
         fine = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
-        assert list(fine) == want and pool_of(prog, L.SLOTS).free == L.SLOTS
+        assert list(fine) == want and free_slots(prog) == L.SLOTS
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "torch"])

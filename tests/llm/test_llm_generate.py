@@ -13,7 +13,8 @@ import torch
 import pyrt
 import pyrt.llm
 from pyrt.errors import InputError
-from pyrt.llm.sampling import Sampling, probabilities, sample_token
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.sampling import probabilities, sample
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
@@ -78,16 +79,17 @@ def test_sampled_first_tokens_follow_the_softmax(prog: Any) -> None:
 
 
 @pytest.mark.parametrize("params", [
-    Sampling(True, 1.0, None, None), Sampling(True, 0.7, 5, None), Sampling(True, 1.3, None, 0.8),
-    Sampling(True, 0.9, 12, 0.6),
+    SamplingParams(do_sample=True, temperature=1.0), SamplingParams(do_sample=True, temperature=0.7, top_k=5),
+    SamplingParams(do_sample=True, temperature=1.3, top_p=0.8),
+    SamplingParams(do_sample=True, temperature=0.9, top_k=12, top_p=0.6),
 ])
-def test_sample_token_draws_follow_probabilities(params: Sampling) -> None:
+def test_sampled_draws_follow_probabilities(params: SamplingParams) -> None:
     """Chi-square over 20,000 draws against the filtered softmax; filtered-out ids never come."""
     scipy_stats = pytest.importorskip("scipy.stats")
     logits = np.random.default_rng(0).normal(0, 2, 40)
     probs = probabilities(logits, params.temperature, params.top_k, params.top_p)
     rng = np.random.default_rng(1)
-    draws = np.array([sample_token(logits, params, rng) for _ in range(20000)])
+    draws = np.array([sample(logits, params, rng) for _ in range(20000)])
     counts = np.bincount(draws, minlength=logits.size)
     assert counts[probs == 0].sum() == 0
     kept = probs > 0

@@ -16,9 +16,13 @@ import pytest
 import pyrt
 import pyrt.llm
 from pyrt.errors import BusyError
-from pyrt.llm.slots import pool_of
 from pyrt.sim import simulated_gpus
 from tests.fixtures import llm_models as L
+
+
+def free_slots(prog: Any) -> int:
+    """The program's KV-cache slots that no generation holds."""
+    return pyrt.llm.LLMProgram(prog).slots.free
 
 NEW = 12
 
@@ -61,7 +65,7 @@ def test_threads_on_a_one_slot_file_get_their_solo_result_or_a_busy_error(files:
         assert any(g == w for g, w in zip(got, want, strict=True))
         for g, w in zip(got, want, strict=True):
             assert g == w or isinstance(g, BusyError) and "its one KV-cache slot is held" in str(g)
-        assert pool_of(prog, 1).free == 1
+        assert free_slots(prog) == 1
 
 
 def test_interleaved_streams_are_independent(files: dict[int, L.Exported]) -> None:

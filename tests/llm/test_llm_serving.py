@@ -1,4 +1,4 @@
-"""pyrt.llm.serving: what pyrt.serve's generation routes use of pyrt.llm, on real exported files."""
+"""What pyrt.serve's generation routes use of pyrt.llm (pyrt.llm.serves, the engine), on real exported files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 import pyrt
-from pyrt.llm import serving
 from tests.fixtures import llm_models as L
 
 
@@ -25,10 +24,10 @@ def prog(gpt2: L.Exported) -> Any:
 
 
 def test_serves_says_why_a_method_does_not_generate(prog: Any) -> None:
-    assert serving.serves(prog) is None
-    why = serving.serves(prog, method="get_max_seq_len")
+    assert pyrt.llm.serves(prog) is None
+    why = pyrt.llm.serves(prog, method="get_max_seq_len")
     assert why is not None and "convention" in why
-    assert serving.serves("not a program") is not None and not serving.follows_convention("not a program")
+    assert pyrt.llm.serves("not a program") is not None and not pyrt.llm.follows_convention("not a program")
 
 
 def test_the_generate_routes_on_a_one_sequence_file_give_eager_tokens_and_queue(gpt2: L.Exported) -> None:

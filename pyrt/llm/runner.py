@@ -1,0 +1,90 @@
+"""One step on the program: a plan's feeds turned into the program's inputs, the run, the next tokens chosen.
+
+:meth:`Runner.run` builds ``tokens [T], slots [T], positions [T], rows [R], window [W]`` for a
+slot-layout file (W: the step's largest position + 1, rounded up to :data:`WINDOW_STEP`), or
+``tokens [1, seq], input_pos`` for a one-sequence file (one feed per step), runs the method,
+and gives each feed its :class:`~pyrt.llm.scheduler.Outcome`: every fed token kept, and for a
+feed that asks for logits, the token :func:`pyrt.llm.sampling.sample` draws from its last row
+(float32 or wider, numpy) with the sequence's parameters and random state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.sampling import sample
+from pyrt.llm.scheduler import Feed, Outcome
+
+WINDOW_STEP = 32
+NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Runner:
+    """Runs steps of ``conv``'s method on ``program``."""
+
+    def __init__(self, program: Any, conv: Convention) -> None:
+        self.program, self.conv = program, conv
+
+    def run(self, feeds: Seq[Feed]) -> list[Outcome]:
+        """One forward call for ``feeds``; each feed's outcome, in order."""
+        rows = self.logits(feeds)
+        out = []
+        for feed, logits in zip(feeds, rows, strict=True):
+            params, rng = feed.seq.request.params, feed.seq.rng
+            chosen = (sample(logits[-1], params, rng),) if feed.logits else ()
+            out.append(Outcome(len(feed.tokens), chosen))
+        return out
+
+    def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
+        """Per feed, its ``[feed.logits, vocab]`` rows (the logits of its last tokens), in feed order."""
+        if self.conv.layout == SLOTS:
+            return self._slots_step(feeds)
+        (feed,) = feeds  # a one-sequence file runs one sequence per call
+        return [self._single_step(feed)]
+
+    def _slots_step(self, feeds: Seq[Feed]) -> list[np.ndarray]:
+        tokens = np.fromiter((t for f in feeds for t in f.tokens), np.int64)
+        slots = np.repeat(np.fromiter((f.slot for f in feeds), np.int64), [len(f.tokens) for f in feeds])
+        positions = np.concatenate([np.arange(f.start, f.start + len(f.tokens), dtype=np.int64) for f in feeds])
+        ends = np.cumsum([len(f.tokens) for f in feeds])
+        wanted = [np.arange(end - f.logits, end) for f, end in zip(feeds, ends, strict=True)]
+        flat = np.concatenate(wanted).astype(np.int64)
+        rows = flat if flat.size else np.zeros(1, np.int64)  # the program returns at least one row
+        window = np.arange(window_size(int(positions.max()) + 1, self.conv.max_context_len), dtype=np.int64)
+        logits = self._run((tokens, slots, positions, rows, window))
+        bounds = np.cumsum([0] + [f.logits for f in feeds])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _single_step(self, feed: Feed) -> np.ndarray:
+        ids = np.asarray([feed.tokens], dtype=np.int64)
+        count = 1 if self.conv.start_position else len(feed.tokens)
+        pos = np.arange(feed.start, feed.start + count, dtype=np.int64)
+        logits = self._run((ids, pos))  # [1, seq, vocab] or the last position's [1, vocab], as rows of vocab
+        return logits[len(logits) - feed.logits:]
+
+    def _run(self, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+        """The method's logits as ``[n, vocab]`` float rows (float32 when the program's are bfloat16)."""
+        conv = self.conv
+        if conv.torch_io:  # a bfloat16 program runs on torch kernels: torch is imported already
+            import torch
+
+            out = self.program.run(*(torch.from_numpy(a) for a in inputs), method=conv.method)
+            floats: np.ndarray = out.reshape(-1, conv.vocab_size).float().numpy()  # bf16 -> float32 is exact
+            return floats
+        rows = np.asarray(self.program.run(*inputs, method=conv.method)).reshape(-1, conv.vocab_size)
+        return rows if rows.dtype in NUMPY_FLOATS else rows.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
+
+
+def window_size(needed: int, context: int) -> int:
+    """The positions a step attends to: ``needed`` rounded up to a multiple of :data:`WINDOW_STEP` (at most the
+    context), so that a generation changes the program's input shapes every WINDOW_STEP tokens, not every token
+    (positions past a token's own are masked, whatever they hold).
+
+    >>> window_size(5, 48), window_size(40, 48)
+    (32, 48)
+    """
+    return min(-(-needed // WINDOW_STEP) * WINDOW_STEP, context)
