@@ -23,11 +23,6 @@ from pyrt.sim import simulated_gpus
 from tests.fixtures import pte as ptefixtures
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (auto-skipped without one)")
-    config.addinivalue_line("markers", "slow: long-running; deselected unless -m slow")
-
-
 @functools.cache
 def cuda_device_count() -> int:
     """Devices the CUDA driver reports, via cuda-python; 0 when there is no driver or no device.
