@@ -13,9 +13,10 @@ a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
 500 a failed run (the typed error), 503 not ready; with an API key, 401 without it; and the
 limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
 ``request_timeout_s``, 408 a body slower than ``read_timeout_s``. Programs that generate also
-answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.llm_routes`: an engine
-per generating model, stepped by its own thread; 429 when ``max_queued_requests`` generations
-already wait for a KV-cache slot).
+answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.openai_routes`,
+:mod:`pyrt.serve.generate_routes` over :mod:`pyrt.serve.llm_service`: an engine per generating
+model, stepped by its own thread; 429 when ``max_queued_requests`` generations already wait for a
+KV-cache slot).
 """
 
 
@@ -41,9 +42,11 @@ from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
 from pyrt.serve.failures import ApiError, error_response, openai_response
+from pyrt.serve.generate_routes import GenerateRoutes
 from pyrt.serve.limits import RunThread
-from pyrt.serve.llm_routes import LlmRoutes
+from pyrt.serve.llm_service import LlmService
 from pyrt.serve.metrics import ServeMetrics, process_stats
+from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.testing import simulated_devices
@@ -79,8 +82,9 @@ class PyrtReplica:
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
-        self.llm = LlmRoutes(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                             max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+        self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
+                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+        self.openai, self.generation = OpenAIRoutes(self.llm), GenerateRoutes(self.llm)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
@@ -151,6 +155,7 @@ class PyrtReplica:
                 return openai_response(ApiError(f"{what}: {path}", found))
             return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
         handler, params = found
+        request.scope["path_params"] = params
         try:
             return await getattr(self, handler)(request, **params)
         except Exception as exc:  # answered, never raised: the replica keeps serving
@@ -243,22 +248,22 @@ class PyrtReplica:
         return await limits.read_body(request, self.cfg.max_request_bytes, self.cfg.read_timeout_s)
 
     async def generate(self, request: Request, name: str) -> Response:
-        return await self.llm.generate(request, name, stream=False)
+        return await self.generation.generate(request)
 
     async def generate_stream(self, request: Request, name: str) -> Response:
-        return await self.llm.generate(request, name, stream=True)
+        return await self.generation.generate_stream(request)
 
     async def completions(self, request: Request) -> Response:
-        return await self.llm.completions(request)
+        return await self.openai.completions(request)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self.llm.chat_completions(request)
+        return await self.openai.chat_completions(request)
 
     async def openai_models(self, request: Request) -> Response:
-        return await self.llm.models(request)
+        return await self.openai.models(request)
 
     async def openai_model(self, request: Request, model: str) -> Response:
-        return await self.llm.model(request, model)
+        return await self.openai.model(request)
 
     def _unknown(self, name: str) -> JSONResponse:
         self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values

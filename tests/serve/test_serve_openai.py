@@ -294,12 +294,12 @@ def test_bad_generate_requests_name_the_field(replica: Any) -> None:
 def test_a_full_queue_is_429_and_the_replica_keeps_serving(prog: Any) -> None:
     """max_queued_requests=1: 4 generations hold the slots, 1 waits, the next is refused (the engine held still)."""
     replica = build(tokenizer=str(S.tokenizer_dir()), max_queued_requests=1)
-    engine = replica.llm.hosts[NAME].engine
+    host = replica.llm.hosts[NAME]
     body = {"model": NAME, "prompt": "hello", "max_tokens": 4, "temperature": 0, "stream": True}
 
     async def go() -> tuple[list[Any], Any]:
         clients = [S.Client("POST", "/v1/completions", body) for _ in range(6)]
-        with engine.lock:  # no step admits anyone meanwhile: 4 are admitted at the next step, 1 waits
+        with host.engine.paused():  # no step admits anyone meanwhile: 4 are admitted at the next step, 1 waits
             answers = [await replica(c.request) for c in clients]
         streams = [a(c.scope, c.receive, c.send) for a, c in zip(answers[:5], clients, strict=False)]
         await asyncio.gather(*streams)
