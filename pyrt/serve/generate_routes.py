@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from pyrt.serve.events import EventStream, sse, sse_of
 from pyrt.serve.failures import error_response, message_of
 from pyrt.serve.generate import FinalEvent, GenerateRequest, TokenEvent, Usage
 from pyrt.serve.llm_host import Job, Piece, pieces
 from pyrt.serve.llm_service import LlmService
+from pyrt.serve.routes import route
 from pyrt.serve.text import TextStream
 
 NONE = {"id", "text_output"}  # left out of an event's JSON when None (no request id; no tokenizer)
@@ -28,6 +30,10 @@ class GenerateRoutes:
 
     def __init__(self, service: LlmService) -> None:
         self.service = service
+
+    def routes(self) -> list[Route]:
+        return [route("POST", "/v2/models/{name}/generate", self.generate),
+                route("POST", "/v2/models/{name}/generate_stream", self.generate_stream)]
 
     async def generate(self, request: Request) -> Response:
         return await self._answer(request, stream=False)

@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from pyrt.serve import openai_api as oa
 from pyrt.serve.events import DONE, EventStream, sse, sse_of
 from pyrt.serve.failures import ApiError, openai_body, openai_response
 from pyrt.serve.llm_host import Job, pieces
 from pyrt.serve.llm_service import LlmService
+from pyrt.serve.routes import route
 from pyrt.serve.text import TextStream
 
 NO_TOKENIZER = "the OpenAI routes need a tokenizer: start pyrt serve with --tokenizer DIR"
@@ -32,6 +34,12 @@ class OpenAIRoutes:
     def __init__(self, service: LlmService) -> None:
         self.service = service
         self.created = oa.now()
+
+    def routes(self) -> list[Route]:
+        return [route("POST", "/v1/chat/completions", self.chat_completions),
+                route("POST", "/v1/completions", self.completions),
+                route("GET", "/v1/models", self.models),
+                route("GET", "/v1/models/{model}", self.model)]
 
     def _card(self, name: str) -> oa.ModelCard:
         max_len = self.service.hosts[name].engine.conv.max_context_len

@@ -1,7 +1,7 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
 One hop: the replica answers HTTP itself (``__call__`` takes Ray Serve's
-Starlette request; :mod:`pyrt.serve.routes` picks the method), with a batch
+Starlette request; its routes are declared once, with Starlette's router, :mod:`pyrt.serve.routes`), with a batch
 queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes HAProxy (or
 Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program and back.
 Runs happen on one worker thread per replica (a Program's runs of one method
@@ -31,6 +31,7 @@ import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Router
 
 from pyrt._version import __version__
 from pyrt.errors import InputError
@@ -49,6 +50,7 @@ from pyrt.serve.metrics import ServeMetrics, process_stats
 from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
+from pyrt.serve.routes import route
 from pyrt.testing import simulated_devices
 
 Item = tuple[str, list[np.ndarray]]
@@ -84,7 +86,20 @@ class PyrtReplica:
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
                               max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
-        self.openai, self.generation = OpenAIRoutes(self.llm), GenerateRoutes(self.llm)
+        self.router = Router([  # the hot path first
+            route("POST", "/v2/models/{name}/infer", self.infer),
+            route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
+            route("GET", "/v2/health/live", self.live),
+            route("GET", "/v2/health/ready", self.ready),
+            route("GET", "/v2", self.server_metadata),
+            route("GET", "/v2/models/{name}", self.model_metadata),
+            route("GET", "/v2/models/{name}/versions/{version}", self.model_metadata),
+            route("GET", "/v2/models/{name}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/stats", self.model_stats),
+            *GenerateRoutes(self.llm).routes(),
+            *OpenAIRoutes(self.llm).routes(),
+        ])
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
@@ -148,7 +163,7 @@ class PyrtReplica:
         refused = self._unauthorized(request, path)
         if refused is not None:
             return refused
-        found = routes.match(request.method, path)
+        found = routes.match(self.router, request.scope)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
             if path.startswith(routes.OPENAI_PREFIX):
@@ -157,7 +172,7 @@ class PyrtReplica:
         handler, params = found
         request.scope["path_params"] = params
         try:
-            return await getattr(self, handler)(request, **params)
+            return await handler(request)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return error_response(exc)
 
@@ -198,19 +213,22 @@ class PyrtReplica:
         return JSONResponse({"name": "pyrt", "version": __version__,
                              "extensions": ["binary_tensor_data", "statistics", "generate"]})
 
-    async def model_metadata(self, request: Request, name: str, version: str = "") -> JSONResponse:
+    async def model_metadata(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
         return JSONResponse(describe(info, self.cfg.max_batch_size))
 
-    async def model_ready(self, request: Request, name: str, version: str = "") -> JSONResponse:
+    async def model_ready(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         if name not in self.models:
             return self._unknown(name)
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    async def model_stats(self, request: Request, name: str) -> JSONResponse:
+    async def model_stats(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         if name not in self.models:
             return self._unknown(name)
         stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
@@ -219,7 +237,8 @@ class PyrtReplica:
             stats["generation"] = generation
         return JSONResponse(stats)
 
-    async def infer(self, request: Request, name: str, version: str = "") -> Response:
+    async def infer(self, request: Request) -> Response:
+        name = request.path_params["name"]
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
@@ -246,24 +265,6 @@ class PyrtReplica:
     async def _body(self, request: Request) -> bytes:
         """The request's body within ``max_request_bytes`` (413) and ``read_timeout_s`` (408)."""
         return await limits.read_body(request, self.cfg.max_request_bytes, self.cfg.read_timeout_s)
-
-    async def generate(self, request: Request, name: str) -> Response:
-        return await self.generation.generate(request)
-
-    async def generate_stream(self, request: Request, name: str) -> Response:
-        return await self.generation.generate_stream(request)
-
-    async def completions(self, request: Request) -> Response:
-        return await self.openai.completions(request)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self.openai.chat_completions(request)
-
-    async def openai_models(self, request: Request) -> Response:
-        return await self.openai.models(request)
-
-    async def openai_model(self, request: Request, model: str) -> Response:
-        return await self.openai.model(request)
 
     def _unknown(self, name: str) -> JSONResponse:
         self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values
