@@ -16,13 +16,15 @@ limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a
 answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.openai_routes`,
 :mod:`pyrt.serve.generate_routes` over :mod:`pyrt.serve.llm_service`: an engine per generating
 model, stepped by its own thread; 429 when ``max_queued_requests`` generations already wait for a
-KV-cache slot).
+KV-cache slot). The replica's devices come from the ``devices`` factory it is bound with (simulated
+GPUs, :func:`pyrt.serve.app.deployment`); without one, the GPUs Ray assigned it.
 """
 
 
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -51,29 +53,30 @@ from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.serve.routes import route
-from pyrt.testing import simulated_devices
 
 Item = tuple[str, list[np.ndarray]]
+Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.testing.simulated_devices)
 
 
-def load_program(cfg: ServeConfig) -> Program:
-    """The replica's Program, on the GPUs Ray assigned it (or simulated ones)."""
-    devices = None
-    if cfg.simulated_gpus is not None:
-        devices = simulated_devices(int(cfg.gpus_per_replica or 0) or cfg.simulated_gpus)
+def load_program(cfg: ServeConfig, devices: Devices | None = None) -> Program:
+    """The replica's Program, on the devices ``devices()`` makes (None: the GPUs Ray assigned it)."""
     data = list(cfg.data) or None
-    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
+    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels,
+                   devices=None if devices is None else devices())
 
 
 @serve.deployment
 class PyrtReplica:
-    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes."""
+    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes.
 
-    def __init__(self, cfg: ServeConfig) -> None:
+    ``devices``: makes the devices its Program runs on (None: the GPUs Ray assigned it).
+    """
+
+    def __init__(self, cfg: ServeConfig, devices: Devices | None = None) -> None:
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
-        self.program = load_program(cfg)
+        self.program = load_program(cfg, devices)
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply

@@ -43,8 +43,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, np.n
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     with simulated_gpus(1), Program(path, kernels="numpy") as prog:
         want = np.asarray(prog(x))
-    replica = in_process(ServeConfig(str(path), simulated_gpus=1, kernels="numpy", max_request_bytes=1 << 16,
-                                     read_timeout_s=5.0, request_timeout_s=60.0, max_queued_requests=4))
+    replica = in_process(ServeConfig(str(path), kernels="numpy", max_request_bytes=1 << 16, read_timeout_s=5.0,
+                                     request_timeout_s=60.0, max_queued_requests=4), simulated_gpus=1)
     yield replica, x, want
     close(replica)
 

@@ -48,7 +48,7 @@ def make(dyn: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     def replica(seconds_per_row: float = 0.0, **options: Any) -> Any:
         monkeypatch.setenv(SECONDS_PER_ROW_ENV, str(seconds_per_row))
-        made.append(in_process(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", **options)))
+        made.append(in_process(ServeConfig(str(dyn), kernels="numpy", **options), simulated_gpus=1))
         return made[-1]
 
     yield replica
