@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -42,27 +43,32 @@ class GenerateRoutes:
         return await self._answer(request, stream=True)
 
     async def _answer(self, request: Request, stream: bool) -> Response:
-        service, name = self.service, request.path_params["name"]
+        name = request.path_params["name"]
         try:
-            host = service.host(name, openai=False)
-            service.metrics.request(name)
-            body = await service.read(request, GenerateRequest)
-            prompt = body.input_ids if body.text_input is None else service.encode(body.text_input, "text_input")
-            job, text = service.start(host, body, prompt)
+            host = self.service.host(name, openai=False)
+            self.service.metrics.request(name)
+            body = await self.service.read(request, GenerateRequest)
+            job, text = self.service.start(host, body, self._prompt(body))
         except Exception as exc:  # answered, never raised: the replica keeps serving
-            service.failed(name if name in service.hosts else "", exc)
+            self.service.failed(name if name in self.service.hosts else "", exc)
             return error_response(exc)
         if stream:
             return EventStream(self._events(name, body, job, text))
         try:
-            got, last = await service.collect(job, text, request)
+            got, last = await self.service.collect(job, text, request)
         except Exception as exc:
-            service.failed(name, exc)
+            self.service.failed(name, exc)
             return error_response(exc)
         tokens = [t for p in got for t in p.tokens][:last.consumed]
         whole = "".join(p.text for p in got) if text is not None else None
         final = final_event(name, body, last, tokens, len(job.generation.prompt), whole)
         return Response(final.model_dump_json(exclude=none_of(final)), media_type="application/json")
+
+    def _prompt(self, body: GenerateRequest) -> list[Any]:
+        """The prompt's token ids: ``input_ids`` as sent (checked where submitted), or ``text_input`` encoded."""
+        if body.text_input is None:
+            return body.input_ids or []
+        return self.service.encode(body.text_input, "text_input")
 
     async def _events(self, name: str, body: GenerateRequest, job: Job, text: TextStream | None
                       ) -> AsyncIterator[bytes]:

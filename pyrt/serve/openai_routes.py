@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -73,33 +74,35 @@ class OpenAIRoutes:
         return await self._answer(request, oa.ChatRequest)
 
     async def _answer(self, request: Request, kind: type[oa.CompletionRequest] | type[oa.ChatRequest]) -> Response:
-        service, name = self.service, ""
+        name = ""
         try:
             self._tokenizer()
-            body = await service.read(request, kind)
-            host = service.host(body.model, openai=True)
+            body = await self.service.read(request, kind)
+            host = self.service.host(body.model, openai=True)
             name = body.model
-            service.metrics.request(name)
-            if isinstance(body, oa.ChatRequest):
-                prompt = service.chat_prompt([m.for_template() for m in body.messages])
-            else:
-                prompt = service.encode(body.prompt, "prompt") if isinstance(body.prompt, str) else body.prompt
-            job, text = service.start(host, body, prompt)
+            self.service.metrics.request(name)
+            job, text = self.service.start(host, body, self._prompt(body))
         except Exception as exc:  # answered, never raised: the replica keeps serving
-            service.failed(name, exc)
+            self.service.failed(name, exc)
             return openai_response(exc)
         chat = isinstance(body, oa.ChatRequest)
         rid, created = oa.new_id(chat), oa.now()
         if body.stream:
             return EventStream(self._events(chat, body, job, text, rid, created))
         try:
-            got, last = await service.collect(job, text, request)
+            got, last = await self.service.collect(job, text, request)
         except Exception as exc:
-            service.failed(name, exc)
+            self.service.failed(name, exc)
             return openai_response(exc)
         usage = oa.Usage.of(len(job.generation.prompt), last.consumed)
         whole = oa.answer(chat, rid, created, body.model, "".join(p.text for p in got), last.finish_reason, usage)
         return Response(whole.model_dump_json(), media_type=JSON)
+
+    def _prompt(self, body: oa.CompletionRequest | oa.ChatRequest) -> list[Any]:
+        """The prompt's token ids: the chat template's, the tokenizer's, or as sent (checked where submitted)."""
+        if isinstance(body, oa.ChatRequest):
+            return self.service.chat_prompt([m.for_template() for m in body.messages])
+        return self.service.encode(body.prompt, "prompt") if isinstance(body.prompt, str) else body.prompt
 
     async def _events(self, chat: bool, body: oa.OpenAIRequest, job: Job, text: TextStream | None, rid: str,
                       created: int) -> AsyncIterator[bytes]:
