@@ -80,6 +80,8 @@ class EngineHost:
             generation = self.engine.submit(prompt, params)
         except BusyError:
             n = self.engine.max_queued
+            if n is None:
+                raise
             raise BusyError(f"model {self.model!r}: {n} or more generations already wait for one of "
                             f"{self.engine.slots} KV-cache slots (max_queued_requests={n})") from None
         return Job(self, generation, asyncio.get_running_loop(), started)
