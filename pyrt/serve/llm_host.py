@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrt.errors import BusyError, PyrtError
-from pyrt.llm import Engine, Generation, GenerationResult, SamplingParams
-from pyrt.llm.outputs import FinishReason
+from pyrt.llm import Engine, FinishReason, Generation, GenerationResult, SamplingParams
 from pyrt.serve.text import TextStream
 
 log = logging.getLogger("pyrt.serve")
