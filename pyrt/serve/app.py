@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import ray
@@ -29,10 +30,11 @@ from ray.serve.config import BackpressureConfig
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
 from pyrt.serve import ingress, lifetime
-from pyrt.serve.config import ServeConfig, simulated_from_env
+from pyrt.serve.config import ServeConfig
 from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
-from pyrt.serve.replica import PyrtReplica
+from pyrt.serve.replica import Devices, PyrtReplica
+from pyrt.sim import gpus_from_environment, simulated_devices
 
 PROXY_WAIT_S = 180.0  # beyond serve.start's own 60 s
 log = logging.getLogger("pyrt.serve")
@@ -73,7 +75,7 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),
                       kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-                      simulated_gpus=sim, app_name=app_name, inline_run_ms=inline_run_ms,
+                      app_name=app_name, inline_run_ms=inline_run_ms,
                       tokenizer=None if tokenizer is None else os.fspath(tokenizer), api_key=api_key,
                       **extra, **limits)
     has_delegates = _check(cfg)
@@ -87,7 +89,24 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
         max_ongoing_requests=ongoing, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         health_check_period_s=2.0, **_backpressure(cfg, ongoing),
-    ).bind(cfg)
+    ).bind(cfg, devices_of(sim, gpus))
+
+
+def simulated_from_env() -> int | None:
+    """``$PYRT_SIMULATED_GPUS`` as a count (None when unset); InputError naming a bad value."""
+    return gpus_from_environment()
+
+
+def devices_of(simulated_gpus: int | None, gpus_per_replica: float) -> Devices | None:
+    """What makes a replica's devices: ``simulated_gpus`` simulated GPUs (as many as ``gpus_per_replica`` when
+    that is a whole number of at least one), or None: the GPUs Ray assigns the replica.
+
+    >>> devices_of(None, 1.0), devices_of(2, 0.0).args, devices_of(2, 1.0).args
+    (None, (2,), (1,))
+    """
+    if simulated_gpus is None:
+        return None
+    return partial(simulated_devices, int(gpus_per_replica) or simulated_gpus)
 
 
 def _backpressure(cfg: ServeConfig, ongoing: int) -> dict[str, Any]:

@@ -27,16 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrt.serve import lifetime
-from pyrt.serve.config import (
-    API_KEY_ENV,
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_READ_TIMEOUT_S,
-    api_key_from_env,
-    simulated_from_env,
-)
-from pyrt.serve.config import number_argument as _number
-from pyrt.serve.config import seconds_argument as _seconds
-from pyrt.serve.config import whole_argument as _whole
+from pyrt.serve.arguments import number_argument, seconds_argument, whole_argument
+from pyrt.serve.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S, api_key_from_env
 from pyrt.streaming import budget_argument
 
 APP_NAME = "pyrt"
@@ -64,30 +56,34 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
                                           "protocol, with dynamic batching and one Program per replica.")
     p.add_argument("path", help="the .pte file")
     p.add_argument("--name", default="", help="model name (default: the file's stem); methods serve as NAME.METHOD")
-    p.add_argument("--replicas", type=_whole(1), default=1, help="replicas, each with its own Program (default 1)")
-    p.add_argument("--gpus-per-replica", type=_number, help="GPUs Ray assigns each replica (default: 1 when the "
-                                                            "program has TensorRT delegates, else 0)")
-    p.add_argument("--cpus-per-replica", type=_number, default=1.0, help="CPUs Ray reserves per replica (default 1)")
+    p.add_argument("--replicas", type=whole_argument(1), default=1,
+                   help="replicas, each with its own Program (default 1)")
+    p.add_argument("--gpus-per-replica", type=number_argument,
+                   help="GPUs Ray assigns each replica (default: 1 when the program has TensorRT delegates, else 0)")
+    p.add_argument("--cpus-per-replica", type=number_argument, default=1.0,
+                   help="CPUs Ray reserves per replica (default 1)")
     p.add_argument("--budget", type=_budget, help="weight-streaming budget per replica: bytes, 50%%, auto, 0=1GiB")
     p.add_argument("--data", action="append", default=[], metavar="PTD", help="a .ptd file of external weights")
     p.add_argument("--kernels", choices=("torch", "numpy"), help="kernels for non-delegated operators")
-    p.add_argument("--max-batch-size", type=_whole(1), default=8, help="most rows in one batched run (1: no batching)")
-    p.add_argument("--batch-wait-ms", type=_number, default=2.0, help="how long a batch waits to fill (default 2)")
-    p.add_argument("--max-request-bytes", type=_whole(1), default=DEFAULT_MAX_REQUEST_BYTES,
+    p.add_argument("--max-batch-size", type=whole_argument(1), default=8,
+                   help="most rows in one batched run (1: no batching)")
+    p.add_argument("--batch-wait-ms", type=number_argument, default=2.0,
+                   help="how long a batch waits to fill (default 2)")
+    p.add_argument("--max-request-bytes", type=whole_argument(1), default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies are refused with 413 (default 64 MiB)")
-    p.add_argument("--max-queued-requests", type=_whole(1), metavar="N",
+    p.add_argument("--max-queued-requests", type=whole_argument(1), metavar="N",
                    help="requests each replica holds waiting for its run thread (more are refused at once with 503 "
                         "and Retry-After), and generations waiting for a KV-cache slot (more get 429) (default: no "
                         "limit)")
-    p.add_argument("--request-timeout-s", type=_seconds, metavar="T",
+    p.add_argument("--request-timeout-s", type=seconds_argument, metavar="T",
                    help="an infer request not answered within T s of its arrival gets 504 (default: no limit)")
-    p.add_argument("--read-timeout-s", type=_seconds, default=DEFAULT_READ_TIMEOUT_S, metavar="R",
+    p.add_argument("--read-timeout-s", type=seconds_argument, default=DEFAULT_READ_TIMEOUT_S, metavar="R",
                    help="a client must send its request (headers and body) within R s, else 408 "
                         f"(default {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=_whole(1), default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--port", type=whole_argument(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
-    p.add_argument("--metrics-port", type=_whole(1), help="Prometheus port of a Ray this command starts")
+    p.add_argument("--metrics-port", type=whole_argument(1), help="Prometheus port of a Ray this command starts")
     p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory: text in and out "
                                                       "on the generate routes, and OpenAI's /v1 API")
     p.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on /v1 and /v2/models "
@@ -117,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     # Ray Serve's option schema uses a Pydantic 1 idiom (extra keywords on Field) that Pydantic 2 warns about at
     # import: 18 lines of third-party noise, from that one module, on every start. pyrt's own warnings still show.
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
-    from pyrt.serve.app import deployment  # extra: serve
+    from pyrt.serve.app import deployment, simulated_from_env  # extra: serve
 
     lifetime.end_orphans(_say)
     sim = simulated_from_env()

@@ -7,16 +7,12 @@
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyrt.errors import InputError
-from pyrt.sim import gpus_from_environment
 
 API_KEY_ENV = "PYRT_API_KEY"
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
@@ -31,17 +27,18 @@ class ServeConfig:
     as for :class:`pyrt.Program`; ``gpus_per_replica``: GPUs Ray assigns each replica
     (None: 1 when the program has TensorRT delegates, else 0); ``max_batch_size``: most rows
     one batched run holds (1: no batching); ``batch_wait_ms``: how long a batch waits to
-    fill; ``simulated_gpus``: run each replica on that many simulated GPUs (None: read
-    ``$PYRT_SIMULATED_GPUS`` where the application is built); ``inline_run_ms``: an idle
-    replica runs a method whose last run was shorter on its event loop instead of its run
-    thread (that hop costs about 0.5 ms, two thread switches; other routes wait at most that
-    long; 0: never). Limits (:mod:`pyrt.serve.limits`): ``max_queued_requests``: requests a
-    replica holds waiting for its run thread (None: no limit), beyond which an infer request gets 503
-    with ``Retry-After`` at once, and generations waiting for a KV-cache slot, beyond which a generate
-    or OpenAI request gets 429; ``request_timeout_s``: an infer request not answered within that many
-    seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its
-    request within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them.
+    fill; ``inline_run_ms``: an idle replica runs a method whose last run was shorter on its
+    event loop instead of its run thread (that hop costs about 0.5 ms, two thread switches;
+    other routes wait at most that long; 0: never). Limits (:mod:`pyrt.serve.limits`):
+    ``max_queued_requests``: requests a replica holds waiting for its run thread (None: no
+    limit), beyond which an infer request gets 503 with ``Retry-After`` at once, and
+    generations waiting for a KV-cache slot, beyond which a generate or OpenAI request gets
+    429; ``request_timeout_s``: an infer request not answered within that many seconds of its
+    arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its request
+    within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
+    directory) turns on the text and OpenAI routes; ``api_key`` guards them. The devices a replica
+    runs on are not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory
+    (simulated GPUs) to the replica where the application is wired.
     """
 
     path: str
@@ -54,7 +51,6 @@ class ServeConfig:
     max_batch_size: int = 8
     batch_wait_ms: float = 2.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    simulated_gpus: int | None = None
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
     tokenizer: str | None = None
@@ -109,48 +105,3 @@ class ServeConfig:
 def api_key_from_env() -> str | None:
     """``$PYRT_API_KEY`` (None when unset or empty)."""
     return os.environ.get(API_KEY_ENV, "").strip() or None
-
-
-def simulated_from_env() -> int | None:
-    """``$PYRT_SIMULATED_GPUS`` as a count (None when unset); InputError naming a bad value."""
-    return gpus_from_environment()
-
-
-# argparse types of the command lines (pyrt serve, python -m pyrt.serve.ingress, pyrt.tools' parser): a bad
-# value is a usage error naming it
-def whole_argument(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low`` (the usage error says which bound).
-
-    >>> whole_argument(1)("3")
-    3
-    """
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
-        return n
-    return parse
-
-
-def float_argument(wanted: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
-    """An argparse type: a number for which ``ok`` holds; the usage error says it expected ``wanted``.
-
-    >>> float_argument("a number > 0", lambda x: x > 0)("2.5")
-    2.5
-    """
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            x = math.nan  # fails every ``ok`` written as a comparison
-        if not ok(x):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
-        return x
-    return parse
-
-
-number_argument = float_argument("a number >= 0", lambda x: x >= 0)
-seconds_argument = float_argument("a number of seconds > 0", lambda x: 0 < x < math.inf)  # finite

@@ -6,17 +6,19 @@ The Open Inference Protocol's routes answer ``{"error": "text"}``; OpenAI's ``/v
 ``RateLimitError``, ...). Statuses: 400 a bad request (:class:`pyrt.errors.InputError`, naming
 the value), 401 no or a wrong API key, 404 an unknown model or path, 429 a full generation queue
 (:class:`pyrt.errors.BusyError`), 500 a failed run; the limits' errors carry their own
-(:mod:`pyrt.serve.limits`: 408, 413, 503 with ``Retry-After``, 504).
+(:mod:`pyrt.serve.limits`: 408, 413, 503 with ``Retry-After``, 504). OpenAI's ``param`` is the
+request field an InputError names (its ``field``, spelled as the client spelled it).
 
 >>> status_of(InputError("max_tokens=0 must be an int >= 1")), openai_body(ApiError("x", 404, param="model"))
 (400, {'error': {'message': 'x', 'type': 'invalid_request_error', 'param': 'model', 'code': None}})
+>>> openai_body(InputError("max_tokens=0 must be an int >= 1", field="max_tokens"))["error"]["param"]
+'max_tokens'
 >>> status_of(Overloaded("full")), status_of(RuntimeError("boom")), headers_of(BusyError("busy"))
 (503, 500, {'Retry-After': '1'})
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -33,8 +35,12 @@ class ApiError(InputError):
     """A request refused with ``status``, naming the request field ``param`` (None: no one field)."""
 
     def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
+        super().__init__(message, field=param)
+        self.status, self.code = status, code
+
+    @property
+    def param(self) -> str | None:
+        return self.field
 
 
 def status_of(exc: BaseException) -> int:
@@ -63,24 +69,18 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc), headers=headers_of(exc))
 
 
-def param_of(exc: BaseException, params: tuple[str, ...]) -> str | None:
-    """The request field an error message starts with (``max_tokens=0 must be ...`` -> ``max_tokens``)."""
-    if isinstance(exc, ApiError):
-        return exc.param
-    found = re.match(r"[A-Za-z_][\w.]*", str(exc))
-    name = found.group(0) if found else ""
-    return name if name.split(".")[0] in params else None
+def param_of(exc: BaseException) -> str | None:
+    """The request field a failure names (an InputError's ``field``), else None."""
+    return exc.field if isinstance(exc, InputError) else None
 
 
-def openai_body(exc: BaseException, params: tuple[str, ...] = ()) -> dict[str, Any]:
+def openai_body(exc: BaseException) -> dict[str, Any]:
     """OpenAI's error object for ``exc``: its message, type, the field it names, a code."""
     status = status_of(exc)
     code = exc.code if isinstance(exc, ApiError) and exc.code else CODES.get(status)
     return {"error": {"message": message_of(exc), "type": TYPES.get(status, "server_error"),
-                      "param": param_of(exc, params), "code": code}}
+                      "param": param_of(exc), "code": code}}
 
 
-def openai_response(exc: BaseException, params: tuple[str, ...] = (), headers: dict[str, str] | None = None
-                    ) -> JSONResponse:
-    return JSONResponse(openai_body(exc, params), status_code=status_of(exc), headers={**headers_of(exc),
-                                                                                          **(headers or {})})
+def openai_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(openai_body(exc), status_code=status_of(exc), headers={**headers_of(exc), **(headers or {})})

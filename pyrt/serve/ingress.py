@@ -46,7 +46,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn
 
-from pyrt.serve.config import seconds_argument
+from pyrt.serve.arguments import seconds_argument
 
 HAPROXY = "HAProxy -> replicas (direct ingress)"
 RAY_PROXY = "Ray Serve's HTTP proxy"

@@ -1,14 +1,16 @@
 """A replica's generation engines: one ``pyrt.llm.Engine`` per generating model, stepped by its own thread.
 
-:class:`EngineHost` owns the engine and a thread that runs its steps while anything is queued
-or running (and sleeps on ``Engine.wait_for_work`` otherwise), so concurrent requests share each
-forward call. The engine's steps and the replica's infer runs go through the same
-``pyrt.Program``, whose runs of one method take turns on that method's lock; the infer route
-refuses the method an engine drives (its runs would write the KV-cache slots generations hold).
+:class:`EngineHost` owns the engine and a thread that runs it (``Engine.run``: it steps while
+anything is queued or running and sleeps otherwise), so concurrent requests share each forward
+call. The engine's steps and the replica's infer runs go through the same ``pyrt.Program``,
+whose runs of one method take turns on that method's lock; the infer route refuses the method an
+engine drives (its runs would write the KV-cache slots generations hold). The engine bounds its
+own queue (``max_queued``, ``pyrt serve --max-queued-requests``); the host only names the flag
+in the refusal.
 
 :class:`Job` is one request's generation seen from the event loop: ``updates()`` yields the new
-token ids as the stepping thread produces them (a listener on the stepping thread wakes the
-loop; several tokens come at once when the loop was busy). :func:`pieces` adds text (a
+token ids as the stepping thread produces them (the generation's update listener wakes the loop;
+several tokens come at once when the loop was busy). :func:`pieces` adds text (a
 :class:`pyrt.serve.text.TextStream`: incremental detokenization and stop strings) and ends with
 one :class:`Piece` carrying the finish reason. Cancelling a job (a client that went away, a stop
 string) frees its slot at the engine's next step.
@@ -25,13 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrt.errors import BusyError, PyrtError
-from pyrt.llm.serving import Engine, Generation, GenerationResult
+from pyrt.llm import Engine, FinishReason, Generation, GenerationResult, SamplingParams
 from pyrt.serve.text import TextStream
 
 log = logging.getLogger("pyrt.serve")
 
-IDLE_WAIT_S = 0.5  # the stepping thread looks for its stop flag this often while idle
-STALLED_WAIT_S = 0.005  # a step that advanced nothing (slots held elsewhere): wait before the next
+FAILED_PAUSE_S = 0.05  # after an unexpected failure of the stepping loop, before it runs again
 HEARTBEAT_S = 5.0  # a job waiting this long for a token checks that the stepping thread is alive
 
 
@@ -40,12 +41,15 @@ class EngineStopped(PyrtError):
 
 
 class EngineHost:
-    """``model``'s engine on ``program`` and the thread that steps it (until :meth:`close`)."""
+    """``model``'s engine on ``program`` and the thread that steps it (until :meth:`close`).
+
+    ``max_queued``: the engine's bound on generations waiting for a KV-cache slot (None: none).
+    """
 
     def __init__(self, program: Any, method: str, model: str, max_queued: int | None = None) -> None:
-        self.model, self.max_queued = model, max_queued
-        self.engine = Engine(program, method=method)
-        self.failure: BaseException | None = None  # the last unexpected step failure
+        self.model = model
+        self.engine = Engine(program, method=method, max_queued=max_queued)
+        self.failure: BaseException | None = None  # the last unexpected failure of the stepping loop
         self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pyrt-steps-{model}", daemon=True)
@@ -57,46 +61,39 @@ class EngineHost:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self.engine.wait_for_work(IDLE_WAIT_S):
-                continue
             try:
-                advanced = self.engine.step()
-            except Exception as exc:  # the engine catches run failures; anything else ends what it carried
-                log.exception("%s: a generation step failed; its generations end", self.model)
+                self.engine.run(self._stop)
+            except Exception as exc:  # the engine ends a failed run's generations itself: this is a bug
+                log.exception("%s: the generation engine failed; its generations end", self.model)
                 self.failure, self.failures = exc, self.failures + 1
                 self.engine.close()
-                continue
-            if advanced == 0:
-                self._stop.wait(STALLED_WAIT_S)
+                self._stop.wait(FAILED_PAUSE_S)
 
-    def submit(self, prompt: list[int], **options: Any) -> Job:
-        """Queue a generation (``Engine.submit``'s checks); its :class:`Job` on the running event loop.
-
-        BusyError when ``max_queued`` generations already wait for a slot beyond those the next
-        step admits (the slots free now).
-        """
+    def submit(self, prompt: list[int], params: SamplingParams) -> Job:
+        """Queue a generation (``Engine.submit``'s checks: InputError naming the engine's field); its
+        :class:`Job` on the running event loop. BusyError past ``--max-queued-requests``."""
         if not self.alive:
             raise EngineStopped(f"model {self.model!r}: the replica's generation engine has stopped")
         started = time.perf_counter()
-        with self.engine.lock:  # the bound and the submission at once
-            waiting = self.engine.queued - self.engine.pool.free  # the next step admits as many as are free
-            if self.max_queued is not None and waiting >= self.max_queued:
-                raise BusyError(f"model {self.model!r}: {waiting} generations already wait for one of "
-                                f"{self.engine.slots} KV-cache slots (max_queued_requests={self.max_queued})")
-            generation = self.engine.submit(prompt, **options)
+        try:
+            generation = self.engine.submit(prompt, params)
+        except BusyError:
+            n = self.engine.max_queued
+            if n is None:
+                raise
+            raise BusyError(f"model {self.model!r}: {n} or more generations already wait for one of "
+                            f"{self.engine.slots} KV-cache slots (max_queued_requests={n})") from None
         return Job(self, generation, asyncio.get_running_loop(), started)
 
     def stats(self) -> dict[str, Any]:
-        out = self.engine.stats()
-        out["free_slots"] = self.engine.pool.free
-        out["step_failures"] = self.failures
-        return out
+        """The engine's counters (``Engine.stats``) and the stepping loop's unexpected failures."""
+        return {**self.engine.stats(), "step_failures": self.failures}
 
     def close(self) -> None:
         """Stop the thread; every generation still queued or running ends as cancelled."""
         self._stop.set()
-        self.engine.close()
         self._thread.join(timeout=30)
+        self.engine.close()
 
 
 class Job:
@@ -106,17 +103,13 @@ class Job:
                  started: float) -> None:
         self.host, self.generation, self.loop, self.started = host, generation, loop, started
         self.failures = host.failures
-        self.token_times: list[float] = []  # perf_counter of each new token, taken on the stepping thread
         self.cancelled_here = False
         self._wake = asyncio.Event()
         self._scheduled = False
-        generation.add_listener(self._heard)
+        generation.on_update(self._heard)
 
-    def _heard(self, sequence: Any) -> None:
-        """On the stepping thread, under the engine's lock: note the token times, wake the loop once."""
-        now = time.perf_counter()
-        while len(self.token_times) < len(sequence.new):
-            self.token_times.append(now)
+    def _heard(self) -> None:
+        """On the stepping thread, after each update of the generation: wake the loop (once until it has woken)."""
         if not self._scheduled:
             self._scheduled = True
             try:
@@ -130,12 +123,9 @@ class Job:
 
     async def updates(self) -> AsyncIterator[list[int]]:
         """The new token ids as they come, until the generation ends (then :attr:`result` or :attr:`error`)."""
-        seen = 0
         while True:
-            with self.host.engine.lock:
-                sequence = self.generation.sequence
-                new, done = sequence.new[seen:], sequence.done
-            seen += len(new)
+            done = self.generation.done  # before taking: the ids taken then include the last ones
+            new = self.generation.take()
             if new:
                 yield new
             if done:
@@ -150,10 +140,15 @@ class Job:
                 raise EngineStopped(f"model {self.host.model!r}: the generation engine stopped") from None
         self._wake.clear()
 
-    def cancel(self, reason: Any = "cancelled") -> None:
+    @property
+    def token_times(self) -> list[float]:
+        """``time.perf_counter()`` when each new token came (as the stepping thread produced it)."""
+        return self.generation.token_times
+
+    def cancel(self, reason: FinishReason = "cancelled") -> None:
         """End the generation at the engine's next step (its slot is freed there)."""
         self.cancelled_here = True
-        self.host.engine.cancel(self.generation, reason=reason)
+        self.generation.cancel(reason)
 
     @property
     def result(self) -> GenerationResult:

@@ -2,10 +2,12 @@
 
 Pure functions, no server: what a method declares (:class:`ModelInfo`), model
 metadata, infer requests decoded from JSON or the binary tensor data extension
-(``Inference-Header-Content-Length``; binary tensors become numpy views of the
-request body, never Python lists), and responses encoded the same two ways.
-Every bad request is a :class:`pyrt.errors.InputError` naming the model and the
-input, which the server answers with 400.
+(``Inference-Header-Content-Length``; the JSON part is an :class:`InferBody`, read in one pass by
+pydantic's parser; binary tensors become numpy views of the request body, never Python lists), and
+responses encoded the same two ways (:class:`InferResponse`, a TypedDict: the hot path's JSON is
+written by ``json.dumps``, whose float text the protocol's clients have always read). Every bad
+request is a :class:`pyrt.errors.InputError` naming the model and the input, which the server
+answers with 400.
 
 >>> import numpy as np
 >>> from pyrt.format.method_io import InputSpec
@@ -26,13 +28,15 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import numpy as np
+from pydantic import BeforeValidator, ConfigDict, StrictInt, StrictStr
 
 from pyrt.errors import InputError
 from pyrt.format.method_io import InputSpec, check_shape, method_inputs
 from pyrt.pte_reader import PteFile
+from pyrt.serve.validation import Bad, Body, parse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"
@@ -157,21 +161,58 @@ class InferRequest:
         return int(self.arrays[0].shape[0])
 
 
-def _loads(data: bytes | memoryview, where: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(bytes(data))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{where}: the request is not valid JSON ({exc})") from None
-    except RecursionError:  # json's parser recurses per nesting level: [[[[...]]]] exhausts the stack
-        raise InputError(f"{where}: the request's JSON nests too deeply") from None
-    if not isinstance(doc, dict):
-        raise InputError(f"{where}: the request must be a JSON object, got {type(doc).__name__}")
-    return doc
+def whole_shape(value: Any) -> Any:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in value):
+        raise Bad(" must be a list of whole numbers >= 0")
+    return value
 
 
-def _split_body(body: bytes, header_length: str | None, where: str) -> tuple[dict[str, Any], int]:
+def if_object(value: Any) -> Any:
+    """Parameters that are not an object are ignored (as the protocol's servers do)."""
+    return value if isinstance(value, dict) else None
+
+
+class Lenient(Body):
+    """A protocol object: fields it does not name are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TensorParameters(Lenient):
+    binary_data_size: StrictInt | None = None  # an input's bytes in the binary part
+    binary_data: Any = None  # an output's: send it in the binary part (truthy)
+
+
+class InputTensor(Lenient):
+    name: StrictStr
+    datatype: StrictStr
+    shape: Annotated[list[int], BeforeValidator(whole_shape)]
+    data: Any = None  # JSON values, read by numpy (never one Python object per value in pydantic)
+    parameters: Annotated[TensorParameters | None, BeforeValidator(if_object)] = None
+
+
+class OutputTensor(Lenient):
+    name: StrictStr
+    parameters: Annotated[TensorParameters | None, BeforeValidator(if_object)] = None
+
+
+class RequestParameters(Lenient):
+    binary_data_output: Any = None  # every output in the binary part (truthy)
+
+
+class InferBody(Lenient):
+    """The JSON part of an infer request."""
+
+    id: Annotated[str | None, BeforeValidator(lambda v: v if isinstance(v, str) else None)] = None
+    inputs: list[InputTensor]
+    outputs: list[OutputTensor] | None = None
+    parameters: Annotated[RequestParameters | None, BeforeValidator(if_object)] = None
+
+
+def _split_body(body: bytes, header_length: str | None, where: str) -> tuple[InferBody, int]:
     if header_length is None:
-        return _loads(body, where), len(body)
+        return parse(InferBody, body, where), len(body)
     try:
         n = int(header_length)
     except ValueError:
@@ -179,22 +220,18 @@ def _split_body(body: bytes, header_length: str | None, where: str) -> tuple[dic
     if not 0 <= n <= len(body):
         raise InputError(f"{where}: {HEADER_LENGTH} {header_length!r} is not a length within the "
                          f"{len(body)}-byte body")
-    return _loads(memoryview(body)[:n], where), n
+    return parse(InferBody, body[:n], where), n
 
 
 def decode_infer(info: ModelInfo, body: bytes, header_length: str | None) -> InferRequest:
     """Decode ``POST /v2/models/{name}/infer`` (JSON, or JSON + binary tensors) against ``info``."""
     where = f"model {info.name!r}"
     doc, cursor = _split_body(body, header_length, where)
-    items = doc.get("inputs")
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise InputError(f"{where}: 'inputs' must be a list of tensor objects")
-    by_name: dict[str, dict[str, Any]] = {}
-    for item in items:
-        name = str(item.get("name"))
-        if name in by_name:
-            raise InputError(f"{where}: input {name!r} is given twice")
-        by_name[name] = item
+    by_name: dict[str, InputTensor] = {}
+    for item in doc.inputs:
+        if item.name in by_name:
+            raise InputError(f"{where}: input {item.name!r} is given twice")
+        by_name[item.name] = item
     specs = {input_name(s): s for s in info.tensors}
     extra = sorted(set(by_name) - set(specs))
     if extra:
@@ -207,26 +244,22 @@ def decode_infer(info: ModelInfo, body: bytes, header_length: str | None) -> Inf
         arrays.append(arr)
     if cursor != len(body):
         raise InputError(f"{where}: {len(body) - cursor} bytes of binary data follow the last binary input")
-    req = InferRequest(doc.get("id") if isinstance(doc.get("id"), str) else None, arrays)
+    req = InferRequest(doc.id, arrays)
     _requested_outputs(doc, info, req, where)
     return req
 
 
-def _tensor(item: dict[str, Any], spec: InputSpec, body: bytes, cursor: int, where: str) -> tuple[np.ndarray, int]:
+def _tensor(item: InputTensor, spec: InputSpec, body: bytes, cursor: int, where: str) -> tuple[np.ndarray, int]:
     want = datatype(spec.dtype, where)
-    if item.get("datatype") != want:
-        raise InputError(f"{where}: datatype {item.get('datatype')!r}, the model takes {want}")
-    shape = item.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
-        raise InputError(f"{where}: shape {shape!r} must be a list of whole numbers >= 0")
+    if item.datatype != want:
+        raise InputError(f"{where}: datatype {item.datatype!r}, the model takes {want}")
+    shape = item.shape
     check_shape(spec, tuple(shape), where)  # before numpy sees it: dims past its limits are ValueErrors there
     dtype = _np_dtype(spec.dtype, where)
     count = math.prod(shape)
-    params = item.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    size = item.parameters.binary_data_size if item.parameters is not None else None
     if size is not None:
-        if not isinstance(size, int) or not 0 <= size <= len(body) - cursor:
+        if not 0 <= size <= len(body) - cursor:
             raise InputError(f"{where}: binary_data_size {size!r} exceeds the {len(body) - cursor} bytes left")
         if size != count * dtype.itemsize:
             raise InputError(f"{where}: {size} bytes of binary data; shape {shape} {want} needs "
@@ -234,7 +267,7 @@ def _tensor(item: dict[str, Any], spec: InputSpec, body: bytes, cursor: int, whe
         arr = np.frombuffer(body, dtype=dtype, count=count, offset=cursor).reshape(shape)
         cursor += size
     else:
-        arr = _from_json(item.get("data"), dtype, shape, count, where)
+        arr = _from_json(item.data, dtype, shape, count, where)
     check_array(spec, arr, where)
     return arr, cursor
 
@@ -294,44 +327,63 @@ def _check_integers(arr: np.ndarray, dtype: np.dtype) -> None:
         raise ValueError(f"values from {low} to {high}, outside {info.min}..{info.max}")
 
 
-def _requested_outputs(doc: dict[str, Any], info: ModelInfo, req: InferRequest, where: str) -> None:
-    params = doc.get("parameters") or {}
-    req.binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
-    outs = doc.get("outputs")
-    if outs is None:
+def _requested_outputs(doc: InferBody, info: ModelInfo, req: InferRequest, where: str) -> None:
+    req.binary_default = bool(doc.parameters.binary_data_output) if doc.parameters is not None else False
+    if doc.outputs is None:
         return
     names = [o.name for o in info.outputs]
-    if not isinstance(outs, list) or not all(isinstance(o, dict) for o in outs):
-        raise InputError(f"{where}: 'outputs' must be a list of objects")
     req.outputs = []
-    for o in outs:
-        name = o.get("name")
-        if name not in names:
-            raise InputError(f"{where}: no output {name!r}; the model has {names}")
-        p = o.get("parameters") or {}
-        req.outputs.append(name)
-        req.binary[name] = bool(p.get("binary_data", req.binary_default)) if isinstance(p, dict) else False
+    for o in doc.outputs:
+        if o.name not in names:
+            raise InputError(f"{where}: no output {o.name!r}; the model has {names}")
+        req.outputs.append(o.name)
+        asked = o.parameters is not None and "binary_data" in o.parameters.model_fields_set
+        req.binary[o.name] = bool(o.parameters.binary_data) if asked else req.binary_default  # type: ignore[union-attr]
 
 
 # -- responses ---------------------------------------------------------------------------------------
+
+
+class Output(TypedDict):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class OutputEntry(Output, total=False):
+    parameters: dict[str, int]  # binary_data_size, when the tensor is in the binary part
+    data: list[Any]  # its values, row-major, when it is not
+
+
+class ResponseHead(TypedDict):
+    model_name: str
+    model_version: str
+    outputs: list[OutputEntry]
+
+
+class InferResponse(ResponseHead, total=False):
+    """The JSON part of an infer response (a TypedDict: built and written as a plain dict on the hot path)."""
+
+    id: str  # the request's, when it had one
 
 
 def encode_infer(info: ModelInfo, req: InferRequest, outputs: Sequence[np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The response body and its extra headers (``Inference-Header-Content-Length`` when binary)."""
     named = {spec.name: np.ascontiguousarray(x) for spec, x in zip(info.outputs, outputs, strict=True)}
     wanted = req.outputs if req.outputs is not None else list(named)
-    entries, blobs = [], []
+    entries: list[OutputEntry] = []
+    blobs = []
     for name in wanted:
         x = named[name]
-        entry: dict[str, Any] = {"name": name, "datatype": datatype(x.dtype.name, f"model {info.name!r}"),
-                                 "shape": list(x.shape)}
+        entry: OutputEntry = {"name": name, "datatype": datatype(x.dtype.name, f"model {info.name!r}"),
+                              "shape": list(x.shape)}
         if req.binary.get(name, req.binary_default):
             entry["parameters"] = {"binary_data_size": x.nbytes}
             blobs.append(x.reshape(-1).view(np.uint8).data)
         else:
             entry["data"] = x.reshape(-1).tolist()
         entries.append(entry)
-    doc: dict[str, Any] = {"model_name": info.name, "model_version": VERSION, "outputs": entries}
+    doc: InferResponse = {"model_name": info.name, "model_version": VERSION, "outputs": entries}
     if req.id is not None:
         doc["id"] = req.id
     head = json.dumps(doc, separators=(",", ":")).encode()

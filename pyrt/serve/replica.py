@@ -1,7 +1,7 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
 One hop: the replica answers HTTP itself (``__call__`` takes Ray Serve's
-Starlette request; :mod:`pyrt.serve.routes` picks the method), with a batch
+Starlette request; its routes are declared once, with Starlette's router, :mod:`pyrt.serve.routes`), with a batch
 queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes HAProxy (or
 Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program and back.
 Runs happen on one worker thread per replica (a Program's runs of one method
@@ -13,15 +13,18 @@ a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
 500 a failed run (the typed error), 503 not ready; with an API key, 401 without it; and the
 limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
 ``request_timeout_s``, 408 a body slower than ``read_timeout_s``. Programs that generate also
-answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.llm_routes`: an engine
-per generating model, stepped by its own thread; 429 when ``max_queued_requests`` generations
-already wait for a KV-cache slot).
+answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.openai_routes`,
+:mod:`pyrt.serve.generate_routes` over :mod:`pyrt.serve.llm_service`: an engine per generating
+model, stepped by its own thread; 429 when ``max_queued_requests`` generations already wait for a
+KV-cache slot). The replica's devices come from the ``devices`` factory it is bound with (simulated
+GPUs, :func:`pyrt.serve.app.deployment`); without one, the GPUs Ray assigned it.
 """
 
 
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -30,6 +33,7 @@ import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Router
 
 from pyrt._version import __version__
 from pyrt.errors import InputError
@@ -41,34 +45,38 @@ from pyrt.serve.batch_queue import BatchQueue
 from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
 from pyrt.serve.failures import ApiError, error_response, openai_response
+from pyrt.serve.generate_routes import GenerateRoutes
 from pyrt.serve.limits import RunThread
-from pyrt.serve.llm_routes import LlmRoutes
+from pyrt.serve.llm_service import LlmService
 from pyrt.serve.metrics import ServeMetrics, process_stats
+from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
-from pyrt.sim import simulated_devices
+from pyrt.serve.routes import route
 
 Item = tuple[str, list[np.ndarray]]
+Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
 
 
-def load_program(cfg: ServeConfig) -> Program:
-    """The replica's Program, on the GPUs Ray assigned it (or simulated ones)."""
-    devices = None
-    if cfg.simulated_gpus is not None:
-        devices = simulated_devices(int(cfg.gpus_per_replica or 0) or cfg.simulated_gpus)
+def load_program(cfg: ServeConfig, devices: Devices | None = None) -> Program:
+    """The replica's Program, on the devices ``devices()`` makes (None: the GPUs Ray assigned it)."""
     data = list(cfg.data) or None
-    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
+    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels,
+                   devices=None if devices is None else devices())
 
 
 @serve.deployment
 class PyrtReplica:
-    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes."""
+    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes.
 
-    def __init__(self, cfg: ServeConfig) -> None:
+    ``devices``: makes the devices its Program runs on (None: the GPUs Ray assigned it).
+    """
+
+    def __init__(self, cfg: ServeConfig, devices: Devices | None = None) -> None:
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
-        self.program = load_program(cfg)
+        self.program = load_program(cfg, devices)
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
@@ -79,8 +87,22 @@ class PyrtReplica:
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
-        self.llm = LlmRoutes(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                             max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+        self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
+                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+        self.router = Router([  # the hot path first
+            route("POST", "/v2/models/{name}/infer", self.infer),
+            route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
+            route("GET", "/v2/health/live", self.live),
+            route("GET", "/v2/health/ready", self.ready),
+            route("GET", "/v2", self.server_metadata),
+            route("GET", "/v2/models/{name}", self.model_metadata),
+            route("GET", "/v2/models/{name}/versions/{version}", self.model_metadata),
+            route("GET", "/v2/models/{name}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/stats", self.model_stats),
+            *GenerateRoutes(self.llm).routes(),
+            *OpenAIRoutes(self.llm).routes(),
+        ])
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
@@ -144,15 +166,16 @@ class PyrtReplica:
         refused = self._unauthorized(request, path)
         if refused is not None:
             return refused
-        found = routes.match(request.method, path)
+        found = routes.match(self.router, request.scope)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
             if path.startswith(routes.OPENAI_PREFIX):
                 return openai_response(ApiError(f"{what}: {path}", found))
             return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
         handler, params = found
+        request.scope["path_params"] = params
         try:
-            return await getattr(self, handler)(request, **params)
+            return await handler(request)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return error_response(exc)
 
@@ -193,19 +216,22 @@ class PyrtReplica:
         return JSONResponse({"name": "pyrt", "version": __version__,
                              "extensions": ["binary_tensor_data", "statistics", "generate"]})
 
-    async def model_metadata(self, request: Request, name: str, version: str = "") -> JSONResponse:
+    async def model_metadata(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
         return JSONResponse(describe(info, self.cfg.max_batch_size))
 
-    async def model_ready(self, request: Request, name: str, version: str = "") -> JSONResponse:
+    async def model_ready(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         if name not in self.models:
             return self._unknown(name)
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    async def model_stats(self, request: Request, name: str) -> JSONResponse:
+    async def model_stats(self, request: Request) -> JSONResponse:
+        name = request.path_params["name"]
         if name not in self.models:
             return self._unknown(name)
         stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
@@ -214,7 +240,8 @@ class PyrtReplica:
             stats["generation"] = generation
         return JSONResponse(stats)
 
-    async def infer(self, request: Request, name: str, version: str = "") -> Response:
+    async def infer(self, request: Request) -> Response:
+        name = request.path_params["name"]
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
@@ -241,24 +268,6 @@ class PyrtReplica:
     async def _body(self, request: Request) -> bytes:
         """The request's body within ``max_request_bytes`` (413) and ``read_timeout_s`` (408)."""
         return await limits.read_body(request, self.cfg.max_request_bytes, self.cfg.read_timeout_s)
-
-    async def generate(self, request: Request, name: str) -> Response:
-        return await self.llm.generate(request, name, stream=False)
-
-    async def generate_stream(self, request: Request, name: str) -> Response:
-        return await self.llm.generate(request, name, stream=True)
-
-    async def completions(self, request: Request) -> Response:
-        return await self.llm.completions(request)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self.llm.chat_completions(request)
-
-    async def openai_models(self, request: Request) -> Response:
-        return await self.llm.models(request)
-
-    async def openai_model(self, request: Request, model: str) -> Response:
-        return await self.llm.model(request, model)
 
     def _unknown(self, name: str) -> JSONResponse:
         self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values

@@ -1,15 +1,22 @@
-"""The Open Inference Protocol's paths and OpenAI's: which replica method answers a request.
+"""A replica's routes: (method, path, handler) declared with Starlette's routing, matched in the replica's ``__call__``.
 
-The replica answers HTTP in its own ``__call__`` (no web framework between Ray
-Serve and it: FastAPI's routing, dependency solving and query parsing cost more
-than a small model's run). Paths are Starlette templates; the first route whose
-path matches and whose method is the request's wins.
+The replica answers HTTP in its own ``__call__`` (no web framework between Ray Serve and it:
+FastAPI's routing, dependency solving and query parsing cost more than a small model's run), so
+Starlette's ``Router`` holds the routes and :func:`match` finds the one a request takes, as the
+router does when it is the application: the first route whose path and method match; 405 where
+only other methods have the path, else 404. A handler takes the request; its path parameters
+are ``request.path_params``. Paths are below the application's route prefix (Ray Serve puts the
+prefix in ``root_path``).
 
->>> match("POST", "/v2/models/mlp/versions/1/infer")
-('infer', {'name': 'mlp', 'version': '1'})
->>> match("GET", "/v2/models/mlp/infer"), match("GET", "/nowhere")
+>>> async def infer(request): ...
+>>> router = Router([route("POST", "/v2/models/{name}/infer", infer)])
+>>> def scope(method, path): return {"type": "http", "method": method, "path": path, "root_path": "/portable"}
+>>> endpoint, params = match(router, scope("POST", "/portable/v2/models/mlp/infer"))
+>>> endpoint is infer, params
+(True, {'name': 'mlp'})
+>>> match(router, scope("GET", "/portable/v2/models/mlp/infer")), match(router, scope("POST", "/nowhere"))
 (405, 404)
->>> route_path({"path": "/portable/v2/health/live", "root_path": "/portable"})
+>>> route_path(scope("GET", "/portable/v2/health/live"))
 '/v2/health/live'
 >>> guarded("/v1/models"), guarded("/v2/models/m/infer"), guarded("/v2/health/ready"), guarded("/v2")
 (True, True, False, False)
@@ -17,57 +24,33 @@ path matches and whose method is the request's wins.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from starlette.routing import compile_path
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match, Route, Router
+from starlette.types import Scope
 
-
-@dataclass(frozen=True)
-class Route:
-    """``method`` on ``path`` (a Starlette template such as ``/v2/models/{name}``) is answered by ``handler``."""
-
-    method: str
-    path: str
-    handler: str
-    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "regex", compile_path(self.path)[0])
-
-
-ROUTES = (  # the hot path first
-    Route("POST", "/v2/models/{name}/infer", "infer"),
-    Route("POST", "/v2/models/{name}/versions/{version}/infer", "infer"),
-    Route("GET", "/v2/health/live", "live"),
-    Route("GET", "/v2/health/ready", "ready"),
-    Route("GET", "/v2", "server_metadata"),
-    Route("GET", "/v2/models/{name}", "model_metadata"),
-    Route("GET", "/v2/models/{name}/versions/{version}", "model_metadata"),
-    Route("GET", "/v2/models/{name}/ready", "model_ready"),
-    Route("GET", "/v2/models/{name}/versions/{version}/ready", "model_ready"),
-    Route("GET", "/v2/models/{name}/stats", "model_stats"),
-    Route("POST", "/v2/models/{name}/generate", "generate"),
-    Route("POST", "/v2/models/{name}/generate_stream", "generate_stream"),
-    Route("POST", "/v1/chat/completions", "chat_completions"),
-    Route("POST", "/v1/completions", "completions"),
-    Route("GET", "/v1/models", "openai_models"),
-    Route("GET", "/v1/models/{model}", "openai_model"),
-)
+Handler = Callable[[Request], Awaitable[Response]]
 OPENAI_PREFIX = "/v1"  # OpenAI's API: errors in its shape
 
 
+def route(method: str, path: str, handler: Handler) -> Route:
+    """``method`` on ``path`` (a Starlette template such as ``/v2/models/{name}``) is answered by ``handler``."""
+    found = Route(path, handler, methods=[method])
+    found.methods = {method}  # Starlette adds HEAD to a GET route; the replica answers HEAD with 405, as before
+    return found
 
-def match(method: str, path: str, routes: tuple[Route, ...] = ROUTES) -> tuple[str, dict[str, str]] | int:
-    """(handler, path parameters) for ``method`` on ``path``; 405 where only other methods have the path, else 404."""
+
+def match(router: Router, scope: Scope) -> tuple[Handler, dict[str, Any]] | int:
+    """(handler, path parameters) of the route ``scope`` takes; 405 where only other methods have its path, else 404."""
     status = 404
-    for route in routes:
-        found = route.regex.match(path)
-        if found is not None:
-            if route.method == method:
-                return route.handler, found.groupdict()
+    for candidate in router.routes:
+        found, child = candidate.matches(scope)
+        if found is Match.FULL:
+            return child["endpoint"], child["path_params"]
+        if found is Match.PARTIAL:
             status = 405
     return status
 
@@ -84,3 +67,6 @@ def route_path(scope: Mapping[str, Any]) -> str:
 def guarded(path: str) -> bool:
     """Whether an API key guards ``path``: OpenAI's routes and every model route (health and ``/v2`` do not)."""
     return path in ("/v1", "/v2/models") or path.startswith(("/v1/", "/v2/models/"))
+
+
+__all__ = ["Handler", "OPENAI_PREFIX", "Router", "guarded", "match", "route", "route_path"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pyrt._version import __version__
 from pyrt.serve import command as serve_command
-from pyrt.serve.config import float_argument, whole_argument
+from pyrt.serve.arguments import float_argument, whole_argument
 from pyrt.streaming import budget_argument
 from pyrt.tools.inputs import parse_shape_arg
 

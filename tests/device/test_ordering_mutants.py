@@ -41,9 +41,11 @@ TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          "pyrt/serve/batch_queue.py": ("tests/serve/test_serve_batch_queue.py",),
          # threading waits of a generation: without them a result is read before it exists
          "pyrt/llm/loop.py": (LLM_ISOLATION,),
-         # the replica's generation engine: the event loop's waits for tokens
+         # the replica's generation engine: the event loop's waits for tokens, the event stream's wait for its
+         # sender or a disconnect
          "pyrt/serve/llm_host.py": (SERVE_OPENAI,),
-         "pyrt/serve/llm_routes.py": (SERVE_OPENAI,),
+         "pyrt/serve/llm_service.py": (SERVE_OPENAI,),
+         "pyrt/serve/events.py": (SERVE_OPENAI,),
          # the replica's timeouts and run thread
          "pyrt/serve/limits.py": ("tests/serve/test_serve_limits.py",)}
 DEFAULT_TESTS = ("tests/device/test_async_ordering.py",)
@@ -86,9 +88,9 @@ EXEMPT = {
     "pyrt/llm/stream.py: self._ready.wait(timeout)":
         "a generation's pause (threading.Condition) while another thread steps or nothing can run: without it "
         "the reader looks again at once, spinning a core; updates are taken under the lock, so it orders nothing",
-    "pyrt/serve/llm_host.py: self._stop.wait(STALLED_WAIT_S)":
-        "a pause (threading.Event) after a step that advanced nothing: without it the stepping thread spins, "
-        "it orders nothing",
+    "pyrt/serve/llm_host.py: self._stop.wait(FAILED_PAUSE_S)":
+        "a pause (threading.Event) after an unexpected failure of the engine's loop, before it runs again: "
+        "without it a loop that keeps failing spins a core; it orders nothing",
     "pyrt/llm/gen_bench.py: torch.cuda.synchronize()":
         "the host-link bandwidth measurement's clock reads (torch, real GPUs only): timing, orders no result",
     "pyrt/runtime/device_context.py: self._keep = []":

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import pyrt
+import pyrt.llm  # binds pyrt too; pyrt.llm is a subpackage, not one of pyrt's lazy names
 from tests.fixtures import llm_models as L
 
 

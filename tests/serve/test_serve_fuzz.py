@@ -34,7 +34,6 @@ from pyrt.sim import simulated_gpus  # noqa: E402
 from tests.fixtures.serve import asgi_request, assert_batched_equal, build, close, in_process, json_infer  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PYRT_FUZZ_EXAMPLES", "400"))
-NOT_READY = {"ready", "model_ready"}  # a replica outside Ray has no application: 503 is the truth there
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +43,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, np.n
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     with simulated_gpus(1), Program(path, kernels="numpy") as prog:
         want = np.asarray(prog(x))
-    replica = in_process(ServeConfig(str(path), simulated_gpus=1, kernels="numpy", max_request_bytes=1 << 16,
-                                     read_timeout_s=5.0, request_timeout_s=60.0, max_queued_requests=4))
+    replica = in_process(ServeConfig(str(path), kernels="numpy", max_request_bytes=1 << 16, read_timeout_s=5.0,
+                                     request_timeout_s=60.0, max_queued_requests=4), simulated_gpus=1)
     yield replica, x, want
     close(replica)
 
@@ -144,14 +143,16 @@ def binary(draw: Any) -> tuple[bytes, str | None]:
 
 
 @st.composite
-def hostile(draw: Any) -> tuple[str, str, bytes, dict[str, str]]:
-    """Mostly (3 in 4) an infer request to the served model; else any route, name and method."""
+def hostile(draw: Any, table: list[Any]) -> tuple[str, str, bytes, dict[str, str]]:
+    """Mostly (3 in 4) an infer request to the served model; else any of the replica's routes (``table``: its
+    Starlette routes, the infer ones first), name and method."""
     if draw(st.integers(0, 3)) > 0:
-        route, name, method = routes.ROUTES[draw(st.integers(0, 1))], "dyn", "POST"
+        route, name, method = table[draw(st.integers(0, 1))], "dyn", "POST"
     else:
-        route = draw(st.sampled_from(routes.ROUTES))
+        route = draw(st.sampled_from(table))
         name = draw(WORDS | st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=10))
-        method = draw(st.sampled_from([route.method, route.method, "GET", "POST", "PUT", "DELETE"]))
+        own = next(iter(route.methods))
+        method = draw(st.sampled_from([own, own, "GET", "POST", "PUT", "DELETE"]))
     path = route.path.replace("{name}", name).replace("{version}", draw(st.sampled_from(["1", "2", "x"])))
     kind = draw(st.sampled_from(["infer", "infer", "binary", "binary", "json", "deep", "bytes", "empty"]))
     headers: dict[str, str] = {}
@@ -181,14 +182,16 @@ def _valid(replica: Any, x: np.ndarray) -> Any:
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-@given(case=hostile())
+@given(data=st.data())
 def test_hostile_requests_are_4xx_and_the_replica_serves_on(served: tuple[Any, np.ndarray, np.ndarray],
-                                                            case: tuple[str, str, bytes, dict[str, str]]) -> None:
+                                                            data: st.DataObject) -> None:
     replica, x, want = served
-    method, path, body, headers = case
-    reply = asyncio.run(replica(asgi_request(method, path, body, headers)))
-    found = routes.match(method, path)
-    if not isinstance(found, int) and found[0] in NOT_READY and reply.status_code == 503:
+    method, path, body, headers = data.draw(hostile(replica.router.routes), label="request")
+    request = asgi_request(method, path, body, headers)
+    found = routes.match(replica.router, request.scope)
+    reply = asyncio.run(replica(request))
+    not_ready = (replica.ready, replica.model_ready)  # outside Ray there is no application: 503 is the truth there
+    if not isinstance(found, int) and found[0] in not_ready and reply.status_code == 503:
         assert json.loads(reply.body)["ready"] is False
     else:
         assert reply.status_code < 500, (reply.status_code, reply.body[:500])

@@ -30,8 +30,8 @@ def dyn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("inline"))["dyn"]
 
 
-def _replica(cfg: ServeConfig) -> Any:
-    return in_process(cfg)
+def _replica(cfg: ServeConfig, simulated_gpus: int | None = 1) -> Any:
+    return in_process(cfg, simulated_gpus)
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def make(dyn: Path) -> Iterator[Any]:
     made: list[Any] = []
 
     def replica(inline_run_ms: float) -> Any:
-        made.append(_replica(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", inline_run_ms=inline_run_ms)))
+        made.append(_replica(ServeConfig(str(dyn), kernels="numpy", inline_run_ms=inline_run_ms)))
         return made[-1]
 
     yield replica
@@ -110,7 +110,7 @@ def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
     x = torch.randn(3, 6, dtype=torch.bfloat16)
     path = tmp_path / "bf16.pte"
     path.write_bytes(to_edge(torch.export.export(model, (x,))).to_executorch().buffer)
-    replica = _replica(ServeConfig(str(path), kernels="torch"))
+    replica = _replica(ServeConfig(str(path), kernels="torch"), simulated_gpus=None)
     try:
         info = replica.models["bf16"]
         header = json.dumps({"inputs": [{"name": "input0", "datatype": "BF16", "shape": [3, 6],
@@ -178,7 +178,7 @@ def test_a_request_counts_as_in_flight_from_its_arrival(dyn: Path) -> None:
     """B arrives while A's body is read: A does not run alone on the event loop; A and B run as one batch."""
     import json
 
-    replica = _replica(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", inline_run_ms=60_000,
+    replica = _replica(ServeConfig(str(dyn), kernels="numpy", inline_run_ms=60_000,
                                    batch_wait_ms=100))
     rng = np.random.default_rng(3)
     xs = [rows(rng, 2), rows(rng, 3)]

@@ -1,6 +1,6 @@
 """A replica's limits, in-process (no Ray): a full queue is 503 at once, a late answer 504, a slow client 408.
 
-Runs are made slow on purpose with pyrt.testing's slow simulated GPU
+Runs are made slow on purpose with pyrt.sim's slow simulated GPU
 (``$PYRT_SIMULATED_SECONDS_PER_ROW``, read where the replica's simulated devices are made).
 """
 
@@ -48,7 +48,7 @@ def make(dyn: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     def replica(seconds_per_row: float = 0.0, **options: Any) -> Any:
         monkeypatch.setenv(SECONDS_PER_ROW_ENV, str(seconds_per_row))
-        made.append(in_process(ServeConfig(str(dyn), simulated_gpus=1, kernels="numpy", **options)))
+        made.append(in_process(ServeConfig(str(dyn), kernels="numpy", **options), simulated_gpus=1))
         return made[-1]
 
     yield replica

@@ -21,6 +21,7 @@ pytest.importorskip("executorch")
 pytest.importorskip("transformers")
 
 import pyrt  # noqa: E402
+from pyrt.serve.app import devices_of  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
@@ -28,12 +29,13 @@ from tests.fixtures import llm_serve as S  # noqa: E402
 NAME = "gpt2"
 
 
-def build(builder: str = "portable", **options: Any) -> Any:
-    """A replica of the slot file, built here (Ray Serve's deployment class as written)."""
+def build(builder: str = "portable", simulated_gpus: int | None = None, **options: Any) -> Any:
+    """A replica of the slot file, built here (Ray Serve's deployment class as written, bound as the app binds it)."""
     cls = PyrtReplica.func_or_class
     own = next(c for c in cls.__mro__ if c.__module__ == "pyrt.serve.replica" and "__init__" in vars(c)
                and not inspect.iscoroutinefunction(c.__init__))
-    return own(ServeConfig(str(S.slot_file(builder)), name=NAME, kernels="numpy", **options))
+    return own(ServeConfig(str(S.slot_file(builder)), name=NAME, kernels="numpy", **options),
+               devices_of(simulated_gpus, 0.0))
 
 
 def close(replica: Any) -> None:
@@ -294,12 +296,12 @@ def test_bad_generate_requests_name_the_field(replica: Any) -> None:
 def test_a_full_queue_is_429_and_the_replica_keeps_serving(prog: Any) -> None:
     """max_queued_requests=1: 4 generations hold the slots, 1 waits, the next is refused (the engine held still)."""
     replica = build(tokenizer=str(S.tokenizer_dir()), max_queued_requests=1)
-    engine = replica.llm.hosts[NAME].engine
+    host = replica.llm.hosts[NAME]
     body = {"model": NAME, "prompt": "hello", "max_tokens": 4, "temperature": 0, "stream": True}
 
     async def go() -> tuple[list[Any], Any]:
         clients = [S.Client("POST", "/v1/completions", body) for _ in range(6)]
-        with engine.lock:  # no step admits anyone meanwhile: 4 are admitted at the next step, 1 waits
+        with host.engine.paused():  # no step admits anyone meanwhile: 4 are admitted at the next step, 1 waits
             answers = [await replica(c.request) for c in clients]
         streams = [a(c.scope, c.receive, c.send) for a, c in zip(answers[:5], clients, strict=False)]
         await asyncio.gather(*streams)

@@ -1,0 +1,50 @@
+"""The argparse types of pyrt's command lines (``pyrt serve``, ``python -m pyrt.serve.ingress``, the ``pyrt``
+parser of :mod:`pyrt.tools.cli_args`): a bad value is argparse's usage error naming it (exit status 2).
+
+>>> seconds_argument("2.5"), whole_argument(1)("8")
+(2.5, 8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def whole_argument(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (the usage error says which bound).
+
+    >>> whole_argument(1)("3")
+    3
+    """
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+    return parse
+
+
+def float_argument(wanted: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a number for which ``ok`` holds; the usage error says it expected ``wanted``.
+
+    >>> float_argument("a number > 0", lambda x: x > 0)("2.5")
+    2.5
+    """
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan  # fails every ``ok`` written as a comparison
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return x
+    return parse
+
+
+number_argument = float_argument("a number >= 0", lambda x: x >= 0)
+seconds_argument = float_argument("a number of seconds > 0", lambda x: 0 < x < math.inf)  # finite
