@@ -45,7 +45,9 @@ out = {"pyrt": pyrt.__file__, "models": {}}
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], list(range(20, 40)), [3]]
 for pte in sorted(folder.glob("*.llm.pte")):  # generation: greedy and seeded sampling, several prompts at once
     for kernels in kernel_sets:
+        t0 = time.perf_counter()
         prog = pyrt.Program(str(pte), kernels=kernels)
+        load = time.perf_counter() - t0
         runs, tokens = [], []
         for _ in range(max(1, samples // 3)):
             t0 = time.perf_counter()
@@ -56,7 +58,7 @@ for pte in sorted(folder.glob("*.llm.pte")):  # generation: greedy and seeded sa
         tokens = [r.tokens for r in greedy + sampled]
         digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
         prog.close()
-        out["models"][f"{pte.name[:-len('.llm.pte')]}/{kernels}"] = {"load": 0.0, "run": statistics.median(runs),
+        out["models"][f"{pte.name[:-len('.llm.pte')]}/{kernels}"] = {"load": load, "run": statistics.median(runs),
                                                                       "sha256": digest}
 for pte in sorted(p for p in folder.glob("*.pte") if not p.name.endswith(".llm.pte")):
     arrays = np.load(pte.with_suffix(".npz"))
