@@ -11,7 +11,10 @@ the files are made::
     python benchmarks/bench_layout_ab.py run DIR --tree before=/path/a --tree after=. --rounds 4
 
 It prints, per model and kernel set, the median load and run time of each tree, the ratio
-B/A, and whether every output of every tree hashes the same (sha256 of the bytes).
+B/A, and whether every output of every tree hashes the same (sha256 of the bytes). Causal LMs
+(``*.llm.pte``: a one-sequence file and a 4-slot file per family) are run through ``pyrt.generate``
+instead: four prompts at once, greedy and seeded sampling; their row's hash is of the tokens, and
+its run time that of the greedy call.
 """
 
 from __future__ import annotations
@@ -39,7 +42,25 @@ if "torch" in kernel_sets:
     import torch
     torch.set_num_threads(1)
 out = {"pyrt": pyrt.__file__, "models": {}}
-for pte in sorted(folder.glob("*.pte")):
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], list(range(20, 40)), [3]]
+for pte in sorted(folder.glob("*.llm.pte")):  # generation: greedy and seeded sampling, several prompts at once
+    for kernels in kernel_sets:
+        t0 = time.perf_counter()
+        prog = pyrt.Program(str(pte), kernels=kernels)
+        load = time.perf_counter() - t0
+        runs, tokens = [], []
+        for _ in range(max(1, samples // 3)):
+            t0 = time.perf_counter()
+            greedy = pyrt.generate(prog, PROMPTS, max_new_tokens=16, eos_ids=[])
+            runs.append(time.perf_counter() - t0)
+        sampled = pyrt.generate(prog, PROMPTS, max_new_tokens=16, do_sample=True, temperature=1.3, top_k=20,
+                                top_p=0.9, seed=[1, 2, 3, 4], eos_ids=[])
+        tokens = [r.tokens for r in greedy + sampled]
+        digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+        prog.close()
+        out["models"][f"{pte.name[:-len('.llm.pte')]}-generate/{kernels}"] = {"load": load, "run": statistics.median(runs),
+                                                                      "sha256": digest}
+for pte in sorted(p for p in folder.glob("*.pte") if not p.name.endswith(".llm.pte")):
     arrays = np.load(pte.with_suffix(".npz"))
     inputs = [arrays[f"arg{i}"] for i in range(len(arrays.files))]
     for kernels in kernel_sets:
@@ -69,17 +90,26 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def prepare(folder: Path, models: list[str] | None) -> None:
+LLMS = ("llama", "gpt2", "qwen2")  # generation files: a one-sequence file and a 4-slot file of each
+
+
+def prepare(folder: Path, models: list[str] | None, llms: list[str] | None) -> None:
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
-    from pyrt.testing.archs import RUNTIME, export_pte
+    from pyrt.export import decoder_to_pte
+    from pyrt.testing.archs import RUNTIME, causal_lm, export_pte
 
     folder.mkdir(parents=True, exist_ok=True)
     for name in models or list(RUNTIME):
         inputs = export_pte(name, folder / f"{name}.pte")
         np.savez(folder / f"{name}.npz", **{f"arg{i}": x.numpy() for i, x in enumerate(inputs)})
         print("wrote", folder / f"{name}.pte", flush=True)
+    for name in LLMS if llms is None else llms:
+        for tag, options in (("", {}), ("-slots", {"max_batch_size": 4, "max_tokens_per_step": 16})):
+            path = folder / f"{name}{tag}.llm.pte"
+            decoder_to_pte(causal_lm(name), path, max_seq_len=48, builder="portable", progress=False, **options)
+            print("wrote", path, flush=True)
 
 
 def measure(tree: Path, folder: Path, samples: int, kernels: str) -> dict:
@@ -122,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="export the models and save their inputs")
     p.add_argument("dir", type=Path)
     p.add_argument("--models", help="comma-separated names (default: all of pyrt.testing.archs.RUNTIME)")
+    p.add_argument("--llms", help=f"comma-separated causal LMs to generate with (default: {','.join(LLMS)}; '': none)")
     r = sub.add_parser("run", help="measure the trees, interleaved")
     r.add_argument("dir", type=Path)
     r.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="first is the baseline")
@@ -130,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--kernels", default="numpy,torch")
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
-        prepare(args.dir, args.models.split(",") if args.models else None)
+        prepare(args.dir, args.models.split(",") if args.models else None,
+                None if args.llms is None else [n for n in args.llms.split(",") if n])
     else:
         trees = {t.split("=", 1)[0]: Path(t.split("=", 1)[1]).resolve() for t in args.tree}
         run(args.dir, trees, args.rounds, args.samples, args.kernels)

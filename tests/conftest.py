@@ -1,7 +1,10 @@
-"""Shared pytest setup: markers, CUDA detection, and real .pte fixtures.
+"""Shared pytest setup: CUDA detection, the workers' groups, and real .pte fixtures.
 
-Markers: ``gpu`` (skipped unless the CUDA driver reports a device) and
-``slow`` (deselected by default through pyproject's ``-m 'not slow'``).
+Marks (registered in pyproject.toml) say what a test does: ``gpu`` (skipped unless the CUDA driver
+reports a device), ``export`` (exports a model of a real architecture or builds a TensorRT engine),
+``ray``, ``soak``, ``mutants``, ``slow``; ``scripts/test.sh`` runs the fast tier (none of the last
+five) or, with ``--all``, everything. Under pytest-xdist's ``--dist loadgroup``, tests that share an
+expensive fixture or a machine-wide resource stay on one worker (:func:`worker_group`).
 
 The .pte fixtures are written by ExecuTorch 1.5.1 once per session into one
 temporary directory (see ``tests/fixtures/pte.py`` for what each holds):
@@ -43,7 +46,27 @@ def cuda_device_count() -> int:
         return 0
 
 
+# Test modules that share the session's LLM exports (functools caches of one process): their tests run on one
+# worker, which exports each file once.
+LLM_EXPORTS = ("tests.fixtures.llm_models", "tests.fixtures.llm_serve")
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group ``item`` runs in: "ray" (one Ray, its ports and network namespaces at a time), or
+    "llm-exports" (the LLM files a session exports once), else None (any worker)."""
+    if item.get_closest_marker("ray") is not None:
+        return "ray"
+    module = getattr(item, "module", None)
+    used = {getattr(v, "__name__", None) for v in vars(module).values()} if module is not None else set()
+    return "llm-exports" if used & set(LLM_EXPORTS) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = worker_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and cuda_device_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device (cuInit/cuDeviceGetCount found none)")

@@ -29,7 +29,8 @@ from pyrt.llm.stream import Generation
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward") -> Any:
-    """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
+    """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention
+    (or an :class:`pyrt.llm.LLMProgram` made from one).
 
     ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
     forward calls (one step for all; a file of ``max_batch_size`` B runs B at once, the rest as
@@ -46,7 +47,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    llm = LLMProgram(program, method)
+    llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))
     requests = []

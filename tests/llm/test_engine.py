@@ -220,3 +220,31 @@ def test_engines_sharing_a_pool_never_share_a_slot() -> None:
         second.step()
     assert [s.result.tokens for s in a + b if s.result] == [want(p) for p in PROMPTS[:5]]
     assert llm.slots.free == 3 and np.all(lm.cache[:, 0] >= 0)
+
+
+# -- pyrt.generate on the stub ------------------------------------------------------------------------
+
+
+def test_generate_gives_one_result_per_prompt_each_its_reference() -> None:
+    import pyrt
+
+    llm, _ = S.stub(slots=4)
+    results = pyrt.generate(llm, PROMPTS, max_new_tokens=10, eos_ids=[])  # 7 prompts, 4 slots
+    assert [r.tokens for r in results] == [want(p) for p in PROMPTS] and llm.slots.free == 4
+    sampled = pyrt.generate(llm, PROMPTS[:3], max_new_tokens=10, do_sample=True, temperature=0.8, seed=[3, 1, 4],
+                            eos_ids=[])
+    assert [r.tokens for r in sampled] == [
+        want(p, SamplingParams(max_new_tokens=10, do_sample=True, temperature=0.8, seed=s, eos_ids=()))
+        for p, s in zip(PROMPTS[:3], [3, 1, 4], strict=True)]
+
+
+def test_generate_streams_and_refuses_at_once_when_every_slot_is_held() -> None:
+    import pyrt
+
+    llm, _ = S.stub(slots=1)
+    stream = pyrt.generate(llm, PROMPTS[0], max_new_tokens=10, eos_ids=[], stream=True)
+    first = next(stream)
+    with pytest.raises(BusyError, match="its one KV-cache slot is held by other generations"):
+        pyrt.generate(llm, PROMPTS[1], max_new_tokens=2)
+    assert [first, *stream] == want(PROMPTS[0]) and llm.slots.free == 1
+    assert pyrt.generate(llm, PROMPTS[1], max_new_tokens=10, eos_ids=[]).tokens == want(PROMPTS[1])
