@@ -58,8 +58,8 @@ for pte in sorted(folder.glob("*.llm.pte")):  # generation: greedy and seeded sa
         tokens = [r.tokens for r in greedy + sampled]
         digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
         prog.close()
-        out["models"][f"{pte.name[:-len('.llm.pte')]}-generate/{kernels}"] = {"load": load, "run": statistics.median(runs),
-                                                                      "sha256": digest}
+        key = f"{pte.name[:-len('.llm.pte')]}-generate/{kernels}"
+        out["models"][key] = {"load": load, "run": statistics.median(runs), "sha256": digest}
 for pte in sorted(p for p in folder.glob("*.pte") if not p.name.endswith(".llm.pte")):
     arrays = np.load(pte.with_suffix(".npz"))
     inputs = [arrays[f"arg{i}"] for i in range(len(arrays.files))]
