@@ -153,6 +153,7 @@ def _mutate(tree: Path, rel: str, statement: str) -> None:
     path.write_text("".join(lines))
 
 
+@pytest.mark.mutants
 def test_unmutated_tree_passes(prebuilt: Path, tmp_path: Path) -> None:
     """The harness itself: the copied tree passes every module's ordering tests unchanged."""
     tree = _copy_tree(tmp_path)
@@ -172,6 +173,7 @@ def test_discovery_finds_the_ordering_statements() -> None:
     assert len(MUTANTS) >= 20
 
 
+@pytest.mark.mutants
 @pytest.mark.parametrize("statement", MUTANTS, ids=[f"{s.rel}:{s.lineno}" for s in MUTANTS])
 def test_removing_an_ordering_statement_is_caught(statement: Statement, prebuilt: Path, tmp_path: Path) -> None:
     tree = _copy_tree(tmp_path)
@@ -183,6 +185,7 @@ def test_removing_an_ordering_statement_is_caught(statement: Statement, prebuilt
                                     f"needs it or an exemption with its reason\n{result.stdout[-2000:]}")
 
 
+@pytest.mark.mutants
 @pytest.mark.parametrize(("rel", "statement", "hazard"), REPLACEMENTS,
                          ids=[f"{m[0]}:{m[1][:40]}" for m in REPLACEMENTS])
 def test_changing_a_statement_is_caught(rel: str, statement: str, hazard: str, prebuilt: Path,

@@ -116,6 +116,7 @@ def test_sigterm_cleans_like_sigint(stalled: dict, sig: int) -> None:
         assert rc == -signal.SIGTERM  # it still ends by the signal, after cleaning up
 
 
+@pytest.mark.export
 def test_sigterm_handler_is_restored_and_a_callers_handler_respected(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     _export(tmp_path / "a.pte")

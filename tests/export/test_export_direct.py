@@ -109,18 +109,21 @@ def archs_both(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
+@pytest.mark.export
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
 def test_archs_dynamic_give_the_full_lowerings_file(name: str, archs_both: Any) -> None:
     direct, full, _ = archs_both(name, True)
     _assert_same(direct, full)
 
 
+@pytest.mark.export
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
 def test_archs_static_give_the_full_lowerings_file(name: str, archs_both: Any) -> None:
     direct, full, _ = archs_both(name, False)
     _assert_same(direct, full)
 
 
+@pytest.mark.export
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
 def test_direct_files_run_like_eager(name: str, archs_both: Any) -> None:
     from pyrt.testing import archs
@@ -149,6 +152,7 @@ def test_many_inputs_and_outputs(tmp_path: Path, dynamic: bool) -> None:
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.export
 def test_equal_sizes_break_ties_as_executorch_does(tmp_path: Path) -> None:
     direct, full = _both(SameSizes(), tmp_path, (torch.randn(4, 4), torch.randn(4, 4)))
     _assert_same(direct, full)
@@ -160,6 +164,7 @@ def test_engine_on_another_device_and_extra_compile_specs(tmp_path: Path) -> Non
     _assert_same(direct, full)
 
 
+@pytest.mark.export
 def test_only_fully_delegated_programs_take_the_direct_path(tmp_path: Path,
                                                             caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="pyrt.export")
@@ -177,6 +182,7 @@ def test_only_fully_delegated_programs_take_the_direct_path(tmp_path: Path,
     assert EMITTED not in caplog.text and "lowering with ExecuTorch" in caplog.text
 
 
+@pytest.mark.export
 def test_state_passthrough_and_unused_inputs_take_the_full_lowering(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     class Passthrough(torch.nn.Module):

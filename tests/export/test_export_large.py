@@ -18,6 +18,8 @@ from pyrt.format.trt_blob import parse_blob
 from pyrt.pte_reader import PteFile
 from pyrt.sim.refengine import RefEngine
 
+pytestmark = [pytest.mark.export]
+
 TWO_GIB = 1 << 31
 
 

@@ -20,6 +20,8 @@ from pyrt.testing import archs
 from tests.export.test_export_helpers import run_pte
 
 pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.export]
 TOLERANCE = 1e-4
 
 

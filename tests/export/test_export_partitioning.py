@@ -125,6 +125,7 @@ class Heads(nn.Module):
         return self.out((att @ v).transpose(1, 2).contiguous().view(b, s, 16))
 
 
+@pytest.mark.export
 def test_shape_arithmetic_goes_into_the_engine(tmp_path: Path) -> None:
     """sym_size and SymInt view/expand sizes used to stay outside, splitting the model per op."""
     torch.manual_seed(0)
@@ -313,6 +314,7 @@ def test_a_failed_build_moves_out_only_the_ops_its_error_names(tmp_path: Path) -
         assert store.records.keys() >= {"probe0"}
 
 
+@pytest.mark.export
 @pytest.mark.slow
 def test_tensorrt_rtx_build_failure_is_a_reason_not_an_error(tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx")

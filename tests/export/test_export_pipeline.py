@@ -89,6 +89,7 @@ def test_blobs_hold_runnable_reference_engines(branchy_pte: tuple[Path, object])
         assert [tuple(out[b.name].shape) for b in blob.outputs] == [b.shape for b in blob.outputs]
 
 
+@pytest.mark.export
 def test_pyrt_writer_is_byte_identical_to_executorch_writer(tmp_path: Path) -> None:
     torch.manual_seed(1)
     model, x = Branchy().eval(), torch.randn(5, 8)
@@ -98,6 +99,7 @@ def test_pyrt_writer_is_byte_identical_to_executorch_writer(tmp_path: Path) -> N
     assert (tmp_path / "pyrt.pte").read_bytes() == (tmp_path / "executorch.pte").read_bytes()
 
 
+@pytest.mark.export
 def test_identical_engines_share_one_segment_like_executorch(tmp_path: Path) -> None:
     same = standin(affine_engine(3.0, 1.0))
     program = torchtrt_program([(same, "obj_a", "a"), (same, "obj_b", "b")])
@@ -111,6 +113,7 @@ def test_identical_engines_share_one_segment_like_executorch(tmp_path: Path) -> 
     assert len(found["file"]["segments"]) == 2  # ExecuTorch's constant segment + that one blob
 
 
+@pytest.mark.export
 def test_dynamic_shapes(tmp_path: Path) -> None:
     class Dyn(nn.Module):
         def __init__(self) -> None:
@@ -142,6 +145,7 @@ def test_dynamic_shapes(tmp_path: Path) -> None:
     assert [t.profile() for t in ref.inputs] == [((2, 8), (64, 8)), ((1, 8), (32, 8))]
 
 
+@pytest.mark.export
 def test_min_block_size_and_unbuildable_ops_fall_back(tmp_path: Path) -> None:
     class Masked(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@ def kv_pte(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     return path, summary, eager
 
 
+@pytest.mark.export
 def test_greedy_decode_matches_eager_token_for_token(kv_pte: tuple[Path, Any, Any]) -> None:
     path, summary, eager = kv_pte
     assert len(summary.engines) == 1 and summary.fallback_ops == {}, str(summary)
@@ -51,6 +52,7 @@ def test_greedy_decode_matches_eager_token_for_token(kv_pte: tuple[Path, Any, An
     assert len(want) == NEW_TOKENS and got == want and again == want
 
 
+@pytest.mark.export
 def test_the_cache_lives_in_device_memory(kv_pte: tuple[Path, Any, Any]) -> None:
     """The engine reads and updates the buffers in place: no host copy of the cache around the call."""
     path, _, _ = kv_pte
@@ -94,6 +96,7 @@ def traffic() -> Iterator[dict[str, int]]:
         yield counts
 
 
+@pytest.mark.export
 def test_a_decode_step_moves_no_cache_bytes(kv_pte: tuple[Path, Any, Any], traffic: dict[str, int]) -> None:
     path, _, _ = kv_pte
     cache_bytes = 1 * 2 * 64 * 16 * 4
@@ -139,6 +142,7 @@ def test_a_program_that_mutates_an_input_is_refused(tmp_path: Path) -> None:
                progress=False)
 
 
+@pytest.mark.export
 @pytest.mark.slow
 def test_a_cache_updated_outside_engines_stays_on_the_host(tmp_path: Path) -> None:
     """With the cache update forced to ExecuTorch, the buffers stay host memory (and still decode right)."""
@@ -155,6 +159,7 @@ def test_a_cache_updated_outside_engines_stays_on_the_host(tmp_path: Path) -> No
         assert archs.greedy(lambda t, p: prog(t, p), PROMPT, 8) == want
 
 
+@pytest.mark.export
 @pytest.mark.slow
 def test_tensorrt_rtx_builds_the_kv_decoder_as_one_engine(tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx")

@@ -322,6 +322,7 @@ def test_trap5_budget_baked_per_engine_as_ascii_decimal(tmp_path: Path, budget: 
     assert [s["weight_streaming_budget"] for s in specs] == [str(budget).encode("ascii")] * 2
 
 
+@pytest.mark.export
 def test_trap5_budget_per_engine_mapping(tmp_path: Path) -> None:
     to_pte(TwoLinears(), tmp_path / "m.pte", (torch.randn(3, 4),), builder="reference", weight_streaming=True,
            torch_executed_ops=["aten.sigmoid.default"], weight_streaming_budget={"engine_1": 7}, progress=False)

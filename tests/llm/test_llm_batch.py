@@ -19,6 +19,8 @@ from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
+pytestmark = [pytest.mark.export]
+
 
 def free_slots(prog: Any) -> int:
     """The program's KV-cache slots that no generation holds."""

@@ -14,6 +14,8 @@ from pyrt.testing import archs
 from pyrt.tools.cli import main
 from tests.fixtures import llm_models as L
 
+pytestmark = [pytest.mark.export]
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -33,6 +33,7 @@ def _executorch_greedy(path: Path, prompt: list[int], new: int) -> list[int]:
     return out
 
 
+@pytest.mark.export
 def test_start_position_and_last_logits_files(tmp_path: Path) -> None:
     """A decoder exported in ExecuTorch's llama signature generates what model.generate does."""
     from executorch.exir import to_edge

@@ -20,6 +20,8 @@ from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
 
+pytestmark = [pytest.mark.export]
+
 
 @pytest.fixture(scope="module")
 def llama_ref() -> L.Exported:

@@ -30,6 +30,7 @@ def prog(llama: L.Exported) -> Any:
         yield p
 
 
+@pytest.mark.export
 def test_stream_yields_the_greedy_tokens_one_by_one(prog: Any, llama: L.Exported) -> None:
     stream = pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[], stream=True)
     first = next(stream)
@@ -39,12 +40,14 @@ def test_stream_yields_the_greedy_tokens_one_by_one(prog: Any, llama: L.Exported
     assert stream.result.finish_reason == "length" and stream.result.timings.new_tokens == L.NEW_TOKENS
 
 
+@pytest.mark.export
 def test_an_eos_id_stops_generation_and_is_kept(prog: Any, llama: L.Exported) -> None:
     eos = llama.want[3]
     out = pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[eos])
     assert out.tokens == llama.want[:llama.want.index(eos) + 1] and out.finish_reason == "stop"
 
 
+@pytest.mark.export
 def test_a_prompt_that_fills_the_cache_stops_with_cache_full(prog: Any, llama: L.Exported) -> None:
     """The last free position yields one token from its logits, then generation stops (eager agrees)."""
     for length, new in ((L.MAX_SEQ_LEN, 1), (L.MAX_SEQ_LEN - 2, 3)):
@@ -54,6 +57,7 @@ def test_a_prompt_that_fills_the_cache_stops_with_cache_full(prog: Any, llama: L
         assert out.tokens == archs.greedy(llama.model, prompt, new)
 
 
+@pytest.mark.export
 def test_seeded_sampling_is_reproducible(prog: Any) -> None:
     def run(seed: int) -> list[int]:
         kw = {"do_sample": True, "temperature": 1.5, "top_k": 20, "top_p": 0.95, "seed": seed, "eos_ids": []}
@@ -63,6 +67,7 @@ def test_seeded_sampling_is_reproducible(prog: Any) -> None:
     assert len({tuple(run(seed)) for seed in range(4)}) > 1
 
 
+@pytest.mark.export
 def test_sampled_first_tokens_follow_the_softmax(prog: Any) -> None:
     """Over many seeds, the first sampled token is distributed as probabilities(prefill logits)."""
     scipy_stats = pytest.importorskip("scipy.stats")
@@ -110,6 +115,7 @@ def test_probabilities_follow_transformers_warpers() -> None:
     np.testing.assert_allclose(probabilities(logits, 0.7, 9, 0.8), want, atol=1e-12)
 
 
+@pytest.mark.export
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"prompt_ids": list(range(3, 52))}, "has 49 tokens, more than the cache's 48 positions"),
     ({"prompt_ids": [5, 100]}, r"prompt_ids\[1\]=100 is outside the vocabulary \[0, 100\)"),
@@ -151,6 +157,7 @@ def test_a_program_outside_the_convention_is_refused(tmp_path: Path) -> None:
         pyrt.generate(str(path), [1, 2], max_new_tokens=2)
 
 
+@pytest.mark.export
 def test_one_token_per_call_files_prefill_token_by_token(tmp_path: Path, llama: L.Exported) -> None:
     """dynamic_prefill=False: forward takes [1, 1]; the prompt goes in one token per call, same tokens."""
     from pyrt.export import decoder_to_pte
@@ -165,6 +172,7 @@ def test_one_token_per_call_files_prefill_token_by_token(tmp_path: Path, llama: 
         assert pyrt.generate(prog, L.PROMPT, max_new_tokens=L.NEW_TOKENS, eos_ids=[]).tokens == llama.want
 
 
+@pytest.mark.export
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_half_precision_files_generate_what_the_model_in_that_dtype_does(tmp_path: Path, name: str,

@@ -11,6 +11,8 @@ import pytest
 import pyrt.llm  # binds pyrt too; pyrt.llm is a subpackage, not one of pyrt's lazy names
 from tests.fixtures import llm_models as L
 
+pytestmark = [pytest.mark.export]
+
 
 @pytest.fixture(scope="module")
 def gpt2() -> L.Exported:

@@ -51,6 +51,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _Programs(tmp_path_factory.mktemp("ddrun"))
 
 
+@pytest.mark.export
 @pytest.mark.parametrize("name", dm.NAMES)
 def test_runs_equal_eager(name: str, programs: dict[str, Path]) -> None:
     model, _ = dm.build(name)

@@ -32,6 +32,8 @@ from pyrt.serve import ingress  # noqa: E402
 from pyrt.serve.app import deployment, run  # noqa: E402
 from pyrt.sim import simulated_gpus  # noqa: E402
 
+pytestmark = [pytest.mark.ray]
+
 MAX_REQUEST_BYTES = 1 << 20
 
 
@@ -326,6 +328,7 @@ def test_ready_only_once_every_replica_has_loaded(ray_serve: str, programs: dict
     serve.delete("late")
 
 
+@pytest.mark.export
 @pytest.mark.slow
 def test_generate_routes_of_a_program_following_the_llm_convention(ray_serve: str,
                                                                    tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -17,6 +17,8 @@ import pytest
 from tests.fixtures import serve as serve_fixtures
 from tests.fixtures.serve import free_port, rows, wait_for
 
+pytestmark = [pytest.mark.ray]
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "pyrt", "serve"]
 

@@ -31,7 +31,8 @@ from tests.fixtures.traffic import read
 pytest.importorskip("ray.serve")
 pytest.importorskip("executorch")
 pytest.importorskip("tritonclient.http")
-pytestmark = pytest.mark.slow
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REQUEST_TIMEOUT_S = 20.0
 THREADS = 4  # client threads: at most this many requests are in flight at once

@@ -26,6 +26,8 @@ from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 
+pytestmark = [pytest.mark.export]
+
 NAME = "gpt2"
 
 

@@ -24,6 +24,8 @@ from pyrt.serve.app import deployment, run  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 from tests.fixtures.serve import METRICS_PORT, wait_for  # noqa: E402
 
+pytestmark = [pytest.mark.export, pytest.mark.ray]
+
 KEY = "test-key"
 APP = "llm"
 MAX_TOKENS = S.MAX_SEQ_LEN - 2  # all the cache leaves after the prompt "hello" (one token)

@@ -25,6 +25,8 @@ from tests.fixtures.serve_process import Server
 
 pytest.importorskip("ray.serve")
 pytest.importorskip("executorch")
+
+pytestmark = [pytest.mark.ray]
 requests = pytest.importorskip("requests")
 
 SLOW_S = 0.5  # seconds per row of the simulated GPU

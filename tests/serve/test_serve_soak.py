@@ -20,6 +20,8 @@ pytest.importorskip("executorch")
 pytest.importorskip("tritonclient.http")
 pytest.importorskip("transformers")  # the GPT-2-style decoder of pyrt.testing.archs
 
+pytestmark = [pytest.mark.ray, pytest.mark.soak]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -24,6 +24,8 @@ from tests.fixtures.serve_process import ROOT, Server, listeners, port_free
 
 pytest.importorskip("ray.serve")
 pytest.importorskip("executorch")
+
+pytestmark = [pytest.mark.ray]
 requests = pytest.importorskip("requests")
 if not os.path.isdir("/proc"):
     pytest.skip("processes are checked through /proc (Linux)", allow_module_level=True)
