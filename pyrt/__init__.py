@@ -28,6 +28,7 @@ from pyrt.errors import (
     ProgramClosedError,
     PteFormatError,
     PyrtError,
+    QueueFullError,
     ResourceError,
     UnsupportedOperatorError,
 )
@@ -37,7 +38,7 @@ __all__ = [
     "Program", "generate", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
-    "ProgramClosedError", "ResourceError", "BusyError",
+    "ProgramClosedError", "ResourceError", "BusyError", "QueueFullError",
 ]
 
 

@@ -83,5 +83,26 @@ class BusyError(PyrtError, RuntimeError):
     """A shared resource is taken (a program's KV-cache slots, a full queue); names what holds it."""
 
 
+class QueueFullError(BusyError):
+    """A queue's bound refused a submission: ``waiting`` already wait for one of ``slots``; the bound, ``limit``, is
+    named ``name`` as the caller set it (:meth:`renamed` names it as another API spells it).
+
+    >>> err = QueueFullError("m.pte", waiting=2, slots=4, limit=2, name="max_queued")
+    >>> str(err), str(err.renamed("max_queued_requests", source="model 'm'"))
+    ('m.pte: 2 generations already wait for one of 4 KV-cache slots (max_queued=2)', "model 'm': 2 generations \
+already wait for one of 4 KV-cache slots (max_queued_requests=2)")
+    """
+
+    def __init__(self, source: str, *, waiting: int, slots: int, limit: int, name: str) -> None:
+        super().__init__(f"{source}: {waiting} generations already wait for one of {slots} KV-cache slots "
+                         f"({name}={limit})")
+        self.source, self.waiting, self.slots, self.limit, self.name = source, waiting, slots, limit, name
+
+    def renamed(self, name: str, *, source: str | None = None) -> QueueFullError:
+        """The same refusal, its bound called ``name`` (and its queue ``source``) as the caller's API spells them."""
+        return QueueFullError(self.source if source is None else source, waiting=self.waiting, slots=self.slots,
+                              limit=self.limit, name=name)
+
+
 class ProgramClosedError(PyrtError):
     """A Program was used after ``close()``."""

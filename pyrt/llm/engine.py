@@ -3,11 +3,11 @@
 :class:`Engine` holds a :class:`~pyrt.llm.scheduler.Scheduler` (who runs, what each feeds) and a
 :class:`~pyrt.llm.runner.Runner` (the program's inputs, the run, the sampling). One thread at a
 time steps it: the caller's (:meth:`Engine.step`, or iterating a generation while no thread runs
-the engine) or the one in :meth:`Engine.run` (a server's). Every other thread talks to it through
-queues: :meth:`Engine.submit` and cancellations post commands to its inbox, applied at the start
-of the next step (at once when nothing steps), and each generation's tokens come back through its
-:class:`~pyrt.llm.stream.Generation` handle's own queue; :meth:`Engine.stats` reads what the
-stepping thread last published. Each step feeds every running generation (a decoding sequence its
+the engine) or the one in :meth:`Engine.run` (a server's, until :meth:`Engine.stop`). Every other
+thread talks to it through queues: :meth:`Engine.submit` and cancellations post commands to its
+inbox, applied at the start of the next step (at once when nothing steps), and each generation's
+tokens come back through its :class:`~pyrt.llm.stream.Generation` handle's own queue;
+:meth:`Engine.stats` reads what the stepping thread last published. Each step feeds every running generation (a decoding sequence its
 last token; prompts in chunks within the file's token budget per step, ``get_max_tokens_per_step``);
 a queued generation joins when a KV-cache slot is free (the program's slots are shared with every
 other engine and ``pyrt.generate`` call on it) and leaves after its last token, between steps. On a
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt.errors import BusyError, InputError
+from pyrt.errors import InputError, QueueFullError
 from pyrt.llm.outputs import FinishReason, Update
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.program import LLMProgram
@@ -42,7 +42,7 @@ from pyrt.llm.scheduler import Scheduler, Sequence
 from pyrt.llm.slots import Reservation, Slots
 from pyrt.llm.stream import Generation, Outbox
 
-IDLE_WAIT_S = 0.5  # Engine.run looks at its stop flag this often while nothing is queued or running
+IDLE_WAIT_S = 0.5  # Engine.run's wait for work, a safety net: every command and Engine.stop wake it at once
 STALLED_WAIT_S = 0.005  # Engine.run, after a step that ran nothing (slots held by others): wait before the next
 PAUSE_S = 0.05  # a caller waiting for a generation while another thread steps, or while nothing can run
 
@@ -64,8 +64,8 @@ class Engine:
 
     ``max_queued``: a submission that would make more than this many generations wait for a
     KV-cache slot (beyond the slots free now, which the next step fills) raises
-    :class:`pyrt.BusyError` (None: no bound). ``slots``: where its generations take slots
-    (default: the program's pool, shared with every engine on it; ``pyrt.generate`` passes
+    :class:`pyrt.errors.QueueFullError`, a :class:`pyrt.BusyError` (None: no bound). ``slots``: where
+    its generations take slots (default: the program's pool, shared with every engine on it; ``pyrt.generate`` passes
     slots it reserved, given back when the engine has nothing left to run). Thread-safe:
     submit and cancel from any thread; one thread steps at a time.
     """
@@ -82,6 +82,7 @@ class Engine:
         self._runner = Runner(self.program, self.conv)
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._posted = threading.Event()  # a command was posted (wakes Engine.run)
+        self._stopping = threading.Event()  # Engine.stop was called
         self._stepping = threading.Lock()  # held by the one thread that steps
         # the queue bound: counting and admitting at once (re-entrant: a dropped handle's finalizer may run
         # on a thread that holds it, and apply its cancellation there)
@@ -137,8 +138,8 @@ class Engine:
         with self._admission:
             waiting = self._queued - self._slots.free  # the next step admits as many as are free
             if self.max_queued is not None and waiting >= self.max_queued:
-                raise BusyError(f"{self.llm.source}: {waiting} generations already wait for one of {self.slots} "
-                                f"KV-cache slots (max_queued={self.max_queued})")
+                raise QueueFullError(self.llm.source, waiting=waiting, slots=self.slots, limit=self.max_queued,
+                                     name="max_queued")
             self._queued += 1
             self._post(_Add(seq, outbox))
         return Generation(self, seq.id, request.prompt, outbox)
@@ -184,20 +185,25 @@ class Engine:
                 self._stepping.release()
         outbox.pause(PAUSE_S)
 
-    def run(self, stop: threading.Event) -> None:
-        """Step on this thread until ``stop`` is set: the engine's one stepping thread (a server's); while it
-        runs, generations wait for it instead of stepping. A run failure ends the generations it carried;
-        anything else raised here is a bug, and ends this call."""
+    def run(self) -> None:
+        """Step on this thread until :meth:`stop`: the engine's one stepping thread (a server's); while it runs,
+        generations wait for it instead of stepping. A run failure ends the generations it carried; anything
+        else raised here is a bug, and ends this call."""
         self._looping = True
         try:
-            while not stop.is_set():
+            while not self._stopping.is_set():
                 if not self.pending:
                     self._posted.wait(IDLE_WAIT_S)
                 self._posted.clear()
                 if self.step() == 0 and self.pending:  # nothing could run: slots are held elsewhere
-                    stop.wait(STALLED_WAIT_S)
+                    self._stopping.wait(STALLED_WAIT_S)
         finally:
             self._looping = False
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the step it is in (at once when it waits for work); from any thread."""
+        self._stopping.set()
+        self._posted.set()
 
     def close(self) -> None:
         """Cancel every generation still queued or running and give their slots back."""

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyrt.errors import BusyError, PyrtError
+from pyrt.errors import BusyError, PyrtError, QueueFullError
 from pyrt.llm import Engine, FinishReason, Generation, GenerationResult, SamplingParams
 from pyrt.serve.text import TextStream
 
@@ -62,7 +62,7 @@ class EngineHost:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.engine.run(self._stop)
+                self.engine.run()
             except Exception as exc:  # the engine ends a failed run's generations itself: this is a bug
                 log.exception("%s: the generation engine failed; its generations end", self.model)
                 self.failure, self.failures = exc, self.failures + 1
@@ -77,12 +77,8 @@ class EngineHost:
         started = time.perf_counter()
         try:
             generation = self.engine.submit(prompt, params)
-        except BusyError:
-            n = self.engine.max_queued
-            if n is None:
-                raise
-            raise BusyError(f"model {self.model!r}: {n} or more generations already wait for one of "
-                            f"{self.engine.slots} KV-cache slots (max_queued_requests={n})") from None
+        except QueueFullError as exc:  # a BusyError as before: the metrics count errors by class name
+            raise BusyError(str(exc.renamed("max_queued_requests", source=f"model {self.model!r}"))) from None
         return Job(self, generation, asyncio.get_running_loop(), started)
 
     def stats(self) -> dict[str, Any]:
@@ -92,6 +88,7 @@ class EngineHost:
     def close(self) -> None:
         """Stop the thread; every generation still queued or running ends as cancelled."""
         self._stop.set()
+        self.engine.stop()
         self._thread.join(timeout=30)
         self.engine.close()
 

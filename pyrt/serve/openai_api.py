@@ -110,6 +110,14 @@ class OpenAIRequest(Body):
             raise Bad(": a model name is required (GET /v1/models lists them)")
         return value
 
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_at_zero(cls, value: float | None) -> float | None:
+        """OpenAI's range starts at 0, which means greedy here; SamplingParams bounds a sampling temperature."""
+        if value is not None and value < 0:
+            raise Bad(" must be >= 0 (0: greedy)")
+        return value
+
     @field_validator("stream_options")
     @classmethod
     def _only_streamed(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:

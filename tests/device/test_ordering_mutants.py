@@ -82,7 +82,7 @@ EXEMPT = {
     "pyrt/llm/engine.py: self._posted.wait(IDLE_WAIT_S)":
         "Engine.run's pause (threading.Event) while nothing is queued or running: without it the loop steps "
         "again at once, spinning a core; commands are applied in the step, so it orders nothing",
-    "pyrt/llm/engine.py: stop.wait(STALLED_WAIT_S)":
+    "pyrt/llm/engine.py: self._stopping.wait(STALLED_WAIT_S)":
         "Engine.run's pause after a step that ran nothing (slots held by another engine): without it the loop "
         "spins, it orders nothing",
     "pyrt/llm/stream.py: self._ready.wait(timeout)":

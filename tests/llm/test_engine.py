@@ -171,8 +171,8 @@ def test_paused_holds_every_step_back() -> None:
 
 def test_one_thread_runs_the_engine_while_others_submit_read_and_cancel() -> None:
     llm, _ = S.stub(slots=3)
-    engine, stop = Engine(llm), threading.Event()
-    runner = threading.Thread(target=engine.run, args=(stop,), daemon=True)
+    engine = Engine(llm)
+    runner = threading.Thread(target=engine.run, daemon=True)
     runner.start()
     got: dict[int, list[int]] = {}
     errors: list[BaseException] = []
@@ -192,8 +192,8 @@ def test_one_thread_runs_the_engine_while_others_submit_read_and_cancel() -> Non
     long.cancel()
     for t in threads:
         t.join(60)
-    stop.set()
-    runner.join(30)
+    engine.stop()
+    runner.join(5)  # at once: stop wakes a waiting loop
     assert not errors and not runner.is_alive()
     assert got == {i: want(p) for i, p in enumerate(PROMPTS)}
     assert long.wait(5) and long.result is not None and long.result.finish_reason == "cancelled"
@@ -248,3 +248,46 @@ def test_generate_streams_and_refuses_at_once_when_every_slot_is_held() -> None:
         pyrt.generate(llm, PROMPTS[1], max_new_tokens=2)
     assert [first, *stream] == want(PROMPTS[0]) and llm.slots.free == 1
     assert pyrt.generate(llm, PROMPTS[1], max_new_tokens=10, eos_ids=[]).tokens == want(PROMPTS[1])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"prompt_ids": list(range(1, 50))}, "has 49 tokens, more than the cache's 48 positions"),
+    ({"prompt_ids": [5, 50]}, r"prompt_ids\[1\]=50 is outside the vocabulary \[0, 50\)"),
+    ({"prompt_ids": [5, -1]}, r"prompt_ids\[1\]=-1 is outside the vocabulary"),
+    ({"prompt_ids": [5, 2.0]}, r"prompt_ids\[1\]=2.0 is not an int token id"),
+    ({"prompt_ids": []}, "prompt_ids is empty"),
+    ({"prompt_ids": "hello"}, "must be a sequence of token ids"),
+    ({"prompt_ids": [[5, 6], [7, 60]]}, r"prompt_ids\[1\]\[1\]=60 is outside the vocabulary"),
+    ({"max_new_tokens": 45}, "max_new_tokens=45 goes past the cache: a 5-token prompt leaves room for 44"),
+    ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int >= 1"),
+    ({"temperature": 0.0, "do_sample": True}, "temperature=0.0 must be a finite number > 0"),
+    ({"temperature": float("nan"), "do_sample": True}, "temperature=nan must be a finite number > 0"),
+    ({"top_k": 0}, "top_k=0 must be an int >= 1"),
+    ({"top_p": 1.5}, r"top_p=1.5 must be a number in \(0, 1\]"),
+    ({"seed": -1}, "seed=-1 must be an int >= 0"),
+    ({"seed": [1, 2, 3]}, "seed has 3 values for 1 prompts"),
+    ({"eos_ids": [500]}, r"eos_ids\[0\]=500 is outside the vocabulary"),
+    ({"do_sample": "yes"}, "do_sample='yes' must be a bool"),
+    ({"stream": 1}, "stream=1 must be a bool"),
+])
+def test_bad_requests_are_input_errors_naming_the_field_before_any_step(kwargs: dict[str, Any], match: str) -> None:
+    import pyrt
+
+    llm, lm = S.stub(slots=2)
+    call = {"prompt_ids": PROMPTS[0], "max_new_tokens": 4, **kwargs}
+    with pytest.raises(InputError, match=match):
+        pyrt.generate(llm, call.pop("prompt_ids"), **call)
+    assert lm.calls == [] and llm.slots.free == 2
+
+
+def test_a_full_queue_names_its_bound_as_the_caller_set_it() -> None:
+    from pyrt.errors import QueueFullError
+
+    llm, _ = S.stub(slots=1)
+    engine = Engine(llm, max_queued=0)
+    taker = engine.submit(PROMPTS[0], GREEDY)  # the free slot's taker (kept: a dropped handle is cancelled)
+    with pytest.raises(QueueFullError) as caught:
+        engine.submit(PROMPTS[1], GREEDY)
+    assert (caught.value.waiting, caught.value.slots, caught.value.limit) == (0, 1, 0)
+    assert "(max_queued_requests=0)" in str(caught.value.renamed("max_queued_requests"))
+    assert taker.wait(30) and taker.result is not None and taker.result.tokens == want(PROMPTS[0])
