@@ -1,17 +1,18 @@
 """Continuous batching with one owner: the thread stepping an engine is the only one that touches its state.
 
 :class:`Engine` holds a :class:`~pyrt.llm.scheduler.Scheduler` (who runs, what each feeds) and a
-:class:`~pyrt.llm.runner.Runner` (the program's inputs, the run, the sampling). One thread at a
-time steps it: the caller's (:meth:`Engine.step`, or iterating a generation while no thread runs
-the engine) or the one in :meth:`Engine.run` (a server's, until :meth:`Engine.stop`). Every other
-thread talks to it through queues: :meth:`Engine.submit` and cancellations post commands to its
-inbox, applied at the start of the next step (at once when nothing steps), and each generation's
-tokens come back through its :class:`~pyrt.llm.stream.Generation` handle's own queue;
-:meth:`Engine.stats` reads what the stepping thread last published. Each step feeds every running generation (a decoding sequence its
-last token; prompts in chunks within the file's token budget per step, ``get_max_tokens_per_step``);
-a queued generation joins when a KV-cache slot is free (the program's slots are shared with every
-other engine and ``pyrt.generate`` call on it) and leaves after its last token, between steps. On a
-one-sequence file the engine runs one generation at a time, in submission order.
+:class:`~pyrt.llm.runner.Runner` (the program's inputs, the run, the sampling). One thread at a time
+steps it: the caller's (:meth:`Engine.step`, or iterating a generation while no thread runs the
+engine) or the one in :meth:`Engine.run` (a server's, until :meth:`Engine.stop`). Every other thread
+talks to it through queues: :meth:`Engine.submit` and cancellations post commands to its inbox,
+applied at the start of the next step (at once when nothing steps), and each generation's tokens
+come back through its :class:`~pyrt.llm.stream.Generation` handle's own queue; :meth:`Engine.stats`
+reads what the stepping thread last published. Each step feeds every running generation (a decoding
+sequence its last token; prompts in chunks within the file's token budget per step,
+``get_max_tokens_per_step``); a queued generation joins when a KV-cache slot is free (the program's
+slots are shared with every other engine and ``pyrt.generate`` call on it) and leaves after its last
+token, between steps. On a one-sequence file the engine runs one generation at a time, in submission
+order.
 
 >>> with pyrt.Program("m.pte") as prog:                                   # doctest: +SKIP
 ...     engine = Engine(prog)
