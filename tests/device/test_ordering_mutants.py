@@ -15,10 +15,13 @@ that change a statement instead of deleting it (a copy skipped, the wrong stream
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -203,9 +206,29 @@ def _copy_tree(tmp_path: Path) -> Path:
     return tree
 
 
+# pytest plugins a mutant's run does without (each costs a second of every run's start-up)
+UNUSED_PLUGINS = ("hypothesispytest", "hydra_pytest", "kgb", "anyio", "xdist", "xdist.looponfail")
+
+
+@functools.cache
+def _serve_files() -> Path:
+    """The generation routes' tests' files (tests/fixtures/llm_serve.py), made once for every mutant that runs them."""
+    from tests.fixtures import llm_serve
+
+    directory = Path(tempfile.mkdtemp(prefix="pyrt-mutants-llm-"))
+    atexit.register(shutil.rmtree, directory, True)
+    env = {**os.environ, llm_serve.PREBUILT_ENV: str(directory)}
+    subprocess.run([sys.executable, "-c", "from tests.fixtures import llm_serve as S; S.slot_file('portable'); "
+                    "S.tokenizer_dir()"], cwd=ROOT, env=env, check=True, timeout=600)
+    return directory
+
+
 def _run(tree: Path, prebuilt: Path, *tests: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYRT_PREBUILT_PTE": str(prebuilt), "PYTHONDONTWRITEBYTECODE": "1"}
+    if SERVE_OPENAI in tests:
+        env["PYRT_PREBUILT_LLM_SERVE"] = str(_serve_files())
+    plugins = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *plugins, "-o", "addopts=",
          "--timeout", str(MUTANT_TIMEOUT_S), "--rootdir", str(tree), *(str(tree / t) for t in tests)],
         cwd=tree, env=env, capture_output=True, text=True, timeout=600)

@@ -11,20 +11,10 @@ import pytest
 
 from pyrt.serve import lifetime
 from tests.fixtures.serve import wait_for
+from tests.fixtures.serve_process import spawn_marked
 
 if not os.path.isdir("/proc"):
     pytest.skip("processes are found through /proc (Linux)", allow_module_level=True)
-
-STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
-           "time.sleep(600)"
-
-
-def spawn(owner: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], env={**os.environ, lifetime.OWNER_ENV: owner},
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "up\n"  # its SIGTERM handler is in place
-    return proc
-
 
 @pytest.fixture
 def owner() -> Iterator[str]:
@@ -38,7 +28,7 @@ def owner() -> Iterator[str]:
 
 
 def test_marked_processes_that_ignore_sigterm_are_ended_with_sigkill(owner: str) -> None:
-    procs = [spawn(owner), spawn(owner)]
+    procs = [spawn_marked(owner), spawn_marked(owner)]
     try:
         found = lifetime.marked(owner)
         assert sorted(p.pid for p in found) == sorted(p.pid for p in procs)
@@ -55,7 +45,7 @@ def test_orphans_of_a_dead_owner_are_ended_and_named_and_a_live_owner_s_are_not(
     gone.wait()
     dead_owner = f"{gone.pid}:{lifetime.owner_token(os.getpid()).split(':')[1]}"  # its pid, not its start time
     assert not lifetime.alive(dead_owner)
-    orphan, kept = spawn(dead_owner), spawn(owner)
+    orphan, kept = spawn_marked(dead_owner), spawn_marked(owner)
     said: list[str] = []
     try:
         ended = lifetime.end_orphans(said.append)
@@ -69,7 +59,7 @@ def test_orphans_of_a_dead_owner_are_ended_and_named_and_a_live_owner_s_are_not(
 
 
 def test_the_watchdog_ends_its_owner_s_processes_when_its_pipe_closes(owner: str) -> None:
-    proc = spawn(owner)
+    proc = spawn_marked(owner)
     try:
         pipe = lifetime.start_watchdog(owner)
         assert pipe is not None and proc.poll() is None
