@@ -86,9 +86,17 @@ def check_draft_tokens(value: Any) -> int:
 
 
 def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program: Any) -> Program:
-    """Open a draft LLM file as a :class:`pyrt.Program`, fully resident by default (a draft's weights are small
-    and read at every guess: streaming them would cost what speculation saves); ``program``: Program's keywords."""
-    return Program(path, budget=budget, **program)
+    """Open a draft LLM file as a :class:`pyrt.Program`, fully resident by default: a draft's weights are small and
+    read at every guess, so streaming them would cost what speculation saves (``budget`` applies to a file with
+    streamable weights; None: as loaded); ``program``: the other keywords of Program."""
+    prog = Program(path, **program)
+    try:
+        if budget is not None and any(w.streamable_bytes for w in prog.weight_streaming):
+            prog.set_budget(budget)
+    except BaseException:
+        prog.close()
+        raise
+    return prog
 
 
 __all__ = ["Drafter", "make_drafter", "check_draft_tokens", "open_draft", "DEFAULT_DRAFT_TOKENS"]

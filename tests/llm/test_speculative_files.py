@@ -6,7 +6,6 @@ pyrt's runtime and ExecuTorch's."""
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,6 @@ def opened(*paths: Any) -> Iterator[list[Any]]:
         yield [stack.enter_context(pyrt.Program(p)) for p in paths]
 
 
-@functools.cache
-def small_draft(name: str) -> Path:
-    """Family ``name`` with one layer (other weights, same vocabulary, BOS and EOS), 4 slots: a draft file."""
-    path = L._session_dir() / f"{name}-draft-1layer.pte"
-    from pyrt.export import decoder_to_pte
-
-    decoder_to_pte(archs.causal_lm(name, seed=1, layers=1), path, max_seq_len=L.MAX_SEQ_LEN, builder="reference",
-                   max_batch_size=L.SLOTS, max_tokens_per_step=16, progress=False)
-    return path
-
-
 def want(name: str) -> list[list[int]]:
     model = archs.causal_lm(name)
     return [list(w) for w in L.solo_greedy(name, NEW)] + [archs.greedy(model, ECHO, NEW)]
@@ -63,7 +51,7 @@ def test_slot_files_return_a_logits_row_per_token() -> None:
 @pytest.mark.parametrize("draft", ["ngram", "itself", "small"])
 def test_greedy_with_a_draft_equals_transformers_at_batch_1_and_4(draft: str) -> None:
     exported = L.batched("llama", "reference")
-    paths = [exported.path] + ([exported.path] if draft == "itself" else [small_draft("llama")] if draft == "small"
+    paths = [exported.path] + ([exported.path] if draft == "itself" else [L.draft("llama")] if draft == "small"
                                else [])
     prompts, wanted = L.PROMPTS + [ECHO], want("llama")
     with opened(*paths) as progs:
@@ -74,6 +62,8 @@ def test_greedy_with_a_draft_equals_transformers_at_batch_1_and_4(draft: str) ->
     assert alone.drafted > 0 and sum(r.drafted for r in many) > 0
     if draft == "itself":
         assert alone.accepted == alone.drafted and alone.tokens_per_pass == 3.0  # 12 tokens: 1, 5, 5, 1
+    if draft == "small":  # the target's first layer: its guesses are right at times, wrong at others
+        assert 0 < sum(r.accepted for r in many) < sum(r.drafted for r in many)
 
 
 def test_joining_leaving_eos_and_stop_inside_accepted_runs() -> None:
@@ -185,7 +175,7 @@ def last_position_file(tmp_path: Path) -> Path:
 
 def test_seeded_sampling_with_a_draft_file_is_the_same_run_to_run() -> None:
     exported = L.batched("llama", "reference")
-    with opened(exported.path, small_draft("llama")) as (prog, draft):
+    with opened(exported.path, L.draft("llama")) as (prog, draft):
         runs = [pyrt.generate(prog, L.PROMPTS[:3], max_new_tokens=NEW, do_sample=True, temperature=1.3, top_k=30,
                               seed=[1, 2, 3], eos_ids=[], draft=draft) for _ in range(2)]
     assert [r.tokens for r in runs[0]] == [r.tokens for r in runs[1]]
