@@ -8,7 +8,10 @@ the rest is rolled back, overwritten from there by the next feed), then guesses 
 time, every guessing sequence in one call of the draft per token: greedy picks the draft's
 argmax, sampling draws from the draft's distribution after the request's temperature, top-k and
 top-p (that distribution rides along for :func:`pyrt.llm.verify.verify`). A sequence for which
-no draft slot is free, or whose tokens fill the draft's cache, guesses nothing that step.
+no draft slot is free, or whose tokens fill the draft's cache, guesses nothing that step. After
+its catch-up each sequence feeds the draft :data:`WIDTH` tokens per call (the one to feed and the
+one before it, written again), so that the draft's calls keep one shape (pyrt's runtime runs a
+repeated shape on its fast path; a GPU replays one CUDA graph).
 
 The draft must share the target's vocabulary, BOS and EOS ids (:func:`check_pair`). It runs as
 loaded: :func:`pyrt.llm.drafting.open_draft` opens a file fully resident (no weight streaming).
@@ -30,6 +33,8 @@ from pyrt.llm.program import LLMProgram
 from pyrt.llm.runner import Runner
 from pyrt.llm.sampling import distribution, draw, greedy_token
 from pyrt.llm.scheduler import Feed, Proposal, Sequence
+
+WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
 
 
 @dataclass
@@ -85,7 +90,7 @@ class DraftModel:
             work = [w for w in work if len(w.tokens) < w.room]
             if not work:
                 break
-            rows = [r[-1] for r in self._run([Feed(w.place.seq, (w.tokens[-1],), w.place.fed, 1) for w in work])]
+            rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens)) for w in work])]
         return {w.seq.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
 
     def _place(self, seq: Sequence) -> DraftSlot | None:
@@ -108,13 +113,21 @@ class DraftModel:
             for w in work:
                 if w.seq.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
                     continue
-                chunk = w.context[w.place.fed:w.place.fed + budget]
-                feeds.append(Feed(w.place.seq, chunk, w.place.fed, int(w.place.fed + len(chunk) == len(w.context))))
-                budget -= len(chunk)
+                if len(w.context) - w.place.fed <= budget:  # the last chunk: it gives the logits
+                    feeds.append(self._tail(w.place, w.context))
+                else:
+                    feeds.append(Feed(w.place.seq, w.context[w.place.fed:w.place.fed + budget], w.place.fed, 0))
+                budget -= len(feeds[-1].tokens)
             for feed, rows in zip(feeds, self._run(feeds), strict=True):
                 if feed.logits:
                     last[feed.seq.id] = rows[-1]
         return [last[w.seq.id] for w in work]
+
+    def _tail(self, place: DraftSlot, tokens: tuple[int, ...]) -> Feed:
+        """A feed of ``tokens`` from what ``place`` has not written, but at least :data:`WIDTH` of them (those before
+        written again: the same tokens at the same positions), asking for the last one's logits."""
+        start = max(0, min(place.fed, len(tokens) - WIDTH))
+        return Feed(place.seq, tokens[start:], start, 1)
 
     def _run(self, feeds: list[Feed]) -> list[np.ndarray]:
         """One call of the draft (one per feed on a one-sequence file); what each feed wrote is recorded."""

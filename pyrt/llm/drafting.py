@@ -28,6 +28,8 @@ import os
 from collections.abc import Sequence as Seq
 from typing import Any, Protocol
 
+import numpy as np
+
 from pyrt.errors import InputError
 from pyrt.llm.convention import Convention
 from pyrt.llm.draft_model import DraftModel
@@ -78,6 +80,29 @@ def make_drafter(draft: Any, target: Convention | None, target_source: str) -> D
     raise InputError(f"draft={type(draft).__name__}: {WHAT}", field="draft")
 
 
+def fill(proposal: Proposal | None, last: int, room: int, vocab: int) -> Proposal:
+    """``proposal`` padded to ``room`` guesses with its last token repeated (``last``, the sequence's last token,
+    when it has none): deterministic guesses (one-hot rows beside a draft's distributions), checked like any other.
+
+    Every decoding sequence then checks as many guesses as the step gives it, so that a steady batch runs steps of
+    one shape: pyrt's runtime runs a method on its fast path while its input shapes repeat the last run's, and a GPU
+    replays one CUDA graph; a streamed weight pass costs the same whatever it carries, and a repeated token is
+    sometimes right.
+
+    >>> fill(None, 7, 3, 10).tokens, fill(Proposal((4,)), 7, 3, 10).tokens
+    ((7, 7, 7), (4, 4, 4))
+    """
+    tokens = () if proposal is None else proposal.tokens
+    extra = room - len(tokens)
+    if extra <= 0 and proposal is not None:
+        return proposal
+    filler = (tokens[-1] if tokens else last,) * extra
+    probs = None if proposal is None else proposal.probs
+    if probs is not None:
+        probs = np.concatenate([probs, np.eye(vocab)[list(filler)]])
+    return Proposal((*tokens, *filler), probs)
+
+
 def check_draft_tokens(value: Any) -> int:
     """``draft_tokens`` checked: an int >= 1 (the most tokens a sequence guesses per step)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -99,4 +124,4 @@ def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program:
     return prog
 
 
-__all__ = ["Drafter", "make_drafter", "check_draft_tokens", "open_draft", "DEFAULT_DRAFT_TOKENS"]
+__all__ = ["Drafter", "make_drafter", "check_draft_tokens", "open_draft", "fill", "DEFAULT_DRAFT_TOKENS"]

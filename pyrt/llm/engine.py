@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt.errors import BusyError, InputError
-from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS, check_draft_tokens, make_drafter
+from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS, check_draft_tokens, fill, make_drafter
 from pyrt.llm.outputs import FinishReason, Update
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.program import LLMProgram
@@ -254,17 +254,20 @@ class Engine:
         return len(feeds)
 
     def _draft(self) -> dict[int, Proposal]:
-        """This step's guesses, by sequence id; a draft that fails ends the generations it was guessing for."""
+        """This step's guesses, by sequence id, each sequence's room filled (:func:`pyrt.llm.drafting.fill`); a
+        draft that fails ends the generations it was guessing for."""
         if self._drafter is None:
             return {}
         rooms = self._scheduler.guess_room(self.draft_tokens)
         if not rooms:
             return {}
         try:
-            return self._drafter.propose(rooms)
+            proposals = self._drafter.propose(rooms)
         except Exception as exc:  # a failed draft run ends the generations it carried, not the engine
             self._deliver(self._scheduler.fail_sequences([seq for seq, _ in rooms], exc))
             return {}
+        vocab = self.conv.vocab_size
+        return {seq.id: fill(proposals.get(seq.id), seq.new[-1], room, vocab) for seq, room in rooms}
 
     def _apply_commands(self) -> None:
         while True:

@@ -50,7 +50,7 @@ def run_all(engine: Engine, prompts: list[list[int]], params: SamplingParams = G
 def test_lookup_takes_the_longest_ngram_then_the_most_recent_match() -> None:
     assert lookup([1, 2, 3, 7, 2, 3, 8, 1, 2, 3], 2) == (7, 2)  # "1 2 3" once before; "2 3" would say 8
     assert lookup([4, 2, 3, 7, 2, 3], 3) == (7, 2, 3)  # "2 3": the most recent earlier one; "3" alone is later
-    assert lookup([9, 1, 5, 1], 4) == (5, 1)  # fewer than k tokens follow the match: all of them
+    assert lookup([9, 1, 5, 1], 4) == (5, 1, 5, 1)  # the match runs into the end: the copy goes on
     assert lookup([1, 2, 3], 3) == () and lookup([1], 3) == () and lookup([1, 1], 0) == ()
     assert lookup([1, 2, 9, 2], 3, max_n=3, min_n=2) == ()  # "2" alone is not tried
     with pytest.raises(InputError, match="min_n=3 is more than max_n=2"):
@@ -104,6 +104,18 @@ def test_an_older_files_rows_leave_room_for_guesses_only_beside_few_sequences() 
     sched.abort(3, "cancelled")
     sched.abort(2, "cancelled")
     assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 1)]
+
+
+def test_a_proposal_is_filled_to_its_room_with_deterministic_guesses() -> None:
+    from pyrt.llm.drafting import fill
+
+    probs = np.full((1, 5), 0.2)
+    filled = fill(Proposal((3,), probs), 9, 3, 5)
+    assert filled.tokens == (3, 3, 3) and filled.probs is not None
+    assert np.array_equal(filled.probs, [[0.2] * 5, [0, 0, 0, 1, 0], [0, 0, 0, 1, 0]])
+    assert fill(None, 9, 2, 10).tokens == (9, 9) and fill(None, 9, 2, 10).probs is None
+    same = Proposal((1, 2))
+    assert fill(same, 9, 2, 10) is same
 
 
 def test_kept_prefix_is_where_the_draft_rolls_back_to() -> None:
@@ -262,3 +274,21 @@ def test_generate_with_a_draft_reports_passes_and_guesses() -> None:
     assert all(r.accepted == r.drafted > 0 and r.tokens_per_pass > 2 and r.acceptance_rate == 1.0 for r in out)
     plain = pyrt.generate(llm, prompt, max_new_tokens=14, eos_ids=[])
     assert (plain.passes, plain.drafted, plain.tokens_per_pass) == (14, 0, 1.0)
+
+
+def test_the_ngram_index_guesses_what_lookup_guesses() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pyrt.llm.ngram import NgramIndex
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.integers(0, 4), min_size=0, max_size=40), st.integers(1, 6), st.integers(1, 4),
+           st.integers(0, 3))
+    def same(ids: list[int], k: int, max_n: int, cut: int) -> None:
+        index = NgramIndex(max_n, 1)
+        for i in range(0, len(ids), cut + 1):  # grown in chunks, guessing after each
+            index.extend(ids[i:i + cut + 1])
+            assert index.guess(k) == lookup(ids[:i + cut + 1], k, max_n, 1)
+
+    same()
