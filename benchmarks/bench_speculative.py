@@ -1,11 +1,12 @@
 """Speculative decoding: tokens per target pass and tokens/s, speculative against not, at batch 1 and 8, one thread.
 
-Model: a random-init ``transformers`` Llama (``--size small``: hidden 256, 4 layers, vocab 2048; ``tiny``:
-the test config, hidden 32, 2 layers, vocab 100; ``pyrt/testing/archs.py``), exported once with
-``decoder_to_pte(builder="portable", max_batch_size=8, max_tokens_per_step=64)``. Per sample and side, one
-``pyrt.generate`` call over B prompts (greedy, ``--new-tokens`` each, EOS ignored), sides interleaved;
-medians over ``--samples``. tokens/s = B * new / the call's wall time (prefill included, the same on both
-sides); tokens per pass = new tokens / the target's forward calls that gave them (the prefill's included).
+Model: a random-init ``transformers`` Llama (``--size small``: hidden 256, 4 layers, vocab 2048; ``tiny``: the
+test config, hidden 32, 2 layers, vocab 100; ``pyrt/testing/archs.py``), exported once with
+``decoder_to_pte(builder="portable", max_batch_size=8)`` (its default token budget: 144 per step here). Per
+sample and side, one ``pyrt.generate`` call over B prompts (greedy, ``--new-tokens`` each, EOS ignored), sides
+interleaved; medians over ``--samples``. tokens/s = B * new / the call's wall time (prefill included, the same
+on both sides); tokens per pass = new tokens / the target's forward calls that gave them (the prefill's
+included).
 Every speculative side must give the plain side's tokens exactly.
 
 * (a) the target as its own draft (the same file loaded twice): every guess is right, the machinery's
@@ -45,7 +46,7 @@ from _common import command_line, machine, markdown_table, write_results  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SLOTS, BUDGET, PROMPT_LEN = 8, 64, 16
+SLOTS, PROMPT_LEN, DISTILL_PROMPTS = 8, 16, 1024
 
 
 def models(size: str) -> tuple[Any, Any]:
@@ -71,8 +72,8 @@ def continuations(model: Any, prompts: list[list[int]], new: int) -> list[list[i
 
 
 def distill(target: Any, draft: Any, steps: int, new: int, vocab: int) -> Any:
-    """Train ``draft`` to give ``target``'s greedy next token on ``target``'s continuations of 512 random prompts
-    (seeds apart from the benchmark's prompts)."""
+    """Train ``draft`` to give ``target``'s greedy next token on ``target``'s continuations of
+    :data:`DISTILL_PROMPTS` random prompts (seeds apart from the benchmark's prompts)."""
     import numpy as np
     import torch
 
@@ -80,7 +81,7 @@ def distill(target: Any, draft: Any, steps: int, new: int, vocab: int) -> Any:
     rng = np.random.default_rng(1000)
     seqs = torch.cat([torch.tensor([p + c for p, c in zip(batch, continuations(target, batch, new), strict=True)])
                       for batch in ([rng.integers(3, vocab, PROMPT_LEN).tolist() for _ in range(64)]
-                                    for _ in range(8))])
+                                    for _ in range(DISTILL_PROMPTS // 64))])
     with torch.no_grad():
         labels = torch.cat([target(seqs[i:i + 64]).logits.argmax(-1) for i in range(0, len(seqs), 64)])
     draft.train()
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace, directory: Path) -> tuple[list[list[str]], flo
     for name, model in (("target", target), ("draft", draft_model)):
         paths[name] = directory / f"{name}.pte"
         decoder_to_pte(model, paths[name], max_seq_len=PROMPT_LEN + 2 * args.new_tokens, builder="portable",
-                       max_batch_size=SLOTS, max_tokens_per_step=BUDGET, progress=False)
+                       max_batch_size=SLOTS, progress=False)
     prog, itself, small = (pyrt.Program(paths[n]) for n in ("target", "target", "draft"))
     table, k = [], args.k
     for batch in args.batches:

@@ -90,7 +90,8 @@ class DraftModel:
             work = [w for w in work if len(w.tokens) < w.room]
             if not work:
                 break
-            rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens)) for w in work])]
+            width = WIDTH if WIDTH * len(work) <= self.conv.tokens_per_step else 1  # slots <= the token budget
+            rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens), width) for w in work])]
         return {w.seq.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
 
     def _place(self, seq: Sequence) -> DraftSlot | None:
@@ -113,20 +114,22 @@ class DraftModel:
             for w in work:
                 if w.seq.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
                     continue
-                if len(w.context) - w.place.fed <= budget:  # the last chunk: it gives the logits
-                    feeds.append(self._tail(w.place, w.context))
-                else:
-                    feeds.append(Feed(w.place.seq, w.context[w.place.fed:w.place.fed + budget], w.place.fed, 0))
-                budget -= len(feeds[-1].tokens)
+                feed = self._tail(w.place, w.context)
+                if len(feed.tokens) > budget:  # a chunk of what is not written yet: the last one gives the logits
+                    fed = w.place.fed
+                    chunk = w.context[fed:fed + budget]
+                    feed = Feed(w.place.seq, chunk, fed, int(fed + len(chunk) == len(w.context)))
+                feeds.append(feed)
+                budget -= len(feed.tokens)
             for feed, rows in zip(feeds, self._run(feeds), strict=True):
                 if feed.logits:
                     last[feed.seq.id] = rows[-1]
         return [last[w.seq.id] for w in work]
 
-    def _tail(self, place: DraftSlot, tokens: tuple[int, ...]) -> Feed:
-        """A feed of ``tokens`` from what ``place`` has not written, but at least :data:`WIDTH` of them (those before
+    def _tail(self, place: DraftSlot, tokens: tuple[int, ...], width: int = WIDTH) -> Feed:
+        """A feed of ``tokens`` from what ``place`` has not written, but at least ``width`` of them (those before
         written again: the same tokens at the same positions), asking for the last one's logits."""
-        start = max(0, min(place.fed, len(tokens) - WIDTH))
+        start = max(0, min(place.fed, len(tokens) - width))
         return Feed(place.seq, tokens[start:], start, 1)
 
     def _run(self, feeds: list[Feed]) -> list[np.ndarray]:

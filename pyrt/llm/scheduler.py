@@ -14,8 +14,8 @@ that checks guessed tokens overwrites the rejected ones' cache positions at the 
 Speculative decoding: :meth:`~Scheduler.guess_room` says how many tokens each decoding
 sequence may guess this step (at most ``draft_tokens``; within what its cache and
 ``max_new_tokens`` leave, and what the step's token budget and logits rows leave after the
-decoding tokens and the prompt chunks, shared out evenly); a drafter's :class:`Proposal` for a
-sequence then rides on its feed after its last token, one logits row each.
+decoding tokens, with up to half the rest kept for prompt chunks; shared out evenly); a drafter's
+:class:`Proposal` for a sequence then rides on its feed after its last token, one logits row each.
 
 >>> from pyrt.llm.params import SamplingParams
 >>> from pyrt.llm.request import make_request
@@ -194,13 +194,15 @@ class Scheduler:
 
     def guess_room(self, draft_tokens: int) -> list[tuple[Sequence, int]]:
         """How many tokens each decoding sequence may guess this step (those that may guess at least one): at most
-        ``draft_tokens`` and :func:`guess_cap`, within the tokens and logits rows that this step's decoding tokens and
-        prompt chunks leave, shared out one at a time in admission order."""
+        ``draft_tokens`` and :func:`guess_cap`, shared out one at a time in admission order within the step's token
+        budget and logits rows less the decoding tokens' own, a row for each prompt being prefilled, and the prompt
+        tokens still to feed up to half the budget's rest (prompts are never starved; guesses not taken go to them)."""
         decoding = [seq for seq in self.running if seq.new]
-        budget = self.conv.tokens_per_step - len(decoding)
-        chunks = self._prompt_chunks(budget)
-        tokens = budget - sum(len(chunk) for _, chunk, _ in chunks)
-        rows = self.conv.max_rows - len(decoding) - sum(ends for _, _, ends in chunks)
+        prefilling = [seq for seq in self.running if not seq.new]
+        spare = self.conv.tokens_per_step - len(decoding)
+        pending = sum(len(seq.prompt) - seq.fed for seq in prefilling)
+        tokens = spare - min(pending, spare // 2)
+        rows = self.conv.max_rows - len(decoding) - len(prefilling)
         caps = [min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
         shares = share_out(caps, min(tokens, rows))
         return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]

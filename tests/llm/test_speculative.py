@@ -86,12 +86,12 @@ def test_guess_caps_and_the_shares_of_a_step() -> None:
     assert [guess_cap(s, conv) for s in seqs] == [1, 3, 13]  # max_new_tokens 3 -> 1; positions 13, 14, 15 free
     assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 4)]
     late = sched.add(Sequence.of(3, make_request(conv, list(range(10)), SamplingParams(eos_ids=()))))
-    sched.admit()  # its 10-token prompt goes first: 16 - 3 decoding - 10 = 3 tokens left for guesses
-    assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 1), (seqs[2], 1)]
-    feeds = sched.schedule({0: Proposal((6,)), 2: Proposal((6, 6, 6))})  # more than its room: cut to it
+    sched.admit()  # a 10-token prompt to feed keeps half of the 16 - 3 decoding tokens: 7 for guesses
+    assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 3)]
+    feeds = sched.schedule({0: Proposal((6,)), 2: Proposal((6, 6, 6, 6))})  # more than its room: cut to it
     assert [(f.tokens, f.start, f.logits) for f in feeds] == [
-        ((7, 6), 2, 2), ((8,), 12, 1), ((9, 6), 2, 2), (tuple(range(10)), 0, 1)]
-    assert late.slot == 3
+        ((7, 6), 2, 2), ((8,), 12, 1), ((9, 6, 6, 6), 2, 4), (tuple(range(9)), 0, 0)]  # the prompt gets the rest
+    assert late.slot == 3 and sched.guess_room(4) != []
 
 
 def test_an_older_files_rows_leave_room_for_guesses_only_beside_few_sequences() -> None:
@@ -292,3 +292,15 @@ def test_the_ngram_index_guesses_what_lookup_guesses() -> None:
             assert index.guess(k) == lookup(ids[:i + cut + 1], k, max_n, 1)
 
     same()
+
+
+def test_drafts_with_a_small_token_budget_or_one_sequence_guess_within_their_bounds() -> None:
+    """A draft of 4 slots taking 4 tokens per call catches a 20-token prompt up in chunks; a one-sequence draft
+    (last-position logits) guesses for one sequence at a time. The stubs assert their bounds."""
+    for draft, slots in ((S.stub(slots=4, tokens_per_step=4, max_rows=4, salt=1, noise=0.5)[0], 4),
+                         (S.single(full=False, salt=1, noise=0.5)[0], 1)):
+        llm, _ = S.stub(slots=3, greedy_check=True)
+        engine = Engine(llm, draft=draft, draft_tokens=3)
+        assert run_all(engine, PROMPTS) == [want(p) for p in PROMPTS]
+        stats = engine.stats()
+        assert 0 < stats["accepted"] < stats["drafted"] and draft.slots.free == slots
