@@ -130,7 +130,7 @@ class Engine:
     @property
     def draft(self) -> str | None:
         """The draft's name (``"ngram"``, the draft file), or None without one."""
-        return None if self._drafter is None else self._drafter.name
+        return None if self._drafter is None else str(getattr(self._drafter, "name", type(self._drafter).__name__))
 
     @property
     def max_guesses(self) -> int:

@@ -304,3 +304,35 @@ def test_drafts_with_a_small_token_budget_or_one_sequence_guess_within_their_bou
         assert run_all(engine, PROMPTS) == [want(p) for p in PROMPTS]
         stats = engine.stats()
         assert 0 < stats["accepted"] < stats["drafted"] and draft.slots.free == slots
+
+
+@pytest.mark.parametrize("kind", ["ngram", "other"])
+def test_a_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: str) -> None:
+    import threading
+
+    llm, _ = S.stub(slots=3, greedy_check=True)
+    draft = drafts(kind, slots=2)
+    engine, stop = Engine(llm, draft=draft, draft_tokens=3), threading.Event()
+    runner = threading.Thread(target=engine.run, args=(stop,), daemon=True)
+    runner.start()
+    got: dict[int, list[int]] = {}
+
+    def client(i: int) -> None:
+        got[i] = list(engine.submit(PROMPTS[i], GREEDY))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    doomed = engine.submit(PROMPTS[0], SamplingParams(eos_ids=()))
+    next(doomed)
+    doomed.cancel()
+    for t in threads:
+        t.join(60)
+    stop.set()
+    runner.join(30)
+    assert got == {i: want(p) for i, p in enumerate(PROMPTS)}
+    assert doomed.wait(5) and doomed.result is not None and doomed.result.finish_reason == "cancelled"
+    assert llm.slots.free == 3 and (kind == "ngram" or draft.slots.free == 2)
+    stats = engine.stats()
+    assert {"draft", "draft_tokens", "drafted", "accepted", "acceptance_rate", "tokens_per_pass"} <= set(stats)
+    assert stats["draft_tokens"] == 3 and stats["draft"] == ("ngram" if kind == "ngram" else "stub.pte")
