@@ -203,6 +203,10 @@ def test_one_sequence_files_check_guesses_only_when_their_logits_cover_every_pos
         assert engine.max_guesses == (4 if full else 0)
         assert run_all(engine, [prompt, PROMPTS[0]]) == [want(prompt), want(PROMPTS[0])]
         assert (engine.stats()["drafted"] > 0) == checks and (max(lm.rows) > 1) == checks
+        llm, lm = S.single(full=full)  # a draft program beside it; a 20-token prompt in two calls
+        engine = Engine(llm, draft=S.stub(slots=2, salt=3, noise=0.5)[0], draft_tokens=4)
+        assert run_all(engine, PROMPTS) == [want(p) for p in PROMPTS]
+        assert (engine.stats()["accepted"] > 0) == checks
 
 
 def test_a_rejected_guess_kept_in_the_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
