@@ -11,7 +11,8 @@ read the same files.
 positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a KV cache of B slots
 (:mod:`pyrt.export._graph.slot_decoder`), where one step may prefill a new sequence's prompt while the
 others decode, with the weights stored once. ``get_max_batch_size`` and ``get_max_tokens_per_step``
-(the token budget of one step) say so in the file.
+(the token budget of one step) say so in the file. A step returns up to ``max_tokens_per_step``
+logits rows, so speculative decoding can check several guessed tokens of every sequence in one step.
 
 Routes (``summary.route``): ``"upstream"`` (transformers' ExecuTorch integration) is tried
 first by ``route="auto"``; where it fails (torch 2.13 cannot decompose its dynamic-length
@@ -190,7 +191,7 @@ def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens:
                   ) -> tuple[torch.export.ExportedProgram, str, str]:
     """(exported program, route, why) of a file of ``max_batch_size`` slots (pyrt's wrapper: the only route)."""
     module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
-    program = slot_decoder.export(module, max_batch_size, max_tokens, max_seq_len)
+    program = slot_decoder.export(module, max_tokens, max_seq_len)
     return program, "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
 
 

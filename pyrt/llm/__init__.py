@@ -6,7 +6,9 @@ and the server (:mod:`pyrt.serve`, lazily) import this package.
 
 Inside: :mod:`~pyrt.llm.params` (what a request asks, checked once), :mod:`~pyrt.llm.request`
 (checked against the program), :mod:`~pyrt.llm.scheduler` (who runs, what each feeds: pure),
-:mod:`~pyrt.llm.runner` (the program's inputs, the run, :mod:`~pyrt.llm.sampling`),
+:mod:`~pyrt.llm.runner` (the program's inputs, the run, :mod:`~pyrt.llm.sampling`,
+:mod:`~pyrt.llm.verify`), :mod:`~pyrt.llm.drafting` (speculative decoding's drafts:
+:mod:`~pyrt.llm.ngram`, :mod:`~pyrt.llm.draft_model`),
 :mod:`~pyrt.llm.engine` (the one owner that steps them; other threads talk to it through queues),
 :mod:`~pyrt.llm.stream` (the caller's handle), :mod:`~pyrt.llm.loop` (``pyrt.generate``).
 
@@ -17,6 +19,7 @@ Inside: :mod:`~pyrt.llm.params` (what a request asks, checked once), :mod:`~pyrt
 ...     for token in pyrt.generate(prog, [1, 2, 3], max_new_tokens=8, stream=True):
 ...         print(token)
 ...     many = pyrt.generate(prog, [[1, 2, 3], [4, 5]], max_new_tokens=32)   # one result per prompt
+...     fast = pyrt.generate(prog, [1, 2, 3], max_new_tokens=32, draft="ngram")  # the same tokens, fewer passes
 ...     engine = pyrt.llm.Engine(prog)                                   # continuous batching
 ...     s = engine.submit([1, 2, 3], params=pyrt.llm.SamplingParams(max_new_tokens=8))
 ...     while engine.pending:
@@ -26,8 +29,10 @@ Inside: :mod:`~pyrt.llm.params` (what a request asks, checked once), :mod:`~pyrt
 from __future__ import annotations
 
 from pyrt.llm.convention import Convention, follows_convention, read_convention
+from pyrt.llm.drafting import Drafter, open_draft
 from pyrt.llm.engine import Engine
 from pyrt.llm.loop import generate
+from pyrt.llm.ngram import NgramDrafter
 from pyrt.llm.outputs import FinishReason, GenerationResult
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.program import LLMProgram, serves
@@ -37,4 +42,4 @@ from pyrt.llm.timings import Timings
 
 __all__ = ["generate", "Engine", "Generation", "GenerationResult", "FinishReason", "SamplingParams", "Request",
            "make_request", "LLMProgram", "serves", "Timings", "Convention", "follows_convention",
-           "read_convention"]
+           "read_convention", "open_draft", "Drafter", "NgramDrafter"]

@@ -9,6 +9,12 @@ cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; p
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
 Missing optional methods fall back as ExecuTorch's runner does (the context is the
 sequence length, the vocabulary the logits' last dimension, no BOS/EOS).
+
+``Convention.max_rows`` is the most logits rows one call returns: a slot file's ``rows`` bound
+(``max_tokens_per_step`` for files written now, ``max_batch_size`` for older ones), a one-sequence
+file's sequence bound when its logits cover every position (``[1, seq, vocab]``), else 1 (the
+last position's logits only). Speculative decoding checks a sequence's guesses with one row each
+beside the row of its last token, so a file of ``max_rows`` 1 cannot verify any.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class Convention:
     torch_io: bool = False  # bfloat16 logits on torch kernels (numpy has no bfloat16): runs take torch tensors
     layout: str = SINGLE  # SINGLE: forward(tokens [batch, seq], input_pos); SLOTS: tokens, slots, positions, rows
     slots: int = 1  # sequences the cache holds at once (max_batch_size); 1 for SINGLE files
+    max_rows: int = 1  # the most logits rows one forward call returns (see the module docstring)
 
     @property
     def tokens_per_step(self) -> int:
@@ -82,7 +89,8 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
                       None if layers is None else _int(layers, where, "get_n_layers"), constants,
                       start_position=pos == (1,) and tokens[1] > 1,
                       torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == ScalarType.BFLOAT16
-                      and program.kernels != "numpy")
+                      and program.kernels != "numpy",
+                      max_rows=tokens[1] if len(logits) == 3 and logits[1] == tokens[1] else 1)
     return _with_slots(conv, logits[0], where) if slot_layout else conv
 
 
@@ -93,7 +101,7 @@ def _with_slots(conv: Convention, rows: int, where: str) -> Convention:
     if not 1 <= slots <= rows or not slots <= budget <= conv.max_prefill:
         raise InputError(f"{where}: get_max_batch_size {slots} and get_max_tokens_per_step {budget} do not fit "
                          f"forward's bounds ({rows} logits rows, {conv.max_prefill} tokens)")
-    return replace(conv, max_prefill=budget, layout=SLOTS, slots=slots)
+    return replace(conv, max_prefill=budget, layout=SLOTS, slots=slots, max_rows=min(rows, budget))
 
 
 def follows_convention(program: Any, method: str = "forward") -> bool:

@@ -14,8 +14,14 @@ slots are shared with every other engine and ``pyrt.generate`` call on it) and l
 token, between steps. On a one-sequence file the engine runs one generation at a time, in submission
 order.
 
+Speculative decoding (``draft="ngram"`` or a draft file's Program, ``draft_tokens`` k): before
+each step the stepping thread asks the draft for up to k guesses per decoding sequence
+(:meth:`~pyrt.llm.scheduler.Scheduler.guess_room` says how many fit), the step checks them beside
+each sequence's last token, and the tokens are exactly those decoding without a draft gives
+(:mod:`pyrt.llm.verify`). A file whose logits cover the last position only cannot check any.
+
 >>> with pyrt.Program("m.pte") as prog:                                   # doctest: +SKIP
-...     engine = Engine(prog)
+...     engine = Engine(prog, draft="ngram", draft_tokens=4)
 ...     a = engine.submit([1, 2, 3], max_new_tokens=8)
 ...     b = engine.submit([4, 5], params=SamplingParams(max_new_tokens=8, do_sample=True, seed=0))
 ...     while engine.pending:
@@ -34,12 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrt.errors import InputError, QueueFullError
+from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS, check_draft_tokens, fill, make_drafter
 from pyrt.llm.outputs import FinishReason, Update
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.program import LLMProgram
 from pyrt.llm.request import Request, make_request
 from pyrt.llm.runner import Runner
-from pyrt.llm.scheduler import Scheduler, Sequence
+from pyrt.llm.scheduler import Proposal, Scheduler, Sequence
 from pyrt.llm.slots import Reservation, Slots
 from pyrt.llm.stream import Generation, Outbox
 
@@ -66,21 +73,27 @@ class Engine:
     ``max_queued``: a submission that would make more than this many generations wait for a
     KV-cache slot (beyond the slots free now, which the next step fills) raises
     :class:`pyrt.errors.QueueFullError`, a :class:`pyrt.BusyError` (None: no bound). ``slots``: where
-    its generations take slots (default: the program's pool, shared with every engine on it; ``pyrt.generate`` passes
-    slots it reserved, given back when the engine has nothing left to run). Thread-safe:
-    submit and cancel from any thread; one thread steps at a time.
+    its generations take slots (default: the program's pool, shared with every engine on it;
+    ``pyrt.generate`` passes slots it reserved, given back when the engine has nothing left to run).
+    ``draft``: None, ``"ngram"`` (prompt lookup), or a :class:`pyrt.Program` of a draft LLM file with
+    the target's vocabulary, BOS and EOS (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most
+    tokens a sequence guesses per step (fewer where its cache, ``max_new_tokens``, or the step's token
+    budget and logits rows leave less). Thread-safe: submit and cancel from any thread; one thread
+    steps at a time.
     """
 
     def __init__(self, program: Any, *, method: str = "forward", max_queued: int | None = None,
-                 slots: Slots | None = None) -> None:
+                 slots: Slots | None = None, draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
         if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int)
                                        or max_queued < 0):
             raise InputError(f"max_queued={max_queued!r} must be an int >= 0 or None")
+        self.draft_tokens = check_draft_tokens(draft_tokens)
         llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
         self.llm, self.program, self.conv, self.max_queued = llm, llm.program, llm.conv, max_queued
         self._slots = llm.slots if slots is None else slots
         self._scheduler = Scheduler(self.conv, self._slots)
         self._runner = Runner(self.program, self.conv)
+        self._drafter = make_drafter(draft, self.conv, llm.source)
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._posted = threading.Event()  # a command was posted (wakes Engine.run)
         self._stopping = threading.Event()  # Engine.stop was called
@@ -116,9 +129,24 @@ class Engine:
         """Generations queued or running."""
         return self.queued + self.running
 
+    @property
+    def draft(self) -> str | None:
+        """The draft's name (``"ngram"``, the draft file), or None without one."""
+        return None if self._drafter is None else str(getattr(self._drafter, "name", type(self._drafter).__name__))
+
+    @property
+    def max_guesses(self) -> int:
+        """The most tokens one sequence may guess per step: ``draft_tokens`` within the logits rows and tokens one
+        step takes (0 without a draft, or on a file that returns the last position's logits only)."""
+        if self._drafter is None:
+            return 0
+        return max(min(self.draft_tokens, self.conv.max_rows - 1, self.conv.tokens_per_step - 1), 0)
+
     def stats(self) -> dict[str, Any]:
-        """Counters: steps, generated and prompt tokens, queued and running, slots and free slots, sequences per
-        step (a snapshot: the stepping thread publishes it after each step)."""
+        """Counters: steps (forward calls of the target), generated and prompt tokens, queued and running, slots and
+        free slots, sequences per step; speculative decoding's ``drafted`` and ``accepted`` guessed tokens,
+        ``acceptance_rate`` (accepted / drafted) and ``tokens_per_pass`` (generated tokens per sequence per step that
+        gave it tokens: 1.0 without a draft). A snapshot: the stepping thread publishes it after each step."""
         return {**self._published, "queued": self._queued, "free_slots": self._slots.free}
 
     # -- commands (any thread) --------------------------------------------------------------------
@@ -207,19 +235,21 @@ class Engine:
         self._posted.set()
 
     def close(self) -> None:
-        """Cancel every generation still queued or running and give their slots back."""
+        """Cancel every generation still queued or running and give their slots (the draft's too) back."""
         with self._stepping:
             self._apply_commands()
             self._deliver(self._scheduler.abort_all("cancelled"))
             with self._admission:
                 self._queued = 0
+            if self._drafter is not None:
+                self._drafter.close()
             self._settle()
 
     def _step(self) -> int:
         self._apply_commands()
         with self._admission:
             self._queued -= len(self._scheduler.admit())
-        feeds = self._scheduler.schedule()
+        feeds = self._scheduler.schedule(self._draft())
         if feeds:
             try:
                 outcomes = self._runner.run(feeds)
@@ -229,6 +259,22 @@ class Engine:
                 self._deliver(self._scheduler.update(feeds, outcomes))
         self._settle()
         return len(feeds)
+
+    def _draft(self) -> dict[int, Proposal]:
+        """This step's guesses, by sequence id, each sequence's room filled (:func:`pyrt.llm.drafting.fill`); a
+        draft that fails ends the generations it was guessing for."""
+        if self._drafter is None:
+            return {}
+        rooms = self._scheduler.guess_room(self.draft_tokens)
+        if not rooms:
+            return {}
+        try:
+            proposals = self._drafter.propose(rooms)
+        except Exception as exc:  # a failed draft run ends the generations it carried, not the engine
+            self._deliver(self._scheduler.fail_sequences([seq for seq, _ in rooms], exc))
+            return {}
+        vocab = self.conv.vocab_size
+        return {seq.id: fill(proposals.get(seq.id), seq.new[-1], room, vocab) for seq, room in rooms}
 
     def _apply_commands(self) -> None:
         while True:
@@ -251,6 +297,8 @@ class Engine:
     def _deliver(self, updates: list[Update]) -> None:
         for update in updates:
             outbox = self._outboxes.pop(update.seq_id) if update.final else self._outboxes[update.seq_id]
+            if update.final and self._drafter is not None:
+                self._drafter.release(update.seq_id)
             outbox.put(update)
 
     def _settle(self) -> None:
@@ -264,7 +312,11 @@ class Engine:
         self._published = {"steps": counters.steps, "tokens_generated": counters.tokens_generated,
                            "prompt_tokens": counters.prompt_tokens, "running": len(self._scheduler.running),
                            "slots": self.slots,
-                           "occupancy": {str(k): v for k, v in sorted(counters.occupancy.items())}}
+                           "occupancy": {str(k): v for k, v in sorted(counters.occupancy.items())},
+                           "draft": self.draft, "draft_tokens": self.max_guesses, "drafted": counters.drafted,
+                           "accepted": counters.accepted,
+                           "acceptance_rate": counters.accepted / counters.drafted if counters.drafted else 0.0,
+                           "tokens_per_pass": counters.tokens_generated / counters.passes if counters.passes else 0.0}
 
 
 def busy_message(source: str, slots: int) -> str:

@@ -8,6 +8,8 @@ then each step feeds every running generation's last token. Generation stops at 
 ("stop"), at ``max_new_tokens`` ("length"), or when the cache has no position left for the
 next token ("cache_full"). A program's slots are shared by everything generating on it: where
 none is free, ``generate`` raises :class:`pyrt.BusyError` naming the conflict at once.
+``draft`` / ``draft_tokens``: speculative decoding (:mod:`pyrt.llm.drafting`), the same tokens in
+fewer passes of the target where the guesses are good.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import BusyError, InputError
+from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS
 from pyrt.llm.engine import Engine, busy_message
 from pyrt.llm.outputs import GenerationResult
 from pyrt.llm.params import SamplingParams
@@ -28,7 +31,8 @@ from pyrt.llm.stream import Generation
 
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward") -> Any:
+             seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
+             draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention
     (or an :class:`pyrt.llm.LLMProgram` made from one).
 
@@ -42,8 +46,13 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     depend on its neighbours. ``eos_ids``: ids that stop generation (None: the program's
     ``get_eos_ids``; ``[]``: none). Returns a :class:`GenerationResult` (``.tokens``,
     ``.finish_reason``, ``.timings``) per prompt, or with ``stream=True`` a :class:`Generation` per
-    prompt, iterating the new ids as they come. Everything is checked before the first run: bad
-    values are InputError naming them.
+    prompt, iterating the new ids as they come. ``draft``: None, ``"ngram"`` (prompt lookup over each
+    prompt and its output) or a :class:`pyrt.Program` of a smaller LLM file with this one's vocabulary,
+    BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
+    sequence per step. Greedy tokens are exactly those without a draft; sampled ones have exactly
+    their distribution (a seed gives the same tokens run to run, not the same as without a draft).
+    A file that returns the last position's logits only checks no guesses. Everything is checked
+    before the first run: bad values are InputError naming them.
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
@@ -63,7 +72,11 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     slots = llm.slots.reserve(min(len(requests), llm.conv.slots))
     if not slots.free:
         raise BusyError(busy_message(llm.source, llm.conv.slots))
-    engine = Engine(llm, slots=slots)
+    try:
+        engine = Engine(llm, slots=slots, draft=draft, draft_tokens=draft_tokens)
+    except BaseException:
+        slots.release()
+        raise
     streams = [engine.add(r) for r in requests]
     if stream:
         return streams[0] if single else streams

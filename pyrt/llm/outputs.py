@@ -12,12 +12,27 @@ FinishReason = Literal["stop", "length", "cache_full", "cancelled"]
 
 @dataclass
 class GenerationResult:
-    """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does)."""
+    """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does).
+    ``passes``: the target's forward calls that gave it tokens; ``drafted`` / ``accepted``: the guessed
+    tokens checked / kept (speculative decoding; 0 without a draft)."""
 
     tokens: list[int]
     finish_reason: FinishReason
     timings: Timings
     prompt: list[int] = field(default_factory=list)
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """New tokens per forward call of the target that gave some (1.0 without a draft)."""
+        return len(self.tokens) / self.passes if self.passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The share of guessed tokens the target kept (0.0 when none were guessed)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 @dataclass(frozen=True)

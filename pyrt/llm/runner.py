@@ -5,7 +5,10 @@ slot-layout file (W: the step's largest position + 1, rounded up to :data:`WINDO
 ``tokens [1, seq], input_pos`` for a one-sequence file (one feed per step), runs the method,
 and gives each feed its :class:`~pyrt.llm.scheduler.Outcome`: every fed token kept, and for a
 feed that asks for logits, the token :func:`pyrt.llm.sampling.sample` draws from its last row
-(float32 or wider, numpy) with the sequence's parameters and random state.
+(float32 or wider, numpy) with the sequence's parameters and random state. A feed that carries
+guesses (a :class:`~pyrt.llm.scheduler.Proposal`) has a row for its last token and one per guess:
+:func:`pyrt.llm.verify.verify` keeps the guesses the target accepts and adds the token after them;
+the rejected guesses' tokens are not kept (the next step overwrites their cache positions).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
-from pyrt.llm.sampling import sample
 from pyrt.llm.scheduler import Feed, Outcome
+from pyrt.llm.verify import verify
 
 WINDOW_STEP = 32
 NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -34,17 +37,20 @@ class Runner:
         rows = self.logits(feeds)
         out = []
         for feed, logits in zip(feeds, rows, strict=True):
-            params, rng = feed.seq.request.params, feed.seq.rng
-            chosen = (sample(logits[-1], params, rng),) if feed.logits else ()
-            out.append(Outcome(len(feed.tokens), chosen))
+            if not feed.logits:
+                out.append(Outcome(len(feed.tokens)))
+                continue
+            guesses, probs = feed.guesses, None if feed.proposal is None else feed.proposal.probs
+            accepted, chosen = verify(logits, guesses, probs, feed.seq.request.params, feed.seq.rng)
+            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen))
         return out
 
     def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
-        """Per feed, its ``[feed.logits, vocab]`` rows (the logits of its last tokens), in feed order."""
+        """Per feed, its ``[feed.logits, vocab]`` rows (the logits of its last tokens), in feed order: one call of
+        a slot file, or one call per feed of a one-sequence file."""
         if self.conv.layout == SLOTS:
             return self._slots_step(feeds)
-        (feed,) = feeds  # a one-sequence file runs one sequence per call
-        return [self._single_step(feed)]
+        return [self._single_step(feed) for feed in feeds]
 
     def _slots_step(self, feeds: Seq[Feed]) -> list[np.ndarray]:
         tokens = np.fromiter((t for f in feeds for t in f.tokens), np.int64)

@@ -47,7 +47,16 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """One token: greedy, or a draw from :func:`probabilities` with ``rng``."""
     if not params.do_sample:
         return greedy_token(logits)
-    probs = probabilities(logits, params.temperature, params.top_k, params.top_p)
+    return draw(distribution(logits, params), rng)
+
+
+def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """:func:`probabilities` with ``params``' temperature, top-k and top-p."""
+    return probabilities(logits, params.temperature, params.top_k, params.top_p)
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One index drawn from ``probs`` (non-negative, not necessarily normalised) with one ``rng.random()``."""
     index = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
     return min(index, probs.size - 1)
 

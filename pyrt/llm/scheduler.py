@@ -11,6 +11,12 @@ sequence, their ``max_new_tokens`` or a full cache. A feed may carry several tok
 logits at several of its last positions, and an outcome may keep only some of them: a step
 that checks guessed tokens overwrites the rejected ones' cache positions at the next.
 
+Speculative decoding: :meth:`~Scheduler.guess_room` says how many tokens each decoding
+sequence may guess this step (at most ``draft_tokens``; within what its cache and
+``max_new_tokens`` leave, and what the step's token budget and logits rows leave after the
+decoding tokens, with up to half the rest kept for prompt chunks; shared out evenly); a drafter's
+:class:`Proposal` for a sequence then rides on its feed after its last token, one logits row each.
+
 >>> from pyrt.llm.params import SamplingParams
 >>> from pyrt.llm.request import make_request
 >>> from pyrt.llm.slots import SlotPool
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -42,7 +48,8 @@ from pyrt.llm.request import Request
 from pyrt.llm.slots import Slots
 from pyrt.llm.timings import Clock
 
-__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Counters", "finish_reason"]
+__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Proposal", "Counters", "finish_reason", "guess_cap",
+           "share_out"]
 
 
 @dataclass(eq=False)
@@ -56,6 +63,9 @@ class Sequence:
     new: list[int] = field(default_factory=list)
     slot: int | None = None
     fed: int = 0  # tokens of prompt + new written to the cache (and still valid there)
+    passes: int = 0  # steps that gave it new tokens
+    drafted: int = 0  # guessed tokens checked
+    accepted: int = 0  # guessed tokens the target kept
 
     @classmethod
     def of(cls, seq_id: int, request: Request) -> Sequence:
@@ -71,20 +81,40 @@ class Sequence:
         """The cache position the last new token will take when it is fed."""
         return len(self.prompt) + len(self.new) - 1
 
+    @property
+    def context(self) -> tuple[int, ...]:
+        """Every token so far: the prompt, then the new ones."""
+        return (*self.prompt, *self.new)
+
     def result(self, reason: FinishReason) -> GenerationResult:
         return GenerationResult(list(self.new), reason, self.clock.timings(len(self.prompt), len(self.new)),
-                                list(self.prompt))
+                                list(self.prompt), self.passes, self.drafted, self.accepted)
+
+
+@dataclass(frozen=True, eq=False)
+class Proposal:
+    """A drafter's guesses for one sequence: the ``tokens`` it guesses follow the sequence's last one, and
+    ``probs`` (``[len(tokens), vocab]``) the distribution each was drawn from (None: chosen deterministically)."""
+
+    tokens: tuple[int, ...]
+    probs: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Feed:
     """``tokens`` of ``seq`` written to its slot from position ``start``; ``logits``: rows wanted, for its last
-    tokens (0: none, a prompt chunk that does not end the prompt; 1: the next token's)."""
+    tokens (0: none, a prompt chunk that does not end the prompt; 1: the next token's; 1 + the guesses of
+    ``proposal``, whose tokens end ``tokens``)."""
 
     seq: Sequence
     tokens: tuple[int, ...]
     start: int
     logits: int
+    proposal: Proposal | None = None
+
+    @property
+    def guesses(self) -> tuple[int, ...]:
+        return () if self.proposal is None else self.proposal.tokens
 
     @property
     def slot(self) -> int:
@@ -106,6 +136,9 @@ class Counters:
     tokens_generated: int = 0
     prompt_tokens: int = 0
     occupancy: Counter[int] = field(default_factory=Counter)  # sequences per step -> steps
+    passes: int = 0  # (sequence, step) pairs that gave new tokens: tokens_generated / passes is tokens per pass
+    drafted: int = 0  # guessed tokens checked
+    accepted: int = 0  # guessed tokens kept
 
 
 class Scheduler:
@@ -138,21 +171,51 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    def schedule(self) -> list[Feed]:
-        """This step's feeds: decoding sequences first (what they have not written yet), then prompt chunks in
-        admission order, within the program's token budget per step."""
-        budget = self.conv.tokens_per_step
+    def schedule(self, proposals: Mapping[int, Proposal] | None = None) -> list[Feed]:
+        """This step's feeds: decoding sequences first (what they have not written yet, then the guesses of their
+        proposal, by sequence id), then prompt chunks in admission order, within the program's token budget and
+        logits rows per step (guesses past :meth:`guess_room`'s are dropped)."""
+        budget, rows = self.conv.tokens_per_step, self.conv.max_rows
+        rooms = dict(self.guess_room(len(self.running) * budget)) if proposals else {}
         feeds: list[Feed] = []
         for seq in self.running:
             if seq.new and budget > 0:
-                feeds.append(Feed(seq, (seq.new[-1],), seq.next_position, 1))
-                budget -= 1
+                proposal = (proposals or {}).get(seq.id)
+                guesses = proposal.tokens[:rooms.get(seq, 0)] if proposal is not None else ()
+                if proposal is not None and guesses != proposal.tokens:
+                    probs = None if proposal.probs is None else proposal.probs[:len(guesses)]
+                    proposal = Proposal(guesses, probs)
+                feeds.append(Feed(seq, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
+                                  proposal if guesses else None))
+                budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)
+        for seq, chunk, ends in self._prompt_chunks(budget):
+            feeds.append(Feed(seq, chunk, seq.fed, int(ends)))
+        return feeds
+
+    def guess_room(self, draft_tokens: int) -> list[tuple[Sequence, int]]:
+        """How many tokens each decoding sequence may guess this step (those that may guess at least one): at most
+        ``draft_tokens`` and :func:`guess_cap`, shared out one at a time in admission order within the step's token
+        budget and logits rows less the decoding tokens' own, a row for each prompt being prefilled, and the prompt
+        tokens still to feed up to half the budget's rest (prompts are never starved; guesses not taken go to them)."""
+        decoding = [seq for seq in self.running if seq.new]
+        prefilling = [seq for seq in self.running if not seq.new]
+        spare = self.conv.tokens_per_step - len(decoding)
+        pending = sum(len(seq.prompt) - seq.fed for seq in prefilling)
+        tokens = spare - min(pending, spare // 2)
+        rows = self.conv.max_rows - len(decoding) - len(prefilling)
+        caps = [min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
+        shares = share_out(caps, min(tokens, rows))
+        return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]
+
+    def _prompt_chunks(self, budget: int) -> list[tuple[Sequence, tuple[int, ...], bool]]:
+        """(sequence, the prompt tokens it feeds, whether they end its prompt) in admission order, within ``budget``."""
+        out = []
         for seq in self.running:
             if not seq.new and budget > 0:
-                chunk = seq.prompt[seq.fed:seq.fed + budget]
-                feeds.append(Feed(seq, tuple(chunk), seq.fed, int(seq.fed + len(chunk) == len(seq.prompt))))
+                chunk = tuple(seq.prompt[seq.fed:seq.fed + budget])
+                out.append((seq, chunk, seq.fed + len(chunk) == len(seq.prompt)))
                 budget -= len(chunk)
-        return feeds
+        return out
 
     def update(self, feeds: Seq[Feed], outcomes: Seq[Outcome]) -> list[Update]:
         """Apply a step's outcomes: new tokens, cache positions, and the generations that end."""
@@ -164,17 +227,28 @@ class Scheduler:
             if not seq.new:
                 self.counters.prompt_tokens += len(feed.tokens)
             seq.fed = feed.start + outcome.kept
+            if feed.guesses:
+                accepted = outcome.kept - (len(feed.tokens) - len(feed.guesses))
+                seq.drafted, seq.accepted = seq.drafted + len(feed.guesses), seq.accepted + accepted
+                self.counters.drafted += len(feed.guesses)
+                self.counters.accepted += accepted
             if outcome.tokens:
+                seq.passes += 1
+                self.counters.passes += 1
                 updates.append(self._append(seq, outcome.tokens))
         return updates
 
     def fail(self, feeds: Seq[Feed], error: BaseException) -> list[Update]:
         """A step's run failed: the generations it carried end with ``error`` (the others go on)."""
+        return self.fail_sequences([feed.seq for feed in feeds], error)
+
+    def fail_sequences(self, seqs: Seq[Sequence], error: BaseException) -> list[Update]:
+        """``seqs`` end with ``error`` (a run that carried them failed), their slots freed."""
         updates = []
-        for feed in feeds:
-            feed.seq.clock.end = self.now()
-            self._release(feed.seq)
-            updates.append(Update(feed.seq.id, at=feed.seq.clock.end, error=error))
+        for seq in seqs:
+            seq.clock.end = self.now()
+            self._release(seq)
+            updates.append(Update(seq.id, at=seq.clock.end, error=error))
         return updates
 
     def abort(self, seq_id: int, reason: FinishReason) -> tuple[Update, bool] | None:
@@ -221,6 +295,38 @@ class Scheduler:
         if seq.slot is not None:
             self.slots.give_back([seq.slot])
             seq.slot = None
+
+
+def guess_cap(seq: Sequence, conv: Convention) -> int:
+    """The most tokens ``seq`` may guess after its last one: the cache positions left after that token's, and
+    ``max_new_tokens`` less the tokens it has and the one the target adds after the guesses.
+
+    A step that checks k guesses writes the last token and the guesses at ``next_position .. next_position + k``
+    and gives at most k + 1 new tokens.
+    """
+    room = conv.max_context_len - 1 - seq.next_position
+    cap = seq.request.params.max_new_tokens
+    if cap is not None:
+        room = min(room, cap - len(seq.new) - 1)
+    return max(room, 0)
+
+
+def share_out(caps: Seq[int], total: int) -> list[int]:
+    """``total`` units given one at a time to each in turn, none past its cap.
+
+    >>> share_out([4, 1, 4], 7), share_out([4, 4], 3), share_out([2], 9)
+    ([3, 1, 3], [2, 1], [2])
+    """
+    shares = [0] * len(caps)
+    total = max(total, 0)
+    while total > 0:
+        open_ = [i for i, cap in enumerate(caps) if shares[i] < cap]
+        if not open_:
+            break
+        for i in open_[:total]:
+            shares[i] += 1
+        total -= min(total, len(open_))
+    return shares
 
 
 def finish_reason(seq: Sequence, conv: Convention) -> FinishReason | None:

@@ -56,6 +56,8 @@ environment:
   pyrt generate m.pte --prompt-ids 1,2,3 --max-new-tokens 32
   pyrt generate m.pte --prompt-ids 1,2,3 --sample --temperature 0.8 --top-k 40 --seed 0
   pyrt generate m.pte --prompt "Hello" --tokenizer ./tokenizer --budget 50%
+  pyrt generate m.pte --prompt-ids 1,2,3,1,2 --draft ngram --draft-tokens 4
+  pyrt generate m.pte --prompt-ids 1,2,3 --draft small.pte          (a smaller LLM file: same vocabulary)
   PYRT_SIMULATED_GPUS=1 pyrt generate m.pte --prompt-ids 5,6,7 --json""",
 }
 
@@ -252,4 +254,9 @@ def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--top-p", type=_float, help="sample within this probability mass")
     p.add_argument("--seed", type=_count, help="seed of the sampler")
     p.add_argument("--eos-ids", type=_ids, metavar="2,3", help="stop ids (default: the file's get_eos_ids)")
+    p.add_argument("--draft", metavar="ngram|D.pte", help="speculative decoding: guess tokens by prompt lookup "
+                   "(ngram) or with a smaller LLM file (same vocabulary, BOS and EOS; loaded fully resident); "
+                   "the same tokens in fewer passes of the model")
+    p.add_argument("--draft-tokens", type=_one_or_more, default=4, metavar="K",
+                   help="--draft: the most tokens guessed per step (default 4)")
     p.add_argument("--json", action="store_true", help="print JSON at the end instead of tokens as they come")

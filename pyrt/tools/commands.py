@@ -9,6 +9,7 @@ then the timings (to stderr, so stdout stays the generated tokens or text); ``se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 
 from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten, method_inputs
+from pyrt.llm.drafting import open_draft
 from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, host_to_device_bandwidth, plot_generation
 from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
@@ -232,13 +234,25 @@ def _tokenizer(args: argparse.Namespace) -> Any:
         raise InputError(f"--tokenizer {args.tokenizer!r}: {exc}") from None
 
 
+def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
+    """``--draft``: None, "ngram", or the draft file's Program (fully resident, closed with ``stack``)."""
+    if args.draft is None or args.draft == "ngram":
+        return args.draft
+    if not os.path.isfile(args.draft):
+        raise InputError(f"--draft {args.draft!r} is neither \"ngram\" nor a file")
+    return stack.enter_context(open_draft(args.draft, device_map=dict(args.device_map) or None, trt=args.trt,
+                                          kernels=args.kernels))
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args)
     ids = args.prompt_ids if args.prompt is None else list(tokenizer(args.prompt)["input_ids"])
-    with _program(args, args.budget) as prog:
+    with contextlib.ExitStack() as stack:
+        prog = stack.enter_context(_program(args, args.budget))
         stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                          eos_ids=args.eos_ids, stream=True, method=args.method)
+                          eos_ids=args.eos_ids, stream=True, method=args.method, draft=_draft(args, stack),
+                          draft_tokens=args.draft_tokens)
         shown, seen = "", []
         for token in stream:
             seen.append(token)
@@ -254,12 +268,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
                "timings": result.timings.as_dict()}
+        if args.draft is not None:
+            out["speculation"] = {"draft": args.draft, "draft_tokens": args.draft_tokens, "passes": result.passes,
+                                  "drafted": result.drafted, "accepted": result.accepted,
+                                  "tokens_per_pass": result.tokens_per_pass}
         if tokenizer is not None:
             out["text"] = tokenizer.decode(result.tokens, skip_special_tokens=True)
         print(json.dumps(out, indent=2))
         return EXIT_OK
     print()
     print(f"finish: {result.finish_reason}; {result.timings}", file=sys.stderr)
+    if args.draft is not None:
+        print(f"draft {args.draft}: {result.tokens_per_pass:.2f} tokens per pass ({len(result.tokens)} tokens in "
+              f"{result.passes} passes; {result.accepted} of {result.drafted} guessed tokens accepted)",
+              file=sys.stderr)
     return EXIT_OK
 
 

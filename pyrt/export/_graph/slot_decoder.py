@@ -2,7 +2,8 @@
 
 ``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` (int64
 inputs): token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose
-logits come back (the last token each sequence fed this step); ``window`` is ``0, 1, ..., W-1``, the
+logits come back (the last token each sequence fed this step, and for speculative decoding each guessed
+token it checks: up to one row per token, ``R <= T``); ``window`` is ``0, 1, ..., W-1``, the
 cache positions the step attends to (at least its largest position + 1). This is
 the layout vLLM and TensorRT-LLM's in-flight batching use: prefill chunks of new sequences and one
 decode token of each running sequence share a step, and one engine holds the weights once.
@@ -205,14 +206,15 @@ def wrap(model: Any, max_seq_len: int, max_batch_size: int) -> torch.nn.Module:
                           f"{type(exc).__name__}: {exc}") from exc
 
 
-def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int, max_seq_len: int
+def export(module: torch.nn.Module, max_tokens: int, max_seq_len: int, max_rows: int | None = None
            ) -> torch.export.ExportedProgram:
-    """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_batch_size`` logits rows,
-    a window of 1..``max_seq_len`` positions."""
+    """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_rows`` logits rows (default
+    ``max_tokens``: a row for every token, so a step can check every sequence's guesses), a window of
+    1..``max_seq_len`` positions. (Files written before speculative decoding bound the rows by the slots.)"""
     example = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 1]),
                torch.arange(3))  # sizes >= 2: torch.export specializes sizes 0 and 1
     tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
-    rows = torch.export.Dim("rows", min=1, max=max_batch_size)
+    rows = torch.export.Dim("rows", min=1, max=max_tokens if max_rows is None else max_rows)
     window = torch.export.Dim("window", min=1, max=max_seq_len)
     shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows}, {0: window})
     model = getattr(module, "model", None)
@@ -220,5 +222,5 @@ def export(module: torch.nn.Module, max_batch_size: int, max_tokens: int, max_se
         with torch.no_grad(), _attention_of_slots(model) if model is not None else contextlib.nullcontext():
             return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
     except Exception as exc:  # torch.export raises many error types
-        raise ExportError(f"torch.export of the {max_batch_size}-slot decoder failed: {type(exc).__name__}: {exc}"
-                          ) from exc
+        slots = getattr(module, "max_batch_size", "?")
+        raise ExportError(f"torch.export of the {slots}-slot decoder failed: {type(exc).__name__}: {exc}") from exc

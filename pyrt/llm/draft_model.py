@@ -1,0 +1,187 @@
+"""A draft program: a second, smaller LLM file guessing the target's next tokens.
+
+:class:`DraftModel` keeps, for every target sequence it guesses for, a KV-cache slot of the
+draft program (taken from that program's own pool when the sequence first guesses, given back
+when it ends) and the tokens written there. Each step it first brings the draft's cache up to
+the sequence's tokens (after a check, the draft's cache keeps the prefix that the target kept:
+the rest is rolled back, overwritten from there by the next feed), then guesses one token at a
+time, every guessing sequence in one call of the draft per token: greedy picks the draft's
+argmax, sampling draws from the draft's distribution after the request's temperature, top-k and
+top-p (that distribution rides along for :func:`pyrt.llm.verify.verify`). A sequence for which
+no draft slot is free, or whose tokens fill the draft's cache, guesses nothing that step. After
+its catch-up each sequence feeds the draft :data:`WIDTH` tokens per call (the one to feed and the
+one before it, written again), so that the draft's calls keep one shape (pyrt's runtime runs a
+repeated shape on its fast path; a GPU replays one CUDA graph).
+
+The draft must share the target's vocabulary, BOS and EOS ids (:func:`check_pair`). It runs as
+loaded: :func:`pyrt.llm.drafting.open_draft` opens a file fully resident (no weight streaming).
+
+>>> draft = DraftModel(LLMProgram(pyrt.Program("small.pte")), target_conv, "m.pte")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyrt.errors import InputError
+from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.params import SamplingParams
+from pyrt.llm.program import LLMProgram
+from pyrt.llm.runner import Runner
+from pyrt.llm.sampling import distribution, draw, greedy_token
+from pyrt.llm.scheduler import Feed, Proposal, Sequence
+
+WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
+
+
+@dataclass
+class DraftSlot:
+    """One target sequence's place in the draft: a stand-in sequence holding the draft's slot, what is written."""
+
+    seq: Sequence  # the target's request and random state, the draft's slot
+    written: list[int] = field(default_factory=list)  # token ids at the draft cache's positions 0, 1, ...
+
+    @property
+    def fed(self) -> int:
+        return len(self.written)
+
+
+@dataclass
+class _Guessing:
+    seq: Sequence
+    place: DraftSlot
+    room: int
+    context: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)
+
+
+class DraftModel:
+    """Guesses from ``llm`` (the draft) for sequences of a target whose convention is ``target``."""
+
+    def __init__(self, llm: LLMProgram, target: Convention, target_source: str) -> None:
+        check_pair(llm.conv, target, llm.source, target_source)
+        self.llm, self.conv, self.name = llm, llm.conv, llm.source
+        self.runner = Runner(llm.program, llm.conv)
+        self._places: dict[int, DraftSlot] = {}  # target sequence id -> its place in the draft
+
+    def propose(self, rooms: Seq[tuple[Sequence, int]]) -> dict[int, Proposal]:
+        """Up to ``room`` guesses per sequence, by sequence id (sequences left out guess nothing this step)."""
+        items = []
+        for seq, room in rooms:
+            context = seq.context
+            room = min(room, self.conv.max_context_len - len(context) + 1)  # the last guess needs no position
+            place = self._place(seq) if room > 0 else None
+            if place is not None:
+                del place.written[kept_prefix(place.written, context, len(context) - 1):]  # roll back
+                items.append(_Guessing(seq, place, room, context))
+        if not items:
+            return {}
+        work, rows = items, self._catch_up(items)
+        while True:
+            for item, row in zip(work, rows, strict=True):
+                token, probs = choose(row, item.seq.request.params, item.seq.rng)
+                item.tokens.append(token)
+                if probs is not None:
+                    item.probs.append(probs)
+            work = [w for w in work if len(w.tokens) < w.room]
+            if not work:
+                break
+            width = WIDTH if WIDTH * len(work) <= self.conv.tokens_per_step else 1  # slots <= the token budget
+            rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens), width) for w in work])]
+        return {w.seq.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
+
+    def _place(self, seq: Sequence) -> DraftSlot | None:
+        place = self._places.get(seq.id)
+        if place is None:
+            taken = self.llm.slots.take(1)
+            if not taken:
+                return None
+            shadow = Sequence(seq.id, seq.request, seq.rng, seq.clock, slot=taken[0])
+            place = self._places[seq.id] = DraftSlot(shadow)
+        return place
+
+    def _catch_up(self, work: list[_Guessing]) -> list[np.ndarray]:
+        """Feed each sequence's tokens the draft has not written (in chunks within the draft's token budget); the
+        draft's logits after each sequence's last token, in ``work``'s order."""
+        last: dict[int, np.ndarray] = {}
+        while len(last) < len(work):
+            budget = self.conv.tokens_per_step
+            feeds: list[Feed] = []
+            for w in work:
+                if w.seq.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
+                    continue
+                feed = self._tail(w.place, w.context)
+                if len(feed.tokens) > budget:  # a chunk of what is not written yet: the last one gives the logits
+                    fed = w.place.fed
+                    chunk = w.context[fed:fed + budget]
+                    feed = Feed(w.place.seq, chunk, fed, int(fed + len(chunk) == len(w.context)))
+                feeds.append(feed)
+                budget -= len(feed.tokens)
+            for feed, rows in zip(feeds, self._run(feeds), strict=True):
+                if feed.logits:
+                    last[feed.seq.id] = rows[-1]
+        return [last[w.seq.id] for w in work]
+
+    def _tail(self, place: DraftSlot, tokens: tuple[int, ...], width: int = WIDTH) -> Feed:
+        """A feed of ``tokens`` from what ``place`` has not written, but at least ``width`` of them (those before
+        written again: the same tokens at the same positions), asking for the last one's logits."""
+        start = max(0, min(place.fed, len(tokens) - width))
+        return Feed(place.seq, tokens[start:], start, 1)
+
+    def _run(self, feeds: list[Feed]) -> list[np.ndarray]:
+        """One call of the draft (one per feed on a one-sequence file); what each feed wrote is recorded."""
+        for feed in feeds:  # a failed call leaves a place's cache unknown: nothing of it counts as written
+            place = self._places[feed.seq.id]
+            del place.written[feed.start:]
+        rows = self.runner.logits(feeds)
+        for feed in feeds:
+            self._places[feed.seq.id].written.extend(feed.tokens)
+        return rows
+
+    def release(self, seq_id: int) -> None:
+        """Sequence ``seq_id`` ended: its draft slot goes back to the draft's pool."""
+        place = self._places.pop(seq_id, None)
+        if place is not None and place.seq.slot is not None:
+            self.llm.slots.give_back([place.seq.slot])
+            place.seq.slot = None
+
+    def close(self) -> None:
+        """Every draft slot back to the pool."""
+        for seq_id in list(self._places):
+            self.release(seq_id)
+
+
+def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+    """The draft's guess from its logits ``row`` and the distribution it was drawn from (None: greedy)."""
+    if not params.do_sample:
+        return greedy_token(row), None
+    probs = distribution(row, params)
+    return draw(probs, rng), probs
+
+
+def kept_prefix(written: Seq[int], context: Seq[int], limit: int) -> int:
+    """How many of ``written``'s first tokens equal ``context``'s, at most ``limit``.
+
+    >>> kept_prefix([1, 2, 3, 9], [1, 2, 3, 4, 5], 4), kept_prefix([1, 2], [1, 2, 3], 1)
+    (3, 1)
+    """
+    n = min(len(written), len(context), limit)
+    differ = np.flatnonzero(np.asarray(written[:n]) != np.asarray(context[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+def check_pair(draft: Convention, target: Convention, draft_source: str, target_source: str) -> None:
+    """InputError naming what differs when ``draft`` cannot guess for ``target``: vocabulary, BOS, EOS ids."""
+    pairs = (("vocab_size", draft.vocab_size, target.vocab_size), ("bos_id", draft.bos_id, target.bos_id),
+             ("eos_ids", sorted(set(draft.eos_ids)), sorted(set(target.eos_ids))))
+    differ = [f"{name} {mine!r} vs {theirs!r}" for name, mine, theirs in pairs if mine != theirs]
+    if differ:
+        raise InputError(f"draft {draft_source} does not fit target {target_source}: {'; '.join(differ)} (a draft "
+                         "needs the target's vocabulary, BOS and EOS ids)", field="draft")
+
+
+__all__ = ["DraftModel", "DraftSlot", "check_pair", "choose", "kept_prefix"]
