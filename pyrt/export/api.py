@@ -54,6 +54,8 @@ def to_pte(
     progress: bool | None = None,
     writer: str = "pyrt",
     external_weights: bool = False, profiles: Any = None,
+    quantize: str | None = None,
+    group_size: int = 128,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
@@ -77,6 +79,10 @@ def to_pte(
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
     ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_engines/profiles.py``).
+    ``quantize``: None, ``"int8"`` or ``"int4"``: weight-only quantization of every linear layer inside the
+    engines, symmetric, one scale per ``group_size`` input features of each output row (a power of two >= 16;
+    a layer whose input size it does not divide gets one scale per row), activations in the model's dtype
+    (``pyrt.format.weight_quant``; README "Quantized weights"). Embeddings stay in the model's dtype.
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
@@ -91,7 +97,8 @@ def to_pte(
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
                            weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
-                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles)
+                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles,
+                           quantize=quantize, group_size=group_size)
     target = _target(path)
     engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
@@ -118,7 +125,8 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
                  weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
                  dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
-                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None) -> Options:
+                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None,
+                 quantize: Any = None, group_size: Any = 128) -> Options:
     """Check every ``to_pte`` option (same names and defaults) before any work starts."""
     budget = weight_streaming_budget
     for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
@@ -140,6 +148,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, devic
         progress=Progress(progress),
         external_weights=external_weights,
         profiles=check_profiles(profiles),
+        quantize=opt.check_quantize(quantize, group_size),
     )
 
 
