@@ -32,7 +32,7 @@ from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._files.tempfiles import sigterm_cleans, sweep
 from pyrt.export._write.lower import Lowered, lower, reexport
 from pyrt.export.options import Options
-from pyrt.export.summary import EngineSummary, ExportSummary
+from pyrt.export.summary import EngineSummary, ExportSummary, QuantSummary
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
@@ -102,9 +102,10 @@ def to_pte(
     target = _target(path)
     engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
+    quantized = QuantSummary.merged([e.quantization for e in engines if e.quantization is not None])
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
                          options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size,
-                         reasons)
+                         reasons, quantization=quantized)
 
 
 def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,

@@ -42,11 +42,13 @@ from torch.utils._sympy.numbers import int_oo
 from pyrt.errors import ExportError
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
-from pyrt.export._graph import slot_decoder
+from pyrt.export._graph import portable_quant, slot_decoder
 from pyrt.export._graph.prepare import decompose
 from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export.api import make_options, to_pte
+from pyrt.export.options import check_quantize
 from pyrt.export.summary import ExportSummary
+from pyrt.format.weight_quant import Scheme
 
 log = logging.getLogger("pyrt.export")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
@@ -72,6 +74,8 @@ def decoder_to_pte(
     bos_id: int | None = None,
     eos_ids: Any = None,
     progress: bool | None = None,
+    quantize: str | None = None,
+    group_size: int = 128,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
 
@@ -88,32 +92,52 @@ def decoder_to_pte(
     one-sequence file; ``batch_size`` is the older fixed batch of sequences that move in step).
     ``max_tokens_per_step``: the most tokens one forward call takes (prefill chunks and decode tokens
     together; default ``max(max_batch_size, min(max_seq_len, 256))``).
+    ``quantize`` / ``group_size``: weight-only INT8 / INT4 quantization of every linear layer, the LM head
+    included (as for ``to_pte``; embeddings keep the model's dtype). With ``builder="portable"`` the layers
+    run ExecuTorch's ``quantized_decomposed::embedding_byte`` / ``embedding_4bit`` kernels (float32 or
+    float16 models), which ExecuTorch's runtime runs with ``executorch.kernels.quantized`` imported.
     """
     started = time.perf_counter()
     check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
     slots = _check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
+    scheme = check_quantize(quantize, group_size)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
         make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
-                     builder=builder, progress=progress)
+                     builder=builder, progress=progress, quantize=quantize, group_size=group_size)
+    elif scheme is not None:
+        _check_portable_dtype(model, check, scheme)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
     if check is not None:
         model = copy.deepcopy(model).to(check)
+    quantized = None
+    if scheme is not None and builder == "portable":
+        model = model if check is not None else copy.deepcopy(model)
+        quantized = portable_quant.quantize_linears(model, scheme)
     if slots is None:
         program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
     else:
         methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
         program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
     if builder == "portable":
-        summary = _portable(program, path, methods, started)
+        summary = replace(_portable(program, path, methods, started), quantization=quantized)
     else:
         token = CONSTANT_METHODS.set(methods)
         try:
             summary = to_pte(program, path, builder=builder, device=device, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, progress=progress)
+                             weight_streaming_budget=weight_streaming_budget, progress=progress,
+                             quantize=quantize, group_size=group_size)
         finally:
             CONSTANT_METHODS.reset(token)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
+
+
+def _check_portable_dtype(model: Any, cast: Any, scheme: Scheme) -> None:
+    """ExecuTorch's quantized kernels take float32 / float16 scales and results: refuse others before any work."""
+    dtype = cast or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype not in portable_quant.DTYPES:
+        raise ExportError(f"quantize={scheme.name!r} with builder='portable' needs a float32 or float16 model "
+                          f"(ExecuTorch's quantized kernels take no {dtype}); pass dtype=torch.float16")
 
 
 def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = None, eos_ids: Any = None

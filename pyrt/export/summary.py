@@ -60,6 +60,18 @@ class QuantSummary:
     def per_row(self) -> list[str]:
         return [q.name for q in self.layers if q.per_row]
 
+    @classmethod
+    def merged(cls, parts: list[QuantSummary]) -> QuantSummary | None:
+        """One summary of several engines' (None when there are none)."""
+        if not parts:
+            return None
+        out = cls(parts[0].scheme, parts[0].group_size)
+        for p in parts:
+            out.layers += p.layers
+            out.skipped += p.skipped
+            out.other_bytes += p.other_bytes
+        return out
+
     def stored_names(self) -> set[str]:
         return {n for q in self.layers for n in (q.values, q.scales)}
 
@@ -132,6 +144,7 @@ class ExportSummary:
     route: str = ""  # decoder_to_pte: how the decoder was wrapped, "pyrt" or "upstream"
     route_reason: str = ""  # why that route (the upstream route's failure, or the caller's choice)
     constant_methods: dict[str, Any] = field(default_factory=dict)  # ExecuTorch's LLM metadata methods
+    quantization: QuantSummary | None = None  # quantize=...: every engine's (or the portable program's) layers
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -146,6 +159,8 @@ class ExportSummary:
                          for out, shape in e.bounded_outputs)
             if e.quantization is not None:
                 lines.append(f"    weights: {e.quantization}")
+        if self.quantization is not None and not self.engines:
+            lines.append(f"weights: {self.quantization}")
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))
