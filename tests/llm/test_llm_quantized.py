@@ -21,8 +21,8 @@ pytest.importorskip("executorch")
 import pyrt  # noqa: E402
 from pyrt.errors import ExportError  # noqa: E402
 from pyrt.export import decoder_to_pte  # noqa: E402
-from pyrt.pte_reader import PteFile, iter_delegate_blobs  # noqa: E402
 from pyrt.format.trt_blob import parse_blob  # noqa: E402
+from pyrt.pte_reader import PteFile, iter_delegate_blobs  # noqa: E402
 from pyrt.sim import simulated_gpus  # noqa: E402
 from pyrt.sim.refengine import Ref, RefEngine  # noqa: E402
 from pyrt.testing import archs  # noqa: E402
