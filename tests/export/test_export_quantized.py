@@ -63,7 +63,7 @@ def test_reference_engine_is_the_dequantized_model(tmp_path: Path, scheme: str) 
                weight_streaming=True)
     (engine,) = s.engines
     q = engine.quantization
-    assert q is not None and [(l.rows, l.cols, l.group) for l in q.layers] == [(48, 64, 16), (10, 48, 16)]
+    assert q is not None and [(x.rows, x.cols, x.group) for x in q.layers] == [(48, 64, 16), (10, 48, 16)]
     assert q.per_row == [] and q.skipped == [] and s.quantization is not None and f"{scheme} g16" in str(s)
     got = _run(s.path, x)
     want = Q.dequantized(model, scheme, 16)(x).detach().numpy()
@@ -95,7 +95,7 @@ def test_layers_the_group_does_not_divide_get_one_scale_per_row(tmp_path: Path) 
     x = torch.randn(2, 96)
     s = to_pte(model, tmp_path / "m.pte", (x,), builder="reference", quantize="int4", group_size=32)
     q = s.quantization
-    assert q is not None and [l.group for l in q.layers] == [32, 40] and q.per_row == [q.layers[1].name]
+    assert q is not None and [x.group for x in q.layers] == [32, 40] and q.per_row == [q.layers[1].name]
     assert "one scale per row (input size not a multiple of 32)" in str(s)
     assert Q.rel_err(_run(s.path, x), Q.dequantized(model, "int4", 32)(x).detach().numpy()) < 1e-6
 

@@ -99,7 +99,7 @@ def _replace(module: fx.GraphModule, node: fx.Node, uses: list[tuple[fx.Node, in
     except ValueError as exc:
         raise ExportError(f"cannot quantize {source!r}: {exc}") from None
     stored = wq.pack_int4(q) if scheme.bits == 4 else q
-    base = _attr_name(module, f"{node.target}_{'t' if transposed else 'q'}")
+    base = _attr_name(module, source)  # the model's name for the weight: errors and reports name it
     module.register_buffer(f"{base}_values", torch.from_numpy(np.ascontiguousarray(stored)), persistent=False)
     module.register_buffer(f"{base}_scales", torch.from_numpy(scales).to(weight.dtype), persistent=False)
     first = min((u for u, _ in uses), key=_position(module.graph))

@@ -37,7 +37,7 @@ def check(node: RefNode, weights: dict[str, RefWeight], where: str) -> None:
         raise RefEngineFormatError(f"{where}: {TARGET} takes [values, scales, bits, group_size, shape, transposed] "
                                    f"and gives one output; got {len(args)} arguments, {len(node.outputs)} outputs")
     values, scales, bits, group, shape, transposed = args
-    name = node.outputs[0]
+    name = values.name.removesuffix("_values") if isinstance(values, Ref) else node.outputs[0]
     for ref, what in ((values, "values"), (scales, "scales")):
         if not isinstance(ref, Ref) or ref.name not in weights:
             raise RefEngineFormatError(f"{where}: quantized weight {name!r}: its {what} {ref!r} are not a weight")
