@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from pyrt.export._graph.spec import EngineSpec
 
 
+LISTED = 6  # layer names a summary line lists before "and N more"
+
+
 @dataclass(frozen=True)
 class QuantizedLayer:
     """One quantized linear layer: its weight's name in the model, ``[rows, cols]`` = [out, in] features,
@@ -81,7 +84,9 @@ class QuantSummary:
                         self.other_bytes)
 
     def __str__(self) -> str:
-        rows = f"; one scale per row (input size not a multiple of {self.group_size}): {', '.join(self.per_row)}"
+        names = self.per_row
+        listed = ", ".join(names[:LISTED]) + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
+        rows = f"; one scale per row (input size not a multiple of {self.group_size}): {listed}"
         text = (f"{self.scheme} g{self.group_size}: {len(self.layers)} linear layer(s), {_size(self.weight_bytes)} "
                 f"values + scales, {_size(self.other_bytes)} other weights" + (rows if self.per_row else ""))
         return text + "".join(f"; kept {name} ({why})" for name, why in self.skipped)
