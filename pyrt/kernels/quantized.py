@@ -89,16 +89,16 @@ for _name, (_bits, _n_in) in OPS.items():
 
 
 def torch_unpack_int4(packed: Any, cols: int, layout: str) -> Any:
-    """uint8 [N, cols // 2] -> int8 [N, cols] in torch (meta tensors too): :func:`unpack_int4`'s twin."""
+    """uint8 [N, cols // 2] -> float32 [N, cols] in torch (meta tensors too): :func:`unpack_int4`'s twin."""
     import torch
 
-    p = packed.to(torch.int16)
-    lo, hi = p & 0xF, p >> 4
-    if layout == "twos":
-        first, second = lo - ((lo & 8) << 1), hi - ((hi & 8) << 1)
+    rows = packed.shape[0]
+    values = torch.empty(rows, cols // 2, 2, dtype=torch.float32, device=packed.device)
+    if layout == "twos":  # (v ^ 8) - 8 sign-extends a two's complement nibble
+        values[..., 0], values[..., 1] = (packed & 0xF) ^ 8, (packed >> 4) ^ 8
     else:  # "offset8"
-        first, second = hi - 8, lo - 8
-    return torch.stack([first, second], dim=-1).reshape(packed.shape[0], cols).to(torch.int8)
+        values[..., 0], values[..., 1] = packed >> 4, packed & 0xF
+    return values.sub_(8).view(rows, cols)
 
 
 def torch_dequantize(q: Any, scales: Any, *, bits: int, cols: int, layout: str, dtype: Any,
@@ -106,16 +106,17 @@ def torch_dequantize(q: Any, scales: Any, *, bits: int, cols: int, layout: str, 
     """``(q - zero_point) * scale`` per group in float32, rounded once to ``dtype``: [N, cols] (torch)."""
     import torch
 
-    values = (torch_unpack_int4(q, cols, layout) if bits == 4 else q).to(torch.float32)
+    values = torch_unpack_int4(q, cols, layout) if bits == 4 else q.to(torch.float32)
     rows, groups = q.shape[0], (1 if scales.dim() == 1 else scales.shape[1])
-    blocks = values.reshape(rows, groups, cols // groups)
+    blocks = values.view(rows, groups, cols // groups)
     if zero_points is not None:
         blocks = blocks - zero_points.to(torch.float32).reshape(rows, groups, 1)
-    return (blocks * scales.to(torch.float32).reshape(rows, groups, 1)).reshape(rows, cols).to(dtype)
+    return (blocks * scales.to(torch.float32).reshape(rows, groups, 1)).view(rows, cols).to(dtype)
 
 
 def torch_embedding(weight: Any, scales: Any, zero_points: Any, indices: Any, *, bits: int, dtype: Any) -> Any:
-    """:func:`embedding` in torch, rounded to ``dtype``."""
+    """:func:`embedding` in torch, rounded to ``dtype``. Every row in order (a linear layer's weight) is
+    dequantized in place of a gather."""
     rows = weight.shape[0]
     flat = indices.reshape(-1)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= rows):
@@ -123,10 +124,17 @@ def torch_embedding(weight: Any, scales: Any, zero_points: Any, indices: Any, *,
         raise InputError(f"quantized embedding: index {bad} is outside [0, {rows})")
     cols = weight.shape[1] * (2 if bits == 4 else 1)
     groups = 1 if scales.dim() == 1 else scales.shape[1]
-    zp = None if zero_points is None else zero_points.reshape(rows, groups)[flat]
-    out = torch_dequantize(weight[flat], scales.reshape(rows, groups)[flat], bits=bits, cols=cols,
-                           layout="offset8", dtype=dtype, zero_points=zp)
+    scales, zp = scales.reshape(rows, groups), None if zero_points is None else zero_points.reshape(rows, groups)
+    if not _every_row(flat, rows):
+        weight, scales, zp = weight[flat], scales[flat], None if zp is None else zp[flat]
+    out = torch_dequantize(weight, scales, bits=bits, cols=cols, layout="offset8", dtype=dtype, zero_points=zp)
     return out.reshape(*indices.shape, cols)
+
+
+def _every_row(flat: Any, rows: int) -> bool:
+    import torch
+
+    return flat.numel() == rows and bool(torch.equal(flat, torch.arange(rows, dtype=flat.dtype)))
 
 
 def torch_kernel(name: str) -> Kernel:
