@@ -22,6 +22,7 @@ import numpy as np
 
 from pyrt.errors import UnsupportedOperatorError
 from pyrt.format.weight_quant import check_scale_values, check_stored, dequantize, unpack_int4
+from pyrt.kernels.quantized import torch_dequantize
 from pyrt.sim.refengine.model import Ref, RefEngineFormatError, RefNode, RefWeight
 
 TARGET = "pyrt::dequantize_weight"
@@ -64,8 +65,6 @@ def run(backend: str, args: list[Any]) -> Any:
     values, scales, bits, group, shape, transposed = args
     rows, cols = int(shape[0]), int(shape[1])
     if backend == "torch":
-        from pyrt.kernels.quantized import torch_dequantize
-
         out = torch_dequantize(values, scales.reshape(rows, cols // group), bits=bits, cols=cols, layout="twos",
                                dtype=scales.dtype)
         return out.t() if transposed else out
