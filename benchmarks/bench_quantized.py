@@ -77,8 +77,10 @@ def file_bytes(path: Path) -> tuple[int, int]:
     return sum(tensors.values()), sum(tensors[v] for v in linear)
 
 
-def speed(path: Path, prompt: list[int], new: int, samples: int) -> tuple[float, float, list[int]]:
-    """(pyrt decode tok/s, ExecuTorch decode tok/s, pyrt's tokens), medians, sides interleaved."""
+def speed(path: Path, prompt: list[int], new: int, samples: int) -> tuple[float, float, list[int], float]:
+    """(pyrt decode tok/s, ExecuTorch decode tok/s, pyrt's tokens, the share of ExecuTorch's tokens equal to
+    them): medians, sides interleaved. The two runtimes' kernels round differently (float16 most), so a
+    near-tie may go another way."""
     import executorch.kernels.quantized  # noqa: F401  (ExecuTorch's quantized kernels in its runtime)
     import torch
     from executorch.runtime import Runtime
@@ -101,13 +103,12 @@ def speed(path: Path, prompt: list[int], new: int, samples: int) -> tuple[float,
     for k in range(samples + 1):  # the first round warms up
         out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[])
         et_tokens, et_rate = executorch()
-        if et_tokens != out.tokens:
-            raise SystemExit(f"{path.name}: pyrt and ExecuTorch generated different tokens")
         if k:
             ours.append(out.timings.decode_tokens_per_s)
             theirs.append(et_rate)
     prog.close()
-    return statistics.median(ours), statistics.median(theirs), out.tokens
+    same = sum(a == b for a, b in zip(out.tokens, et_tokens, strict=True)) / len(et_tokens)
+    return statistics.median(ours), statistics.median(theirs), out.tokens, same
 
 
 def accuracy(path: Path, model: Any, tokens: list[int]) -> tuple[float, float]:
@@ -135,22 +136,23 @@ def rows_for(name: str, args: argparse.Namespace, directory: Path) -> list[list[
     model = archs.causal_lm(name, variant="llm_small", layers=4)
     prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, args.prompt_len).tolist()
     max_len = args.prompt_len + args.new_tokens
-    measured: dict[str, tuple[int, int, float, float, float, float]] = {}
+    measured: dict[str, tuple[int, int, float, float, float, float, float]] = {}
     continuation: list[int] = []
     for variant in VARIANTS:
         path = directory / f"{name}-{variant.replace(' ', '-')}.pte"
         export(model, variant, path, max_len)
         total, linear = file_bytes(path)
-        ours, theirs, tokens = speed(path, prompt, args.new_tokens, args.samples)
+        ours, theirs, tokens, same = speed(path, prompt, args.new_tokens, args.samples)
         if variant == "float32":
             continuation = tokens
         top1, err = accuracy(path, model, prompt + continuation[:-1])
-        measured[variant] = (total, linear, ours, theirs, top1, err)
+        measured[variant] = (total, linear, ours, theirs, same, top1, err)
         print(f"{name} {variant}: {linear} linear bytes, {ours:.0f} tok/s (ExecuTorch {theirs:.0f}), top-1 {top1:.3f}, "
               f"error {err:.2e}", flush=True)
     half = measured["float16"][1]
     return [[name, v, f"{t / 2**20:.2f}", f"{lin / 2**20:.2f}", f"{lin / half:.2f}x", f"{o:.0f}", f"{e:.0f}",
-             f"{o / e:.2f}x", f"{top:.3f}", f"{err:.1e}"] for v, (t, lin, o, e, top, err) in measured.items()]
+             f"{o / e:.2f}x", f"{same:.2f}", f"{top:.3f}", f"{err:.1e}"]
+            for v, (t, lin, o, e, same, top, err) in measured.items()]
 
 
 def main() -> None:
@@ -168,7 +170,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pyrt-bench-quant-") as tmp:
         body = [row for name in args.models.split(",") for row in rows_for(name, args, Path(tmp))]
     head = ["model", "weights", "file weights (MiB)", "linear weights (MiB)", "linear / float16", "pyrt decode tok/s",
-            "ExecuTorch tok/s", "pyrt / ExecuTorch", "top-1 vs float32", "logits error vs float32"]
+            "ExecuTorch tok/s", "pyrt / ExecuTorch", "tokens as ExecuTorch's", "top-1 vs float32",
+            "logits error vs float32"]
     text = (f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers {transformers.__version__}; "
             f"threads 1 on every side)\n\nsmall configs (4 layers, hidden 256, vocab 2048), portable kernels, "
             f"int8 / int4: group size 128 unless named, float32 activations; {args.prompt_len}-token prompt, "
