@@ -78,10 +78,16 @@ def test_slot_files_are_their_dequantized_models_and_batch(tmp_path: Path, name:
     _against_float(record_property, first, model, PROMPTS)
 
 
+@pytest.fixture(scope="module")
+def portable_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    return _export(tmp_path_factory.mktemp("portable"), "llama", "int4", builder="portable")
+
+
 @pytest.mark.export
 @pytest.mark.parametrize("kernels", ["numpy", "torch", "executorch"])
-def test_a_portable_file_is_its_dequantized_model_in_pyrt_and_executorch(tmp_path: Path, kernels: str) -> None:
-    model, s = _export(tmp_path, "llama", "int4", builder="portable")
+def test_a_portable_file_is_its_dequantized_model_in_pyrt_and_executorch(portable_llama: tuple[Any, Any],
+                                                                          kernels: str) -> None:
+    model, s = portable_llama
     assert s.fallback_ops.get("quantized_decomposed::embedding_4bit") == 15 and "int4 g16" in str(s), str(s)
     ref = Q.dequantized(model, "int4", 16)
     want = np.stack([Q.eager_logits(ref, TOKENS[:k]) for k in range(5, len(TOKENS) + 1)])
