@@ -148,3 +148,17 @@ def test_bad_quantization_options_are_typed_errors_before_any_work(tmp_path: Pat
         with pytest.raises(ExportError, match=match):
             decoder_to_pte(model, tmp_path / "x.pte", max_seq_len=16, **kwargs)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.export
+def test_tensorrt_rtx_builds_a_quantized_slot_file_as_one_streaming_engine(tmp_path: Path) -> None:
+    """Built on this CPU: one strongly typed engine, nothing left to ExecuTorch, weight streaming on."""
+    pytest.importorskip("tensorrt_rtx")
+    _, s = _export(tmp_path, "llama", "int4", builder="tensorrt_rtx", dtype=torch.float16, weight_streaming=True,
+                   max_batch_size=2, max_tokens_per_step=8)
+    (engine,) = s.engines
+    assert s.fallback_ops == {} and engine.streamable_weights and engine.flavour == "tensorrt_rtx", str(s)
+    assert engine.quantization is not None and len(engine.quantization.layers) == 15
+    weights = pyrt.inspect(s.path)["methods"][0]["delegates"][0]["weights"]
+    assert (weights["dtype"], weights["group_size"], weights["layers"]) == ("int4", 16, 15)
+    assert weights["quantized_bytes"] == engine.quantization.weight_bytes and weights["streamable_bytes"] is None
