@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("executorch")
@@ -111,3 +113,19 @@ def test_hostile_quantized_file_is_a_typed_error(quantized: bytes, case: str, tm
     (delegate,) = pyrt.inspect(path)["methods"][0]["delegates"]
     assert "weights" not in delegate and delegate["weights_error"], delegate
     assert any(word in delegate["weights_error"] for word in ("quantiz", "scale")), delegate["weights_error"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mutated_quantized_engines_fail_only_with_pyrt_errors(quantized: bytes, data: st.DataObject) -> None:
+    """Random bytes of the reference engine (JSON and packed weights) changed: it loads and runs, or a PyrtError."""
+    start, _, _ = _engine(quantized)
+    out = bytearray(quantized)
+    for _ in range(data.draw(st.integers(1, 4))):
+        out[data.draw(st.integers(start, len(quantized) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        with simulated_gpus(1), pyrt.Program(bytes(out)) as prog:
+            prog(np.ones((3, 64), np.float32))
+        pyrt.inspect(bytes(out))
+    except PyrtError:
+        pass
