@@ -69,12 +69,17 @@ def embedding(weight: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | 
     return (blocks * s[:, :, None]).reshape(*np.shape(indices), cols)
 
 
-def _numpy_op(bits: int) -> Any:
+def _numpy_op(bits: int, n_in: int) -> Any:
+    """The numpy kernel of an ``out`` (6 inputs) or ``dtype_out`` (7: the dtype, which the out tensor has) overload."""
     def run(weight: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, qmin: int, qmax: int,
-            indices: np.ndarray, dtype: int | None = None) -> Out:
+            indices: np.ndarray) -> Out:
         return embedding(weight, scales, zero_points, indices, bits=bits)
 
-    return run
+    def run_dtype(weight: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, qmin: int, qmax: int,
+                  indices: np.ndarray, dtype: int | None) -> Out:
+        return embedding(weight, scales, zero_points, indices, bits=bits)
+
+    return run if n_in == 6 else run_dtype
 
 
 def _checker(bits: int, n_in: int) -> Callable[[KernelSite], None]:
@@ -82,7 +87,7 @@ def _checker(bits: int, n_in: int) -> Callable[[KernelSite], None]:
 
 
 for _name, (_bits, _n_in) in OPS.items():
-    op(_name, n_in=_n_in, check=_checker(_bits, _n_in))(_numpy_op(_bits))
+    op(_name, n_in=_n_in, check=_checker(_bits, _n_in))(_numpy_op(_bits, _n_in))
 
 
 # -- torch ---------------------------------------------------------------------------------------------
