@@ -131,3 +131,12 @@ def test_tensorrt_graph_dequantizes_as_the_reference(tmp_path: Path, monkeypatch
         assert Q.rel_err(got, want) < 1e-5, scheme
         spec = pyrt.inspect(s.path)["methods"][0]["delegates"][0]["weights"]
         assert spec["dtype"] == scheme and spec["streamable_bytes"] is None  # known only when TensorRT loads it
+
+
+def test_a_torch_tensorrt_programs_engines_are_not_requantized(tmp_path: Path) -> None:
+    from tests.export.test_export_helpers import torchtrt_split_module
+
+    with pytest.raises(ExportError, match="quantize='int8': a Torch-TensorRT program's engines are kept"):
+        to_pte(torchtrt_split_module(), tmp_path / "m.pte", (torch.randn(2, 3),), builder="reference",
+               quantize="int8")
+    assert not list(tmp_path.glob("*.pte"))

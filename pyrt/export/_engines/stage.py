@@ -59,6 +59,7 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     """(graph with engine nodes, (args, kwargs) to re-export it with, engine summaries, original program,
     fallback op -> reason)."""
     if isinstance(model, fx.GraphModule) and contains_torchtrt(model):
+        _keeps_its_engines(options)
         gm = graph_copy(model)  # the caller's module stays as it was
         inline_submodules(gm)
         engines = convert_torchtrt(gm, None, options, store)
@@ -66,6 +67,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     if isinstance(model, torch.export.ExportedProgram):
         program = model
         builder = None if contains_torchtrt(program.graph_module) else make_builder(options.builder)
+        if builder is None:
+            _keeps_its_engines(options)
     elif isinstance(model, torch.nn.Module):
         builder = make_builder(options.builder)  # a missing TensorRT fails before the slow steps
         program = _export(model, example_inputs, options.dynamic_shapes)
@@ -91,6 +94,13 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
         engines, reasons = _partition_and_build(gm, builder, options, store, forced,
                                                 gm.meta.get("mutable_buffers", frozenset()))
     return gm, _example_args(program, example_inputs), engines, program, reasons
+
+
+def _keeps_its_engines(options: Options) -> None:
+    """A Torch-TensorRT program's engines are kept as they were built: ``quantize=`` cannot apply to them."""
+    if options.quantize is not None:
+        raise ExportError(f"quantize={options.quantize.name!r}: a Torch-TensorRT program's engines are kept as they "
+                          "were built; quantize the model before compiling it, or export the model itself")
 
 
 def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Graph) -> dict[fx.Node, str]:
