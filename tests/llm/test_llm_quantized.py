@@ -61,6 +61,19 @@ def test_a_one_sequence_file_is_its_dequantized_model(tmp_path: Path, record_pro
 
 
 @pytest.mark.export
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(archs.LLM_FAMILIES))
+def test_every_family_is_its_dequantized_model(tmp_path: Path, name: str) -> None:
+    scheme = "int4" if sorted(archs.LLM_FAMILIES).index(name) % 2 else "int8"
+    model, s = _export(tmp_path, name, scheme)
+    ref = Q.dequantized(model, scheme, 16)
+    prefixes = [TOKENS[:k] for k in range(5, len(TOKENS) + 1)]
+    with simulated_gpus(1), pyrt.Program(s.path) as prog:
+        got = np.stack(Q.sequence_logits(prog, TOKENS, 5))
+    assert Q.rel_err(got, np.stack([Q.eager_logits(ref, p) for p in prefixes])) <= Q.TOLERANCE[scheme], str(s)
+
+
+@pytest.mark.export
 @pytest.mark.parametrize(("name", "scheme"), [("qwen2", "int8"), ("gpt2", "int4")])
 def test_slot_files_are_their_dequantized_models_and_batch(tmp_path: Path, name: str, scheme: str,
                                                             record_property: Any) -> None:
