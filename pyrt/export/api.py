@@ -32,7 +32,7 @@ from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._files.tempfiles import sigterm_cleans, sweep
 from pyrt.export._write.lower import Lowered, lower, reexport
 from pyrt.export.options import Options
-from pyrt.export.summary import EngineSummary, ExportSummary
+from pyrt.export.summary import EngineSummary, ExportSummary, QuantSummary
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
@@ -52,22 +52,20 @@ def to_pte(
     dynamic_shapes: Any = None,
     compile_specs: Any = None,
     progress: bool | None = None,
-    writer: str = "pyrt",
-    external_weights: bool = False, profiles: Any = None,
+    writer: str = "pyrt", external_weights: bool = False, profiles: Any = None,
+    quantize: str | None = None, group_size: int = 128,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
     ``model_or_exported_program``: an ``nn.Module`` (exported with ``example_inputs`` and
     ``dynamic_shapes``), a ``torch.export.ExportedProgram``, or a Torch-TensorRT compiled
     program (``tensorrt::execute_engine`` nodes; its engines are kept as they are).
-    ``torch_executed_ops``: operators (``"aten.relu.default"``, ``torch.ops.aten.relu``, ...)
-    forced to run in ExecuTorch; ops no builder can build fall back too. ``min_block_size``: fewest
-    compute ops worth an engine.
+    ``torch_executed_ops``: operators (``"aten.relu.default"``, ``torch.ops.aten.relu``, ...) forced to run in
+    ExecuTorch; ops no builder can build fall back too. ``min_block_size``: fewest compute ops worth an engine.
     ``device``: engines' CUDA device; a device, a mapping (partition index or name, or
     ``"*"`` -> device) or a callable ``PartitionInfo -> device``. Torch-TensorRT engines
     keep the device recorded in each engine.
-    ``weight_streaming``: build engines with streamable weights.
-    ``weight_streaming_budget``: bytes baked per engine (int, mapping or callable).
+    ``weight_streaming``: streamable weights; ``weight_streaming_budget``: bytes per engine (int, mapping, callable).
     ``dynamic_shapes``: torch.export's, for an ``nn.Module`` (an ExportedProgram keeps its own).
     ``builder``: "auto" (tensorrt, else tensorrt_rtx), "tensorrt", "tensorrt_rtx", "reference".
     ``compile_specs``: extra raw compile specs for every delegate.
@@ -77,6 +75,8 @@ def to_pte(
     the .pte (``model.pte`` -> ``model.ptd``), keyed by name, for ``Program(path, data=...)`` and
     ExecuTorch's ``load_program(path, data_path=...)``; engines keep theirs inside the .pte.
     ``profiles``: ``[{input: {"min", "opt", "max"}}, ...]``: one optimization profile each (``_engines/profiles.py``).
+    ``quantize``: None, "int8", "int4": weight-only quantization of the engines' linear layers, one scale per
+    ``group_size`` inputs of an output row, else per row (``pyrt.format.weight_quant``; README "Quantized weights").
 
     What runs in engines is what torch.onnx can export (docs/engine_building.md,
     "Partitioning"); ``summary.fallback_reasons`` says why each other op runs in ExecuTorch.
@@ -91,13 +91,13 @@ def to_pte(
     options = make_options(torch_executed_ops=torch_executed_ops, min_block_size=min_block_size, device=device,
                            weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
-                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles)
+                           progress=progress, writer=writer, external_weights=external_weights, profiles=profiles,
+                           quantize=quantize, group_size=group_size)
     target = _target(path)
     engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
-    log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
                          options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size,
-                         reasons)
+                         reasons, quantization=QuantSummary.merged([e.quantization for e in engines if e.quantization]))
 
 
 def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
@@ -112,13 +112,15 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
             program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
         lowered = lower(program, engines, store, target, options)
+    log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return engines, lowered, reasons
 
 
 def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
                  weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
                  dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
-                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None) -> Options:
+                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None,
+                 quantize: Any = None, group_size: Any = 128) -> Options:
     """Check every ``to_pte`` option (same names and defaults) before any work starts."""
     budget = weight_streaming_budget
     for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
@@ -140,6 +142,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, devic
         progress=Progress(progress),
         external_weights=external_weights,
         profiles=check_profiles(profiles),
+        quantize=opt.check_quantize(quantize, group_size),
     )
 
 

@@ -43,11 +43,13 @@ from torch.utils._sympy.numbers import int_oo
 from pyrt.errors import ExportError
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
-from pyrt.export._graph import slot_decoder
+from pyrt.export._graph import portable_quant, slot_decoder
 from pyrt.export._graph.prepare import decompose
 from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export.api import make_options, to_pte
-from pyrt.export.summary import ExportSummary
+from pyrt.export.options import check_quantize
+from pyrt.export.summary import ExportSummary, QuantSummary
+from pyrt.format.weight_quant import Scheme
 
 log = logging.getLogger("pyrt.export")
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
@@ -73,6 +75,7 @@ def decoder_to_pte(
     bos_id: int | None = None,
     eos_ids: Any = None,
     progress: bool | None = None,
+    quantize: str | None = None, group_size: int = 128,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
 
@@ -89,32 +92,64 @@ def decoder_to_pte(
     one-sequence file; ``batch_size`` is the older fixed batch of sequences that move in step).
     ``max_tokens_per_step``: the most tokens one forward call takes (prefill chunks and decode tokens
     together; default ``max(max_batch_size, min(max_seq_len, 256))``).
+    ``quantize`` / ``group_size``: weight-only INT8 / INT4 linear layers, LM head included, as for ``to_pte``;
+    portable files dequantize with ExecuTorch's quantized kernels (:mod:`pyrt.export._graph.portable_quant`).
     """
     started = time.perf_counter()
     check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
     slots = _check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
+    scheme = _check_quantize(model, builder, check, quantize, group_size)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
         make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
                      builder=builder, progress=progress)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
-    if check is not None:
-        model = copy.deepcopy(model).to(check)
+    model, quantized = _prepared(model, check, scheme if builder == "portable" else None)
     if slots is None:
         program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
     else:
         methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
         program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
     if builder == "portable":
-        summary = _portable(program, path, methods, started)
+        summary = replace(_portable(program, path, methods, started), quantization=quantized)
     else:
-        token = CONSTANT_METHODS.set(methods)
-        try:
-            summary = to_pte(program, path, builder=builder, device=device, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, progress=progress)
-        finally:
-            CONSTANT_METHODS.reset(token)
+        summary = _delegated(program, path, methods, builder=builder, device=device, weight_streaming=weight_streaming,
+                             weight_streaming_budget=weight_streaming_budget, progress=progress, quantize=quantize,
+                             group_size=group_size)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
+
+
+def _delegated(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], **options: Any
+               ) -> ExportSummary:
+    """``to_pte`` of the decoder's program, ExecuTorch's LLM constant methods written beside ``forward``."""
+    token = CONSTANT_METHODS.set(methods)
+    try:
+        return to_pte(program, path, **options)
+    finally:
+        CONSTANT_METHODS.reset(token)
+
+
+def _check_quantize(model: Any, builder: str, cast: Any, quantize: Any, group_size: Any) -> Scheme | None:
+    """The quantization scheme; a portable one needs float32 / float16 (what ExecuTorch's quantized kernels take)."""
+    scheme = check_quantize(quantize, group_size)
+    if scheme is None or builder != "portable":
+        return scheme
+    dtype = cast or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype not in portable_quant.DTYPES:
+        raise ExportError(f"quantize={scheme.name!r} with builder='portable' needs a float32 or float16 model "
+                          f"(ExecuTorch's quantized kernels take no {dtype}); pass dtype=torch.float16")
+    return scheme
+
+
+def _prepared(model: Any, cast: Any, scheme: Scheme | None) -> tuple[Any, QuantSummary | None]:
+    """The model to export: the caller's, or a copy cast to ``cast`` and, for a portable file, with its linear
+    layers quantized for ExecuTorch's kernels (the caller's model is never changed)."""
+    if cast is None and scheme is None:
+        return model, None
+    model = copy.deepcopy(model)
+    if cast is not None:
+        model = model.to(cast)
+    return model, None if scheme is None else portable_quant.quantize_linears(model, scheme)
 
 
 def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = None, eos_ids: Any = None

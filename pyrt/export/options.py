@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import BudgetError, ExportError
+from pyrt.format import weight_quant as wq
 
 if TYPE_CHECKING:
     from pyrt.export._engines.profiles import Bounds
@@ -60,6 +61,25 @@ class Options:
     external_weights: bool = False
     # one {input: (min, opt, max)} per optimization profile, or None: one profile from the dynamic shapes
     profiles: tuple[dict[Any, Bounds], ...] | None = None
+    quantize: wq.Scheme | None = None  # weight-only quantization of the engines' linear layers
+
+
+def check_quantize(quantize: Any, group_size: Any) -> wq.Scheme | None:
+    """``quantize=None | "int8" | "int4"`` and ``group_size`` (a power of two >= 16), checked before any work.
+
+    >>> check_quantize("int4", 64)
+    Scheme(name='int4', group_size=64)
+    >>> check_quantize("int3", 128)
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: quantize='int3' is not one of None, 'int8', 'int4'
+    """
+    if quantize is not None and (not isinstance(quantize, str) or quantize not in wq.SCHEMES):
+        raise ExportError(f"quantize={quantize!r} is not one of None, " + ", ".join(map(repr, wq.SCHEMES)))
+    if not wq.is_group_size(group_size):
+        raise ExportError(f"group_size={group_size!r} must be a power of two >= {wq.MIN_GROUP_SIZE} "
+                          f"(default {wq.DEFAULT_GROUP_SIZE})")
+    return None if quantize is None else wq.Scheme(quantize, group_size)
 
 
 def check_budget(value: Any, source: str) -> int:
@@ -175,6 +195,8 @@ def normalize_compile_specs(specs: Any, budget_given: bool) -> tuple[tuple[str, 
         raw = value.encode("ascii") if isinstance(value, str) else value
         if not isinstance(raw, (bytes, bytearray)):
             raise ExportError(f"compile_specs[{key!r}]={value!r} must be bytes or an ASCII string")
+        if key == wq.SPEC_KEY:
+            raise ExportError(f"compile_specs must not set {key!r}: pass quantize= and group_size= instead")
         if key == SPEC_DEVICE:
             raise ExportError(
                 "compile_specs must not set 'target_device': it is resolved per partition from each "
@@ -259,10 +281,13 @@ def node_op_names(target: Any) -> tuple[str, str] | None:
     return f"{schema.name}.{target._overloadname}", schema.name
 
 
-def delegate_compile_specs(device: str, budget: int | None, extra: tuple[tuple[str, bytes], ...] = ()
-                           ) -> list[tuple[str, bytes]]:
-    """An engine delegate's compile specs, in order: ``target_device``, its budget when set, then ``extra``."""
+def delegate_compile_specs(device: str, budget: int | None, extra: tuple[tuple[str, bytes], ...] = (),
+                           quantization: str = "") -> list[tuple[str, bytes]]:
+    """An engine delegate's compile specs, in order: ``target_device``, its budget when set, its weight
+    quantization (:data:`pyrt.format.weight_quant.SPEC_KEY`) when quantized, then ``extra``."""
     specs = [(SPEC_DEVICE, device.encode("ascii"))]
     if budget is not None:
         specs.append((SPEC_BUDGET, str(budget).encode("ascii")))
+    if quantization:
+        specs.append((wq.SPEC_KEY, quantization.encode("ascii")))
     return specs + [(k, bytes(v)) for k, v in extra]

@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch._ops import OpOverload
 
 from pyrt.errors import ExportError
+from pyrt.export._graph.quantize import dequantize_weight
 from pyrt.format.trt_blob import IOBinding
 from pyrt.sim.refengine import DType, MemoryFormat, Ref, RefEngine, RefNode, RefProfile, RefTensor, RefWeight
 
@@ -34,6 +35,7 @@ _SYM_TARGETS: dict[object, str] = {
     operator.add: "sym::add", operator.sub: "sym::sub", operator.mul: "sym::mul",
     operator.floordiv: "sym::floordiv", operator.mod: "sym::mod", operator.pow: "sym::pow",
     operator.neg: "sym::neg", torch.sym_max: "sym::max", torch.sym_min: "sym::min",
+    dequantize_weight: "pyrt::dequantize_weight",  # to_pte(quantize=...): pyrt.sim.refengine.quant
 }
 
 

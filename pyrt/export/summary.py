@@ -14,10 +14,82 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyrt.format.trt_blob import IOBinding
+from pyrt.format.weight_quant import SpecInfo
 
 if TYPE_CHECKING:
     from pyrt.export._files.engine_store import EngineRecord
     from pyrt.export._graph.spec import EngineSpec
+
+
+LISTED = 6  # layer names a summary line lists before "and N more"
+
+
+@dataclass(frozen=True)
+class QuantizedLayer:
+    """One quantized linear layer: its weight's name in the model, ``[rows, cols]`` = [out, in] features,
+    its group (``cols``: one scale per row), the bytes of its stored values and of its scales."""
+
+    name: str
+    rows: int
+    cols: int
+    group: int
+    value_bytes: int
+    scale_bytes: int
+    values: str = ""  # the engine's weight names for the stored values and the scales
+    scales: str = ""
+    transposed: bool = False
+
+    @property
+    def per_row(self) -> bool:
+        return self.group == self.cols
+
+
+@dataclass
+class QuantSummary:
+    """An engine's weight quantization: the layers quantized (and which got one scale per row), the layers
+    left in the model's dtype and why, the bytes of both (``other_bytes``: the engine's float weights)."""
+
+    scheme: str
+    group_size: int
+    layers: list[QuantizedLayer] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    other_bytes: int = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(q.value_bytes + q.scale_bytes for q in self.layers)
+
+    @property
+    def per_row(self) -> list[str]:
+        return [q.name for q in self.layers if q.per_row]
+
+    @classmethod
+    def merged(cls, parts: list[QuantSummary]) -> QuantSummary | None:
+        """One summary of several engines' (None when there are none)."""
+        if not parts:
+            return None
+        out = cls(parts[0].scheme, parts[0].group_size)
+        for p in parts:
+            out.layers += p.layers
+            out.skipped += p.skipped
+            out.other_bytes += p.other_bytes
+        return out
+
+    def stored_names(self) -> set[str]:
+        return {n for q in self.layers for n in (q.values, q.scales)}
+
+    def spec(self) -> SpecInfo:
+        """What the engine's compile spec says (:data:`pyrt.format.weight_quant.SPEC_KEY`)."""
+        return SpecInfo(self.scheme, self.group_size, len(self.layers), len(self.per_row), self.weight_bytes,
+                        self.other_bytes)
+
+    def __str__(self) -> str:
+        names = self.per_row
+        listed = ", ".join(names[:LISTED]) + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
+        rows = f"; one scale per row (input size not a multiple of {self.group_size}): {listed}"
+        text = (f"{self.scheme} g{self.group_size}: {len(self.layers)} linear layer(s), {_size(self.weight_bytes)} "
+                f"values + scales, {_size(self.other_bytes)} other weights" + (rows if self.per_row else ""))
+        return text + "".join(f"; kept {name} ({why})" for name, why in self.skipped)
 
 
 @dataclass(frozen=True)
@@ -45,13 +117,14 @@ class EngineSummary:
     # outputs whose shape only the run knows (nonzero, masked_select, ...): name -> the upper-bound
     # shape the program plans them at (ExecuTorch's DYNAMIC_BOUND)
     bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    quantization: QuantSummary | None = None  # to_pte(quantize=...): what the engine's linear layers became
 
     @classmethod
     def of(cls, name: str, record: EngineRecord, spec: EngineSpec, ops: tuple[str, ...], source: str,
            bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
                    record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""),
-                   bounded_outputs)
+                   bounded_outputs, record.extra.get("quantization"))
 
 
 @dataclass(frozen=True)
@@ -76,6 +149,7 @@ class ExportSummary:
     route: str = ""  # decoder_to_pte: how the decoder was wrapped, "pyrt" or "upstream"
     route_reason: str = ""  # why that route (the upstream route's failure, or the caller's choice)
     constant_methods: dict[str, Any] = field(default_factory=dict)  # ExecuTorch's LLM metadata methods
+    quantization: QuantSummary | None = None  # quantize=...: every engine's (or the portable program's) layers
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -88,6 +162,10 @@ class ExportSummary:
                          f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
             lines.extend(f"    {out}: data-dependent shape, planned at its bound {list(shape)}"
                          for out, shape in e.bounded_outputs)
+            if e.quantization is not None:
+                lines.append(f"    weights: {e.quantization}")
+        if self.quantization is not None and not self.engines:
+            lines.append(f"weights: {self.quantization}")
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))

@@ -15,6 +15,7 @@ from pyrt.kernels import (  # noqa: F401  (importing them registers their kernel
     numpy_nn,
     numpy_reduce,
     numpy_shape,
+    quantized,
 )
 from pyrt.kernels.base import RANDOM_OPS, Kernel
 from pyrt.kernels.numpy_base import OPS, build_step

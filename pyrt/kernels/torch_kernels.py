@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from pyrt.errors import InputError, UnsupportedOperatorError
-from pyrt.kernels import small_numpy_fastpath, small_numpy_fastpath_args, torch_inplace, torch_outs
+from pyrt.kernels import quantized, small_numpy_fastpath, small_numpy_fastpath_args, torch_inplace, torch_outs
 from pyrt.kernels.allowlist import allowed_operators
 from pyrt.kernels.base import RANDOM_OPS, Kernel, KernelSite, Step, with_steady
 from pyrt.memory.tensors import Value
@@ -80,6 +80,8 @@ class TorchLibrary:
         return kernel
 
     def _lookup(self, op: Operator) -> Kernel | None:
+        if op.qualified_name in quantized.OPS:  # pyrt's own: torch.ops has them only where executorch is imported
+            return quantized.torch_kernel(op.qualified_name)
         overload = self._overload(op)
         if overload is None:
             return None

@@ -19,6 +19,8 @@ from pyrt.device.names import parse_device, remap_device
 from pyrt.engine import Engine
 from pyrt.errors import PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, TensorRTBlob, parse_blob
+from pyrt.format.weight_quant import SPEC_KEY as QUANT_SPEC
+from pyrt.format.weight_quant import parse_spec
 from pyrt.pte_reader import BackendDelegate, ExecutionPlan
 from pyrt.runtime.memory_plan import close_engines, share_scratch
 from pyrt.streaming import EngineStreamingInfo, LoadBudget, ResolvedBudget, find_baked_budget, resolve_budgets
@@ -65,6 +67,11 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
         else:
             device = blob.device_id
         baked = find_baked_budget([(c.key, c.value) for c in d.compile_specs], source=where)
+        quantized = [c.value for c in d.compile_specs if c.key == QUANT_SPEC]
+        if len(quantized) > 1:
+            raise PteFormatError(f"{where}: compile spec {QUANT_SPEC} appears {len(quantized)} times")
+        if quantized:  # a scheme pyrt does not know may mean weights it would misread: refuse the file
+            parse_spec(quantized[0], where)
         out.append(DelegateDraft(xplan.name, i, d, blob, remap_device(device, device_map), baked, where))
     return out
 

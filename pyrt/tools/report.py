@@ -16,7 +16,7 @@ import stat
 from collections import Counter
 from typing import Any
 
-from pyrt.errors import BlobFormatError, PteFormatError
+from pyrt.errors import BlobFormatError, PteFormatError, PyrtError
 from pyrt.format.ptd_reader import FILE_IDENTIFIER as PTD_IDENTIFIER
 from pyrt.format.ptd_reader import DataSource, ExternalData, PtdFile
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
@@ -29,6 +29,7 @@ from pyrt.pte_reader import (
     PteFile,
     Source,
 )
+from pyrt.tools import engine_weights
 
 ENGINE_PREVIEW_BYTES = 16
 IN_PTE = ".pte"  # a stored tensor's "file" when its bytes are in the program file itself
@@ -224,6 +225,11 @@ def _delegate(pte: PteFile, plan: ExecutionPlan, index: int, d: BackendDelegate)
                 "engine_head": bytes(trt.engine[:ENGINE_PREVIEW_BYTES]).hex(),
                 "target_platform": trt.target_platform,
             }
+            try:
+                info["weights"] = engine_weights.describe([(c.key, c.value) for c in d.compile_specs], trt.engine,
+                                                          f"{pte.source}: method {plan.name!r} delegate {index}")
+            except PyrtError as exc:
+                info["weights_error"] = str(exc)
     return info
 
 
@@ -276,6 +282,10 @@ def format_report(info: dict[str, Any]) -> str:
                 )
                 lines.append(f"    inputs  {', '.join(trt['inputs']) or '-'}")
                 lines.append(f"    outputs {', '.join(trt['outputs']) or '-'}")
+                if "weights" in d:
+                    lines.append(f"    {engine_weights.line(d['weights'], format_size)}")
+                else:
+                    lines.append(f"    invalid weights: {d.get('weights_error')}")
             elif "tensorrt_error" in d:
                 lines.append(f"    invalid TensorRT blob: {d['tensorrt_error']}")
         lines.extend(_format_tensors(m.get("tensors", [])))

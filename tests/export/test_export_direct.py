@@ -246,3 +246,13 @@ def test_a_fully_delegated_export_never_imports_executorchs_lowering(tmp_path: P
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_quantized_engine_gives_the_full_lowerings_file(tmp_path: Path) -> None:
+    """The weight-quantization compile spec sits where the full lowering puts it (after the budget, before extras)."""
+    direct, full = _both(torch.nn.Linear(32, 8), tmp_path, (torch.randn(3, 32),), quantize="int4", group_size=16,
+                         weight_streaming_budget=1 << 20, compile_specs={"extra_key": b"\x00\x01"})
+    _assert_same(direct, full)
+    with PteFile.open(direct) as pte:
+        keys = [c.key for c in pte.program.execution_plan[0].delegates[0].compile_specs]
+    assert keys == ["target_device", "weight_streaming_budget", "pyrt_weight_quantization", "extra_key"]

@@ -30,7 +30,17 @@ def _schema(name: str) -> Any:
     try:
         return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")._schema
     except (AttributeError, RuntimeError):
-        return None
+        return _executorch_schema(name)
+
+
+def _executorch_schema(name: str) -> Any:
+    """ExecuTorch's quantized_decomposed ops exist in torch only once its Python package is imported: their
+    schema as scripts/gen_allowed_ops.py recorded it from there (pyrt/kernels/op_schemas.txt), parsed by torch."""
+    from importlib.resources import files
+
+    lines = files("pyrt.kernels").joinpath("op_schemas.txt").read_text().splitlines()
+    found = [line.split("\t", 1)[1] for line in lines if line.startswith(name + "\t")]
+    return torch._C.parse_schema(found[0]) if name.startswith("quantized_decomposed::") and found else None
 
 
 def _is_out(arg: Any) -> bool:

@@ -23,14 +23,19 @@ import torch.fx as fx
 
 from pyrt.errors import ExportError
 from pyrt.export import reference_builder, trt_builder
+from pyrt.export._engines import onnx_quant
 from pyrt.export._engines.dims import check_outputs, hint_shape, is_dynamic, min_opt_max, shape_ranges
 from pyrt.export._engines.profiles import activation_bytes, input_bounds
 from pyrt.export._engines.to_onnx import Unavailable, export_partition
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
+from pyrt.export._graph.fx import graph_copy
 from pyrt.export._graph.partition import Extracted
 from pyrt.export._graph.prepare import onnx_translates
+from pyrt.export._graph.quantize import quantize_partition
+from pyrt.export.summary import QuantSummary
 from pyrt.export.trt_builder import BuiltEngine, Progress, Writable
 from pyrt.format.trt_blob import IOBinding
+from pyrt.format.weight_quant import Scheme
 
 log = logging.getLogger("pyrt.export")
 
@@ -42,6 +47,17 @@ class Built:
     outputs: list[IOBinding]
     streamable: bool
     flavour: str
+    quantization: QuantSummary | None = None
+
+
+def quantized_module(part: Extracted, scheme: Scheme | None) -> tuple[fx.GraphModule, QuantSummary | None]:
+    """The module an engine is built from: the partition's own, or a copy with its linear weights quantized."""
+    if scheme is None:
+        return part.module, None
+    module = graph_copy(part.module)
+    module.meta.update(part.module.meta)
+    summary = quantize_partition(module, scheme)
+    return module, summary
 
 
 class BuildFailed(ExportError):
@@ -67,6 +83,7 @@ class ReferenceBuilder:
 
     name = "reference"
     symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
+    quantize: Scheme | None = None  # to_pte(quantize=...)
 
     def supports(self, node: fx.Node) -> bool:
         return converts(node) and reference_builder.supports(node)
@@ -85,22 +102,25 @@ class ReferenceBuilder:
                 (min(p[0][k][0][d] for p in several), max(p[0][k][2][d] for p in several))
                 for d in range(len(a.meta["val"].shape)))) for k, a in enumerate(part.inputs)]
 
+        module, quantized = quantized_module(part, self.quantize)
+
         def write(sink: Any) -> None:
-            io["bindings"] = reference_builder.build(part.module, profiles, sink, weight_streaming=weight_streaming,
+            io["bindings"] = reference_builder.build(module, profiles, sink, weight_streaming=weight_streaming,
                                                      several=several)
 
         record, seconds = _timed(lambda: store.add_stream(key, write))
         record.build_seconds = seconds
         record.extra["route"] = "stream"  # the reference builder writes straight into the spill file
         inputs, outputs = io["bindings"]
-        has_weights = any(n.op == "get_attr" for n in part.module.graph.nodes)
-        return Built(record, inputs, outputs, weight_streaming and has_weights, "reference")
+        has_weights = any(n.op == "get_attr" for n in module.graph.nodes)
+        return Built(record, inputs, outputs, weight_streaming and has_weights, "reference", quantized)
 
 
 class TensorRTBuilder:
     """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX)."""
 
     symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
+    quantize: Scheme | None = None  # to_pte(quantize=...)
 
     def __init__(self, flavour: str) -> None:
         self.trt_builder = trt_builder
@@ -124,15 +144,21 @@ class TensorRTBuilder:
         names = [f"input_{i}" for i in range(len(vals))]
         outs = [f"output_{i}" for i in range(len(part.outputs))]
         result: dict[str, Any] = {}
+        module, quantized = quantized_module(part, self.quantize)
+        lifted = onnx_quant.lift(module) if quantized is not None else []
 
         def write(sink: Any) -> None:  # the engine goes to its spill file as TensorRT serializes it
             try:
-                result["built"] = self._build_direct(part, shapes, names, outs, weight_streaming, progress, sink)
+                result["built"] = self._build_direct(module, lifted, shapes, names, outs, weight_streaming, progress,
+                                                     sink)
             except Unavailable as exc:
+                if lifted:
+                    raise BuildFailed(f"quantized engines are built through pyrt's ONNX translation, which is "
+                                      f"unavailable here: {exc}") from exc
                 log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
                 examples = [_example(v, a.name, limits) for v, a in zip(vals, part.inputs, strict=True)]
                 result["built"] = self.trt_builder.build_engine(
-                    part.module, examples, flavour=self.module,
+                    module, examples, flavour=self.module,
                     weight_streaming=weight_streaming, dynamic_shapes=shapes or None, input_names=names,
                     output_names=outs, progress=progress, out=sink)
 
@@ -143,17 +169,21 @@ class TensorRTBuilder:
         built = result["built"]
         record.build_seconds = built.build_seconds
         record.extra["route"] = built.route
-        return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour)
+        return Built(record, list(built.inputs), list(built.outputs), built.streamable_weights, built.flavour,
+                     quantized)
 
-    def _build_direct(self, part: Extracted, ranges: Any, names: list[str],
+    def _build_direct(self, module: fx.GraphModule, lifted: list[onnx_quant.Lifted], ranges: Any, names: list[str],
                       outs: list[str], weight_streaming: bool, progress: Progress | None,
                       out: Writable | None = None) -> BuiltEngine:
-        """ONNX straight from the partition's graph (``pyrt.export._engines.to_onnx``), then parse and build."""
+        """ONNX straight from the partition's graph (``pyrt.export._engines.to_onnx``), its lifted
+        dequantizations put back as INT8 / INT4 constants (:mod:`.onnx_quant`), then parse and build."""
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
                 progress("export_onnx")
-            path = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
+            path = export_partition(module, Path(tmp) / "model.onnx", names + [x.name for x in lifted], outs)
+            if lifted:
+                onnx_quant.attach_dequantize(path, lifted)
             built = self.trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
                 dynamic_shapes=_by_name(ranges, names), progress=progress, out=out)

@@ -59,6 +59,7 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     """(graph with engine nodes, (args, kwargs) to re-export it with, engine summaries, original program,
     fallback op -> reason)."""
     if isinstance(model, fx.GraphModule) and contains_torchtrt(model):
+        _keeps_its_engines(options)
         gm = graph_copy(model)  # the caller's module stays as it was
         inline_submodules(gm)
         engines = convert_torchtrt(gm, None, options, store)
@@ -66,6 +67,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     if isinstance(model, torch.export.ExportedProgram):
         program = model
         builder = None if contains_torchtrt(program.graph_module) else make_builder(options.builder)
+        if builder is None:
+            _keeps_its_engines(options)
     elif isinstance(model, torch.nn.Module):
         builder = make_builder(options.builder)  # a missing TensorRT fails before the slow steps
         program = _export(model, example_inputs, options.dynamic_shapes)
@@ -74,6 +77,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
     reasons: dict[str, str] = {}
     if options.profiles is not None and builder is not None:
         builder.symbol_profiles = symbol_profiles(program, options.profiles)
+    if builder is not None:
+        builder.quantize = options.quantize
     if contains_torchtrt(program.graph_module):
         gm = unlift(program)
         engines = convert_torchtrt(gm, program, options, store)
@@ -83,9 +88,19 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
             program = decompose(program)
         gm = unlift(program)
         forced = prepare(gm, options.forced_fallback, before)
-        engines, reasons = _partition_and_build(gm, builder or make_builder(options.builder), options, store, forced,
+        if builder is None:
+            builder = make_builder(options.builder)
+            builder.quantize = options.quantize
+        engines, reasons = _partition_and_build(gm, builder, options, store, forced,
                                                 gm.meta.get("mutable_buffers", frozenset()))
     return gm, _example_args(program, example_inputs), engines, program, reasons
+
+
+def _keeps_its_engines(options: Options) -> None:
+    """A Torch-TensorRT program's engines are kept as they were built: ``quantize=`` cannot apply to them."""
+    if options.quantize is not None:
+        raise ExportError(f"quantize={options.quantize.name!r}: a Torch-TensorRT program's engines are kept as they "
+                          "were built; quantize the model before compiling it, or export the model itself")
 
 
 def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Graph) -> dict[fx.Node, str]:
@@ -368,6 +383,7 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
         part.inputs = [remap.get(a, a) for a in part.inputs]
         replace_with_engine(gm, part, attr, spec.to_json(), execute_engine_op(), remap)
         built.record.spec = spec
+        built.record.extra["quantization"] = built.quantization
         bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
         summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded))
     options.device.check_all_used()
@@ -383,10 +399,11 @@ def engine_spec(built: Built, part: Extracted, device: str, budget: int | None) 
     where = f"engine {built.record.key}"
     unbacked: dict[str, int] = {}
     dims = tuple(tuple(dim_expr(s, symbols, where, unbacked) for s in o.meta["val"].shape) for o in part.outputs)
+    quantized = built.quantization
     return EngineSpec(
         key=built.record.key, device=device, budget=budget, flavour=built.flavour, streamable=built.streamable,
         inputs=tuple(built.inputs), outputs=tuple(built.outputs), output_dims=dims, symbols=symbols.table,
-        data_dependent=unbacked,
+        data_dependent=unbacked, quantization=quantized.spec().to_json() if quantized and quantized.layers else "",
     )
 
 

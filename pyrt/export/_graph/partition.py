@@ -189,6 +189,7 @@ def extract(gm: fx.GraphModule, nodes: list[fx.Node], state_inputs: Collection[s
         root.register_buffer(f"weight_{i}", _attr_tensor(gm, w))
         env[w] = graph.get_attr(f"weight_{i}")
         env[w].meta = dict(w.meta)
+        env[w].meta["pyrt_source"] = str(w.target)  # the weight's name in the model, for reports
     if sizes:
         _recompute_sizes(graph, env, inputs, sizes, inside)
     for n in nodes:

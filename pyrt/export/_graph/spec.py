@@ -49,6 +49,7 @@ class EngineSpec:
     serialized_metadata: str = ""
     target_platform: str | None = None
     data_dependent: dict[str, int] = field(default_factory=dict)  # unbacked symbol -> upper bound
+    quantization: str = ""  # the engine's weight quantization (pyrt.format.weight_quant.SpecInfo JSON), or ""
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -63,6 +64,8 @@ class EngineSpec:
         }
         if self.data_dependent:
             doc["data_dependent"] = dict(self.data_dependent)
+        if self.quantization:
+            doc["quantization"] = self.quantization
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -80,6 +83,7 @@ class EngineSpec:
                 hardware_compatible=doc["hardware_compatible"],
                 serialized_metadata=doc["serialized_metadata"], target_platform=doc["target_platform"],
                 data_dependent={str(k): int(v) for k, v in doc.get("data_dependent", {}).items()},
+                quantization=str(doc.get("quantization", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ExportError(f"pyrt::execute_engine spec is malformed ({exc}): {text[:200]!r}") from None

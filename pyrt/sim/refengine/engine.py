@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import PyrtError, UnsupportedOperatorError
+from pyrt.sim.refengine import quant
 from pyrt.sim.refengine.backends import NUMPY_OPS, Backend, pick_backend, split_target
 from pyrt.sim.refengine.blob import HEADER, MAGIC, VERSION, WRITE_CHUNK, align, encode_arg, parse_blob, tensor_json
 from pyrt.sim.refengine.model import (
@@ -70,7 +71,7 @@ class RefEngine:
         if self._numpy_runs_all is None:
             self._numpy_runs_all = "bfloat16" not in repr((self.inputs, self.outputs, self.nodes)) and all(
                 w.dtype != "bfloat16" for w in self.weights.values()) and all(
-                n.target.startswith("sym::") or (n.target.startswith("aten::") and
+                n.target.startswith("sym::") or n.target == quant.TARGET or (n.target.startswith("aten::") and
                                                  "{1}.{2}".format(*split_target(n.target)) in NUMPY_OPS)
                 for n in self.nodes)
         return pick_backend("auto" if "torch" in sys.modules or not self._numpy_runs_all else "numpy")
@@ -253,8 +254,12 @@ class RefEngine:
         for node in self.nodes:
             args = [_resolve(a, env, be) for a in node.args]
             kwargs = {k: _resolve(v, env, be) for k, v in node.kwargs.items()}
-            result = _sym_call(node.target, args) if node.target.startswith("sym::") else be.call(
-                node.target, args, kwargs)
+            if node.target.startswith("sym::"):
+                result = _sym_call(node.target, args)
+            elif node.target == quant.TARGET:
+                result = quant.run(be.name, args)
+            else:
+                result = be.call(node.target, args, kwargs)
             results = list(result) if isinstance(result, (tuple, list)) else [result]
             if len(results) != len(node.outputs):
                 raise RefEngineExecutionError(

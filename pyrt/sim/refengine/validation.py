@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from pyrt.sim.refengine import quant
 from pyrt.sim.refengine.model import (
     DTYPES,
     DType,
@@ -65,6 +66,8 @@ def validate_graph(eng: _Graph, where: str) -> None:
             check_dtype(dt, f"nodes[{i}] ({node.target}) dtype argument")
         if not node.outputs:
             raise RefEngineFormatError(f"{where}: nodes[{i}] ({node.target}) names no outputs")
+        if node.target.startswith(quant.NAMESPACE):
+            quant.check(node, eng.weights, f"{where}: nodes[{i}]")
         for out in node.outputs:
             define(out, f"nodes[{i}] output")
     seen_outputs: set[str] = set()
