@@ -153,10 +153,11 @@ class TensorRTBuilder:
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
                 progress("export_onnx")
-            path = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
+            path, weights = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
             built = self.trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
-                dynamic_shapes=_by_name(ranges, names), progress=progress, out=out)
+                dynamic_shapes=_by_name(ranges, names), progress=progress, out=out, initializers=weights)
+            del weights
         got = ([b.name for b in built.inputs], [b.name for b in built.outputs])
         if got != (names, outs):
             raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")

@@ -94,7 +94,7 @@ def export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], dir
                                         output_names=output_names, dynamic_shapes=dynamic)
             if program is None:
                 raise ExportError(f"torch.onnx.export returned no program for {type(module).__name__}")
-            _optimize(program)
+            optimize_keeping_weights(program)
             program.save(str(path), external_data=True)
     except Exception as exc:  # torch.export / onnx conversion errors come in many types
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch colours its export errors
@@ -105,34 +105,41 @@ def export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], dir
             log.debug("torch.onnx.export: %s", chatter.getvalue().strip())
     if not path.is_file():
         raise ExportError(f"torch.onnx.export wrote no model at {path}")
-    return path, _module_initializers(program)
+    return path, module_initializers(program)
 
 
 FOLD_LIMIT = 1 << 20  # bytes: constants above this are left for TensorRT to fold
 
 
-def _optimize(program: Any) -> None:
-    """torch.onnx's optimization, except that large weights are never transposed in memory.
+def optimize_keeping_weights(program: Any) -> None:
+    """torch.onnx's optimization, except that weights are never transposed in memory.
 
     onnxscript always folds a Transpose of a constant, whatever its size: for a
     decomposed ``linear`` that is a transposed copy of every weight, held until the build
-    ends. TensorRT folds such a transpose itself while building, so it is left in the graph.
+    ends (and read by the parser from the external data file instead of the module's own
+    tensor). TensorRT folds such a transpose itself while building, so a Transpose of a
+    module weight (a torch tensor), or of any constant over :data:`FOLD_LIMIT`, stays in the graph.
     """
+    import torch
     from onnxscript import optimizer
 
-    def keep_large_transposes(node: Any) -> bool | None:
-        if node.op_type == "Transpose" and any(
-                v is not None and v.const_value is not None and v.const_value.nbytes > FOLD_LIMIT for v in node.inputs):
+    def weight(v: Any) -> bool:
+        value = None if v is None else v.const_value
+        return value is not None and (isinstance(getattr(value, "raw", None), torch.Tensor)
+                                      or value.nbytes > FOLD_LIMIT)
+
+    def keep_weight_transposes(node: Any) -> bool | None:
+        if node.op_type == "Transpose" and any(weight(v) for v in node.inputs):
             return False
         return None  # onnxscript's own rules
 
     try:
-        optimizer.optimize_ir(program.model, should_fold=keep_large_transposes)
+        optimizer.optimize_ir(program.model, should_fold=keep_weight_transposes)
     except TypeError:  # an onnxscript without should_fold: its default folding
         program.optimize()
 
 
-class _Weight:
+class Weight:
     """An initializer's bytes in memory the exporter already holds: address, size, dtype."""
 
     def __init__(self, owner: Any, ptr: int, nbytes: int, dtype: Any) -> None:
@@ -142,13 +149,13 @@ class _Weight:
         return self.ptr
 
 
-def _module_initializers(program: Any) -> dict[str, _Weight]:
+def module_initializers(program: Any) -> dict[str, Weight]:
     """ONNX initializers whose bytes are in memory already: the module's own tensors
     (``TorchTensor.raw``) and arrays the exporter folded, which the parser can read in place."""
     import numpy as np
     import torch
 
-    out: dict[str, _Weight] = {}
+    out: dict[str, Weight] = {}
     try:
         initializers = program.model.graph.initializers.items()
     except AttributeError:  # another ONNXProgram layout: the parser reads the external data file
@@ -157,7 +164,7 @@ def _module_initializers(program: Any) -> dict[str, _Weight]:
         raw = getattr(value.const_value, "raw", None)
         size = getattr(value.const_value, "nbytes", -1)
         if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.is_contiguous() and raw.nbytes == size:
-            out[name] = _Weight(raw, raw.data_ptr(), size, raw.dtype)
+            out[name] = Weight(raw, raw.data_ptr(), size, raw.dtype)
         elif isinstance(raw, np.ndarray) and raw.flags.c_contiguous and raw.nbytes == size:
-            out[name] = _Weight(raw, raw.ctypes.data, size, raw.dtype)
+            out[name] = Weight(raw, raw.ctypes.data, size, raw.dtype)
     return {k: w for k, w in out.items() if w.nbytes > 0}
