@@ -40,6 +40,7 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 
 from pyrt.errors import ExportError
+from pyrt.export._engines.progress import Progress
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import slot_decoder
@@ -71,7 +72,7 @@ def decoder_to_pte(
     device: Any = "cuda:0",
     bos_id: int | None = None,
     eos_ids: Any = None,
-    progress: bool | None = None,
+    progress: bool | Progress | None = None,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
 
@@ -89,31 +90,42 @@ def decoder_to_pte(
     ``max_tokens_per_step``: the most tokens one forward call takes (prefill chunks and decode tokens
     together; default ``max(max_batch_size, min(max_seq_len, 256))``).
     """
-    started = time.perf_counter()
-    check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
-    slots = _check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
+    started, bars = time.perf_counter(), Progress.of(progress)
+    check = check_decoder(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
+    slots = check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
         make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
-                     builder=builder, progress=progress)
+                     builder=builder, progress=bars)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
-    if check is not None:
-        model = copy.deepcopy(model).to(check)
-    if slots is None:
-        program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
-    else:
-        methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
-        program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
+    model = _cast(model, check)
+    with bars.task("wrapping the decoder with its KV cache and exporting it (torch.export)", stage="export"):
+        if slots is None:
+            program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+        else:
+            methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
+            program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
     if builder == "portable":
-        summary = _portable(program, path, methods, started)
+        summary = _portable(program, path, methods, started, bars)
     else:
         token = CONSTANT_METHODS.set(methods)
         try:
             summary = to_pte(program, path, builder=builder, device=device, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, progress=progress)
+                             weight_streaming_budget=weight_streaming_budget, progress=bars)
         finally:
             CONSTANT_METHODS.reset(token)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
+
+
+def _cast(model: Any, dtype: Any) -> Any:
+    """``model`` in ``dtype``: a converted copy (the caller's model unchanged), or the model itself when every
+    floating tensor already has that dtype (no copy of weights that may be a checkpoint's mapped pages)."""
+    if dtype is None:
+        return model
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return model
+    return copy.deepcopy(model).to(dtype)
 
 
 def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = None, eos_ids: Any = None
@@ -155,7 +167,7 @@ def _token_id(value: Any, vocab: int, name: str) -> int:
     return value
 
 
-def _check(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
+def check_decoder(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
            ) -> Any:
     """Every decoder option; returns the torch dtype to cast to (None: keep the model's)."""
     if not isinstance(model, torch.nn.Module):
@@ -194,7 +206,7 @@ def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens:
     return program, "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
 
 
-def _check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
+def check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
                  route: str) -> int | None:
     """The token budget of one step of a file of ``max_batch_size`` > 1 slots (None: a one-sequence file)."""
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -253,8 +265,8 @@ def _short(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float
-              ) -> ExportSummary:
+def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float,
+              bars: Progress) -> ExportSummary:
     """No delegate: ExecuTorch's ``to_edge`` + ``to_executorch`` (portable kernels), written atomically.
 
     A slot file's caches are written in place (ExecuTorch's reinplace pass: ``index_put_`` into the buffer);
@@ -269,12 +281,15 @@ def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: 
     try:
         # No IR-validity pass (as ExecuTorch's own llama export and pyrt's lowering): its dtype check runs
         # GPT-2's ops on the example sizes and pins a slot file's token count to the example's 2.
-        edge = to_edge(program, constant_methods=methods, compile_config=EdgeCompileConfig(_check_ir_validity=False))
-        ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
-        manager = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass="get_max_batch_size" in methods))
+        with bars.task("lowering with ExecuTorch (portable kernels)", stage="write"):
+            edge = to_edge(program, constant_methods=methods,
+                           compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
+            manager = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass="get_max_batch_size" in methods))
     except Exception as exc:  # ExecuTorch raises many error types
         raise ExportError(f"ExecuTorch lowering (portable kernels) failed: {type(exc).__name__}: {exc}") from exc
-    (size,) = atomic_write_all([(target, manager.write_to_file)])
+    with bars.task(f"writing {target.name}", stage="write"):
+        (size,) = atomic_write_all([(target, manager.write_to_file)])
     return ExportSummary(str(target.resolve()), size, (), dict(ops), "portable", time.perf_counter() - started)
 
 
