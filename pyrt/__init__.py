@@ -20,6 +20,7 @@ from pyrt.errors import (
     BlobFormatError,
     BudgetError,
     BusyError,
+    CheckpointError,
     DeviceError,
     EngineError,
     ExecutionError,
@@ -37,7 +38,7 @@ __all__ = [
     "Program", "generate", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
-    "ProgramClosedError", "ResourceError", "BusyError",
+    "ProgramClosedError", "ResourceError", "BusyError", "CheckpointError",
 ]
 
 
