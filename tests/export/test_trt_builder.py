@@ -373,6 +373,27 @@ def test_to_pte_hands_the_parser_the_modules_own_weights(model_class, monkeypatc
     assert {p.data_ptr() for p in model.parameters()} <= given, "a weight reached the parser as a copy"
 
 
+def test_the_onnx_step_writes_no_copy_of_the_weights(monkeypatch, tmp_path) -> None:
+    """The parser takes the weights from memory, so the ONNX file references them without writing them
+    (a copy of the model on disk, or in memory where the temporary folder is a tmpfs)."""
+    from pyrt.export import to_pte
+    from pyrt.export._engines import builders
+
+    torch.manual_seed(0)
+    model = TransposedWeight().eval()
+    written: list[int] = []
+    real = builders.export_partition
+
+    def spy(module, path, *args):
+        out = real(module, path, *args)
+        written.append(sum(f.stat().st_size for f in path.parent.iterdir()))
+        return out
+
+    monkeypatch.setattr(builders, "export_partition", spy)
+    to_pte(model, tmp_path / "m.pte", (torch.randn(2, 512),), builder="tensorrt_rtx", progress=False)
+    assert written and written[0] < model.w.nbytes // 100, f"the ONNX step wrote {written[0]} bytes"
+
+
 def test_stream_writer_subclass_initialises_the_pybind_base() -> None:
     from pyrt.export._tensorrt.serialize import stream_writer
 

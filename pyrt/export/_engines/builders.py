@@ -153,7 +153,8 @@ class TensorRTBuilder:
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
                 progress("export_onnx")
-            path, weights = export_partition(part.module, Path(tmp) / "model.onnx", names, outs)
+            in_memory = callable(getattr(self.module.OnnxParser, "load_initializer", None))
+            path, weights = export_partition(part.module, Path(tmp) / "model.onnx", names, outs, in_memory)
             built = self.trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
                 dynamic_shapes=_by_name(ranges, names), progress=progress, out=out, initializers=weights)

@@ -139,6 +139,29 @@ def optimize_keeping_weights(program: Any) -> None:
         program.optimize()
 
 
+def save_referencing(program: Any, path: Path, weights: dict[str, Weight]) -> None:
+    """Save the ONNX model to ``path`` with each of ``weights`` as a reference to external data that is never
+    written: the parser gets those bytes from memory (``load_initializer``), so writing them would only put
+    another copy of the model on disk (in memory, where the temporary folder is a tmpfs). The other
+    initializers (shape constants, small folded values) go into the model itself; its own values are
+    restored afterwards."""
+    import onnx_ir as ir
+
+    model, location, offset, swapped = program.model, f"{path.name}.in-memory", 0, {}
+    try:
+        for name, value in model.graph.initializers.items():
+            if name in weights and value.const_value is not None:
+                tensor = value.const_value
+                swapped[name] = tensor
+                value.const_value = ir.ExternalTensor(location, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
+                                                      name=name, base_dir=str(path.parent))
+                offset += tensor.nbytes
+        ir.save(model, str(path))
+    finally:
+        for name, tensor in swapped.items():
+            model.graph.initializers[name].const_value = tensor
+
+
 class Weight:
     """An initializer's bytes in memory the exporter already holds: address, size, dtype."""
 
