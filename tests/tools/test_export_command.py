@@ -257,3 +257,19 @@ def test_serve_finds_the_tokenizer_kept_beside_the_file(exported: Path, checkpoi
         assert reply.json()["choices"][0]["text"] == want
     finally:
         server.stop()
+
+
+@pytest.mark.export
+@pytest.mark.slow
+@pytest.mark.parametrize("family", archs.LLM_FAMILIES)
+def test_every_family_exports_from_its_checkpoint_and_generates_like_transformers(family: str, tmp_path: Path) -> None:
+    import pyrt
+    from pyrt.export.checkpoint import checkpoint_to_pte
+    from pyrt.sim import simulated_gpus
+
+    model = archs.causal_lm(family)
+    model.save_pretrained(tmp_path / "ckpt", max_shard_size="40KB")
+    checkpoint_to_pte(tmp_path / "ckpt", tmp_path / "m.pte", max_seq_len=SEQ, builder="reference", progress=False)
+    with simulated_gpus(1), pyrt.Program(tmp_path / "m.pte") as prog:
+        got = pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens
+    assert got == archs.greedy(model, PROMPT, NEW)
