@@ -112,14 +112,21 @@ FOLD_LIMIT = 1 << 20  # bytes: constants above this are left for TensorRT to fol
 
 
 def optimize_keeping_weights(program: Any) -> None:
-    """torch.onnx's optimization, except that weights are never transposed in memory.
+    """torch.onnx's optimization (onnxscript's), less what a TensorRT build does not need.
 
-    onnxscript always folds a Transpose of a constant, whatever its size: for a
-    decomposed ``linear`` that is a transposed copy of every weight, held until the build
-    ends (and read by the parser from the external data file instead of the module's own
-    tensor). TensorRT folds such a transpose itself while building, so a Transpose of a
-    module weight (a torch tensor), or of any constant over :data:`FOLD_LIMIT`, stays in the graph.
+    * No weight is transposed in memory: onnxscript always folds a Transpose of a constant,
+      whatever its size; for a decomposed ``linear`` that is a transposed copy of every weight,
+      held until the build ends (and read by the parser from the external data file instead of
+      the module's own tensor). TensorRT folds such a transpose itself while building, so a
+      Transpose of a module weight (a torch tensor), or of any constant over :data:`FOLD_LIMIT`,
+      stays in the graph.
+    * No pattern rewrites: onnxscript's rewrite rules (no-op removal, fusions for ONNX Runtime)
+      matched every rule at every node, 164 of a 24-layer Llama's 211 s of ONNX work and worse
+      than linear in the layers; TensorRT fuses and removes no-ops in its own optimizer.
+      Constant folding, unused-node removal, initializer deduplication and common
+      subexpressions are kept, as onnxscript runs them.
     """
+    import onnx_ir.passes.common as common
     import torch
     from onnxscript import optimizer
 
@@ -133,10 +140,19 @@ def optimize_keeping_weights(program: Any) -> None:
             return False
         return None  # onnxscript's own rules
 
+    model = program.model
     try:
-        optimizer.optimize_ir(program.model, should_fold=keep_weight_transposes)
-    except TypeError:  # an onnxscript without should_fold: its default folding
-        program.optimize()
+        optimizer.inline(model)
+        optimizer.fold_constants_ir(model, onnx_shape_inference=True, should_fold=keep_weight_transposes)
+        passes = [common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass(),
+                  common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+                  common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
+                  common.CommonSubexpressionEliminationPass(), common.OutputFixPass(), common.NameFixPass()]
+    except (AttributeError, TypeError):  # another onnxscript / onnx_ir: its whole optimizer, weights kept
+        optimizer.optimize_ir(model, should_fold=keep_weight_transposes)
+        return
+    for step in passes:
+        step(model)
 
 
 def save_referencing(program: Any, path: Path, weights: dict[str, Weight]) -> None:
