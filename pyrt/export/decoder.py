@@ -40,6 +40,7 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 
 from pyrt.errors import ExportError
+from pyrt.export._engines.builders import make_builder
 from pyrt.export._engines.progress import Progress
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
@@ -94,8 +95,7 @@ def decoder_to_pte(
     check = check_decoder(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
     slots = check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
-        make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
-                     builder=builder, progress=bars)
+        _check_export(device, weight_streaming, weight_streaming_budget, builder, bars)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
     model = _cast(model, check)
     with bars.task("wrapping the decoder with its KV cache and exporting it (torch.export)", stage="export"):
@@ -115,6 +115,13 @@ def decoder_to_pte(
             CONSTANT_METHODS.reset(token)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
+
+
+def _check_export(device: Any, weight_streaming: Any, budget: Any, builder: str, bars: Progress) -> None:
+    """``to_pte``'s options checked, and its builder found (a missing TensorRT fails now, not after torch.export)."""
+    options = make_options(device=device, weight_streaming=weight_streaming, builder=builder, progress=bars,
+                           weight_streaming_budget=budget)
+    make_builder(options.builder)
 
 
 def _cast(model: Any, dtype: Any) -> Any:
