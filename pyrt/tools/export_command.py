@@ -13,6 +13,7 @@ exporter are imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     common = dict(builder=args.builder, weight_streaming=args.weight_streaming, weight_streaming_budget=args.budget,
                   device=args.device, progress=progress)
     if os.path.isdir(args.source):
+        _needs("torch", "executorch", "onnxscript", "transformers", "safetensors")
         from pyrt.export.checkpoint import checkpoint_to_pte  # extra: export (torch, transformers)
 
         tokenizer: Any = False if args.no_tokenizer else args.tokenizer or True
@@ -97,11 +99,20 @@ def run(args: argparse.Namespace) -> int:
             what = ", ".join(given) or "--builder portable"
             raise ExportError(f"{what}: for checkpoint directories; {args.source!r} is a program file, "
                               "exported with the shapes it was saved with")
+        _needs("torch", "executorch", "onnxscript")
         from pyrt.export.pt2 import pt2_to_pte  # extra: export (torch)
 
         summary = pt2_to_pte(args.source, args.output, tokenizer=args.tokenizer, **common)
     print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
     return EXIT_OK
+
+
+def _needs(*modules: str) -> None:
+    """ExportError naming the extras to install when a module the export imports is missing."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f"pyrt export needs {', '.join(missing)}: pip install 'pyrt-executorch[export,hf]' "
+                          "(torch first, see README.md, Install)")
 
 
 def _decoder_options(args: argparse.Namespace) -> dict[str, Any]:
