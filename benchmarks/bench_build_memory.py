@@ -84,8 +84,8 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
     if route in ("memory", "before"):
         trt_builder.can_stream = lambda builder: False  # type: ignore[assignment]
     if route == "before":
-        torch_onnx._module_initializers = lambda program: {}  # type: ignore[assignment]
-        torch_onnx._optimize = lambda program: program.optimize()  # type: ignore[assignment]
+        torch_onnx.module_initializers = lambda program: {}  # type: ignore[assignment]
+        torch_onnx.optimize_keeping_weights = lambda program: program.optimize()  # type: ignore[assignment]
     example = (torch.zeros(4, width, dtype=torch.float16),)
     base, reset = _rss_mib(), reset_peak()
     start = time.perf_counter()

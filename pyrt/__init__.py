@@ -20,6 +20,7 @@ from pyrt.errors import (
     BlobFormatError,
     BudgetError,
     BusyError,
+    CheckpointError,
     DeviceError,
     EngineError,
     ExecutionError,
@@ -38,7 +39,7 @@ __all__ = [
     "Program", "generate", "inspect", "__version__",
     "PyrtError", "PteFormatError", "BlobFormatError", "BudgetError", "InputError",
     "UnsupportedOperatorError", "BackendError", "DeviceError", "EngineError", "ExecutionError", "ExportError",
-    "ProgramClosedError", "ResourceError", "BusyError", "QueueFullError",
+    "ProgramClosedError", "ResourceError", "BusyError", "QueueFullError", "CheckpointError",
 ]
 
 

@@ -75,6 +75,15 @@ class ExportError(PyrtError):
     """Export could not produce a .pte from the given model."""
 
 
+class CheckpointError(ExportError, ValueError):
+    """A model on disk (a Hugging Face checkpoint directory, a ``torch.export`` .pt2) is malformed or
+    unsupported; ``path`` names the file (or directory) at fault."""
+
+    def __init__(self, path: object, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+
+
 class ResourceError(PyrtError, MemoryError):
     """A file declares more memory than pyrt's documented limits or the machine can give; names the value."""
 

@@ -51,7 +51,7 @@ def to_pte(
     builder: str = "auto",
     dynamic_shapes: Any = None,
     compile_specs: Any = None,
-    progress: bool | None = None,
+    progress: bool | Progress | None = None,
     writer: str = "pyrt", external_weights: bool = False, profiles: Any = None,
     quantize: str | None = None, group_size: int = 128,
 ) -> ExportSummary:
@@ -108,7 +108,7 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
     sweep(target.parent)  # temporary files of exports that were killed before they could clean up
     with sigterm_cleans(), third_party_quiet(), EngineStore(target.parent) as store:
         gm, args, engines, original, reasons = stage_engines(model, example_inputs, options, store)
-        with options.progress.task("re-exporting the engine graph"):
+        with options.progress.task("re-exporting the engine graph", stage="write"):
             program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
         lowered = lower(program, engines, store, target, options)
@@ -139,7 +139,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, devic
         extra_specs=opt.normalize_compile_specs(compile_specs, budget_given=budget is not None),
         writer=opt.check_choice(writer, opt.WRITERS, "writer"),
         dynamic_shapes=dynamic_shapes,
-        progress=Progress(progress),
+        progress=Progress.of(progress),
         external_weights=external_weights,
         profiles=check_profiles(profiles),
         quantize=opt.check_quantize(quantize, group_size),

@@ -41,6 +41,8 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 
 from pyrt.errors import ExportError
+from pyrt.export._engines.builders import make_builder
+from pyrt.export._engines.progress import Progress
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import portable_quant, slot_decoder
@@ -74,7 +76,7 @@ def decoder_to_pte(
     device: Any = "cuda:0",
     bos_id: int | None = None,
     eos_ids: Any = None,
-    progress: bool | None = None,
+    progress: bool | Progress | None = None,
     quantize: str | None = None, group_size: int = 128,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
@@ -95,25 +97,25 @@ def decoder_to_pte(
     ``quantize`` / ``group_size``: weight-only INT8 / INT4 linear layers, LM head included, as for ``to_pte``;
     portable files dequantize with ExecuTorch's quantized kernels (:mod:`pyrt.export._graph.portable_quant`).
     """
-    started = time.perf_counter()
-    check = _check(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
-    slots = _check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
+    started, bars = time.perf_counter(), Progress.of(progress)
+    check = check_decoder(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
+    slots = check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
     scheme = _check_quantize(model, builder, check, quantize, group_size)
     if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
-        make_options(device=device, weight_streaming=weight_streaming, weight_streaming_budget=weight_streaming_budget,
-                     builder=builder, progress=progress)
+        _check_export(device, weight_streaming, weight_streaming_budget, builder, bars)
     methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
     model, quantized = _prepared(model, check, scheme if builder == "portable" else None)
-    if slots is None:
-        program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
-    else:
-        methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
-        program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
+    with bars.task("wrapping the decoder with its KV cache and exporting it (torch.export)", stage="export"):
+        if slots is None:
+            program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+        else:
+            methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
+            program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
     if builder == "portable":
-        summary = replace(_portable(program, path, methods, started), quantization=quantized)
+        summary = replace(_portable(program, path, methods, started, bars), quantization=quantized)
     else:
         summary = _delegated(program, path, methods, builder=builder, device=device, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, progress=progress, quantize=quantize,
+                             weight_streaming_budget=weight_streaming_budget, progress=bars, quantize=quantize,
                              group_size=group_size)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
@@ -141,15 +143,33 @@ def _check_quantize(model: Any, builder: str, cast: Any, quantize: Any, group_si
     return scheme
 
 
+def _check_export(device: Any, weight_streaming: Any, budget: Any, builder: str, bars: Progress) -> None:
+    """``to_pte``'s options checked, and its builder found (a missing TensorRT fails now, not after torch.export)."""
+    options = make_options(device=device, weight_streaming=weight_streaming, builder=builder, progress=bars,
+                           weight_streaming_budget=budget)
+    make_builder(options.builder)
+
+
 def _prepared(model: Any, cast: Any, scheme: Scheme | None) -> tuple[Any, QuantSummary | None]:
-    """The model to export: the caller's, or a copy cast to ``cast`` and, for a portable file, with its linear
-    layers quantized for ExecuTorch's kernels (the caller's model is never changed)."""
-    if cast is None and scheme is None:
-        return model, None
-    model = copy.deepcopy(model)
-    if cast is not None:
-        model = model.to(cast)
-    return model, None if scheme is None else portable_quant.quantize_linears(model, scheme)
+    """The model to export: the caller's, or a copy cast to ``cast`` (:func:`_cast`) and, for a portable file,
+    with its linear layers quantized for ExecuTorch's kernels (the caller's model is never changed)."""
+    prepared = _cast(model, cast)
+    if scheme is None:
+        return prepared, None
+    if prepared is model:  # quantizing changes the layers: never the caller's
+        prepared = copy.deepcopy(model)
+    return prepared, portable_quant.quantize_linears(prepared, scheme)
+
+
+def _cast(model: Any, dtype: Any) -> Any:
+    """``model`` in ``dtype``: a converted copy (the caller's model unchanged), or the model itself when every
+    floating tensor already has that dtype (no copy of weights that may be a checkpoint's mapped pages)."""
+    if dtype is None:
+        return model
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return model
+    return copy.deepcopy(model).to(dtype)
 
 
 def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = None, eos_ids: Any = None
@@ -191,7 +211,7 @@ def _token_id(value: Any, vocab: int, name: str) -> int:
     return value
 
 
-def _check(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
+def check_decoder(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
            ) -> Any:
     """Every decoder option; returns the torch dtype to cast to (None: keep the model's)."""
     if not isinstance(model, torch.nn.Module):
@@ -230,7 +250,7 @@ def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens:
     return program, "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
 
 
-def _check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
+def check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
                  route: str) -> int | None:
     """The token budget of one step of a file of ``max_batch_size`` > 1 slots (None: a one-sequence file)."""
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -289,8 +309,8 @@ def _short(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float
-              ) -> ExportSummary:
+def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], started: float,
+              bars: Progress) -> ExportSummary:
     """No delegate: ExecuTorch's ``to_edge`` + ``to_executorch`` (portable kernels), written atomically.
 
     A slot file's caches are written in place (ExecuTorch's reinplace pass: ``index_put_`` into the buffer);
@@ -305,12 +325,15 @@ def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: 
     try:
         # No IR-validity pass (as ExecuTorch's own llama export and pyrt's lowering): its dtype check runs
         # GPT-2's ops on the example sizes and pins a slot file's token count to the example's 2.
-        edge = to_edge(program, constant_methods=methods, compile_config=EdgeCompileConfig(_check_ir_validity=False))
-        ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
-        manager = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass="get_max_batch_size" in methods))
+        with bars.task("lowering with ExecuTorch (portable kernels)", stage="write"):
+            edge = to_edge(program, constant_methods=methods,
+                           compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            ops: Counter[str] = fallback_ops(edge.exported_program().graph_module)
+            manager = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass="get_max_batch_size" in methods))
     except Exception as exc:  # ExecuTorch raises many error types
         raise ExportError(f"ExecuTorch lowering (portable kernels) failed: {type(exc).__name__}: {exc}") from exc
-    (size,) = atomic_write_all([(target, manager.write_to_file)])
+    with bars.task(f"writing {target.name}", stage="write"):
+        (size,) = atomic_write_all([(target, manager.write_to_file)])
     return ExportSummary(str(target.resolve()), size, (), dict(ops), "portable", time.perf_counter() - started)
 
 

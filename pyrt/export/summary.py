@@ -19,6 +19,7 @@ from pyrt.format.weight_quant import SpecInfo
 if TYPE_CHECKING:
     from pyrt.export._files.engine_store import EngineRecord
     from pyrt.export._graph.spec import EngineSpec
+    from pyrt.export.stages import StageRecord
 
 
 LISTED = 6  # layer names a summary line lists before "and N more"
@@ -150,6 +151,8 @@ class ExportSummary:
     route_reason: str = ""  # why that route (the upstream route's failure, or the caller's choice)
     constant_methods: dict[str, Any] = field(default_factory=dict)  # ExecuTorch's LLM metadata methods
     quantization: QuantSummary | None = None  # quantize=...: every engine's (or the portable program's) layers
+    stages: tuple[StageRecord, ...] = ()  # checkpoint_to_pte: time and memory of load, export, build, write
+    tokenizer: str | None = None  # checkpoint_to_pte: the tokenizer folder kept beside the .pte
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -173,6 +176,9 @@ class ExportSummary:
             lines.append(f"decoder route: {self.route}" + (f" ({self.route_reason})" if self.route_reason else ""))
         if self.constant_methods:
             lines.append("constant methods: " + ", ".join(f"{k}={v!r}" for k, v in self.constant_methods.items()))
+        if self.tokenizer:
+            lines.append(f"tokenizer: {self.tokenizer}")
+        lines.extend(f"stage {r}" for r in self.stages)
         return "\n".join(lines)
 
 

@@ -162,12 +162,16 @@ def build_engine_from_onnx(
     compute_capabilities: Sequence[str] | None = None,
     progress: Progress | None = None,
     out: Writable | None = None,
+    initializers: Mapping[str, Any] | None = None,
 ) -> BuiltEngine:
     """Build an engine from an ONNX file (its external data beside it).
 
     ``dynamic_shapes`` keys are ONNX input names or positions (a list of such mappings: one
     optimization profile each). I/O bindings come from
     the parsed network, inputs in the ONNX graph's order. ``out`` as for :func:`build_engine`.
+    ``initializers``: ONNX initializer name -> an object with ``data_ptr()`` and ``nbytes`` whose
+    bytes are already in memory (and outlive the call): the parser reads those in place instead of
+    its own copy from the external data file.
 
     >>> build_engine_from_onnx("model.onnx", flavour="tensorrt_rtx").flavour  # doctest: +SKIP
     'tensorrt_rtx'
@@ -178,7 +182,7 @@ def build_engine_from_onnx(
         raise ExportError(f"ONNX model {str(path)!r} does not exist or is not a file")
     profiles = [parse_dynamic_shapes(d, None, None) for d in _several(dynamic_shapes)]
     options = build_options(weight_streaming, workspace, compute_capabilities)
-    built = _build(open_session(flavour, options), path, profiles, options, progress, out)
+    built = _build(open_session(flavour, options), path, profiles, options, progress, out, initializers)
     _stage(progress, "done")
     return replace(built, build_seconds=time.perf_counter() - start)
 

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from pyrt.format.companions import find_tokenizer
 from pyrt.serve import lifetime
 from pyrt.serve.arguments import number_argument, seconds_argument, whole_argument
 from pyrt.serve.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S, api_key_from_env
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
     from pyrt.serve.app import deployment, simulated_from_env  # extra: serve
 
+    args.tokenizer = args.tokenizer or find_tokenizer(args.path)  # the one pyrt export kept beside the file
     lifetime.end_orphans(_say)
     sim = simulated_from_env()
     app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,

@@ -1,4 +1,5 @@
-"""The ``pyrt`` command line: inspect, run, bench and profile .pte programs; serve them; generate tokens.
+"""The ``pyrt`` command line: inspect, run, bench and profile .pte programs; serve them; generate tokens;
+export a Hugging Face checkpoint directory (or a .pt2) to one.
 
     pyrt inspect model.pte [--json] [--graph model.svg] [--data model.ptd]
     pyrt inspect model.ptd                    # a data file's entries
@@ -9,6 +10,9 @@
                   --top-k 40 --top-p 0.9 --seed 0] [--eos-ids 2] [--json]
     pyrt generate m.pte --prompt "Once upon a time" --tokenizer ./tokenizer_dir
     pyrt bench m.pte --generate --sweep 10%..100% [--prompt-len 16 --new-tokens 32] [--json] [--plot tps.png]
+    pyrt export ./hf-checkpoint -o m.pte [--max-seq-len N] [--max-batch-size B] [--dtype float16]
+                [--builder tensorrt_rtx] [--weight-streaming] [--budget 2GiB] [--json]
+    pyrt export prog.pt2 -o m.pte             # a torch.export.save'd program
 
 Exit status: 0 ok; 2 the command line does not parse (argparse's usage
 errors); 1 a value is wrong for the file or running failed (the typed pyrt

@@ -14,6 +14,7 @@ from pyrt._version import __version__
 from pyrt.serve import command as serve_command
 from pyrt.serve.arguments import float_argument, whole_argument
 from pyrt.streaming import budget_argument
+from pyrt.tools import export_command
 from pyrt.tools.inputs import parse_shape_arg
 
 _FMT = argparse.RawDescriptionHelpFormatter
@@ -58,6 +59,7 @@ environment:
   pyrt generate m.pte --prompt "Hello" --tokenizer ./tokenizer --budget 50%
   pyrt generate m.pte --prompt-ids 1,2,3,1,2 --draft ngram --draft-tokens 4
   pyrt generate m.pte --prompt-ids 1,2,3 --draft small.pte          (a smaller LLM file: same vocabulary)
+  pyrt generate m.pte --prompt "Hello"            the tokenizer pyrt export kept in m.tokenizer/
   PYRT_SIMULATED_GPUS=1 pyrt generate m.pte --prompt-ids 5,6,7 --json""",
 }
 
@@ -116,7 +118,8 @@ _bandwidth_gbps = float_argument("a bandwidth in GB/s > 0", lambda x: x > 0)
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``pyrt`` parser: global options and the inspect, run, bench, profile, serve and generate subcommands."""
+    """The ``pyrt`` parser: global options and the inspect, run, bench, profile, serve, generate and export
+    subcommands."""
     common, load, inputs = _common(), _load(), _inputs()
     parser = argparse.ArgumentParser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
                                      description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
@@ -129,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     _add_profile(sub, [common, load, inputs])
     serve_command.add_parser(sub, [common])
     _add_generate(sub, [common, load])
+    export_command.add_parser(sub, [common])
     return parser
 
 
@@ -243,8 +247,10 @@ def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                                    "as they come, then the timings.")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", type=_ids, metavar="1,2,3", help="the prompt's token ids")
-    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs --tokenizer)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory (transformers)")
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer: --tokenizer, or "
+                                                         "the one pyrt export kept beside the file)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory (transformers; "
+                                                      "default with --prompt: M.tokenizer/ beside M.pte)")
     p.add_argument("--max-new-tokens", type=_one_or_more, metavar="N",
                    help="cap on new tokens (default: until EOS or a full cache)")
     p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")

@@ -3,7 +3,7 @@ reading inputs, opening the program, printing results. Each takes the parsed arg
 (:mod:`pyrt.tools.cli_args`) and returns the exit status; :data:`COMMANDS` maps names to them.
 ``generate`` and ``bench --generate`` call :mod:`pyrt.llm`: tokens are printed as they come,
 then the timings (to stderr, so stdout stays the generated tokens or text); ``serve`` is
-:func:`pyrt.serve.command.run`.
+:func:`pyrt.serve.command.run`, ``export`` :func:`pyrt.tools.export_command.run`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrt.errors import InputError, PyrtError
+from pyrt.format.companions import find_tokenizer
 from pyrt.format.method_io import flatten, method_inputs
 from pyrt.llm.drafting import open_draft
 from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, host_to_device_bandwidth, plot_generation
@@ -26,6 +27,7 @@ from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
+from pyrt.tools import export_command
 from pyrt.tools.bench import (
     check_plot_support,
     device_names,
@@ -218,10 +220,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace) -> Any:
+    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded."""
     if args.tokenizer is None:
-        if args.prompt is not None:
-            raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer); or pass --prompt-ids")
-        return None
+        if args.prompt is None:
+            return None
+        args.tokenizer = find_tokenizer(args.path)
+        if args.tokenizer is None:
+            raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer; pyrt export keeps the "
+                             "checkpoint's beside the .pte as M.tokenizer/, and none is there); or pass --prompt-ids")
     if not os.path.isdir(args.tokenizer):
         raise InputError(f"--tokenizer {args.tokenizer!r} is not a directory")
     try:
@@ -315,5 +321,5 @@ def _bench_generation(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile, "serve": serve_command.run,
-    "generate": _cmd_generate,
+    "generate": _cmd_generate, "export": export_command.run,
 }

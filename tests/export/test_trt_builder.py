@@ -334,9 +334,64 @@ def test_parser_reads_the_module_weights_in_place(monkeypatch) -> None:
     in_place = build_engine(model, examples, flavour="tensorrt_rtx")
     big = [w for w in seen.values() if w.nbytes == model.w.nbytes]
     assert [w.data_ptr() for w in big] == [model.w.data_ptr()], "the parser got the module's tensor, not a copy"
-    monkeypatch.setattr(torch_onnx, "_module_initializers", lambda program: {})
+    monkeypatch.setattr(torch_onnx, "module_initializers", lambda program: {})
     from_file = build_engine(model, examples, flavour="tensorrt_rtx")  # parse_from_file: the parser's own copy
     assert bytes(in_place.engine) == bytes(from_file.engine)
+
+
+class SmallTransposedWeights(torch.nn.Module):
+    """Two ``x @ w.T`` of 128 KiB weights, under the size onnxscript folds constants at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(256, 128), requires_grad=False)
+        self.b = torch.nn.Parameter(torch.randn(128, 256), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.a.t()) @ self.b.t()
+
+
+@pytest.mark.parametrize("model_class", [TransposedWeight, SmallTransposedWeights])
+def test_to_pte_hands_the_parser_the_modules_own_weights(model_class, monkeypatch, tmp_path) -> None:
+    """``to_pte``'s route (the partition translated to ONNX directly) parses over the module's tensors too:
+    no copy read back from the external data file, and no transposed copy of a weight of any size."""
+    from pyrt.export import to_pte, trt_builder
+
+    torch.manual_seed(0)
+    model = model_class().eval()
+    seen: dict[str, object] = {}
+    real = trt_builder.parse_over_module_weights
+
+    def spy(session, parser, network, path, weights) -> None:
+        seen.update(weights)
+        real(session, parser, network, path, weights)
+
+    monkeypatch.setattr(trt_builder, "parse_over_module_weights", spy)
+    to_pte(model, tmp_path / "m.pte", (torch.randn(2, model.parameters().__next__().shape[1]),),
+           builder="tensorrt_rtx", progress=False)
+    given = {w.data_ptr() for w in seen.values()}
+    assert {p.data_ptr() for p in model.parameters()} <= given, "a weight reached the parser as a copy"
+
+
+def test_the_onnx_step_writes_no_copy_of_the_weights(monkeypatch, tmp_path) -> None:
+    """The parser takes the weights from memory, so the ONNX file references them without writing them
+    (a copy of the model on disk, or in memory where the temporary folder is a tmpfs)."""
+    from pyrt.export import to_pte
+    from pyrt.export._engines import builders
+
+    torch.manual_seed(0)
+    model = TransposedWeight().eval()
+    written: list[int] = []
+    real = builders.export_partition
+
+    def spy(module, path, *args):
+        out = real(module, path, *args)
+        written.append(sum(f.stat().st_size for f in path.parent.iterdir()))
+        return out
+
+    monkeypatch.setattr(builders, "export_partition", spy)
+    to_pte(model, tmp_path / "m.pte", (torch.randn(2, 512),), builder="tensorrt_rtx", progress=False)
+    assert written and written[0] < model.w.nbytes // 100, f"the ONNX step wrote {written[0]} bytes"
 
 
 def test_stream_writer_subclass_initialises_the_pybind_base() -> None:

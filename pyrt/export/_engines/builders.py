@@ -181,12 +181,15 @@ class TensorRTBuilder:
         with tempfile.TemporaryDirectory(prefix="pyrt-onnx-") as tmp:
             if progress is not None:
                 progress("export_onnx")
-            path = export_partition(module, Path(tmp) / "model.onnx", names + [x.name for x in lifted], outs)
-            if lifted:
+            in_memory = callable(getattr(self.module.OnnxParser, "load_initializer", None))
+            path, weights = export_partition(module, Path(tmp) / "model.onnx", names + [x.name for x in lifted], outs,
+                                             in_memory)
+            if lifted:  # the quantized constants go beside the model in their own file; the rest stays referenced
                 onnx_quant.attach_dequantize(path, lifted)
             built = self.trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
-                dynamic_shapes=_by_name(ranges, names), progress=progress, out=out)
+                dynamic_shapes=_by_name(ranges, names), progress=progress, out=out, initializers=weights)
+            del weights
         got = ([b.name for b in built.inputs], [b.name for b in built.outputs])
         if got != (names, outs):
             raise ExportError(f"the {built.flavour} engine binds {got[0]} -> {got[1]}, expected {names} -> {outs}")

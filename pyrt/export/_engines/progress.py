@@ -1,7 +1,9 @@
 """Progress for engine builds and large writes: a tqdm bar on a TTY, log lines otherwise.
 
 Everything is also logged to the ``pyrt.export`` logger, so a pipeline without
-a terminal still sees what happens and how long it took.
+a terminal still sees what happens and how long it took. With a
+:class:`~pyrt.export.stages.StageMeter` (``pyrt export``), each task names its stage
+(load, export, build, write) and the meter keeps each stage's time and memory.
 
 >>> with Progress(enabled=False).task("writing", total=10, unit="B") as t:
 ...     t.update(10)
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from pyrt.errors import ExportError
+from pyrt.export.stages import StageMeter
 
 log = logging.getLogger("pyrt.export")
 _LOG_STEP = 0.25  # log every quarter of a large task when there is no bar
@@ -22,14 +25,23 @@ _LARGE = 64 << 20  # "large": worth intermediate log lines
 
 
 class Progress:
-    """``enabled``: None = bar when stderr is a TTY, True = always a bar, False = log only."""
+    """``enabled``: None = bar when stderr is a TTY, True = always a bar, False = log only.
+    ``stages``: a meter that each task with a ``stage`` enters."""
 
-    def __init__(self, enabled: bool | None = None) -> None:
+    def __init__(self, enabled: bool | None = None, stages: StageMeter | None = None) -> None:
         if enabled is not None and not isinstance(enabled, bool):
             raise ExportError(f"progress={enabled!r} must be None, True or False")
         self.bars = _tty() if enabled is None else enabled
+        self.stages = stages
 
-    def task(self, desc: str, total: int | None = None, unit: str = "it") -> _Task:
+    @classmethod
+    def of(cls, value: Any) -> Progress:
+        """``value`` itself when it is a Progress (an export's stages share one), else ``Progress(value)``."""
+        return value if isinstance(value, Progress) else cls(value)
+
+    def task(self, desc: str, total: int | None = None, unit: str = "it", stage: str | None = None) -> _Task:
+        if stage is not None and self.stages is not None:
+            self.stages.enter(stage)
         return _Task(desc, total, unit, self.bars)
 
 

@@ -71,7 +71,8 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
             _keeps_its_engines(options)
     elif isinstance(model, torch.nn.Module):
         builder = make_builder(options.builder)  # a missing TensorRT fails before the slow steps
-        program = _export(model, example_inputs, options.dynamic_shapes)
+        with options.progress.task("exporting with torch.export", stage="export"):
+            program = _export(model, example_inputs, options.dynamic_shapes)
     else:
         raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
     reasons: dict[str, str] = {}
@@ -84,7 +85,7 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
         engines = convert_torchtrt(gm, program, options, store)
     else:
         before = program.graph
-        with options.progress.task("decomposing"):
+        with options.progress.task("decomposing", stage="export"):
             program = decompose(program)
         gm = unlift(program)
         forced = prepare(gm, options.forced_fallback, before)
@@ -359,7 +360,7 @@ def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
 def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, options: Options, quiet: bool = False
                ) -> tuple[Built | None, str]:
     what = f"building {builder.name} engine ({len(part.nodes)} nodes)"
-    with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}") as task:
+    with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}", stage="build") as task:
         try:
             built = builder.build(part, key, store, weight_streaming=options.weight_streaming, progress=task.note)
             _check_bindings(built, part)

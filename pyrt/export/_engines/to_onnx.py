@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from pyrt.export._graph.prepare import onnx_registry
+from pyrt.export._tensorrt import torch_onnx
 
 log = logging.getLogger("pyrt.export")
 
@@ -96,9 +97,14 @@ def _attr(module: torch.nn.Module, target: str) -> torch.Tensor:
 
 
 def export_partition(module: fx.GraphModule, path: Path, input_names: Sequence[str],
-                     output_names: Sequence[str]) -> Path:
+                     output_names: Sequence[str], in_memory: bool = False) -> tuple[Path, dict[str, torch_onnx.Weight]]:
     """Write ``module`` (an extracted partition) to ``path`` as ONNX with external weights.
 
+    Returns the path and the initializers whose bytes are already in memory (the partition's own
+    weights, by name), which the parser reads in place instead of its own copy from the file;
+    weights are never transposed into copies (``torch_onnx.optimize_keeping_weights``).
+    ``in_memory``: those weights are referenced but not written (the parser takes them with
+    ``load_initializer``), so the ONNX step writes no copy of the model to disk.
     Raises :class:`Unavailable` when this route cannot be used or fails (the caller then
     takes the public route, which reports a genuine failure in its own words).
     """
@@ -118,16 +124,20 @@ def export_partition(module: fx.GraphModule, path: Path, input_names: Sequence[s
         with contextlib.redirect_stdout(chatter):
             program = _prepared(partition_program(module), registry, _core, _fx_passes)
             onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
-            onnx_program.optimize()
+            torch_onnx.optimize_keeping_weights(onnx_program)
             _ir_passes.rename_inputs(onnx_program.model, list(input_names))
             _ir_passes.rename_outputs(onnx_program.model, list(output_names))
-            onnx_program.save(str(path), external_data=True)
+            weights = torch_onnx.module_initializers(onnx_program)
+            if in_memory:
+                torch_onnx.save_referencing(onnx_program, path, weights)
+            else:
+                onnx_program.save(str(path), external_data=True)
     except Exception as exc:  # torch.onnx raises many error types
         raise Unavailable(f"{type(exc).__name__}: {_plain(exc)}") from exc
     finally:
         if chatter.getvalue().strip():
             log.debug("torch.onnx: %s", chatter.getvalue().strip())
-    return path
+    return path, weights
 
 
 def _prepared(program: torch.export.ExportedProgram, registry: Any, core: Any, passes: Any

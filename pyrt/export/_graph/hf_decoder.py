@@ -17,6 +17,7 @@ Both take ``tokens [batch, seq] int64`` and ``input_pos [seq] int64`` and return
 from __future__ import annotations
 
 import functools
+import mmap
 from typing import Any
 
 import torch
@@ -32,6 +33,25 @@ def text_config(model: Any) -> Any:
                           "(a transformers PreTrainedModel with a language-model head)")
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
+
+
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
+    """Zeros that take no memory until written: on the CPU, a tensor over an anonymous mapping whose pages
+    the kernel supplies zeroed on first touch (``torch.zeros`` writes every byte, so a KV cache of
+    gigabytes would be resident for the whole export although only its shape and zeros are needed).
+
+    >>> untouched_zeros((2, 3), torch.float16).sum().item()
+    0.0
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = 1
+    for d in shape:
+        count *= d
+    size = count * torch.empty((), dtype=dtype).element_size()
+    if size == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
 
 
 @functools.cache
@@ -80,6 +100,8 @@ class DecoderModule(torch.nn.Module):
         first = next(model.parameters())
         self.cache.early_initialization(batch_size, heads, head_dim, first.dtype, first.device)
         for i, layer in enumerate(self.layers):
+            layer.keys = untouched_zeros(tuple(layer.keys.shape), layer.keys.dtype, layer.keys.device)
+            layer.values = untouched_zeros(tuple(layer.values.shape), layer.values.dtype, layer.values.device)
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
 

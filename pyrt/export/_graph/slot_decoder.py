@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from pyrt.errors import ExportError
-from pyrt.export._graph.hf_decoder import text_config
+from pyrt.export._graph.hf_decoder import text_config, untouched_zeros
 
 
 @functools.cache
@@ -101,8 +101,8 @@ class SlotDecoderModule(torch.nn.Module):
         self.dtype = first.dtype
         for i, layer in enumerate(self.layers):
             for kind in ("key", "value"):
-                buffer = torch.zeros(max_batch_size * heads * self.positions, head_dim, dtype=first.dtype,
-                                     device=first.device)
+                buffer = untouched_zeros((max_batch_size * heads * self.positions, head_dim), first.dtype,
+                                         first.device)
                 self.register_buffer(f"{kind}_cache_{i}", buffer, persistent=False)
             layer.is_initialized = True
         self.head_only = _head_gives_logits(model)

@@ -94,7 +94,7 @@ def export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], dir
                                         output_names=output_names, dynamic_shapes=dynamic)
             if program is None:
                 raise ExportError(f"torch.onnx.export returned no program for {type(module).__name__}")
-            _optimize(program)
+            optimize_keeping_weights(program)
             program.save(str(path), external_data=True)
     except Exception as exc:  # torch.export / onnx conversion errors come in many types
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch colours its export errors
@@ -105,34 +105,80 @@ def export_onnx(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], dir
             log.debug("torch.onnx.export: %s", chatter.getvalue().strip())
     if not path.is_file():
         raise ExportError(f"torch.onnx.export wrote no model at {path}")
-    return path, _module_initializers(program)
+    return path, module_initializers(program)
 
 
 FOLD_LIMIT = 1 << 20  # bytes: constants above this are left for TensorRT to fold
 
 
-def _optimize(program: Any) -> None:
-    """torch.onnx's optimization, except that large weights are never transposed in memory.
+def optimize_keeping_weights(program: Any) -> None:
+    """torch.onnx's optimization (onnxscript's), less what a TensorRT build does not need.
 
-    onnxscript always folds a Transpose of a constant, whatever its size: for a
-    decomposed ``linear`` that is a transposed copy of every weight, held until the build
-    ends. TensorRT folds such a transpose itself while building, so it is left in the graph.
+    * No weight is transposed in memory: onnxscript always folds a Transpose of a constant,
+      whatever its size; for a decomposed ``linear`` that is a transposed copy of every weight,
+      held until the build ends (and read by the parser from the external data file instead of
+      the module's own tensor). TensorRT folds such a transpose itself while building, so a
+      Transpose of a module weight (a torch tensor), or of any constant over :data:`FOLD_LIMIT`,
+      stays in the graph.
+    * No pattern rewrites: onnxscript's rewrite rules (no-op removal, fusions for ONNX Runtime)
+      matched every rule at every node, 164 of a 24-layer Llama's 211 s of ONNX work and worse
+      than linear in the layers; TensorRT fuses and removes no-ops in its own optimizer.
+      Constant folding, unused-node removal, initializer deduplication and common
+      subexpressions are kept, as onnxscript runs them.
     """
+    import onnx_ir.passes.common as common
+    import torch
     from onnxscript import optimizer
 
-    def keep_large_transposes(node: Any) -> bool | None:
-        if node.op_type == "Transpose" and any(
-                v is not None and v.const_value is not None and v.const_value.nbytes > FOLD_LIMIT for v in node.inputs):
+    def weight(v: Any) -> bool:
+        value = None if v is None else v.const_value
+        return value is not None and (isinstance(getattr(value, "raw", None), torch.Tensor)
+                                      or value.nbytes > FOLD_LIMIT)
+
+    def keep_weight_transposes(node: Any) -> bool | None:
+        if node.op_type == "Transpose" and any(weight(v) for v in node.inputs):
             return False
         return None  # onnxscript's own rules
 
+    model = program.model
     try:
-        optimizer.optimize_ir(program.model, should_fold=keep_large_transposes)
-    except TypeError:  # an onnxscript without should_fold: its default folding
-        program.optimize()
+        optimizer.inline(model)
+        optimizer.fold_constants_ir(model, onnx_shape_inference=True, should_fold=keep_weight_transposes)
+        passes = [common.RemoveUnusedNodesPass(), common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass(),
+                  common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+                  common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
+                  common.CommonSubexpressionEliminationPass(), common.OutputFixPass(), common.NameFixPass()]
+    except (AttributeError, TypeError):  # another onnxscript / onnx_ir: its whole optimizer, weights kept
+        optimizer.optimize_ir(model, should_fold=keep_weight_transposes)
+        return
+    for step in passes:
+        step(model)
 
 
-class _Weight:
+def save_referencing(program: Any, path: Path, weights: dict[str, Weight]) -> None:
+    """Save the ONNX model to ``path`` with each of ``weights`` as a reference to external data that is never
+    written: the parser gets those bytes from memory (``load_initializer``), so writing them would only put
+    another copy of the model on disk (in memory, where the temporary folder is a tmpfs). The other
+    initializers (shape constants, small folded values) go into the model itself; its own values are
+    restored afterwards."""
+    import onnx_ir as ir
+
+    model, location, offset, swapped = program.model, f"{path.name}.in-memory", 0, {}
+    try:
+        for name, value in model.graph.initializers.items():
+            if name in weights and value.const_value is not None:
+                tensor = value.const_value
+                swapped[name] = tensor
+                value.const_value = ir.ExternalTensor(location, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
+                                                      name=name, base_dir=str(path.parent))
+                offset += tensor.nbytes
+        ir.save(model, str(path))
+    finally:
+        for name, tensor in swapped.items():
+            model.graph.initializers[name].const_value = tensor
+
+
+class Weight:
     """An initializer's bytes in memory the exporter already holds: address, size, dtype."""
 
     def __init__(self, owner: Any, ptr: int, nbytes: int, dtype: Any) -> None:
@@ -142,13 +188,13 @@ class _Weight:
         return self.ptr
 
 
-def _module_initializers(program: Any) -> dict[str, _Weight]:
+def module_initializers(program: Any) -> dict[str, Weight]:
     """ONNX initializers whose bytes are in memory already: the module's own tensors
     (``TorchTensor.raw``) and arrays the exporter folded, which the parser can read in place."""
     import numpy as np
     import torch
 
-    out: dict[str, _Weight] = {}
+    out: dict[str, Weight] = {}
     try:
         initializers = program.model.graph.initializers.items()
     except AttributeError:  # another ONNXProgram layout: the parser reads the external data file
@@ -157,7 +203,7 @@ def _module_initializers(program: Any) -> dict[str, _Weight]:
         raw = getattr(value.const_value, "raw", None)
         size = getattr(value.const_value, "nbytes", -1)
         if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.is_contiguous() and raw.nbytes == size:
-            out[name] = _Weight(raw, raw.data_ptr(), size, raw.dtype)
+            out[name] = Weight(raw, raw.data_ptr(), size, raw.dtype)
         elif isinstance(raw, np.ndarray) and raw.flags.c_contiguous and raw.nbytes == size:
-            out[name] = _Weight(raw, raw.ctypes.data, size, raw.dtype)
+            out[name] = Weight(raw, raw.ctypes.data, size, raw.dtype)
     return {k: w for k, w in out.items() if w.nbytes > 0}

@@ -79,7 +79,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], s
     delegated = direct.describe(program) if use_direct else None
     if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
         return _write_direct(delegated, store.records[delegated.spec.key], target, options)
-    with options.progress.task("importing ExecuTorch"):
+    with options.progress.task("importing ExecuTorch", stage="write"):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 
         from pyrt.export.backend import BlobSession, TensorRTPartitioner, streaming_blobs  # extra: export (executorch)
@@ -98,7 +98,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], s
         config.memory_planning_pass = MemoryPlanningPass(alignment=DATA_DEPENDENT_ALIGNMENT)
     streaming = options.writer == "pyrt"
     weights = ExternalWeights()
-    with options.progress.task("lowering with ExecuTorch"), _prefer_pyrt_backend(), \
+    with options.progress.task("lowering with ExecuTorch", stage="write"), _prefer_pyrt_backend(), \
             (streaming_blobs(session) if streaming else contextlib.nullcontext()):
         # IR validation stays off: with it, ExecuTorch 1.5.1's edge verifier specialises a dynamic
         # program around engine nodes (it equated s0 + s1 with the example's 7); the fallback ops are
@@ -131,9 +131,9 @@ def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Pat
     if record.size != delegated.engine_size:
         raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
                           f"the graph's tensor {delegated.engine_size}")
-    with options.progress.task("emitting the program (one engine, fully delegated)"):
+    with options.progress.task("emitting the program (one engine, fully delegated)", stage="write"):
         total, write = direct.writer(delegated, options.extra_specs, record.path)
-    with options.progress.task(f"writing {target.name}", total=total, unit="B") as task:
+    with options.progress.task(f"writing {target.name}", total=total, unit="B", stage="write") as task:
         (size,) = atomic_write_all([(target, lambda f: write(f, task.update))])
     if options.external_weights:
         log.info("external_weights: no weights run outside the engines, so no .ptd was written")
@@ -152,13 +152,13 @@ def _write(manager: Any, session: Any, config: Any, target: Path, options: Optio
     if options.writer == "pyrt":
         cord = streaming_program_cord(manager, session, config)
         total = len(cord) + (len(ptd) if ptd is not None else 0)
-        with options.progress.task(f"writing {target.name}", total=total, unit="B") as task:
+        with options.progress.task(f"writing {target.name}", total=total, unit="B", stage="write") as task:
             outputs: list[tuple[Any, Any]] = [(target, lambda f: write_cord(cord, f, task.update))]
             if ptd is not None:
                 outputs.insert(0, (data_path, lambda f: write_cord(ptd, f, task.update)))
             sizes = atomic_write_all(outputs)
     else:
-        with options.progress.task(f"writing {target.name} (ExecuTorch serializer)"):
+        with options.progress.task(f"writing {target.name} (ExecuTorch serializer)", stage="write"):
             outputs = [(target, manager.write_to_file)]
             if ptd is not None:
                 outputs.insert(0, (data_path, ptd.write_to_file))

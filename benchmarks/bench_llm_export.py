@@ -1,0 +1,261 @@
+"""Exporting real-size LLMs from a sharded checkpoint through ``pyrt export``: wall time, peak RSS, growth / engine,
+beside TensorRT-RTX alone on the same weights (the ``floor`` route).
+
+Each config is a random float16 Llama (vocabulary 32,000, 16 heads, 4 KV heads, MLP 4x hidden),
+saved first as a sharded safetensors checkpoint (``save_pretrained(max_shard_size=...)``) in a
+fresh process. Then, each in a fresh process pinned to one CPU and one thread
+(``sched_setaffinity``, ``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``):
+
+* ``pyrt``: ``pyrt export CKPT -o m.pte --builder tensorrt_rtx --weight-streaming --max-seq-len 1024
+  --max-batch-size 4`` (the command line's ``main``, in process), one engine of every weight;
+* ``floor``: no pyrt, no torch.export, no ONNX: a TensorRT-RTX network whose constants are the
+  checkpoint's own memory-mapped tensors (each weight a matrix product on an input, reduced and
+  summed), built with weight streaming by ``build_serialized_network_to_stream`` to a file: what
+  TensorRT-RTX itself holds to build an engine of those weights.
+
+Base = RSS once everything is imported and before a weight is touched (the peak is reset there
+through ``/proc/self/clear_refs``); peak = ``ru_maxrss``; growth = peak - base. The checkpoint's pages
+count in RSS once read (file-backed, the same pages as the page cache), so growth includes the
+checkpoint's bytes on both routes; "beyond the checkpoint" subtracts them.
+
+    python benchmarks/bench_llm_export.py                          # 24 and 48 layers (hidden 1024), 24 x 2048
+    python benchmarks/bench_llm_export.py --configs 24x1024 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import markdown_table, peak_rss_mib, reset_peak, run_json, write_results
+
+CONFIGS = ("24x1024", "48x1024", "24x2048")  # layers x hidden
+ROUTES = ("pyrt", "floor")
+EXPORT_ARGS = ["--builder", "tensorrt_rtx", "--weight-streaming", "--max-seq-len", "1024", "--max-batch-size", "4"]
+SHARD = "2GB"
+
+
+def _pin() -> None:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def child_checkpoint(config: str, out: str) -> dict:
+    """Save a random float16 Llama of ``config`` as a sharded checkpoint (its own process: its memory goes)."""
+    import torch
+    import transformers as tf
+
+    layers, hidden = (int(x) for x in config.split("x"))
+    cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.float16)
+    model = tf.LlamaForCausalLM(cfg)
+    model.save_pretrained(out, max_shard_size=SHARD)
+    params = sum(p.numel() for p in model.parameters())
+    return {"params": params, "bytes": sum(f.stat().st_size for f in Path(out).glob("*.safetensors")),
+            "shards": len(list(Path(out).glob("*.safetensors")))}
+
+
+def child_pyrt(ckpt: str, out: str) -> dict:
+    import executorch.exir  # noqa: F401  (what export imports lazily, loaded before the base)
+    import onnxscript  # noqa: F401
+    import tensorrt_rtx
+    import torch
+    import transformers  # noqa: F401
+
+    from pyrt.device.tensorrt_seam import shared_logger
+    from pyrt.export import checkpoint  # noqa: F401
+    from pyrt.tools.cli import main
+
+    torch.set_num_threads(1)
+    tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base
+    builds = _BuildTimes()
+    logging.getLogger("pyrt.export").addHandler(builds)
+    logging.getLogger("pyrt.export").setLevel(logging.INFO)
+    base, reset = _rss_mib(), reset_peak()
+    start = time.perf_counter()
+    summary = Path(out).with_suffix(".json")
+    with open(summary, "w") as fh, _stdout_to(fh):
+        status = main(["export", ckpt, "-o", out, *EXPORT_ARGS, "--no-progress", "--json"])
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"pyrt export exited {status}")
+    data = json.loads(summary.read_text())
+    return {"route": "pyrt", "engine": max(e["size"] for e in data["engines"]), "file_size": data["file_size"],
+            "wall_s": wall, "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": data["stages"],
+            "build_s": sum(builds.seconds)}
+
+
+class _BuildTimes(logging.Handler):
+    """The seconds of each TensorRT build call, from pyrt's log ("tensorrt_rtx engine build took 4.91 s")."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = re.search(r"engine build took ([0-9.]+) s", record.getMessage())
+        if match:
+            self.seconds.append(float(match[1]))
+
+
+class _stdout_to:
+    """Point fd 1 at ``fh`` inside the block (the command prints its JSON there)."""
+
+    def __init__(self, fh: object) -> None:
+        self.fh = fh
+
+    def __enter__(self) -> None:
+        sys.stdout.flush()
+        self.saved = os.dup(1)
+        os.dup2(self.fh.fileno(), 1)  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+
+
+def child_floor(ckpt: str, out: str) -> dict:
+    import tensorrt_rtx as trt
+    from safetensors import safe_open
+
+    builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
+    network = builder.create_network(0)
+    handles = [safe_open(str(p), framework="pt") for p in sorted(Path(ckpt).glob("*.safetensors"))]
+    tensors = [h.get_tensor(name) for h in handles for name in h.keys()]  # memory-mapped, not read yet
+    inputs: dict[int, object] = {}
+    total = None
+    for t in (t for t in tensors if t.dim() == 2):
+        rows, cols = t.shape
+        if cols not in inputs:
+            inputs[cols] = network.add_input(f"x{cols}", trt.float16, (4, cols))
+        const = network.add_constant((rows, cols), trt.Weights(trt.float16, t.data_ptr(), t.numel())).get_output(0)
+        y = network.add_matrix_multiply(inputs[cols], trt.MatrixOperation.NONE, const,
+                                        trt.MatrixOperation.TRANSPOSE).get_output(0)
+        y = network.add_reduce(y, trt.ReduceOperation.SUM, 2, True).get_output(0)
+        total = y if total is None else network.add_elementwise(total, y, trt.ElementWiseOperation.SUM).get_output(0)
+    network.mark_output(total)
+    config = builder.create_builder_config()
+    config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
+    with open(out, "wb") as f:
+
+        class Writer(trt.IStreamWriter):
+            def __init__(self) -> None:
+                super().__init__()
+                self.size = 0
+
+            def write(self, data: bytes) -> int:
+                f.write(data)
+                self.size += len(data)
+                return len(data)
+
+        writer = Writer()
+        base, reset = _rss_mib(), reset_peak()
+        start = time.perf_counter()
+        if not builder.build_serialized_network_to_stream(network, config, writer):
+            raise SystemExit("TensorRT-RTX failed to build the floor network")
+        wall = time.perf_counter() - start
+    return {"route": "floor", "engine": writer.size, "file_size": writer.size, "wall_s": wall,
+            "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": [], "build_s": wall}
+
+
+def _growth(r: dict) -> float:
+    return (r["peak_mib"] - r["base_mib"]) * (1 << 20)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["config", "parameters", "checkpoint", "route", "engine", "wall time", "TensorRT build", "base RSS",
+            "peak RSS", "growth", "growth / engine", "beyond the checkpoint / engine"]
+    body = [[r["config"], f"{r['params'] / 1e6:,.0f} M", f"{r['ckpt_bytes'] / 1e9:.2f} GB", r["route"],
+             f"{r['engine'] / (1 << 20):,.0f} MiB", f"{r['wall_s']:.0f} s", f"{r['build_s']:.0f} s",
+             f"{r['base_mib']:,.0f} MiB", f"{r['peak_mib']:,.0f} MiB", f"{_growth(r) / (1 << 20):,.0f} MiB",
+             f"{_growth(r) / r['engine']:.2f}x", f"{(_growth(r) - r['ckpt_bytes']) / r['engine']:.2f}x"]
+            for r in rows]
+    return markdown_table(head, body)
+
+
+def stages_table(rows: list[dict]) -> str:
+    names = ("load", "export", "build", "write")
+    head = ["config", *names, "peak in: " + " / ".join(names)]
+    body = []
+    for r in (r for r in rows if r["stages"]):
+        by = {s["name"]: s for s in r["stages"]}
+        peaks = " / ".join(f"{(by[n]['peak_bytes'] or 0) / (1 << 30):.2f}" for n in names)
+        body.append([r["config"], *(f"{by[n]['seconds']:.0f} s" for n in names), peaks + " GiB"])
+    return markdown_table(head, body)
+
+
+def _run(config: str, routes: list[str], tmp: Path) -> list[dict]:
+    ckpt = tmp / f"llama-{config}"
+    made = run_json([sys.executable, __file__, "--child", "checkpoint", "--config", config, "--out", str(ckpt)],
+                    f"checkpoint {config}")
+    rows = []
+    for route in routes:
+        out = tmp / f"{config}-{route}.pte"
+        row = run_json([sys.executable, __file__, "--child", route, "--ckpt", str(ckpt), "--out", str(out)],
+                       f"{route} {config}")
+        rows.append({"config": config, "params": made["params"], "ckpt_bytes": made["bytes"], **row})
+        print(json.dumps(rows[-1]), flush=True)
+        for leftover in (out, out.with_suffix(".json"), out.with_suffix(".tokenizer")):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+    shutil.rmtree(ckpt)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="LAYERSxHIDDEN, e.g. 24x1024")
+    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
+    parser.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
+    parser.add_argument("--child", choices=("checkpoint", *ROUTES), help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--ckpt", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _pin()
+        result = (child_checkpoint(args.config, args.out) if args.child == "checkpoint"
+                  else child_pyrt(args.ckpt, args.out) if args.child == "pyrt" else child_floor(args.ckpt, args.out))
+        print(json.dumps(result))
+        return
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="bench-llm-export-", dir=os.environ.get("BENCH_TMP")) as tmp:
+        for config in args.configs:
+            rows.extend(_run(config, args.routes, Path(tmp)))
+    flags = "" if args.configs == list(CONFIGS) else f" --configs {' '.join(args.configs)}"
+    flags += "" if args.routes == list(ROUTES) else f" --routes {' '.join(args.routes)}"
+    text = (f"### LLM export from a sharded checkpoint: `pyrt export` vs TensorRT-RTX alone\n\n"
+            f"Command: `PYTHONPATH=$PWD python benchmarks/bench_llm_export.py{flags}` (x86_64, {os.cpu_count()} CPUs; "
+            f"{time.strftime('%Y-%m-%d')}; each route one fresh process pinned to one CPU and one thread; random "
+            "float16 Llamas, vocabulary 32,000, 16 heads, 4 KV heads, MLP 4x hidden, saved in 2 GB shards; pyrt: "
+            f"`pyrt export CKPT -o m.pte {' '.join(EXPORT_ARGS)}`). Base = RSS with everything imported, before a "
+            "weight is read; growth = `ru_maxrss` - base; \"beyond the checkpoint\" = growth less the checkpoint's "
+            "bytes (its pages are in RSS once read, on both routes).\n\n" + table(rows)
+            + "\n\nStages of `pyrt export` (wall time; the highest RSS in each):\n\n" + stages_table(rows))
+    print(text)
+    if not args.no_write:
+        write_results("bench_llm_export", "Export", text)
+
+
+if __name__ == "__main__":
+    main()

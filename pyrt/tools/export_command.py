@@ -1,0 +1,135 @@
+"""``pyrt export``: a local Hugging Face causal-LM checkpoint directory, or a ``torch.export`` .pt2, -> a .pte.
+
+    pyrt export ./llama-dir -o llama.pte --max-seq-len 2048 --max-batch-size 4 --weight-streaming
+    pyrt export prog.pt2 -o prog.pte --builder tensorrt_rtx
+
+A directory runs :func:`pyrt.export.checkpoint.checkpoint_to_pte` (its tokenizer goes to
+``llama.tokenizer/``, where ``pyrt generate`` and ``pyrt serve`` find it); a file runs
+:func:`pyrt.export.pt2.pt2_to_pte`. Each stage (load, export, build, write) shows a bar with its
+time and memory on a terminal; the summary goes to stdout (``--json``: as JSON). torch and the
+exporter are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from pyrt.device.budgets import parse_budget
+from pyrt.errors import BudgetError, ExportError
+from pyrt.serve.arguments import whole_argument
+from pyrt.tools.terminal import EXIT_OK
+
+BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
+DTYPES = ("float16", "bfloat16", "float32")
+# Options that only a checkpoint directory takes (a .pt2 program keeps the shapes it was exported with).
+LLM_OPTIONS = ("max_seq_len", "max_batch_size", "max_tokens_per_step", "dtype", "quantize", "group_size")
+EXAMPLES = """examples:
+  pyrt export ./Llama-3.2-1B -o llama.pte                          the model's dtype, TensorRT (else -RTX)
+  pyrt export ./Llama-3.2-1B -o llama.pte --max-seq-len 4096 --max-batch-size 8 --weight-streaming
+  pyrt export ./qwen2 -o qwen.pte --dtype float16 --builder tensorrt_rtx --budget 2GiB
+  pyrt export ./qwen2 -o qwen-int4.pte --quantize int4 --group-size 64 --weight-streaming
+  pyrt export prog.pt2 -o prog.pte                                  a torch.export.save'd program
+  pyrt generate llama.pte --prompt "Hello"                         the tokenizer is found beside the file"""
+
+
+def _bytes(text: str) -> int:
+    """``--budget``: a byte count baked into each engine (percentages and auto are load-time choices)."""
+    try:
+        spec = parse_budget(text, source="--budget")
+    except BudgetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if spec is None or spec.kind != "bytes":
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: export bakes a byte count per engine (e.g. 2GiB); "
+                                         "shares and auto are chosen at load: pyrt generate --budget 50%")
+    return int(spec.value or 0)
+
+
+def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("export", parents=list(parents), formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=EXAMPLES, help="export a Hugging Face checkpoint directory or a .pt2 to a .pte",
+                       description="Export a local Hugging Face causal-LM checkpoint (config.json, *.safetensors, "
+                                   "tokenizer files) to a .pte following ExecuTorch's LLM convention, with its "
+                                   "tokenizer kept beside it; or a torch.export.save'd .pt2 program.")
+    p.add_argument("source", metavar="DIR|PT2", help="a checkpoint directory, or a .pt2 file")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="the .pte to write (replaced atomically)")
+    llm = p.add_argument_group("checkpoint directories")
+    llm.add_argument("--max-seq-len", type=whole_argument(2), metavar="N",
+                     help="KV-cache positions (default: the model's limit, at most 2048)")
+    llm.add_argument("--max-batch-size", type=whole_argument(1), metavar="B",
+                     help="sequences served at once, each in its own KV-cache slot (default 1)")
+    llm.add_argument("--max-tokens-per-step", type=whole_argument(1), metavar="T",
+                     help="with --max-batch-size > 1: most tokens one step takes (default max(B, min(N, 256)))")
+    llm.add_argument("--dtype", choices=DTYPES, help="weights' dtype (default: as stored; another converts, a copy)")
+    llm.add_argument("--quantize", choices=("int8", "int4"), help="weight-only INT8 / INT4 linear layers (symmetric, "
+                                                              "per group of --group-size input features)")
+    llm.add_argument("--group-size", type=whole_argument(1), metavar="G",
+                     help="with --quantize: input features per scale (a power of two >= 16; default 128)")
+    p.add_argument("--builder", choices=BUILDERS, default="auto",
+                   help="engine builder: auto (tensorrt, else tensorrt_rtx), tensorrt, tensorrt_rtx, reference "
+                        "(pyrt's simulated GPU), portable (no engines: ExecuTorch's portable kernels)")
+    p.add_argument("--weight-streaming", action="store_true", help="build engines whose weights can stream")
+    p.add_argument("--budget", type=_bytes, metavar="SIZE", help="weight-streaming budget baked per engine, e.g. "
+                                                                 "2GiB (needs --weight-streaming)")
+    p.add_argument("--device", default="cuda:0", help="the engines' CUDA device (default cuda:0)")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", metavar="DIR", help="keep this tokenizer folder's files beside the .pte "
+                                                        "(default: the checkpoint's own)")
+    tok.add_argument("--no-tokenizer", action="store_true", help="keep no tokenizer beside the .pte")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines with -v)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export ``args.source``; prints the summary (stages with their time and memory)."""
+    progress = False if args.no_progress else None
+    common = dict(builder=args.builder, weight_streaming=args.weight_streaming, weight_streaming_budget=args.budget,
+                  device=args.device, progress=progress)
+    if os.path.isdir(args.source):
+        _needs("torch", "executorch", "onnxscript", "transformers", "safetensors")
+        from pyrt.export.checkpoint import checkpoint_to_pte  # extra: export (torch, transformers)
+
+        tokenizer: Any = False if args.no_tokenizer else args.tokenizer or True
+        summary = checkpoint_to_pte(args.source, args.output, tokenizer=tokenizer, **_decoder_options(args),
+                                    **common)
+    else:
+        given = [f"--{name.replace('_', '-')}" for name in LLM_OPTIONS if getattr(args, name) is not None]
+        if given or args.builder == "portable":
+            what = ", ".join(given) or "--builder portable"
+            raise ExportError(f"{what}: for checkpoint directories; {args.source!r} is a program file, "
+                              "exported with the shapes it was saved with")
+        _needs("torch", "executorch", "onnxscript")
+        from pyrt.export.pt2 import pt2_to_pte  # extra: export (torch)
+
+        summary = pt2_to_pte(args.source, args.output, tokenizer=args.tokenizer, **common)
+    print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
+    return EXIT_OK
+
+
+def _needs(*modules: str) -> None:
+    """ExportError naming the extras to install when a module the export imports is missing."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f"pyrt export needs {', '.join(missing)}: pip install 'pyrt-executorch[export,hf]' "
+                          "(torch first, see README.md, Install)")
+
+
+def _decoder_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The checkpoint-only flags as ``checkpoint_to_pte`` keywords (those not given keep its defaults)."""
+    options = {name: getattr(args, name) for name in LLM_OPTIONS}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _as_json(summary: Any) -> dict[str, Any]:
+    return {"path": summary.path, "file_size": summary.file_size, "builder": summary.builder,
+            "seconds": summary.seconds, "tokenizer": summary.tokenizer,
+            "engines": [{"name": e.name, "size": e.size, "flavour": e.flavour, "device": e.device,
+                         "streamable_weights": e.streamable_weights, "route": e.route,
+                         "build_seconds": e.build_seconds} for e in summary.engines],
+            "fallback_ops": summary.fallback_ops, "constant_methods": summary.constant_methods,
+            "stages": [r.as_dict() for r in summary.stages]}
