@@ -9,7 +9,7 @@ the export's own, so a killed export's are swept by the next one (:mod:`pyrt.exp
 >>> src, out = pathlib.Path(tempfile.mkdtemp()), pathlib.Path(tempfile.mkdtemp())
 >>> _ = (src / "tokenizer.json").write_text("{}")
 >>> with TokenizerCopy([src / "tokenizer.json"], out / "m.tokenizer") as copy:
-...     copy.commit()
+...     _ = copy.commit()
 >>> sorted(p.name for p in (out / "m.tokenizer").iterdir())
 ['tokenizer.json']
 """
