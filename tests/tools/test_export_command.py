@@ -255,11 +255,6 @@ def test_serve_finds_the_tokenizer_kept_beside_the_file(exported: Path, checkpoi
     pytest.importorskip("ray.serve")
     from transformers import AutoTokenizer
 
-    try:
-        import pyrt.serve.llm_routes  # noqa: F401
-    except ModuleNotFoundError as exc:  # main at 5a1302a: pyrt.serve still imports the removed pyrt.llm.serving
-        pytest.xfail(f"pyrt serve's generation routes do not import on this tree: {exc}")
-
     from tests.fixtures.serve_process import Server
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
