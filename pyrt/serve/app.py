@@ -67,10 +67,11 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
     ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``tokenizer``,
     ``api_key``: the generation routes' options; ``limits``: ``max_queued_requests``,
-    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`);
+    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`), and
+    the other generation options (``draft``, ``draft_tokens``);
     Ray Serve gets the same ``max_queued_requests``.
     """
-    extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
+    extra: dict[str, Any] = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),

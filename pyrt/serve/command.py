@@ -86,6 +86,11 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--metrics-port", type=whole_argument(1), help="Prometheus port of a Ray this command starts")
     p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory: text in and out "
                                                       "on the generate routes, and OpenAI's /v1 API")
+    p.add_argument("--draft", metavar="ngram|D.pte", help="speculative decoding of the generating models: guess "
+                   "tokens by prompt lookup (ngram) or with a smaller LLM file of the same vocabulary (loaded fully "
+                   "resident on each replica)")
+    p.add_argument("--draft-tokens", type=whole_argument(1), default=4, metavar="K",
+                   help="--draft: the most tokens a sequence guesses per step (default 4)")
     p.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on /v1 and /v2/models "
                                                     f"(default ${API_KEY_ENV}; health stays open)")
     p.add_argument("--ray-proxy", action="store_true",
@@ -122,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica, tokenizer=args.tokenizer,
                      api_key=args.api_key or api_key_from_env(), max_queued_requests=args.max_queued_requests,
-                     request_timeout_s=args.request_timeout_s, read_timeout_s=args.read_timeout_s)
+                     request_timeout_s=args.request_timeout_s, read_timeout_s=args.read_timeout_s,
+                     draft=args.draft, draft_tokens=args.draft_tokens)
     owner = None if args.address else lifetime.owner_token()  # marks the processes of the Ray started here
     watchdog = lifetime.start_watchdog(owner) if owner else None
     try:

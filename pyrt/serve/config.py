@@ -36,7 +36,9 @@ class ServeConfig:
     429; ``request_timeout_s``: an infer request not answered within that many seconds of its
     arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its request
     within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them. The devices a replica
+    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``draft``: speculative
+    decoding of the generating models (``"ngram"``, or a draft LLM file loaded fully resident on the
+    replica's devices); ``draft_tokens``: the most tokens a sequence guesses per step. The devices a replica
     runs on are not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory
     (simulated GPUs) to the replica where the application is wired.
     """
@@ -58,6 +60,8 @@ class ServeConfig:
     max_queued_requests: int | None = None
     request_timeout_s: float | None = None
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    draft: str | None = None
+    draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
@@ -88,6 +92,13 @@ class ServeConfig:
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InputError("serve api_key: expected a non-empty string")
+        if self.draft is not None and self.draft != "ngram":
+            if not Path(self.draft).is_file():
+                raise InputError(f"--draft {self.draft!r} is neither \"ngram\" nor a file", field="draft")
+            object.__setattr__(self, "draft", str(Path(self.draft).resolve()))
+        tokens = self.draft_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise InputError(f"--draft-tokens {tokens!r}: expected a whole number >= 1", field="draft_tokens")
 
     def _check_limits(self) -> None:
         queued = self.max_queued_requests

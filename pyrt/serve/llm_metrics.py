@@ -12,7 +12,11 @@ Per model (names carry Ray's ``ray_`` prefix on the Prometheus endpoint):
 - ``pyrt_serve_batch_occupancy``: histogram, sequences in each engine step (up to the file's
   ``max_batch_size``: how full the batch was);
 - ``pyrt_serve_generated_tokens_total`` / ``pyrt_serve_prompt_tokens_total``: counters, new
-  tokens sampled and prompt tokens prefilled.
+  tokens sampled and prompt tokens prefilled;
+- speculative decoding (``pyrt serve --draft``): ``pyrt_serve_drafted_tokens_total`` /
+  ``pyrt_serve_accepted_tokens_total`` (counters: guessed tokens checked / kept) and the gauges
+  ``pyrt_serve_draft_acceptance_rate`` (accepted / drafted, since the replica started) and
+  ``pyrt_serve_tokens_per_pass`` (generated tokens per sequence per target pass: 1.0 without a draft).
 
 The stats route gives the engine's counters at once, with the median and 99th percentile of the
 last :data:`WINDOW` samples of each latency.
@@ -52,11 +56,20 @@ class GenerationMetrics:
                                            boundaries=OCCUPANCY_BOUNDARIES, tag_keys=tags)
         self.generated = metrics.Counter("pyrt_serve_generated_tokens", "new tokens generated", tag_keys=tags)
         self.prompt = metrics.Counter("pyrt_serve_prompt_tokens", "prompt tokens prefilled", tag_keys=tags)
+        self.drafted = metrics.Counter("pyrt_serve_drafted_tokens", "guessed tokens checked (speculative decoding)",
+                                       tag_keys=tags)
+        self.accepted = metrics.Counter("pyrt_serve_accepted_tokens", "guessed tokens kept (speculative decoding)",
+                                        tag_keys=tags)
+        self.acceptance = metrics.Gauge("pyrt_serve_draft_acceptance_rate", "accepted / drafted guessed tokens",
+                                        tag_keys=tags)
+        self.per_pass = metrics.Gauge("pyrt_serve_tokens_per_pass", "generated tokens per sequence per target pass",
+                                      tag_keys=tags)
         self._lock = threading.Lock()
         self._pending: list[tuple[str, float | None, list[float]]] = []  # not yet handed to Ray
         self._ttft: dict[str, deque[float]] = {}
         self._itl: dict[str, deque[float]] = {}
-        self._done: dict[str, tuple[int, int, Counter[int]]] = {}  # engine counters already handed over
+        self._done: dict[str, dict[str, int]] = {}  # engine counters already handed over
+        self._steps: dict[str, Counter[int]] = {}  # occupancy already handed over
 
     def finished(self, model: str, ttft_s: float | None, gaps_s: list[float]) -> None:
         """A generation ended: its time to first token (None: it had none) and inter-token gaps."""
@@ -83,16 +96,20 @@ class GenerationMetrics:
         tags = {"model": model}
         self.queued.set(stats["queued"], tags=tags)
         self.running.set(stats["running"], tags=tags)
-        generated, prompt, steps = self._done.get(model, (0, 0, Counter()))
+        self.acceptance.set(stats["acceptance_rate"], tags=tags)
+        self.per_pass.set(stats["tokens_per_pass"], tags=tags)
+        done = self._done.setdefault(model, {})
+        counters = {"tokens_generated": self.generated, "prompt_tokens": self.prompt, "drafted": self.drafted,
+                    "accepted": self.accepted}
+        for key, counter in counters.items():  # incremented by what changed since the last flush
+            if stats[key] > done.get(key, 0):
+                counter.inc(stats[key] - done.get(key, 0), tags=tags)
+            done[key] = stats[key]
         occupancy = Counter({int(k): v for k, v in stats["occupancy"].items()})
-        if stats["tokens_generated"] > generated:
-            self.generated.inc(stats["tokens_generated"] - generated, tags=tags)
-        if stats["prompt_tokens"] > prompt:
-            self.prompt.inc(stats["prompt_tokens"] - prompt, tags=tags)
-        for size, count in (occupancy - steps).items():
+        for size, count in (occupancy - self._steps.get(model, Counter())).items():
             for _ in range(count):
                 self.occupancy.observe(size, tags=tags)
-        self._done[model] = (stats["tokens_generated"], stats["prompt_tokens"], occupancy)
+        self._steps[model] = occupancy
 
     def stats(self, model: str, host: Any) -> dict[str, Any]:
         """The stats route's ``generation`` object: the engine's counters and recent latency percentiles."""

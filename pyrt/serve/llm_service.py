@@ -48,7 +48,8 @@ class LlmService:
     """The generating models of one replica's program (``read_body`` reads a request body within the limits)."""
 
     def __init__(self, program: Any, methods: Mapping[str, str], *, tokenizer: str | None,
-                 max_queued: int | None, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any) -> None:
+                 max_queued: int | None, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any,
+                 draft: Any = None, draft_tokens: int = 4) -> None:
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else None
         self.read_body, self.metrics = read_body, metrics
         self.hosts: dict[str, EngineHost] = {}
@@ -56,7 +57,7 @@ class LlmService:
         for name, method in methods.items():
             why = serves(program, method)
             if why is None:
-                self.hosts[name] = EngineHost(program, method, name, max_queued)
+                self.hosts[name] = EngineHost(program, method, name, max_queued, draft, draft_tokens)
             else:
                 self.refused[name] = why
         self.generation = GenerationMetrics()

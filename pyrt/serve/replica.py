@@ -36,8 +36,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 
 from pyrt._version import __version__
-from pyrt.errors import InputError
+from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten
+from pyrt.llm import open_draft
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import limits, routes
@@ -58,11 +59,20 @@ Item = tuple[str, list[np.ndarray]]
 Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
 
 
-def load_program(cfg: ServeConfig, devices: Devices | None = None) -> Program:
-    """The replica's Program, on the devices ``devices()`` makes (None: the GPUs Ray assigned it)."""
+def load_program(cfg: ServeConfig, devices: Any = None) -> Program:
+    """The replica's Program, on ``devices`` (made by the replica's devices factory; None: the GPUs Ray assigned it)."""
     data = list(cfg.data) or None
-    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels,
-                   devices=None if devices is None else devices())
+    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
+
+
+def load_draft(cfg: ServeConfig, devices: Any = None) -> Any:
+    """``--draft``: None, ``"ngram"``, or the draft file's Program, fully resident on the replica's ``devices``."""
+    if cfg.draft is None or cfg.draft == "ngram":
+        return cfg.draft
+    try:
+        return open_draft(cfg.draft, kernels=cfg.kernels, devices=devices)
+    except PyrtError as exc:
+        raise InputError(f"--draft {cfg.draft}: {exc}", field="draft") from None
 
 
 @serve.deployment
@@ -76,7 +86,9 @@ class PyrtReplica:
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
-        self.program = load_program(cfg, devices)
+        made = None if devices is None else devices()  # one set of devices: the program's and the draft's
+        self.program = load_program(cfg, made)
+        self.draft = load_draft(cfg, made)
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
@@ -88,7 +100,8 @@ class PyrtReplica:
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
+                              draft=self.draft, draft_tokens=cfg.draft_tokens)
         self.router = Router([  # the hot path first
             route("POST", "/v2/models/{name}/infer", self.infer),
             route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
@@ -108,6 +121,9 @@ class PyrtReplica:
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.close()
+        draft = getattr(self, "draft", None)
+        if isinstance(draft, Program):  # after the engines that use it
+            draft.close()
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
