@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.processors import History, TokenLogprob, process, token_logprobs
 from pyrt.llm.scheduler import Feed, Outcome
 from pyrt.llm.verify import verify
 
@@ -41,8 +42,10 @@ class Runner:
                 out.append(Outcome(len(feed.tokens)))
                 continue
             guesses, probs = feed.guesses, None if feed.proposal is None else feed.proposal.probs
-            accepted, chosen = verify(logits, guesses, probs, feed.seq.request.params, feed.seq.rng)
-            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen))
+            params, history = feed.seq.request.params, feed.seq.history()
+            accepted, chosen = verify(logits, guesses, probs, params, feed.seq.rng, history)
+            logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
+            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen, logged))
         return out
 
     def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
@@ -83,6 +86,13 @@ class Runner:
             return floats
         rows = np.asarray(self.program.run(*inputs, method=conv.method)).reshape(-1, conv.vocab_size)
         return rows if rows.dtype in NUMPY_FLOATS else rows.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
+
+
+def logprobs(rows: np.ndarray, chosen: tuple[int, ...], history: History, params: Any) -> tuple[TokenLogprob, ...]:
+    """Each chosen token's log-probability (and alternatives) from the row it was chosen from: row ``j`` follows
+    ``history`` and the chosen tokens before ``j``."""
+    return tuple(token_logprobs(process(rows[j], params, history.then(chosen[:j])), token, params)
+                 for j, token in enumerate(chosen))
 
 
 def window_size(needed: int, context: int) -> int:

@@ -39,11 +39,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from pyrt.llm.convention import Convention
 from pyrt.llm.outputs import FinishReason, GenerationResult, Update
+from pyrt.llm.processors import History, TokenLogprob
 from pyrt.llm.request import Request
 from pyrt.llm.slots import Slots
 from pyrt.llm.timings import Clock
@@ -66,11 +68,22 @@ class Sequence:
     passes: int = 0  # steps that gave it new tokens
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens the target kept
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when its parameters ask
+    matcher: Any = None  # structured output: the grammar's state (its allowed ids next; advanced per token)
 
     @classmethod
     def of(cls, seq_id: int, request: Request) -> Sequence:
         """A new sequence, its clock started and its random state seeded now."""
-        return cls(seq_id, request, np.random.default_rng(request.params.seed), Clock())
+        grammar = request.params.grammar
+        return cls(seq_id, request, np.random.default_rng(request.params.numpy_seed), Clock(),
+                   matcher=None if grammar is None else grammar.matcher())
+
+    def history(self) -> History:
+        """What the logits processors read for this sequence's next token (its grammar's mask included)."""
+        allowed = None
+        if self.matcher is not None:
+            allowed = self.matcher.allowed(self.request.eos_ids)
+        return History(self.prompt, tuple(self.new), self.request.eos_ids, allowed)
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -88,7 +101,8 @@ class Sequence:
 
     def result(self, reason: FinishReason) -> GenerationResult:
         return GenerationResult(list(self.new), reason, self.clock.timings(len(self.prompt), len(self.new)),
-                                list(self.prompt), self.passes, self.drafted, self.accepted)
+                                list(self.prompt), self.passes, self.drafted, self.accepted,
+                                list(self.logprobs) if self.request.params.logprobs is not None else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,10 +138,12 @@ class Feed:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a step chose for one feed: ``kept`` of its tokens stay in the cache, then ``tokens`` are new."""
+    """What a step chose for one feed: ``kept`` of its tokens stay in the cache, then ``tokens`` are new (with their
+    ``logprobs`` where the parameters ask)."""
 
     kept: int
     tokens: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -203,7 +219,7 @@ class Scheduler:
         pending = sum(len(seq.prompt) - seq.fed for seq in prefilling)
         tokens = spare - min(pending, spare // 2)
         rows = self.conv.max_rows - len(decoding) - len(prefilling)
-        caps = [min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
+        caps = [0 if seq.matcher is not None else min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
         shares = share_out(caps, min(tokens, rows))
         return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]
 
@@ -235,7 +251,7 @@ class Scheduler:
             if outcome.tokens:
                 seq.passes += 1
                 self.counters.passes += 1
-                updates.append(self._append(seq, outcome.tokens))
+                updates.append(self._append(seq, outcome.tokens, outcome.logprobs))
         return updates
 
     def fail(self, feeds: Seq[Feed], error: BaseException) -> list[Update]:
@@ -267,27 +283,32 @@ class Scheduler:
         self.waiting.clear()
         return ended
 
-    def _append(self, seq: Sequence, tokens: tuple[int, ...]) -> Update:
+    def _append(self, seq: Sequence, tokens: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         """``tokens`` added to ``seq`` up to the first that ends it; its update."""
         now = self.now()
         if not seq.new:
             seq.clock.prefilled = now
         taken = []
-        for token in tokens:
+        for i, token in enumerate(tokens):
             seq.new.append(token)
             taken.append(token)
+            if logprobs:
+                seq.logprobs.append(logprobs[i])
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
             self.counters.tokens_generated += 1
             if len(seq.new) == 1:
                 seq.clock.first = self.now()
             reason = finish_reason(seq, self.conv)
             if reason is not None:
-                return self._end(seq, tuple(taken), reason)
-        return Update(seq.id, tuple(taken), now)
+                return self._end(seq, tuple(taken), reason, logprobs[:len(taken)])
+        return Update(seq.id, tuple(taken), now, logprobs=logprobs[:len(taken)])
 
-    def _end(self, seq: Sequence, tokens: tuple[int, ...], reason: FinishReason) -> Update:
+    def _end(self, seq: Sequence, tokens: tuple[int, ...], reason: FinishReason,
+             logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         seq.clock.end = self.now()
         self._release(seq)
-        return Update(seq.id, tokens, seq.clock.end, result=seq.result(reason))
+        return Update(seq.id, tokens, seq.clock.end, result=seq.result(reason), logprobs=logprobs)
 
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -333,6 +354,8 @@ def finish_reason(seq: Sequence, conv: Convention) -> FinishReason | None:
     """Why ``seq`` ends after its newest token, or None: EOS, a stop sequence, its cap, a full cache."""
     request, new = seq.request, seq.new
     if new[-1] in request.eos_ids or any(new[-len(s):] == list(s) for s in request.params.stop if len(s) <= len(new)):
+        return "stop"
+    if seq.matcher is not None and seq.matcher.finished:
         return "stop"
     cap = request.params.max_new_tokens
     if cap is not None and len(new) >= cap:
