@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -86,7 +87,7 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     # beyond the KV-cache slots: 429), so Ray hands it more than those limits let wait
     ongoing = max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64)
     return PyrtReplica.options(  # type: ignore[attr-defined]
-        name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
+        name="pyrt-" + re.sub(r"[^A-Za-z0-9_.-]", "-", cfg.name), num_replicas=cfg.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
         max_ongoing_requests=ongoing, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         health_check_period_s=2.0, **_backpressure(cfg, ongoing),

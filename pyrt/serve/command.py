@@ -55,7 +55,9 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
                               description="Serve a .pte program on Ray Serve, speaking KServe v2 / Triton's HTTP "
                                           "protocol, with dynamic batching and one Program per replica.")
     p.add_argument("path", help="the .pte file")
-    p.add_argument("--name", default="", help="model name (default: the file's stem); methods serve as NAME.METHOD")
+    p.add_argument("--name", nargs="+", default=[""], metavar="NAME",
+                   help="model name (default: the file's stem; org/Model ids too) and more names clients may use for "
+                        "it (vLLM's --served-model-name a b); methods serve as NAME.METHOD")
     p.add_argument("--replicas", type=whole_argument(1), default=1,
                    help="replicas, each with its own Program (default 1)")
     p.add_argument("--gpus-per-replica", type=number_argument,
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
     lifetime.end_orphans(_say)
     sim = simulated_from_env()
-    app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+    app = deployment(args.path, name=args.name[0], aliases=tuple(args.name[1:]), replicas=args.replicas,
+                     gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica, tokenizer=args.tokenizer,

@@ -23,7 +23,9 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 class ServeConfig:
     """Load and serving options of one program (the ``pyrt serve`` flags).
 
-    ``name``: the model name (default: the file's stem); ``budget``, ``data``, ``kernels``:
+    ``name``: the model name (default: the file's stem; ``/`` allowed, as Hugging Face ids have it);
+    ``aliases``: more names clients may send for it (vLLM's ``--served-model-name a b``: answers carry
+    ``name``); ``budget``, ``data``, ``kernels``:
     as for :class:`pyrt.Program`; ``gpus_per_replica``: GPUs Ray assigns each replica
     (None: 1 when the program has TensorRT delegates, else 0); ``max_batch_size``: most rows
     one batched run holds (1: no batching); ``batch_wait_ms``: how long a batch waits to
@@ -45,6 +47,7 @@ class ServeConfig:
 
     path: str
     name: str = ""
+    aliases: tuple[str, ...] = ()
     replicas: int = 1
     gpus_per_replica: float | None = None
     budget: Any = None
@@ -80,8 +83,13 @@ class ServeConfig:
         self._check_limits()
         if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
             raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
-        if "/" in self.name or not self.name:
-            raise InputError(f"serve name={self.name!r}: a model name must be non-empty and have no '/'")
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        for name in (self.name, *self.aliases):
+            if not isinstance(name, str) or not name.strip() or any(c.isspace() or not c.isprintable() for c in name):
+                raise InputError(f"--name {name!r}: a model name must be non-empty, without spaces or control "
+                                 "characters", field="name")
+        if len({self.name, *self.aliases}) != 1 + len(self.aliases):
+            raise InputError(f"--name {self.name} {' '.join(self.aliases)}: a name is given twice", field="name")
         self._check_generation()
 
     def _check_generation(self) -> None:

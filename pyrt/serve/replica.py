@@ -54,6 +54,7 @@ from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.serve.routes import route
+from pyrt.serve.server_routes import ServerRoutes
 
 Item = tuple[str, list[np.ndarray]]
 Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
@@ -75,6 +76,15 @@ def load_draft(cfg: ServeConfig, devices: Any = None) -> Any:
         raise InputError(f"--draft {cfg.draft}: {exc}", field="draft") from None
 
 
+def aliases_of(models: dict[str, ModelInfo], name: str, aliases: tuple[str, ...]) -> dict[str, str]:
+    """Each alias's name of every model (``ALIAS`` for ``NAME``, ``ALIAS.METHOD`` for ``NAME.METHOD``) -> the model.
+
+    >>> aliases_of({"m": None, "m.get_n": None}, "m", ("org/M",))
+    {'org/M': 'm', 'org/M.get_n': 'm.get_n'}
+    """
+    return {alias + model[len(name):]: model for alias in aliases for model in models}
+
+
 @serve.deployment
 class PyrtReplica:
     """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes.
@@ -86,6 +96,7 @@ class PyrtReplica:
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
+        self.aliases = aliases_of(self.models, cfg.name, cfg.aliases)
         made = None if devices is None else devices()  # one set of devices: the program's and the draft's
         self.program = load_program(cfg, made)
         self.draft = load_draft(cfg, made)
@@ -101,20 +112,21 @@ class PyrtReplica:
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
                               max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
-                              draft=self.draft, draft_tokens=cfg.draft_tokens)
-        self.router = Router([  # the hot path first
-            route("POST", "/v2/models/{name}/infer", self.infer),
-            route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
+                              draft=self.draft, draft_tokens=cfg.draft_tokens, aliases=self.aliases)
+        self.router = Router([  # the hot path first; a name may hold "/": the longer paths first
+            route("POST", "/v2/models/{name:path}/versions/{version}/infer", self.infer),
+            route("POST", "/v2/models/{name:path}/infer", self.infer),
             route("GET", "/v2/health/live", self.live),
             route("GET", "/v2/health/ready", self.ready),
             route("GET", "/v2", self.server_metadata),
-            route("GET", "/v2/models/{name}", self.model_metadata),
-            route("GET", "/v2/models/{name}/versions/{version}", self.model_metadata),
-            route("GET", "/v2/models/{name}/ready", self.model_ready),
-            route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
-            route("GET", "/v2/models/{name}/stats", self.model_stats),
+            route("GET", "/v2/models/{name:path}/versions/{version}/ready", self.model_ready),
+            route("GET", "/v2/models/{name:path}/ready", self.model_ready),
+            route("GET", "/v2/models/{name:path}/stats", self.model_stats),
+            route("GET", "/v2/models/{name:path}/versions/{version}", self.model_metadata),
             *GenerateRoutes(self.llm).routes(),
+            route("GET", "/v2/models/{name:path}", self.model_metadata),
             *OpenAIRoutes(self.llm).routes(),
+            *ServerRoutes(self.llm, self.metrics).routes(),
         ])
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
@@ -233,21 +245,21 @@ class PyrtReplica:
                              "extensions": ["binary_tensor_data", "statistics", "generate"]})
 
     async def model_metadata(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
         return JSONResponse(describe(info, self.cfg.max_batch_size))
 
     async def model_ready(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         if name not in self.models:
             return self._unknown(name)
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     async def model_stats(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         if name not in self.models:
             return self._unknown(name)
         stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
@@ -257,7 +269,7 @@ class PyrtReplica:
         return JSONResponse(stats)
 
     async def infer(self, request: Request) -> Response:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
