@@ -89,7 +89,9 @@ def completion_logprobs(items: Sequence[Any], token_text: TokenText, offset: int
             out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(finite(item.logprob))
-        top = {token_text(t)[0]: finite(lp) for t, lp in item.top}
+        top: dict[str, float] = {}
+        for t, lp in item.top:  # keyed by text: of tokens with one text (an incomplete character), the likeliest
+            top.setdefault(token_text(t)[0], finite(lp))
         top.setdefault(text, finite(item.logprob))
         out.top_logprobs.append(top)
     return out
