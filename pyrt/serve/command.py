@@ -161,7 +161,10 @@ def _serve(args: argparse.Namespace, app: Any, sim: int | None, owner: str | Non
                     num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
                     ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s,
                     request_timeout_s=args.request_timeout_s)
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own SIGTERM handler exits
+        # after ray.init, whose own SIGTERM handler exits; SIGINT too, whatever this process inherited (a job
+        # started with `cmd &` in a script has SIGINT ignored, and Python then installs no KeyboardInterrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         deploy(app, app_name=APP_NAME, path=args.path)
         openai = f", OpenAI API at http://{args.host}:{args.port}/v1" if args.tokenizer else ""
         _say(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2{openai} ({args.replicas} replica(s), "
