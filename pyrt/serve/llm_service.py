@@ -29,6 +29,7 @@ from pyrt.serve.events import watch_disconnect
 from pyrt.serve.failures import ApiError
 from pyrt.serve.llm_host import EngineHost, Job, Piece, pieces
 from pyrt.serve.llm_metrics import GenerationMetrics
+from pyrt.serve.structured import Grammars
 from pyrt.serve.text import TextStream, load_tokenizer
 from pyrt.serve.tokens import TokenTexts, generation_defaults, most_chars
 from pyrt.serve.validation import Body, parse
@@ -63,6 +64,7 @@ class LlmService:
         self.token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
         self.most_chars = most_chars(self.tokenizer) if self.tokenizer is not None else 1
         self.pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="pyrt-tokenize")
+        self._grammars: dict[int, Grammars] = {}  # vocabulary size -> the grammar compiler (structured output)
         self.read_body, self.metrics = read_body, metrics
         self.hosts: dict[str, EngineHost] = {}
         self.refused: dict[str, str] = {}  # model -> why it does not generate
@@ -84,6 +86,13 @@ class LlmService:
     def stats(self, name: str) -> dict[str, Any] | None:
         host = self.hosts.get(name)
         return None if host is None else self.generation.stats(name, host)
+
+    def grammars(self, host: EngineHost) -> Grammars:
+        """The grammar compiler for ``host``'s vocabulary (structured output, forced tool calls)."""
+        vocab = host.engine.conv.vocab_size
+        if vocab not in self._grammars:
+            self._grammars[vocab] = Grammars(self.tokenizer, vocab)
+        return self._grammars[vocab]
 
     def canonical(self, name: str) -> str:
         """The model ``name`` names (itself, or the model it is an alias of)."""

@@ -31,6 +31,7 @@ from pyrt.serve.openai_api import ChatRequest, CompletionRequest, OpenAIRequest
 from pyrt.serve.openai_choices import Delta, best, deltas, merged
 from pyrt.serve.routes import route
 from pyrt.serve.text import TextStream
+from pyrt.serve.tool_calls import ToolFilter
 
 NO_TOKENIZER = "the OpenAI routes need a tokenizer: start pyrt serve with --tokenizer DIR"
 JSON = "application/json"
@@ -91,7 +92,8 @@ class OpenAIRoutes:
             name = host.model
             self.service.metrics.request(name)
             prompt = await self._prompt(body, host)
-            started = self.service.start_many(host, body, prompt, self._params(body, host))
+            grammar = await self.service.off_loop(self._grammar, body, host)
+            started = self.service.start_many(host, body, prompt, self._params(body, host, grammar))
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.service.failed(name, exc)
             return openai_response(exc)
@@ -120,10 +122,19 @@ class OpenAIRoutes:
             return await self.service.encode_async(body.prompt, "prompt", context)
         return body.prompt
 
-    def _params(self, body: OpenAIRequest, host: EngineHost) -> list[Callable[[], SamplingParams]]:
+    def _grammar(self, body: OpenAIRequest, host: EngineHost) -> Any:
+        """The grammar a forced tool choice or ``response_format`` asks for (None: none), compiled."""
+        grammars = self.service.grammars(host)
+        if isinstance(body, ChatRequest) and body.tools and body.tool_choice not in (None, "auto", "none"):
+            return grammars.tool_call(body.tools, body.tool_choice, body.parallel_tool_calls)
+        if isinstance(body, ChatRequest) and body.tool_choice not in (None, "auto", "none"):
+            raise ApiError("tool_choice needs tools", param="tool_choice")
+        return grammars.response_format(body.response_format)
+
+    def _params(self, body: OpenAIRequest, host: EngineHost, grammar: Any) -> list[Callable[[], SamplingParams]]:
         """Each sequence's parameters: the request's, sequence i with seed + i (its own random stream)."""
         def make(i: int) -> SamplingParams:
-            params = body.sampling_params(self.service.eos(host), self.service.defaults)
+            params = body.sampling_params(self.service.eos(host), self.service.defaults, grammar)
             if i and params.seed is not None:
                 params = dataclasses.replace(params, seed=(params.seed + i) % SEEDS)
             return params
@@ -166,9 +177,19 @@ class Answer:
             return oa.ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage)
         return oa.Completion(id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage)
 
+    def _tools(self) -> ToolFilter | None:
+        body = self.body
+        return ToolFilter(body.tool_choice) if isinstance(body, ChatRequest) and body.tools else None
+
     def _choice(self, index: int, text: str, items: list[Any], reason: str | None) -> Any:
         if self.chat:
-            return oa.ChatChoice(index=index, message={"role": "assistant", "content": text},
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            tools = self._tools()
+            if tools is not None:
+                content, calls = tools.whole(text)
+                if calls:
+                    message, reason = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            return oa.ChatChoice(index=index, message=message,
                                  logprobs=oa.chat_logprobs(items, self._texts) if self.logprobs else None,
                                  finish_reason=oa.finish(reason))
         logprobs = oa.completion_logprobs([(i.token, i) for i in items], self._texts, len(self.echo)) \
@@ -180,12 +201,27 @@ class Answer:
         assert self.service.token_texts is not None  # the OpenAI routes have a tokenizer
         return self.service.token_texts(token)
 
-    def _chunk(self, delta: Delta, offsets: list[int], usage: oa.Usage | None) -> oa.Chunk:
+    def _chat_delta(self, delta: Delta, tools: ToolFilter | None) -> tuple[dict[str, Any], str | None]:
+        """A chat chunk's ``delta`` and finish reason (tool calls go out with the last chunk)."""
+        if tools is None:
+            return ({"content": delta.text} if delta.text else {}), delta.finish_reason
+        text = tools.add(delta.text)
+        if delta.finish_reason is None:
+            return ({"content": text} if text else {}), None
+        rest, calls = tools.finish()
+        out: dict[str, Any] = {"content": text + rest} if text + rest else {}
+        if calls:
+            out["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return out, ("tool_calls" if calls else delta.finish_reason)
+
+    def _chunk(self, delta: Delta, offsets: list[int], usage: oa.Usage | None,
+               tools: ToolFilter | None = None) -> oa.Chunk:
         choice: Any
         if self.chat:
-            choice = oa.ChunkChoice(index=delta.index, delta={"content": delta.text} if delta.text else {},
+            content, reason = self._chat_delta(delta, tools)
+            choice = oa.ChunkChoice(index=delta.index, delta=content,
                                     logprobs=oa.chat_logprobs(delta.items, self._texts) if self.logprobs else None,
-                                    finish_reason=oa.finish(delta.finish_reason))
+                                    finish_reason=oa.finish(reason))
         else:
             logprobs = oa.completion_logprobs([(i.token, i) for i in delta.items], self._texts, offsets[delta.index]) \
                 if self.logprobs else None
@@ -206,6 +242,7 @@ class Answer:
         body, n = self.body, len(started)
         leave_out = None if body.include_usage else {"usage"}  # "usage": null in every chunk when asked for
         consumed, offsets = [0] * n, [len(self.echo)] * n
+        tools = [self._tools() for _ in range(n)]
         streams = [deltas(i, job, text, self.logprobs) for i, (job, text) in enumerate(started)]
         try:
             for i in range(n):
@@ -214,7 +251,7 @@ class Answer:
             async for delta in merged(streams):
                 consumed[delta.index] = delta.consumed
                 usage = oa.Usage.of(len(self.prompt), sum(consumed)) if body.continuous_usage else None
-                yield sse_of(self._chunk(delta, offsets, usage), leave_out=leave_out)
+                yield sse_of(self._chunk(delta, offsets, usage, tools[delta.index]), leave_out=leave_out)
             if body.include_usage:
                 usage = oa.Usage.of(len(self.prompt), sum(consumed))
                 yield sse_of(oa.usage_chunk(self.chat, self.rid, self.created, self.model, usage))
