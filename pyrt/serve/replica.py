@@ -197,7 +197,7 @@ class PyrtReplica:
         found = routes.match(self.router, request.scope)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
-            if path.startswith(routes.OPENAI_PREFIX):
+            if routes.openai_shaped(path):
                 return openai_response(ApiError(f"{what}: {path}", found))
             return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
         handler, params = found

@@ -34,6 +34,16 @@ from starlette.types import Scope
 
 Handler = Callable[[Request], Awaitable[Response]]
 OPENAI_PREFIX = "/v1"  # OpenAI's API: errors in its shape
+OPENAI_SHAPED = ("/tokenize", "/detokenize")  # vLLM's server routes beside /v1: errors in OpenAI's shape too
+
+
+def openai_shaped(path: str) -> bool:
+    """Whether ``path``'s errors are OpenAI's ``{"error": {"message", ...}}`` (else ``{"error": "text"}``).
+
+    >>> openai_shaped("/v1/models"), openai_shaped("/tokenize"), openai_shaped("/v2/models/m/infer")
+    (True, True, False)
+    """
+    return path.startswith(OPENAI_PREFIX) or path in OPENAI_SHAPED
 
 
 def route(method: str, path: str, handler: Handler) -> Route:
@@ -69,4 +79,4 @@ def guarded(path: str) -> bool:
     return path in ("/v1", "/v2/models") or path.startswith(("/v1/", "/v2/models/"))
 
 
-__all__ = ["Handler", "OPENAI_PREFIX", "Router", "guarded", "match", "route", "route_path"]
+__all__ = ["Handler", "OPENAI_PREFIX", "openai_shaped", "Router", "guarded", "match", "route", "route_path"]
