@@ -85,7 +85,9 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=whole_argument(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
-    p.add_argument("--metrics-port", type=whole_argument(1), help="Prometheus port of a Ray this command starts")
+    p.add_argument("--metrics-port", type=whole_argument(1),
+                   help="Prometheus port of a Ray this command starts (Ray binds it on every interface; GET /metrics "
+                        "on the API port, which listens on --host, has the replica's own)")
     p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory: text in and out "
                                                       "on the generate routes, and OpenAI's /v1 API")
     p.add_argument("--draft", metavar="ngram|D.pte", help="speculative decoding of the generating models: guess "
