@@ -25,6 +25,7 @@ class GenerationResult:
     drafted: int = 0
     accepted: int = 0
     logprobs: list[Any] | None = None
+    prompt_logprobs: list[Any] | None = None  # per prompt token (the first None), when the parameters asked
 
     @property
     def cumulative_logprob(self) -> float | None:
@@ -54,6 +55,7 @@ class Update:
     result: GenerationResult | None = None
     error: BaseException | None = None
     logprobs: tuple[Any, ...] = ()
+    prompt_logprobs: tuple[Any, ...] = ()  # with the first new tokens: the prompt's, where asked
 
     @property
     def final(self) -> bool:

@@ -56,9 +56,12 @@ class SamplingParams:
     probability are dropped). ``logprobs``: None, or how many most likely alternatives (0 to 20) to
     report with each new token's log-probability (:func:`pyrt.llm.processors.token_logprobs`: the
     log-softmax of the processed logits after temperature, before top-k, top-p and min-p).
-    ``grammar``: structured output, an object whose ``matcher()`` makes a generation's state
-    (:class:`pyrt.llm.processors.Matcher`): only the ids it allows are sampled, and the generation
-    stops ("stop") when it is finished; a constrained sequence guesses no tokens (speculative decoding).
+    ``prompt_logprobs``: the same for each prompt token after the first (its row: the logits at the
+    position before it; no processors), computed as the prompt is prefilled (each chunk then asks
+    for a logits row per token). ``grammar``: structured output, an object whose ``matcher()`` makes a
+    generation's state (:class:`pyrt.llm.processors.Matcher`): only the ids it allows are sampled, and
+    the generation stops ("stop") when it is finished; a constrained sequence guesses no tokens
+    (speculative decoding).
     """
 
     max_new_tokens: int | None = None
@@ -76,6 +79,7 @@ class SamplingParams:
     min_tokens: int = 0
     min_p: float | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     grammar: Any = None
 
     def __post_init__(self) -> None:
@@ -108,6 +112,8 @@ class SamplingParams:
             self._set("min_p", number(self.min_p, "min_p", 0.0, 1.0))
         if self.logprobs is not None:
             self._set("logprobs", whole(self.logprobs, "logprobs", low=0, end=MAX_LOGPROBS + 1))
+        if self.prompt_logprobs is not None:
+            self._set("prompt_logprobs", whole(self.prompt_logprobs, "prompt_logprobs", low=0, end=MAX_LOGPROBS + 1))
         if self.grammar is not None and not callable(getattr(self.grammar, "matcher", None)):
             raise InputError(f"grammar={type(self.grammar).__name__} has no matcher()", field="grammar")
 

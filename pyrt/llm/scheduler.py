@@ -38,7 +38,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ class Sequence:
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens the target kept
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when its parameters ask
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first: None)
     matcher: Any = None  # structured output: the grammar's state (its allowed ids next; advanced per token)
 
     @classmethod
@@ -100,9 +101,11 @@ class Sequence:
         return (*self.prompt, *self.new)
 
     def result(self, reason: FinishReason) -> GenerationResult:
+        params = self.request.params
         return GenerationResult(list(self.new), reason, self.clock.timings(len(self.prompt), len(self.new)),
                                 list(self.prompt), self.passes, self.drafted, self.accepted,
-                                list(self.logprobs) if self.request.params.logprobs is not None else None)
+                                list(self.logprobs) if params.logprobs is not None else None,
+                                list(self.prompt_logprobs) if params.prompt_logprobs is not None else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,6 +147,7 @@ class Outcome:
     kept: int
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # of the prompt tokens the fed ones predict
 
 
 @dataclass
@@ -204,8 +208,9 @@ class Scheduler:
                 feeds.append(Feed(seq, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
                                   proposal if guesses else None))
                 budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)
-        for seq, chunk, ends in self._prompt_chunks(budget):
-            feeds.append(Feed(seq, chunk, seq.fed, int(ends)))
+        for seq, chunk, ends in self._prompt_chunks(budget, rows):
+            wants = seq.request.params.prompt_logprobs is not None
+            feeds.append(Feed(seq, chunk, seq.fed, len(chunk) if wants else int(ends)))
         return feeds
 
     def guess_room(self, draft_tokens: int) -> list[tuple[Sequence, int]]:
@@ -223,14 +228,23 @@ class Scheduler:
         shares = share_out(caps, min(tokens, rows))
         return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]
 
-    def _prompt_chunks(self, budget: int) -> list[tuple[Sequence, tuple[int, ...], bool]]:
-        """(sequence, the prompt tokens it feeds, whether they end its prompt) in admission order, within ``budget``."""
+    def _prompt_chunks(self, budget: int, rows: int) -> list[tuple[Sequence, tuple[int, ...], bool]]:
+        """(sequence, the prompt tokens it feeds, whether they end its prompt) in admission order, within ``budget``;
+        a sequence that wants its prompt's log-probabilities feeds at most the logits ``rows`` left (a row each,
+        one kept for each prompt after it)."""
         out = []
-        for seq in self.running:
-            if not seq.new and budget > 0:
-                chunk = tuple(seq.prompt[seq.fed:seq.fed + budget])
-                out.append((seq, chunk, seq.fed + len(chunk) == len(seq.prompt)))
-                budget -= len(chunk)
+        prefilling = [seq for seq in self.running if not seq.new]
+        for i, seq in enumerate(prefilling):
+            if budget <= 0:
+                break
+            size = budget
+            if seq.request.params.prompt_logprobs is not None:
+                size = min(size, max(1, rows - (len(prefilling) - i - 1)))
+            chunk = tuple(seq.prompt[seq.fed:seq.fed + size])
+            ends = seq.fed + len(chunk) == len(seq.prompt)
+            out.append((seq, chunk, ends))
+            budget -= len(chunk)
+            rows -= len(chunk) if seq.request.params.prompt_logprobs is not None else int(ends)
         return out
 
     def update(self, feeds: Seq[Feed], outcomes: Seq[Outcome]) -> list[Update]:
@@ -243,6 +257,7 @@ class Scheduler:
             if not seq.new:
                 self.counters.prompt_tokens += len(feed.tokens)
             seq.fed = feed.start + outcome.kept
+            seq.prompt_logprobs.extend(outcome.prompt_logprobs)
             if feed.guesses:
                 accepted = outcome.kept - (len(feed.tokens) - len(feed.guesses))
                 seq.drafted, seq.accepted = seq.drafted + len(feed.guesses), seq.accepted + accepted
@@ -286,6 +301,7 @@ class Scheduler:
     def _append(self, seq: Sequence, tokens: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         """``tokens`` added to ``seq`` up to the first that ends it; its update."""
         now = self.now()
+        prompt_logprobs = tuple(seq.prompt_logprobs) if not seq.new else ()
         if not seq.new:
             seq.clock.prefilled = now
         taken = []
@@ -301,8 +317,9 @@ class Scheduler:
                 seq.clock.first = self.now()
             reason = finish_reason(seq, self.conv)
             if reason is not None:
-                return self._end(seq, tuple(taken), reason, logprobs[:len(taken)])
-        return Update(seq.id, tuple(taken), now, logprobs=logprobs[:len(taken)])
+                return replace(self._end(seq, tuple(taken), reason, logprobs[:len(taken)]),
+                               prompt_logprobs=prompt_logprobs)
+        return Update(seq.id, tuple(taken), now, logprobs=logprobs[:len(taken)], prompt_logprobs=prompt_logprobs)
 
     def _end(self, seq: Sequence, tokens: tuple[int, ...], reason: FinishReason,
              logprobs: tuple[TokenLogprob, ...] = ()) -> Update:

@@ -75,6 +75,7 @@ class Generation:
         self._tokens: list[int] = []
         self._times: list[float] = []
         self._logprobs: list[Any] = []
+        self._prompt_logprobs: list[Any] = []
         self._read = 0
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
@@ -103,6 +104,7 @@ class Generation:
             self._tokens.extend(update.tokens)
             self._times.extend([update.at] * len(update.tokens))
             self._logprobs.extend(update.logprobs)
+            self._prompt_logprobs.extend(update.prompt_logprobs)
             if update.final:
                 self._result, self._error = update.result, update.error
                 self._finalizer.detach()
@@ -163,6 +165,13 @@ class Generation:
         with self._lock:
             self._apply()
             return list(self._logprobs)
+
+    @property
+    def prompt_logprobs(self) -> list[Any]:
+        """The prompt tokens' log-probabilities (the first None) once the first new token came (``prompt_logprobs``)."""
+        with self._lock:
+            self._apply()
+            return list(self._prompt_logprobs)
 
     @property
     def prompt(self) -> list[int]:

@@ -175,6 +175,11 @@ class OpenAIRequest(Body):
         return None
 
     @property
+    def prompt_logprobs_wanted(self) -> int | None:
+        """``SamplingParams.prompt_logprobs``: completions' ``echo`` with ``logprobs``."""
+        return None
+
+    @property
     def stop_strings(self) -> tuple[str, ...]:
         return self.stop
 
@@ -203,7 +208,7 @@ class OpenAIRequest(Body):
             logit_bias=self.logit_bias or (), repetition_penalty=given["repetition_penalty"] or 1.0,
             frequency_penalty=self.frequency_penalty or 0.0, presence_penalty=self.presence_penalty or 0.0,
             min_tokens=self.min_tokens or 0, min_p=given["min_p"] or None, logprobs=self.logprobs_wanted,
-            grammar=grammar)
+            prompt_logprobs=self.prompt_logprobs_wanted, grammar=grammar)
 
 
 def one_prompt(value: Any) -> str | list[Any]:
@@ -255,7 +260,13 @@ class CompletionRequest(OpenAIRequest):
             return self.logprobs or 0
         return self.logprobs
 
+    @property
+    def prompt_logprobs_wanted(self) -> int | None:
+        return self.logprobs if self.echo else None
+
     def spelled(self, field: str) -> str:
+        if field == "prompt_logprobs":
+            return "logprobs"
         return "prompt" if field == "prompt_ids" else super().spelled(field)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -171,7 +171,8 @@ class Answer:
         for index, i in enumerate(keep):
             (job, _), (got, last) = started[i], results[i]
             items = job.generation.logprobs[:last.consumed] if self.logprobs else []
-            choices.append(self._choice(index, "".join(p.text for p in got), items, last.finish_reason))
+            choices.append(self._choice(index, "".join(p.text for p in got), items, last.finish_reason,
+                                        self._prompt_pairs(job)))
         usage = oa.Usage.of(len(self.prompt), sum(last.consumed for _, last in results))
         if self.chat:
             return oa.ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -181,7 +182,14 @@ class Answer:
         body = self.body
         return ToolFilter(body.tool_choice) if isinstance(body, ChatRequest) and body.tools else None
 
-    def _choice(self, index: int, text: str, items: list[Any], reason: str | None) -> Any:
+    def _prompt_pairs(self, job: Job) -> list[tuple[int, Any]]:
+        """(token, log-probability) of each prompt token, for ``echo`` with ``logprobs`` (else none)."""
+        if not (self.echo and self.logprobs):
+            return []
+        return list(zip(self.prompt, job.generation.prompt_logprobs, strict=False))
+
+    def _choice(self, index: int, text: str, items: list[Any], reason: str | None,
+                prompt_pairs: Sequence[tuple[int, Any]] = ()) -> Any:
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             tools = self._tools()
@@ -192,7 +200,8 @@ class Answer:
             return oa.ChatChoice(index=index, message=message,
                                  logprobs=oa.chat_logprobs(items, self._texts) if self.logprobs else None,
                                  finish_reason=oa.finish(reason))
-        logprobs = oa.completion_logprobs([(i.token, i) for i in items], self._texts, len(self.echo)) \
+        pairs = [*prompt_pairs, *((i.token, i) for i in items)]
+        logprobs = oa.completion_logprobs(pairs, self._texts, 0 if prompt_pairs else len(self.echo)) \
             if self.logprobs else None
         return oa.CompletionChoice(index=index, text=self.echo + text, logprobs=logprobs,
                                    finish_reason=oa.finish(reason))
@@ -215,7 +224,7 @@ class Answer:
         return out, ("tool_calls" if calls else delta.finish_reason)
 
     def _chunk(self, delta: Delta, offsets: list[int], usage: oa.Usage | None,
-               tools: ToolFilter | None = None) -> oa.Chunk:
+               tools: ToolFilter | None = None, prompt_pairs: list[tuple[int, Any]] | None = None) -> oa.Chunk:
         choice: Any
         if self.chat:
             content, reason = self._chat_delta(delta, tools)
@@ -223,8 +232,8 @@ class Answer:
                                     logprobs=oa.chat_logprobs(delta.items, self._texts) if self.logprobs else None,
                                     finish_reason=oa.finish(reason))
         else:
-            logprobs = oa.completion_logprobs([(i.token, i) for i in delta.items], self._texts, offsets[delta.index]) \
-                if self.logprobs else None
+            pairs = [*(prompt_pairs or ()), *((i.token, i) for i in delta.items)]
+            logprobs = oa.completion_logprobs(pairs, self._texts, offsets[delta.index]) if self.logprobs else None
             offsets[delta.index] += len(delta.text)
             choice = oa.CompletionChoice(index=delta.index, text=delta.text, logprobs=logprobs,
                                          finish_reason=oa.finish(delta.finish_reason))
@@ -241,17 +250,22 @@ class Answer:
     async def events(self, started: Started) -> AsyncIterator[bytes]:
         body, n = self.body, len(started)
         leave_out = None if body.include_usage else {"usage"}  # "usage": null in every chunk when asked for
-        consumed, offsets = [0] * n, [len(self.echo)] * n
+        late = bool(self.echo and self.logprobs)  # the echo waits for the prompt's log-probabilities (prefill)
+        consumed, offsets, echoed = [0] * n, [0 if late else len(self.echo)] * n, [not late] * n
         tools = [self._tools() for _ in range(n)]
         streams = [deltas(i, job, text, self.logprobs) for i, (job, text) in enumerate(started)]
         try:
             for i in range(n):
-                if self.chat or self.echo:
+                if self.chat or (self.echo and not late):
                     yield sse_of(self._first(i), leave_out=leave_out)
             async for delta in merged(streams):
                 consumed[delta.index] = delta.consumed
                 usage = oa.Usage.of(len(self.prompt), sum(consumed)) if body.continuous_usage else None
-                yield sse_of(self._chunk(delta, offsets, usage, tools[delta.index]), leave_out=leave_out)
+                pairs = None
+                if not echoed[delta.index]:
+                    echoed[delta.index], delta.text = True, self.echo + delta.text
+                    pairs = self._prompt_pairs(started[delta.index][0])
+                yield sse_of(self._chunk(delta, offsets, usage, tools[delta.index], pairs), leave_out=leave_out)
             if body.include_usage:
                 usage = oa.Usage.of(len(self.prompt), sum(consumed))
                 yield sse_of(oa.usage_chunk(self.chat, self.rid, self.created, self.model, usage))

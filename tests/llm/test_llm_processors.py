@@ -139,3 +139,22 @@ def test_generation_logprobs_match_transformers_logits(llama: L.Exported) -> Non
         assert item.token == out.tokens[j] and abs(item.logprob - row[item.token]) < 1e-4, (j, item)
         assert [t for t, _ in item.top] == list(np.argsort(-row)[:2])
     assert out.cumulative_logprob == pytest.approx(sum(i.logprob for i in out.logprobs))
+
+
+@pytest.mark.export
+@pytest.mark.parametrize("budget", ["whole", "chunked"])
+def test_prompt_logprobs_match_transformers_logits(llama: L.Exported, budget: str) -> None:
+    """Every prompt token's log-probability (the first: None), the prompt prefilled in chunks of the file's token
+    budget (16) when it is longer, beside other sequences; the generated tokens are unchanged."""
+    prompt = list(range(5, 41)) if budget == "chunked" else [5, 6, 7, 8, 9]
+    with pyrt.Program(llama.path) as prog:
+        plain = pyrt.generate(prog, [prompt, [3, 4]], max_new_tokens=4, eos_ids=[])
+        got = pyrt.generate(prog, [prompt, [3, 4]], max_new_tokens=4, eos_ids=[], prompt_logprobs=2, logprobs=0)
+    assert [r.tokens for r in got] == [r.tokens for r in plain]
+    with torch.no_grad():
+        logs = torch.log_softmax(llama.model(torch.tensor([prompt])).logits[0].double(), -1).numpy()
+    items = got[0].prompt_logprobs
+    assert items is not None and len(items) == len(prompt) and items[0] is None
+    for p in range(1, len(prompt)):
+        assert items[p].token == prompt[p] and abs(items[p].logprob - logs[p - 1][prompt[p]]) < 1e-4, p
+        assert [t for t, _ in items[p].top] == list(np.argsort(-logs[p - 1])[:2])

@@ -137,6 +137,23 @@ def test_best_of_keeps_the_highest_cumulative_logprob(client: Any, prog: Any) ->
     assert out.usage.completion_tokens == 20
 
 
+def test_echo_with_logprobs_gives_the_prompts_too(client: Any) -> None:
+    prompt = ids("say hello to the world")
+    args = {"model": NAME, "prompt": "say hello to the world", "max_tokens": 4, "temperature": 0, "echo": True,
+            "logprobs": 1, "extra_body": {"ignore_eos": True}}
+    out = client.completions.create(**args)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) + 4 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert "".join(lp.tokens) == out.choices[0].text and lp.text_offset[0] == 0
+    logs = model_logprobs(prompt[:1], prompt[1:] + [0])  # the rows before each prompt token
+    for p in range(1, len(prompt)):
+        assert abs(lp.token_logprobs[p] - logs[p - 1][prompt[p]]) < 1e-4, p
+    chunks = list(client.completions.create(**args, stream=True))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+    assert streamed[0] is None and np.allclose(streamed[1:], lp.token_logprobs[1:])
+
+
 def test_echo_prepends_the_prompt(client: Any, prog: Any) -> None:
     want = PROMPT + decode(generate(prog, ids(PROMPT), 4).tokens)
     out = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
