@@ -33,8 +33,8 @@ class GenerateRoutes:
         self.service = service
 
     def routes(self) -> list[Route]:
-        return [route("POST", "/v2/models/{name:path}/generate", self.generate),
-                route("POST", "/v2/models/{name:path}/generate_stream", self.generate_stream)]
+        return [route("POST", "/v2/models/{name}/generate", self.generate),
+                route("POST", "/v2/models/{name}/generate_stream", self.generate_stream)]
 
     async def generate(self, request: Request) -> Response:
         return await self._answer(request, stream=False)

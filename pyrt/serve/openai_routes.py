@@ -50,7 +50,7 @@ class OpenAIRoutes:
         return [route("POST", "/v1/chat/completions", self.chat_completions),
                 route("POST", "/v1/completions", self.completions),
                 route("GET", "/v1/models", self.models),
-                route("GET", "/v1/models/{model:path}", self.model)]
+                route("GET", "/v1/models/{model}", self.model)]
 
     def _card(self, name: str) -> oa.ModelCard:
         max_len = self.service.hosts[self.service.canonical(name)].engine.conv.max_context_len

@@ -113,21 +113,22 @@ class PyrtReplica:
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
                               max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
                               draft=self.draft, draft_tokens=cfg.draft_tokens, aliases=self.aliases)
-        self.router = Router([  # the hot path first; a name may hold "/": the longer paths first
-            route("POST", "/v2/models/{name:path}/versions/{version}/infer", self.infer),
-            route("POST", "/v2/models/{name:path}/infer", self.infer),
+        self.router = Router([  # the hot path first
+            route("POST", "/v2/models/{name}/infer", self.infer),
+            route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
             route("GET", "/v2/health/live", self.live),
             route("GET", "/v2/health/ready", self.ready),
             route("GET", "/v2", self.server_metadata),
-            route("GET", "/v2/models/{name:path}/versions/{version}/ready", self.model_ready),
-            route("GET", "/v2/models/{name:path}/ready", self.model_ready),
-            route("GET", "/v2/models/{name:path}/stats", self.model_stats),
-            route("GET", "/v2/models/{name:path}/versions/{version}", self.model_metadata),
+            route("GET", "/v2/models/{name}", self.model_metadata),
+            route("GET", "/v2/models/{name}/versions/{version}", self.model_metadata),
+            route("GET", "/v2/models/{name}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
+            route("GET", "/v2/models/{name}/stats", self.model_stats),
             *GenerateRoutes(self.llm).routes(),
-            route("GET", "/v2/models/{name:path}", self.model_metadata),
             *OpenAIRoutes(self.llm).routes(),
             *ServerRoutes(self.llm, self.metrics).routes(),
         ])
+        self.slashed = routes.slashed(self.router)  # the same routes for model names with "/" (org/Model)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
@@ -195,6 +196,8 @@ class PyrtReplica:
         if refused is not None:
             return refused
         found = routes.match(self.router, request.scope)
+        if found == 404:
+            found = routes.match(self.slashed, request.scope)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
             if routes.openai_shaped(path):

@@ -92,11 +92,11 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]", re.ASCII)  # a JSON escape 
 
 
 def lone_surrogate(data: bytes) -> str | None:
-    """Where ``data`` (JSON) has a text with an unpaired UTF-16 surrogate (``"\\ud800"``: no UTF-8 can carry
+    r"""Where ``data`` (JSON) has a text with an unpaired UTF-16 surrogate (``"\ud800"``: no UTF-8 can carry
     it, so no tokenizer takes it): the value's path (``messages[0].content``), ``"a field name"`` for a key,
-    else None. A pair (``"\\ud83d\\ude00"``) is one character and fine.
+    else None. A pair (``"\ud83d\ude00"``) is one character and fine.
 
-    >>> lone_surrogate(b'{"prompt": "hi \\ud800"}'), lone_surrogate(b'{"prompt": "\\ud83d\\ude00"}')
+    >>> lone_surrogate(rb'{"prompt": "hi \ud800"}'), lone_surrogate(rb'{"prompt": "\ud83d\ude00"}')
     ('prompt', None)
     """
     if not SURROGATE_ESCAPE.search(data):
