@@ -199,6 +199,11 @@ def test_min_tokens_stop_token_ids_and_ignore_eos(client: Any, prog: Any) -> Non
                                      extra_body={"ignore_eos": True, "stop_token_ids": [stop], "min_tokens": first + 2})
     want = generate(prog, ids(PROMPT), 24, eos_ids=[stop], min_tokens=first + 2).tokens
     assert len(want) > first + 1 and held.choices[0].text == decode(want)
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True, "stop_token_ids": [stop],
+                                                        "min_tokens": first + 2}))
+    assert "".join(c.choices[0].text for c in chunks) == decode(want)
+    assert chunks[-1].choices[0].finish_reason == held.choices[0].finish_reason
 
 
 def test_special_tokens_and_stop_strings_in_the_text(client: Any, prog: Any) -> None:
@@ -211,6 +216,10 @@ def test_special_tokens_and_stop_strings_in_the_text(client: Any, prog: Any) -> 
     out = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                     extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
     assert out.choices[0].text == full[:full.index(stop) + len(stop)] and out.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                            temperature=0, logit_bias={"2": 100}, stream=True,
+                                            extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "</s></s></s>"
 
 
 def test_chat_template_options_and_tool_messages(client: Any, prog: Any) -> None:
@@ -225,6 +234,10 @@ def test_chat_template_options_and_tool_messages(client: Any, prog: Any) -> None
                                          extra_body={"ignore_eos": True, "add_generation_prompt": False,
                                                      "continue_final_message": True})
     assert out.choices[0].message.content == rendered(continue_final_message=True)
+    chunks = client.chat.completions.create(model=NAME, messages=messages, max_tokens=5, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True, "add_generation_prompt": False,
+                                                        "continue_final_message": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == out.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="continue_final_message"):
         client.chat.completions.create(model=NAME, messages=messages, max_tokens=5,
                                        extra_body={"continue_final_message": True})
