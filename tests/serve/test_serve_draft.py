@@ -74,3 +74,23 @@ def test_a_bad_draft_is_a_startup_error_naming_the_flag(tmp_path: Any) -> None:
     bad.write_bytes(b"not a program")
     with pytest.raises(InputError, match="--draft .*bad.pte"):
         S.build(draft=str(bad))
+
+
+def test_a_draft_file_runs_on_the_replicas_simulated_gpu() -> None:
+    """The reference-engine slot file as its own draft, both on the replica's simulated GPU (its devices factory
+    makes one set of devices for the program and the draft): the served tokens are pyrt.generate's there."""
+    from pyrt.sim import simulated_gpus
+
+    ids = S.tokenizer().encode(PROMPT)
+    with simulated_gpus(1), pyrt.Program(S.slot_file("reference"), kernels="numpy") as prog:
+        want = list(pyrt.generate(prog, ids, max_new_tokens=8, eos_ids=[]).tokens)
+    replica = S.build("reference", simulated_gpus=1, tokenizer=str(S.tokenizer_dir()),
+                      draft=str(S.slot_file("reference")), draft_tokens=2)
+    try:
+        assert replica.draft._cuda is replica.program._cuda  # one set of simulated devices (one fake CUDA)
+        body = {"input_ids": ids, "max_tokens": 8, "temperature": 0, "eos_ids": []}
+        assert run(replica, "POST", f"/v2/models/{NAME}/generate", body)[1]["token_ids"] == want
+        stats = run(replica, "GET", f"/v2/models/{NAME}/stats")[1]["generation"]
+        assert stats["drafted"] > 0 and stats["accepted"] == stats["drafted"]
+    finally:
+        S.close(replica)
