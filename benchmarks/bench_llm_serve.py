@@ -253,7 +253,8 @@ def features(args: Any) -> str:
                            [[name, f"{statistics.median(r['tps'] for r in got):.0f}",
                              f"{statistics.median(r['tps'] for r in got) / plain:.2f}x",
                              f"{statistics.median(r['tokens'] for r in got):.1f}"] for name, got in rows.items()])
-    text = "\n".join([f"`{command_line()}` ({machine()}; `{args.model}` small config, {SLOTS} slots, prompt "
+    text = "\n".join([f"`{command_line()}` ({time.strftime('%Y-%m-%d')}, {machine()}; `{args.model}` small config, "
+                      f"{SLOTS} slots, prompt "
                       f"{args.prompt_len} ids, up to {args.new_tokens} greedy tokens, a byte-level BPE with every "
                       f"byte; medians of {args.samples} runs; load average at the start and end: {load[0]:.2f} / "
                       f"{load[1]:.2f})", "", table, "",
