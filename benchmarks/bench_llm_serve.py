@@ -24,6 +24,14 @@ Served texts are checked against the offline tokens decoded. Threads pinned to 1
 (OMP/OpenBLAS/MKL variables, inherited by Ray's processes; ``torch.set_num_threads(1)`` for the export).
 
     python benchmarks/bench_llm_serve.py [--model llama] [--new-tokens 64] [--samples 2] [--no-write]
+    python benchmarks/bench_llm_serve.py --features [--samples 3]
+
+``--features``: the rows of OpenAI features at concurrency 8 instead (section "LLM serving: structured
+output and logprobs"): the same streamed completions plain, with a JSON schema (``response_format``,
+grammar-constrained decoding with llguidance), and with ``logprobs: 5``; a tokenizer with every byte
+(so JSON can be written); served tokens/s of each. Beside them, offline, the grammar's cost per
+decoding step: the mask of allowed ids and the advance after each token (``pyrt.serve.structured``),
+over whole constrained generations of random allowed tokens.
 """
 
 from __future__ import annotations
@@ -144,14 +152,132 @@ def serve_side(path: Path, tokenizer: Path, runs: dict[int, list[list[int]]], ne
         ray.shutdown()
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet"],
+          "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 120},
+                         "pet": {"enum": ["cat", "dog", "none"]}, "tags": {"type": "array", "maxItems": 4,
+                                                                           "items": {"type": "string",
+                                                                                     "maxLength": 8}}}}
+FEATURES = {"plain": {}, "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
+    "name": "person", "schema": PERSON}}}, "logprobs 5": {"logprobs": 5}}
+
+
+async def feature_request(session: Any, url: str, prompt: list[int], new: int, extra: dict[str, Any]
+                          ) -> dict[str, Any]:
+    body = {"model": "llm", "prompt": prompt, "max_tokens": new, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, **extra}
+    sent = time.perf_counter()
+    tokens, text = 0, []
+    async with session.post(url, json=body) as reply:
+        assert reply.status == 200, await reply.text()
+        async for line in reply.content:
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"]:
+                    text.append(chunk["choices"][0]["text"])
+    return {"sent": sent, "last": time.perf_counter(), "tokens": tokens, "text": "".join(text)}
+
+
+async def feature_run(url: str, prompts: list[list[int]], new: int, extra: dict[str, Any]) -> dict[str, float]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        results = await asyncio.gather(*(feature_request(session, url, p, new, extra) for p in prompts))
+    if "response_format" in extra:  # every constrained answer parses and validates
+        import jsonschema
+
+        for r in results:
+            jsonschema.validate(json.loads(r["text"]), PERSON)
+    wall = max(r["last"] for r in results) - min(r["sent"] for r in results)
+    return {"tps": sum(r["tokens"] for r in results) / wall, "tokens": sum(r["tokens"] for r in results) / len(results)}
+
+
+def mask_cost(tokenizer: Path, steps: int = 64, runs: int = 8) -> tuple[float, float, float]:
+    """(mean, 99th percentile of the mask + advance per step in microseconds, schema compile ms) offline."""
+    from transformers import AutoTokenizer
+
+    from pyrt.serve.structured import Grammars
+
+    grammars = Grammars(AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True), VOCAB)
+    grammars.schema(PERSON, "warm")
+    start = time.perf_counter()
+    grammar = grammars.schema(PERSON, "response_format")
+    compile_ms = (time.perf_counter() - start) * 1e3
+    rng, costs = np.random.default_rng(0), []
+    for _ in range(runs):
+        matcher = grammar.matcher()
+        for _ in range(steps):
+            t = time.perf_counter()
+            allowed = matcher.allowed((2,))
+            token = int(rng.choice(np.flatnonzero(allowed)))
+            matcher.accept(token)
+            costs.append((time.perf_counter() - t) * 1e6)
+            if matcher.finished:
+                break
+    return float(np.mean(costs)), float(np.percentile(costs, 99)), compile_ms
+
+
+def features(args: Any) -> str:
+    """The feature rows: plain, JSON schema and logprobs at concurrency 8 through pyrt serve; the mask's cost."""
+    import ray
+    from ray import serve
+
+    from pyrt.serve.app import deployment, run, start
+    from pyrt.testing.tokenizers import byte_level_bpe, words
+    from tests.fixtures.serve import free_port
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, VOCAB, args.prompt_len).tolist() for _ in range(8)]
+    load = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        path, _ = export(args.model, Path(tmp))
+        corpus = words(40_000) + '\n{"name": "a", "age": 3, "pet": "cat", "tags": ["x"]}\n'
+        tokenizer = byte_level_bpe(Path(tmp) / "tokenizer-json", corpus, vocab_size=VOCAB, full_alphabet=True)
+        mean_us, p99_us, compile_ms = mask_cost(tokenizer)
+        port = free_port()
+        start(port=port, num_cpus=2)
+        try:
+            run(deployment(path, name="llm", kernels="numpy", tokenizer=tokenizer), path=str(path))
+            url = f"http://127.0.0.1:{port}/v1/completions"
+            asyncio.run(feature_run(url, prompts[:1], 4, {}))  # warm
+            rows = {name: [asyncio.run(feature_run(url, prompts, args.new_tokens, extra))
+                           for _ in range(args.samples)] for name, extra in FEATURES.items()}
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    load.append(os.getloadavg()[0])
+    plain = statistics.median(r["tps"] for r in rows["plain"])
+    table = markdown_table(["request (concurrency 8)", "served tokens/s", "against plain", "tokens per answer"],
+                           [[name, f"{statistics.median(r['tps'] for r in got):.0f}",
+                             f"{statistics.median(r['tps'] for r in got) / plain:.2f}x",
+                             f"{statistics.median(r['tokens'] for r in got):.1f}"] for name, got in rows.items()])
+    text = "\n".join([f"`{command_line()}` ({time.strftime('%Y-%m-%d')}, {machine()}; `{args.model}` small config, "
+                      f"{SLOTS} slots, prompt "
+                      f"{args.prompt_len} ids, up to {args.new_tokens} greedy tokens, a byte-level BPE with every "
+                      f"byte; medians of {args.samples} runs; load average at the start and end: {load[0]:.2f} / "
+                      f"{load[1]:.2f})", "", table, "",
+                      f"The grammar's cost per step (offline, the schema above, random allowed tokens): mask and "
+                      f"advance {mean_us:.0f} us mean, {p99_us:.0f} us p99; compiling the schema {compile_ms:.1f} "
+                      "ms per request (the tokenizer wrapped once per replica)."])
+    if not args.no_write:
+        write_results("bench_llm_serve_features", "LLM serving: structured output and logprobs", text)
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--features", action="store_true", help="the structured-output and logprobs rows instead")
     ap.add_argument("--model", default="llama", help="family of pyrt.testing.archs.causal_lm (default llama)")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--samples", type=int, default=2, help="runs per concurrency and side; the median is kept")
     ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     args = ap.parse_args()
+    if args.features:
+        print(features(args))
+        return
     load = [os.getloadavg()[0]]
     rng = np.random.default_rng(0)
     pool = [rng.integers(3, VOCAB, args.prompt_len).tolist() for _ in range(max(CONCURRENCY))]

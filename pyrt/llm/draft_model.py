@@ -29,9 +29,10 @@ import numpy as np
 from pyrt.errors import InputError
 from pyrt.llm.convention import SLOTS, Convention
 from pyrt.llm.params import SamplingParams
+from pyrt.llm.processors import History, process
 from pyrt.llm.program import LLMProgram
 from pyrt.llm.runner import Runner
-from pyrt.llm.sampling import distribution, draw, greedy_token
+from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token
 from pyrt.llm.scheduler import Feed, Proposal, Sequence
 
 WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
@@ -83,7 +84,8 @@ class DraftModel:
         work, rows = items, self._catch_up(items)
         while True:
             for item, row in zip(work, rows, strict=True):
-                token, probs = choose(row, item.seq.request.params, item.seq.rng)
+                history = item.seq.history().then(tuple(item.tokens))
+                token, probs = choose(row, item.seq.request.params, item.seq.rng, history)
                 item.tokens.append(token)
                 if probs is not None:
                     item.probs.append(probs)
@@ -155,11 +157,14 @@ class DraftModel:
             self.release(seq_id)
 
 
-def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
-    """The draft's guess from its logits ``row`` and the distribution it was drawn from (None: greedy)."""
+def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+           history: History = NOTHING) -> tuple[int, np.ndarray | None]:
+    """The draft's guess from its logits ``row`` and the distribution it was drawn from (None: greedy), after the
+    same logits processors as the target's (a sequence of ``history``)."""
+    scores = process(row, params, history)
     if not params.do_sample:
-        return greedy_token(row), None
-    probs = distribution(row, params)
+        return greedy_token(scores), None
+    probs = distribution(scores, params)
     return draw(probs, rng), probs
 
 

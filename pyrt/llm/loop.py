@@ -32,7 +32,7 @@ from pyrt.llm.stream import Generation
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
-             draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> Any:
+             draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS, **options: Any) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention
     (or an :class:`pyrt.llm.LLMProgram` made from one).
 
@@ -51,8 +51,11 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
     sequence per step. Greedy tokens are exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
-    A file that returns the last position's logits only checks no guesses. Everything is checked
-    before the first run: bad values are InputError naming them.
+    A file that returns the last position's logits only checks no guesses. ``options``: the other
+    :class:`pyrt.llm.SamplingParams` fields, for every prompt (``repetition_penalty``,
+    ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, ``min_tokens``, ``min_p``,
+    ``logprobs``, ``stop``, ``grammar``). Everything is checked before the first run: bad values are
+    InputError naming them.
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
@@ -62,7 +65,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     requests = []
     for i, (prompt, s) in enumerate(zip(prompts, seeds, strict=True)):
         params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids)
+                                top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids, **options)
         try:
             requests.append(make_request(llm.conv, prompt, params))
         except InputError as exc:

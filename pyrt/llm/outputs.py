@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pyrt.llm.timings import Timings
 
@@ -14,7 +14,8 @@ FinishReason = Literal["stop", "length", "cache_full", "cancelled"]
 class GenerationResult:
     """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does).
     ``passes``: the target's forward calls that gave it tokens; ``drafted`` / ``accepted``: the guessed
-    tokens checked / kept (speculative decoding; 0 without a draft)."""
+    tokens checked / kept (speculative decoding; 0 without a draft). ``logprobs``: a
+    :class:`pyrt.llm.processors.TokenLogprob` per new token when the parameters asked (else None)."""
 
     tokens: list[int]
     finish_reason: FinishReason
@@ -23,6 +24,13 @@ class GenerationResult:
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    logprobs: list[Any] | None = None
+    prompt_logprobs: list[Any] | None = None  # per prompt token (the first None), when the parameters asked
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the new tokens' log-probabilities (None when they were not computed)."""
+        return None if self.logprobs is None else float(sum(t.logprob for t in self.logprobs))
 
     @property
     def tokens_per_pass(self) -> float:
@@ -38,13 +46,16 @@ class GenerationResult:
 @dataclass(frozen=True)
 class Update:
     """What a step did to one generation: its new ``tokens`` (``at``: ``time.perf_counter()`` when they
-    came), and once it ended, its ``result`` or the run failure that ended it (``error``)."""
+    came; ``logprobs``: theirs, where asked), and once it ended, its ``result`` or the run failure that ended it
+    (``error``)."""
 
     seq_id: int
     tokens: tuple[int, ...] = ()
     at: float = 0.0
     result: GenerationResult | None = None
     error: BaseException | None = None
+    logprobs: tuple[Any, ...] = ()
+    prompt_logprobs: tuple[Any, ...] = ()  # with the first new tokens: the prompt's, where asked
 
     @property
     def final(self) -> bool:

@@ -41,6 +41,10 @@ def make_request(conv: Convention, prompt_ids: Any, params: SamplingParams) -> R
     eos = conv.eos_ids if params.eos_ids is None else in_vocabulary(params.eos_ids, conv.vocab_size, "eos_ids")
     for i, sequence in enumerate(params.stop):
         in_vocabulary(sequence, conv.vocab_size, f"stop[{i}]")
+    for token, _ in params.logit_bias:
+        if token >= conv.vocab_size:
+            raise InputError(f"logit_bias: token {token} is outside the vocabulary [0, {conv.vocab_size})",
+                             field="logit_bias")
     return Request(prompt, params, frozenset(eos))
 
 

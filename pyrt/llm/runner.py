@@ -14,11 +14,13 @@ the rejected guesses' tokens are not kept (the next step overwrites their cache 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.processors import History, TokenLogprob, process, token_logprobs
 from pyrt.llm.scheduler import Feed, Outcome
 from pyrt.llm.verify import verify
 
@@ -40,9 +42,15 @@ class Runner:
             if not feed.logits:
                 out.append(Outcome(len(feed.tokens)))
                 continue
+            params = feed.seq.request.params
+            if params.prompt_logprobs is not None and not feed.seq.new:
+                out.append(prompt_outcome(feed, logits))
+                continue
             guesses, probs = feed.guesses, None if feed.proposal is None else feed.proposal.probs
-            accepted, chosen = verify(logits, guesses, probs, feed.seq.request.params, feed.seq.rng)
-            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen))
+            history = feed.seq.history()
+            accepted, chosen = verify(logits, guesses, probs, params, feed.seq.rng, history)
+            logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
+            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen, logged))
         return out
 
     def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
@@ -83,6 +91,29 @@ class Runner:
             return floats
         rows = np.asarray(self.program.run(*inputs, method=conv.method)).reshape(-1, conv.vocab_size)
         return rows if rows.dtype in NUMPY_FLOATS else rows.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
+
+
+def prompt_outcome(feed: Feed, rows: np.ndarray) -> Outcome:
+    """A prompt chunk fed with a logits row per token: the log-probabilities of the prompt tokens those rows predict
+    (row ``j``: the token after the chunk's ``j``-th), and, where the chunk ends the prompt, the first new token."""
+    seq, params = feed.seq, feed.seq.request.params
+    prompt = seq.prompt
+    first = () if feed.start else (None,)
+    after = range(feed.start + 1, min(feed.start + len(feed.tokens), len(prompt) - 1) + 1)
+    alternatives = replace(params, logprobs=params.prompt_logprobs)
+    logged = (*first, *(token_logprobs(rows[p - feed.start - 1], prompt[p], alternatives) for p in after))
+    if feed.start + len(feed.tokens) < len(prompt):
+        return Outcome(len(feed.tokens), prompt_logprobs=logged)
+    _, chosen = verify(rows[-1:], (), None, params, seq.rng, seq.history())
+    tokens = logprobs(rows[-1:], chosen, seq.history(), params) if params.logprobs is not None else ()
+    return Outcome(len(feed.tokens), chosen, tokens, logged)
+
+
+def logprobs(rows: np.ndarray, chosen: tuple[int, ...], history: History, params: Any) -> tuple[TokenLogprob, ...]:
+    """Each chosen token's log-probability (and alternatives) from the row it was chosen from: row ``j`` follows
+    ``history`` and the chosen tokens before ``j``."""
+    return tuple(token_logprobs(process(rows[j], params, history.then(chosen[:j])), token, params)
+                 for j, token in enumerate(chosen))
 
 
 def window_size(needed: int, context: int) -> int:

@@ -38,12 +38,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from pyrt.llm.convention import Convention
 from pyrt.llm.outputs import FinishReason, GenerationResult, Update
+from pyrt.llm.processors import History, TokenLogprob
 from pyrt.llm.request import Request
 from pyrt.llm.slots import Slots
 from pyrt.llm.timings import Clock
@@ -66,11 +68,23 @@ class Sequence:
     passes: int = 0  # steps that gave it new tokens
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens the target kept
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when its parameters ask
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first: None)
+    matcher: Any = None  # structured output: the grammar's state (its allowed ids next; advanced per token)
 
     @classmethod
     def of(cls, seq_id: int, request: Request) -> Sequence:
         """A new sequence, its clock started and its random state seeded now."""
-        return cls(seq_id, request, np.random.default_rng(request.params.seed), Clock())
+        grammar = request.params.grammar
+        return cls(seq_id, request, np.random.default_rng(request.params.numpy_seed), Clock(),
+                   matcher=None if grammar is None else grammar.matcher())
+
+    def history(self) -> History:
+        """What the logits processors read for this sequence's next token (its grammar's mask included)."""
+        allowed = None
+        if self.matcher is not None:
+            allowed = self.matcher.allowed(self.request.eos_ids)
+        return History(self.prompt, tuple(self.new), self.request.eos_ids, allowed)
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -87,8 +101,11 @@ class Sequence:
         return (*self.prompt, *self.new)
 
     def result(self, reason: FinishReason) -> GenerationResult:
+        params = self.request.params
         return GenerationResult(list(self.new), reason, self.clock.timings(len(self.prompt), len(self.new)),
-                                list(self.prompt), self.passes, self.drafted, self.accepted)
+                                list(self.prompt), self.passes, self.drafted, self.accepted,
+                                list(self.logprobs) if params.logprobs is not None else None,
+                                list(self.prompt_logprobs) if params.prompt_logprobs is not None else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,10 +141,13 @@ class Feed:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a step chose for one feed: ``kept`` of its tokens stay in the cache, then ``tokens`` are new."""
+    """What a step chose for one feed: ``kept`` of its tokens stay in the cache, then ``tokens`` are new (with their
+    ``logprobs`` where the parameters ask)."""
 
     kept: int
     tokens: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # of the prompt tokens the fed ones predict
 
 
 @dataclass
@@ -188,8 +208,9 @@ class Scheduler:
                 feeds.append(Feed(seq, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
                                   proposal if guesses else None))
                 budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)
-        for seq, chunk, ends in self._prompt_chunks(budget):
-            feeds.append(Feed(seq, chunk, seq.fed, int(ends)))
+        for seq, chunk, ends in self._prompt_chunks(budget, rows):
+            wants = seq.request.params.prompt_logprobs is not None
+            feeds.append(Feed(seq, chunk, seq.fed, len(chunk) if wants else int(ends)))
         return feeds
 
     def guess_room(self, draft_tokens: int) -> list[tuple[Sequence, int]]:
@@ -203,18 +224,27 @@ class Scheduler:
         pending = sum(len(seq.prompt) - seq.fed for seq in prefilling)
         tokens = spare - min(pending, spare // 2)
         rows = self.conv.max_rows - len(decoding) - len(prefilling)
-        caps = [min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
+        caps = [0 if seq.matcher is not None else min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
         shares = share_out(caps, min(tokens, rows))
         return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]
 
-    def _prompt_chunks(self, budget: int) -> list[tuple[Sequence, tuple[int, ...], bool]]:
-        """(sequence, the prompt tokens it feeds, whether they end its prompt) in admission order, within ``budget``."""
+    def _prompt_chunks(self, budget: int, rows: int) -> list[tuple[Sequence, tuple[int, ...], bool]]:
+        """(sequence, the prompt tokens it feeds, whether they end its prompt) in admission order, within ``budget``;
+        a sequence that wants its prompt's log-probabilities feeds at most the logits ``rows`` left (a row each,
+        one kept for each prompt after it)."""
         out = []
-        for seq in self.running:
-            if not seq.new and budget > 0:
-                chunk = tuple(seq.prompt[seq.fed:seq.fed + budget])
-                out.append((seq, chunk, seq.fed + len(chunk) == len(seq.prompt)))
-                budget -= len(chunk)
+        prefilling = [seq for seq in self.running if not seq.new]
+        for i, seq in enumerate(prefilling):
+            if budget <= 0:
+                break
+            size = budget
+            if seq.request.params.prompt_logprobs is not None:
+                size = min(size, max(1, rows - (len(prefilling) - i - 1)))
+            chunk = tuple(seq.prompt[seq.fed:seq.fed + size])
+            ends = seq.fed + len(chunk) == len(seq.prompt)
+            out.append((seq, chunk, ends))
+            budget -= len(chunk)
+            rows -= len(chunk) if seq.request.params.prompt_logprobs is not None else int(ends)
         return out
 
     def update(self, feeds: Seq[Feed], outcomes: Seq[Outcome]) -> list[Update]:
@@ -227,6 +257,7 @@ class Scheduler:
             if not seq.new:
                 self.counters.prompt_tokens += len(feed.tokens)
             seq.fed = feed.start + outcome.kept
+            seq.prompt_logprobs.extend(outcome.prompt_logprobs)
             if feed.guesses:
                 accepted = outcome.kept - (len(feed.tokens) - len(feed.guesses))
                 seq.drafted, seq.accepted = seq.drafted + len(feed.guesses), seq.accepted + accepted
@@ -235,7 +266,7 @@ class Scheduler:
             if outcome.tokens:
                 seq.passes += 1
                 self.counters.passes += 1
-                updates.append(self._append(seq, outcome.tokens))
+                updates.append(self._append(seq, outcome.tokens, outcome.logprobs))
         return updates
 
     def fail(self, feeds: Seq[Feed], error: BaseException) -> list[Update]:
@@ -267,27 +298,34 @@ class Scheduler:
         self.waiting.clear()
         return ended
 
-    def _append(self, seq: Sequence, tokens: tuple[int, ...]) -> Update:
+    def _append(self, seq: Sequence, tokens: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         """``tokens`` added to ``seq`` up to the first that ends it; its update."""
         now = self.now()
+        prompt_logprobs = tuple(seq.prompt_logprobs) if not seq.new else ()
         if not seq.new:
             seq.clock.prefilled = now
         taken = []
-        for token in tokens:
+        for i, token in enumerate(tokens):
             seq.new.append(token)
             taken.append(token)
+            if logprobs:
+                seq.logprobs.append(logprobs[i])
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
             self.counters.tokens_generated += 1
             if len(seq.new) == 1:
                 seq.clock.first = self.now()
             reason = finish_reason(seq, self.conv)
             if reason is not None:
-                return self._end(seq, tuple(taken), reason)
-        return Update(seq.id, tuple(taken), now)
+                return replace(self._end(seq, tuple(taken), reason, logprobs[:len(taken)]),
+                               prompt_logprobs=prompt_logprobs)
+        return Update(seq.id, tuple(taken), now, logprobs=logprobs[:len(taken)], prompt_logprobs=prompt_logprobs)
 
-    def _end(self, seq: Sequence, tokens: tuple[int, ...], reason: FinishReason) -> Update:
+    def _end(self, seq: Sequence, tokens: tuple[int, ...], reason: FinishReason,
+             logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         seq.clock.end = self.now()
         self._release(seq)
-        return Update(seq.id, tokens, seq.clock.end, result=seq.result(reason))
+        return Update(seq.id, tokens, seq.clock.end, result=seq.result(reason), logprobs=logprobs)
 
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -333,6 +371,8 @@ def finish_reason(seq: Sequence, conv: Convention) -> FinishReason | None:
     """Why ``seq`` ends after its newest token, or None: EOS, a stop sequence, its cap, a full cache."""
     request, new = seq.request, seq.new
     if new[-1] in request.eos_ids or any(new[-len(s):] == list(s) for s in request.params.stop if len(s) <= len(new)):
+        return "stop"
+    if seq.matcher is not None and seq.matcher.finished:
         return "stop"
     cap = request.params.max_new_tokens
     if cap is not None and len(new) >= cap:

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from pyrt.llm.outputs import FinishReason, GenerationResult, Update
 
@@ -74,6 +74,8 @@ class Generation:
         self._engine, self.id, self._prompt, self._outbox = engine, seq_id, prompt, outbox
         self._tokens: list[int] = []
         self._times: list[float] = []
+        self._logprobs: list[Any] = []
+        self._prompt_logprobs: list[Any] = []
         self._read = 0
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
@@ -101,6 +103,8 @@ class Generation:
         for update in self._outbox.take():
             self._tokens.extend(update.tokens)
             self._times.extend([update.at] * len(update.tokens))
+            self._logprobs.extend(update.logprobs)
+            self._prompt_logprobs.extend(update.prompt_logprobs)
             if update.final:
                 self._result, self._error = update.result, update.error
                 self._finalizer.detach()
@@ -154,6 +158,20 @@ class Generation:
         with self._lock:
             self._apply()
             return list(self._times)
+
+    @property
+    def logprobs(self) -> list[Any]:
+        """Each new token's :class:`pyrt.llm.processors.TokenLogprob` so far (empty unless the parameters ask)."""
+        with self._lock:
+            self._apply()
+            return list(self._logprobs)
+
+    @property
+    def prompt_logprobs(self) -> list[Any]:
+        """The prompt tokens' log-probabilities (the first None) once the first new token came (``prompt_logprobs``)."""
+        with self._lock:
+            self._apply()
+            return list(self._prompt_logprobs)
 
     @property
     def prompt(self) -> list[int]:

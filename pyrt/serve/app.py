@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -67,10 +68,11 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
     ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``tokenizer``,
     ``api_key``: the generation routes' options; ``limits``: ``max_queued_requests``,
-    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`);
+    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`), and
+    the other generation options (``draft``, ``draft_tokens``);
     Ray Serve gets the same ``max_queued_requests``.
     """
-    extra = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
+    extra: dict[str, Any] = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
     cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
                       budget=budget, data=_paths(data),
@@ -85,7 +87,7 @@ def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 
     # beyond the KV-cache slots: 429), so Ray hands it more than those limits let wait
     ongoing = max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64)
     return PyrtReplica.options(  # type: ignore[attr-defined]
-        name=f"pyrt-{cfg.name}", num_replicas=cfg.replicas,
+        name="pyrt-" + re.sub(r"[^A-Za-z0-9_.-]", "-", cfg.name), num_replicas=cfg.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
         max_ongoing_requests=ongoing, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         health_check_period_s=2.0, **_backpressure(cfg, ongoing),

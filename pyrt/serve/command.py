@@ -56,7 +56,9 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
                               description="Serve a .pte program on Ray Serve, speaking KServe v2 / Triton's HTTP "
                                           "protocol, with dynamic batching and one Program per replica.")
     p.add_argument("path", help="the .pte file")
-    p.add_argument("--name", default="", help="model name (default: the file's stem); methods serve as NAME.METHOD")
+    p.add_argument("--name", nargs="+", default=[""], metavar="NAME",
+                   help="model name (default: the file's stem; org/Model ids too) and more names clients may use for "
+                        "it (vLLM's --served-model-name a b); methods serve as NAME.METHOD")
     p.add_argument("--replicas", type=whole_argument(1), default=1,
                    help="replicas, each with its own Program (default 1)")
     p.add_argument("--gpus-per-replica", type=number_argument,
@@ -84,9 +86,16 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=whole_argument(1), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--address", help="join a running Ray cluster: auto or ray://HOST:PORT (default: start one)")
-    p.add_argument("--metrics-port", type=whole_argument(1), help="Prometheus port of a Ray this command starts")
+    p.add_argument("--metrics-port", type=whole_argument(1),
+                   help="Prometheus port of a Ray this command starts (Ray binds it on every interface; GET /metrics "
+                        "on the API port, which listens on --host, has the replica's own)")
     p.add_argument("--tokenizer", metavar="DIR", help="a local Hugging Face tokenizer directory: text in and out "
                                                       "on the generate routes, and OpenAI's /v1 API")
+    p.add_argument("--draft", metavar="ngram|D.pte", help="speculative decoding of the generating models: guess "
+                   "tokens by prompt lookup (ngram) or with a smaller LLM file of the same vocabulary (loaded fully "
+                   "resident on each replica)")
+    p.add_argument("--draft-tokens", type=whole_argument(1), default=4, metavar="K",
+                   help="--draft: the most tokens a sequence guesses per step (default 4)")
     p.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on /v1 and /v2/models "
                                                     f"(default ${API_KEY_ENV}; health stays open)")
     p.add_argument("--ray-proxy", action="store_true",
@@ -119,12 +128,14 @@ def run(args: argparse.Namespace) -> int:
     args.tokenizer = args.tokenizer or find_tokenizer(args.path)  # the one pyrt export kept beside the file
     lifetime.end_orphans(_say)
     sim = simulated_from_env()
-    app = deployment(args.path, name=args.name, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
+    app = deployment(args.path, name=args.name[0], aliases=tuple(args.name[1:]), replicas=args.replicas,
+                     gpus_per_replica=args.gpus_per_replica,
                      budget=args.budget, data=args.data, kernels=args.kernels, max_batch_size=args.max_batch_size,
                      batch_wait_ms=args.batch_wait_ms, max_request_bytes=args.max_request_bytes,
                      simulated_gpus=sim, num_cpus=args.cpus_per_replica, tokenizer=args.tokenizer,
                      api_key=args.api_key or api_key_from_env(), max_queued_requests=args.max_queued_requests,
-                     request_timeout_s=args.request_timeout_s, read_timeout_s=args.read_timeout_s)
+                     request_timeout_s=args.request_timeout_s, read_timeout_s=args.read_timeout_s,
+                     draft=args.draft, draft_tokens=args.draft_tokens)
     owner = None if args.address else lifetime.owner_token()  # marks the processes of the Ray started here
     watchdog = lifetime.start_watchdog(owner) if owner else None
     try:
@@ -154,7 +165,10 @@ def _serve(args: argparse.Namespace, app: Any, sim: int | None, owner: str | Non
                     num_gpus=sim if not args.address else None, metrics_port=args.metrics_port,
                     ray_proxy=args.ray_proxy, owner=owner, read_timeout_s=args.read_timeout_s,
                     request_timeout_s=args.request_timeout_s)
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after ray.init, whose own SIGTERM handler exits
+        # after ray.init, whose own SIGTERM handler exits; SIGINT too, whatever this process inherited (a job
+        # started with `cmd &` in a script has SIGINT ignored, and Python then installs no KeyboardInterrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         deploy(app, app_name=APP_NAME, path=args.path)
         openai = f", OpenAI API at http://{args.host}:{args.port}/v1" if args.tokenizer else ""
         _say(f"pyrt serve: {args.path} at http://{args.host}:{args.port}/v2{openai} ({args.replicas} replica(s), "

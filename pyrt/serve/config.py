@@ -23,7 +23,9 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 class ServeConfig:
     """Load and serving options of one program (the ``pyrt serve`` flags).
 
-    ``name``: the model name (default: the file's stem); ``budget``, ``data``, ``kernels``:
+    ``name``: the model name (default: the file's stem; ``/`` allowed, as Hugging Face ids have it);
+    ``aliases``: more names clients may send for it (vLLM's ``--served-model-name a b``: answers carry
+    ``name``); ``budget``, ``data``, ``kernels``:
     as for :class:`pyrt.Program`; ``gpus_per_replica``: GPUs Ray assigns each replica
     (None: 1 when the program has TensorRT delegates, else 0); ``max_batch_size``: most rows
     one batched run holds (1: no batching); ``batch_wait_ms``: how long a batch waits to
@@ -36,13 +38,16 @@ class ServeConfig:
     429; ``request_timeout_s``: an infer request not answered within that many seconds of its
     arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its request
     within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them. The devices a replica
+    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``draft``: speculative
+    decoding of the generating models (``"ngram"``, or a draft LLM file loaded fully resident on the
+    replica's devices); ``draft_tokens``: the most tokens a sequence guesses per step. The devices a replica
     runs on are not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory
     (simulated GPUs) to the replica where the application is wired.
     """
 
     path: str
     name: str = ""
+    aliases: tuple[str, ...] = ()
     replicas: int = 1
     gpus_per_replica: float | None = None
     budget: Any = None
@@ -58,6 +63,8 @@ class ServeConfig:
     max_queued_requests: int | None = None
     request_timeout_s: float | None = None
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    draft: str | None = None
+    draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
@@ -76,8 +83,13 @@ class ServeConfig:
         self._check_limits()
         if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
             raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
-        if "/" in self.name or not self.name:
-            raise InputError(f"serve name={self.name!r}: a model name must be non-empty and have no '/'")
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        for name in (self.name, *self.aliases):
+            if not isinstance(name, str) or not name.strip() or any(c.isspace() or not c.isprintable() for c in name):
+                raise InputError(f"--name {name!r}: a model name must be non-empty, without spaces or control "
+                                 "characters", field="name")
+        if len({self.name, *self.aliases}) != 1 + len(self.aliases):
+            raise InputError(f"--name {self.name} {' '.join(self.aliases)}: a name is given twice", field="name")
         self._check_generation()
 
     def _check_generation(self) -> None:
@@ -88,6 +100,13 @@ class ServeConfig:
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InputError("serve api_key: expected a non-empty string")
+        if self.draft is not None and self.draft != "ngram":
+            if not Path(self.draft).is_file():
+                raise InputError(f"--draft {self.draft!r} is neither \"ngram\" nor a file", field="draft")
+            object.__setattr__(self, "draft", str(Path(self.draft).resolve()))
+        tokens = self.draft_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise InputError(f"--draft-tokens {tokens!r}: expected a whole number >= 1", field="draft_tokens")
 
     def _check_limits(self) -> None:
         queued = self.max_queued_requests

@@ -46,9 +46,11 @@ class GenerateRoutes:
         name = request.path_params["name"]
         try:
             host = self.service.host(name, openai=False)
+            name = host.model
             self.service.metrics.request(name)
             body = await self.service.read(request, GenerateRequest)
-            job, text = self.service.start(host, body, self._prompt(body))
+            prompt = await self._prompt(body, host.engine.conv.max_context_len)
+            job, text = self.service.start(host, body, prompt, lambda: body.sampling_params(self.service.eos(host)))
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.service.failed(name if name in self.service.hosts else "", exc)
             return error_response(exc)
@@ -64,11 +66,12 @@ class GenerateRoutes:
         final = final_event(name, body, last, tokens, len(job.generation.prompt), whole)
         return Response(final.model_dump_json(exclude=none_of(final)), media_type="application/json")
 
-    def _prompt(self, body: GenerateRequest) -> list[Any]:
-        """The prompt's token ids: ``input_ids`` as sent (checked where submitted), or ``text_input`` encoded."""
+    async def _prompt(self, body: GenerateRequest, context: int) -> list[Any]:
+        """The prompt's token ids: ``input_ids`` as sent (checked where submitted), or ``text_input`` encoded (off
+        the event loop; a text sure to overflow the cache is refused before)."""
         if body.text_input is None:
             return body.input_ids or []
-        return self.service.encode(body.text_input, "text_input")
+        return await self.service.encode_async(body.text_input, "text_input", context)
 
     async def _events(self, name: str, body: GenerateRequest, job: Job, text: TextStream | None
                       ) -> AsyncIterator[bytes]:

@@ -137,12 +137,16 @@ _BIND = re.compile(r"^(\s*bind\s+)(\*)?:(\d+)(\s*)$", re.MULTILINE)
 
 
 def confine(config: str, read_timeout_s: float | None = None) -> str:
-    """Ray's HAProxy configuration with every ``bind`` on the serve port's host, and headers given a time limit.
+    """Ray's HAProxy configuration with every ``bind`` on the serve port's host, headers given a time limit, and
+    each request's body read whole before it goes to a replica (``option http-buffer-request``: a body that came
+    in writes of its own after the headers, as the ``openai`` client and httpx send it, otherwise left the
+    replica's connection open after its client gave up, so a whole answer's generation ran to its end).
 
     >>> cfg = "defaults\\n    mode http\\nfrontend prometheus\\n    bind :9101\\nfrontend http_frontend\\n" \\
     ...       "    bind 127.0.0.1:8000\\nlisten stats\\n  bind *:8404\\n"
     >>> print(confine(cfg, 30))
     defaults
+        option http-buffer-request
         timeout http-request 30s
         mode http
     frontend prometheus
@@ -160,6 +164,9 @@ def confine(config: str, read_timeout_s: float | None = None) -> str:
     if read_timeout_s is not None and not re.search(r"^\s*timeout http-request ", config, re.MULTILINE):
         config = re.sub(r"^defaults[ \t]*$", f"defaults\n    timeout http-request {math.ceil(read_timeout_s)}s",
                         config, count=1, flags=re.MULTILINE)
+    if not re.search(r"^\s*option http-buffer-request", config, re.MULTILINE):
+        config = re.sub(r"^defaults[ \t]*$", "defaults\n    option http-buffer-request", config, count=1,
+                        flags=re.MULTILINE)
     return config
 
 

@@ -12,7 +12,11 @@ Per model (names carry Ray's ``ray_`` prefix on the Prometheus endpoint):
 - ``pyrt_serve_batch_occupancy``: histogram, sequences in each engine step (up to the file's
   ``max_batch_size``: how full the batch was);
 - ``pyrt_serve_generated_tokens_total`` / ``pyrt_serve_prompt_tokens_total``: counters, new
-  tokens sampled and prompt tokens prefilled.
+  tokens sampled and prompt tokens prefilled;
+- speculative decoding (``pyrt serve --draft``): ``pyrt_serve_drafted_tokens_total`` /
+  ``pyrt_serve_accepted_tokens_total`` (counters: guessed tokens checked / kept) and the gauges
+  ``pyrt_serve_draft_acceptance_rate`` (accepted / drafted, since the replica started) and
+  ``pyrt_serve_tokens_per_pass`` (generated tokens per sequence per target pass: 1.0 without a draft).
 
 The stats route gives the engine's counters at once, with the median and 99th percentile of the
 last :data:`WINDOW` samples of each latency.
@@ -21,12 +25,14 @@ last :data:`WINDOW` samples of each latency.
 from __future__ import annotations
 
 import threading
-from collections import Counter, deque
+from collections import Counter as Tally
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from ray.serve import metrics
+
+from pyrt.serve.twin_metrics import CollectorRegistry, Counter, Gauge, Histogram
 
 TOKEN_BOUNDARIES = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
 OCCUPANCY_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
@@ -36,27 +42,28 @@ WINDOW = 4096  # latency samples kept per model for the stats route's percentile
 class GenerationMetrics:
     """Latency samples as generations end, and the engines' counters read at each flush."""
 
-    def __init__(self) -> None:
-        tags = ("model",)
-        self.ttft = metrics.Histogram("pyrt_serve_time_to_first_token_seconds",
-                                      "a generation request's arrival to its first new token",
-                                      boundaries=TOKEN_BOUNDARIES, tag_keys=tags)
-        self.itl = metrics.Histogram("pyrt_serve_inter_token_latency_seconds",
-                                     "time between consecutive new tokens of one generation",
-                                     boundaries=TOKEN_BOUNDARIES, tag_keys=tags)
-        self.queued = metrics.Gauge("pyrt_serve_queued_generations", "generations waiting for a KV-cache slot",
-                                    tag_keys=tags)
-        self.running = metrics.Gauge("pyrt_serve_running_generations", "generations holding a KV-cache slot",
-                                     tag_keys=tags)
-        self.occupancy = metrics.Histogram("pyrt_serve_batch_occupancy", "sequences in each generation step",
-                                           boundaries=OCCUPANCY_BOUNDARIES, tag_keys=tags)
-        self.generated = metrics.Counter("pyrt_serve_generated_tokens", "new tokens generated", tag_keys=tags)
-        self.prompt = metrics.Counter("pyrt_serve_prompt_tokens", "prompt tokens prefilled", tag_keys=tags)
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        tags, reg = ("model",), registry if registry is not None else CollectorRegistry()
+        self.ttft = Histogram("pyrt_serve_time_to_first_token_seconds", "a generation request's arrival to its "
+                              "first new token", TOKEN_BOUNDARIES, tags, reg)
+        self.itl = Histogram("pyrt_serve_inter_token_latency_seconds", "time between consecutive new tokens of one "
+                             "generation", TOKEN_BOUNDARIES, tags, reg)
+        self.queued = Gauge("pyrt_serve_queued_generations", "generations waiting for a KV-cache slot", tags, reg)
+        self.running = Gauge("pyrt_serve_running_generations", "generations holding a KV-cache slot", tags, reg)
+        self.occupancy = Histogram("pyrt_serve_batch_occupancy", "sequences in each generation step",
+                                   OCCUPANCY_BOUNDARIES, tags, reg)
+        self.generated = Counter("pyrt_serve_generated_tokens", "new tokens generated", tags, reg)
+        self.prompt = Counter("pyrt_serve_prompt_tokens", "prompt tokens prefilled", tags, reg)
+        self.drafted = Counter("pyrt_serve_drafted_tokens", "guessed tokens checked (speculative decoding)", tags, reg)
+        self.accepted = Counter("pyrt_serve_accepted_tokens", "guessed tokens kept (speculative decoding)", tags, reg)
+        self.acceptance = Gauge("pyrt_serve_draft_acceptance_rate", "accepted / drafted guessed tokens", tags, reg)
+        self.per_pass = Gauge("pyrt_serve_tokens_per_pass", "generated tokens per sequence per target pass", tags, reg)
         self._lock = threading.Lock()
         self._pending: list[tuple[str, float | None, list[float]]] = []  # not yet handed to Ray
         self._ttft: dict[str, deque[float]] = {}
         self._itl: dict[str, deque[float]] = {}
-        self._done: dict[str, tuple[int, int, Counter[int]]] = {}  # engine counters already handed over
+        self._done: dict[str, dict[str, int]] = {}  # engine counters already handed over
+        self._steps: dict[str, Tally[int]] = {}  # occupancy already handed over
 
     def finished(self, model: str, ttft_s: float | None, gaps_s: list[float]) -> None:
         """A generation ended: its time to first token (None: it had none) and inter-token gaps."""
@@ -83,16 +90,20 @@ class GenerationMetrics:
         tags = {"model": model}
         self.queued.set(stats["queued"], tags=tags)
         self.running.set(stats["running"], tags=tags)
-        generated, prompt, steps = self._done.get(model, (0, 0, Counter()))
-        occupancy = Counter({int(k): v for k, v in stats["occupancy"].items()})
-        if stats["tokens_generated"] > generated:
-            self.generated.inc(stats["tokens_generated"] - generated, tags=tags)
-        if stats["prompt_tokens"] > prompt:
-            self.prompt.inc(stats["prompt_tokens"] - prompt, tags=tags)
-        for size, count in (occupancy - steps).items():
+        self.acceptance.set(stats["acceptance_rate"], tags=tags)
+        self.per_pass.set(stats["tokens_per_pass"], tags=tags)
+        done = self._done.setdefault(model, {})
+        counters = {"tokens_generated": self.generated, "prompt_tokens": self.prompt, "drafted": self.drafted,
+                    "accepted": self.accepted}
+        for key, counter in counters.items():  # incremented by what changed since the last flush
+            if stats[key] > done.get(key, 0):
+                counter.inc(stats[key] - done.get(key, 0), tags=tags)
+            done[key] = stats[key]
+        occupancy = Tally({int(k): v for k, v in stats["occupancy"].items()})
+        for size, count in (occupancy - self._steps.get(model, Tally())).items():
             for _ in range(count):
                 self.occupancy.observe(size, tags=tags)
-        self._done[model] = (stats["tokens_generated"], stats["prompt_tokens"], occupancy)
+        self._steps[model] = occupancy
 
     def stats(self, model: str, host: Any) -> dict[str, Any]:
         """The stats route's ``generation`` object: the engine's counters and recent latency percentiles."""

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.serve import metrics
+
+from pyrt.serve.twin_metrics import CollectorRegistry, Counter, Gauge, Histogram
 
 BATCH_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 FLUSH_S = 1.0
@@ -42,16 +43,15 @@ class ServeMetrics:
     """Counters of one replica: exported to Ray's metrics and kept for the stats route."""
 
     def __init__(self) -> None:
-        self.requests = metrics.Counter("pyrt_serve_requests", "infer requests answered", tag_keys=("model",))
-        self.errors = metrics.Counter("pyrt_serve_errors", "failed infer requests by class",
-                                      tag_keys=("model", "error"))  # type: ignore[arg-type]
-        self.rows = metrics.Histogram("pyrt_serve_batch_rows", "rows in each run of a method",
-                                      boundaries=BATCH_BOUNDARIES, tag_keys=("model",))
-        self.seconds = metrics.Histogram("pyrt_serve_run_seconds", "wall time of each run",
-                                         boundaries=RUN_BOUNDARIES, tag_keys=("model",))
-        self.budget = metrics.Gauge("pyrt_serve_weight_streaming_budget_bytes",
-                                    "applied weight-streaming budget per engine",
-                                    tag_keys=("model", "engine", "device"))  # type: ignore[arg-type]
+        self.registry = CollectorRegistry()  # this replica's, for GET /metrics (pyrt.serve.twin_metrics)
+        model, registry = ("model",), self.registry
+        self.requests = Counter("pyrt_serve_requests", "infer and generation requests answered", model, registry)
+        self.errors = Counter("pyrt_serve_errors", "failed requests by class", ("model", "error"), registry)
+        self.rows = Histogram("pyrt_serve_batch_rows", "rows in each run of a method", BATCH_BOUNDARIES, model,
+                              registry)
+        self.seconds = Histogram("pyrt_serve_run_seconds", "wall time of each run", RUN_BOUNDARIES, model, registry)
+        self.budget = Gauge("pyrt_serve_weight_streaming_budget_bytes", "applied weight-streaming budget per engine",
+                            ("model", "engine", "device"), registry)
         self._lock = threading.Lock()
         self._requests: Tally[str] = Tally()
         self._errors: Tally[tuple[str, str]] = Tally()

@@ -1,27 +1,32 @@
-"""OpenAI's completions and chat completions: the request and response bodies (pydantic), no server, no engine.
+"""OpenAI's completions and chat completions: the request bodies (pydantic), no server, no engine.
 
 :class:`CompletionRequest` and :class:`ChatRequest` are the request bodies, each turned into one
 :class:`pyrt.llm.SamplingParams` by :meth:`OpenAIRequest.sampling_params` (temperature 0: greedy;
 ``top_k`` -1 or 0: no cut). Parameters: ``model``, ``prompt`` (text or token ids; one prompt) or
 ``messages``, ``max_tokens`` (completions default 16, as OpenAI's; chat: until EOS or a full
 cache) / ``max_completion_tokens``, ``temperature`` (0: greedy; default 1), ``top_p``, ``top_k``
-(vLLM's extension), ``seed``, ``stop`` (a string or a list of strings), ``stream``,
-``stream_options`` (``include_usage``; vLLM's ``continuous_usage_stats``: the usage so far in
-every chunk), ``n`` (1), ``ignore_eos`` (vLLM's extension). Fields OpenAI has and pyrt does not
-implement (``logprobs``, ``echo``, penalties, ``logit_bias``, tools, ...) are accepted at their
-neutral values and refused otherwise; unknown fields are refused. The types are checked here,
-the sampling bounds by ``SamplingParams`` (once); :meth:`OpenAIRequest.spelled` names its fields
-the client's way. The responses (:class:`Completion`, :class:`ChatCompletion`, the chunks, the
-model cards) are the JSON OpenAI's API answers (``logprobs`` null: not computed).
+(vLLM's), ``seed`` (any signed 64-bit int), ``stop`` (a string or a list of strings), ``stream``,
+``stream_options`` (``include_usage``; vLLM's ``continuous_usage_stats``), ``n`` (choices, each its
+own random stream: with ``seed`` s, choice i draws with seed s + i), completions' ``best_of`` (the
+``n`` of that many with the highest cumulative log-probability) and ``echo``, ``logprobs`` /
+``top_logprobs``, the penalties (``presence_penalty``, ``frequency_penalty``, vLLM's
+``repetition_penalty``), ``logit_bias``, vLLM's ``min_p``, ``min_tokens``, ``stop_token_ids``,
+``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``, chat's
+``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,
+``response_format`` and ``tools`` / ``tool_choice`` (:mod:`pyrt.serve.structured`). Fields
+OpenAI has and pyrt does not implement (``suffix``, the deprecated ``functions``) are accepted at
+their neutral values and refused otherwise; unknown fields are refused. The types are checked
+here, the sampling bounds by ``SamplingParams`` (once); :meth:`OpenAIRequest.spelled` names its
+fields the client's way. The responses are :mod:`pyrt.serve.openai_answers`.
 
 >>> from pyrt.serve.validation import parse
 >>> req = parse(CompletionRequest, b'{"model": "m", "prompt": "Hi", "temperature": 0, "stop": "."}')
 >>> req.prompt, req.sampling_params(eos_ids=(0,)).do_sample, req.limit(), req.stop
 ('Hi', False, 16, ('.',))
->>> parse(CompletionRequest, b'{"model": "m", "prompt": "Hi", "n": 2}')
+>>> parse(CompletionRequest, b'{"model": "m", "prompt": "Hi", "n": 2, "best_of": 1}')
 Traceback (most recent call last):
 ...
-pyrt.errors.InputError: n=2: pyrt serve answers one choice per request (n=1)
+pyrt.errors.InputError: best_of=1 must be >= n (2)
 >>> req = parse(ChatRequest, b'{"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0}')
 >>> req.sampling_params(eos_ids=())
 Traceback (most recent call last):
@@ -33,8 +38,8 @@ pyrt.errors.InputError: max_new_tokens=0 must be an int >= 1
 
 from __future__ import annotations
 
-import time
-import uuid
+import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -46,19 +51,18 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
-from pyrt._version import __version__
+from pyrt.errors import InputError
 from pyrt.llm import SamplingParams
 from pyrt.serve.validation import Bad, Body, StopStrings
 
-FINGERPRINT = f"pyrt-{__version__}"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+MAX_CHOICES = 64  # n and best_of: the most sequences one request generates
+DEFAULTABLE = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")  # generation_config.json's
 NEUTRAL: dict[str, tuple[Any, ...]] = {  # fields pyrt does not implement, and the values that ask for nothing
-    "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "logprobs": (False, 0),
-    "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,), "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False), "n": (1,),
+    "suffix": ("",), "functions": ([],), "function_call": ("none",),
 }
 
 
@@ -67,12 +71,26 @@ def neutral(value: Any, info: ValidationInfo) -> Any:
     if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool)
                             for n in NEUTRAL[str(info.field_name)]):
         return value
-    if info.field_name == "n":
-        raise Bad(": pyrt serve answers one choice per request (n=1)")
     raise Bad(" is not supported by pyrt serve")
 
 
 Neutral = Annotated[Any, BeforeValidator(neutral)]
+
+
+def biases(value: Any) -> Any:
+    """OpenAI's ``logit_bias``: an object whose keys are token ids written as strings (ints taken too)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise Bad(" must be an object mapping token ids to biases")
+    out = {}
+    for key, bias in value.items():
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key)
+        if not isinstance(key, int):
+            raise Bad(f": key {key!r} is not a token id", show_value=False)
+        out[key] = bias
+    return out
 
 
 class StreamOptions(Body):
@@ -96,12 +114,17 @@ class OpenAIRequest(Body):
     service_tier: Any = None
     store: Any = None
     metadata: Any = None
-    n: Neutral = None
-    presence_penalty: Neutral = None
-    frequency_penalty: Neutral = None
-    logit_bias: Neutral = None
-    logprobs: Neutral = None
-    top_logprobs: Neutral = None
+    n: StrictInt | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
+    logit_bias: Annotated[dict[int, Any] | None, BeforeValidator(biases)] = None
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    response_format: dict[str, Any] | None = None
 
     @field_validator("model", mode="before")
     @classmethod
@@ -118,6 +141,13 @@ class OpenAIRequest(Body):
             raise Bad(" must be >= 0 (0: greedy)")
         return value
 
+    @field_validator("n")
+    @classmethod
+    def _choices(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_CHOICES:
+            raise Bad(f" must be an int in [1, {MAX_CHOICES}]")
+        return value
+
     @field_validator("stream_options")
     @classmethod
     def _only_streamed(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
@@ -128,6 +158,26 @@ class OpenAIRequest(Body):
     def limit(self) -> int | None:
         """The cap on new tokens (``SamplingParams.max_new_tokens``)."""
         raise NotImplementedError
+
+    @property
+    def choices(self) -> int:
+        """Choices answered (``n``)."""
+        return self.n or 1
+
+    @property
+    def sequences(self) -> int:
+        """Sequences generated (``best_of`` where it is more than ``n``)."""
+        return self.choices
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        """``SamplingParams.logprobs``: None, or the alternatives per token."""
+        return None
+
+    @property
+    def prompt_logprobs_wanted(self) -> int | None:
+        """``SamplingParams.prompt_logprobs``: completions' ``echo`` with ``logprobs``."""
+        return None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -141,14 +191,24 @@ class OpenAIRequest(Body):
     def continuous_usage(self) -> bool:
         return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-    def sampling_params(self, eos_ids: tuple[int, ...]) -> SamplingParams:
-        """The request's :class:`SamplingParams` (InputError naming its field); ``eos_ids``: the server's EOS ids,
-        used unless ``ignore_eos``."""
-        greedy = self.temperature == 0
-        return SamplingParams(max_new_tokens=self.limit(), do_sample=not greedy,
-                              temperature=1.0 if greedy or self.temperature is None else self.temperature,
-                              top_k=None if self.top_k in (-1, 0) else self.top_k,  # vLLM's "no cut"
-                              top_p=self.top_p, seed=self.seed, eos_ids=() if self.ignore_eos else eos_ids)
+    def sampling_params(self, eos_ids: tuple[int, ...], defaults: Mapping[str, Any] | None = None,
+                        grammar: Any = None) -> SamplingParams:
+        """The request's :class:`SamplingParams` (InputError naming its field). ``eos_ids``: the server's EOS ids,
+        used unless ``ignore_eos`` (``stop_token_ids`` end it too); ``defaults``: the tokenizer directory's
+        generation_config.json values of :data:`DEFAULTABLE` for fields the request leaves out."""
+        given = {name: getattr(self, name) for name in DEFAULTABLE}
+        given = {k: (v if v is not None else (defaults or {}).get(k)) for k, v in given.items()}
+        greedy = given["temperature"] == 0
+        eos = (*(() if self.ignore_eos else eos_ids), *(self.stop_token_ids or ()))
+        return SamplingParams(
+            max_new_tokens=self.limit(), do_sample=not greedy,
+            temperature=1.0 if greedy or given["temperature"] is None else given["temperature"],
+            top_k=None if given["top_k"] in (None, -1, 0) else given["top_k"],  # vLLM's "no cut"
+            top_p=given["top_p"], seed=self.seed, eos_ids=eos,
+            logit_bias=self.logit_bias or (), repetition_penalty=given["repetition_penalty"] or 1.0,
+            frequency_penalty=self.frequency_penalty or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            min_tokens=self.min_tokens or 0, min_p=given["min_p"] or None, logprobs=self.logprobs_wanted,
+            prompt_logprobs=self.prompt_logprobs_wanted, grammar=grammar)
 
 
 def one_prompt(value: Any) -> str | list[Any]:
@@ -167,19 +227,46 @@ class CompletionRequest(OpenAIRequest):
 
     prompt: Annotated[str | list[Any], BeforeValidator(one_prompt)] = Field(None, validate_default=True)
     max_new_tokens: StrictInt | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, alias="max_tokens")
-    echo: Neutral = None
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    best_of: StrictInt | None = None
     suffix: Neutral = None
-    best_of: Neutral = None
 
     @field_validator("max_new_tokens", mode="before")
     @classmethod
     def _default(cls, value: Any) -> Any:
         return COMPLETION_DEFAULT_MAX_TOKENS if value is None else value
 
+    @model_validator(mode="after")
+    def _best_of(self) -> CompletionRequest:
+        if self.best_of is not None:
+            if self.best_of < self.choices or self.best_of > MAX_CHOICES:
+                raise InputError(f"best_of={self.best_of} must be >= n ({self.choices})"
+                                 + (f" and <= {MAX_CHOICES}" if self.best_of > MAX_CHOICES else ""), field="best_of")
+            if self.stream and self.best_of > self.choices:
+                raise InputError("best_of > n cannot be streamed (the best are known at the end)", field="best_of")
+        return self
+
     def limit(self) -> int | None:
         return self.max_new_tokens
 
+    @property
+    def sequences(self) -> int:
+        return max(self.best_of or 1, self.choices)
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        if self.sequences > self.choices:  # the best are chosen by their cumulative log-probability
+            return self.logprobs or 0
+        return self.logprobs
+
+    @property
+    def prompt_logprobs_wanted(self) -> int | None:
+        return self.logprobs if self.echo else None
+
     def spelled(self, field: str) -> str:
+        if field == "prompt_logprobs":
+            return "logprobs"
         return "prompt" if field == "prompt_ids" else super().spelled(field)
 
 
@@ -207,19 +294,39 @@ class TextPart(BaseModel):
 
 
 class Message(BaseModel):
-    """One chat message: ``role`` and ``content`` (text, or text parts); a ``name`` that is text is kept."""
+    """One chat message: ``role`` and ``content`` (text, or text parts); a ``name`` that is text is kept; an
+    assistant's ``tool_calls`` and a tool result's ``tool_call_id`` go to the chat template."""
 
     role: str
     content: Annotated[list[Annotated[TextPart, BeforeValidator(text_part)]],
                        BeforeValidator(content_parts)] = Field(default_factory=list)
     name: Annotated[str | None, BeforeValidator(lambda v: v if isinstance(v, str) else None)] = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
-    def for_template(self) -> dict[str, str]:
-        """The message as a chat template takes it: ``role``, ``content`` text (parts joined), ``name``."""
-        out = {"role": self.role, "content": "\n".join(part.text for part in self.content)}
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template takes it: ``role``, ``content`` text (parts joined), ``name``, and tool
+        calls with their ``arguments`` as an object (as Hugging Face's templates read them)."""
+        out: dict[str, Any] = {"role": self.role, "content": "\n".join(part.text for part in self.content)}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [template_call(call) for call in self.tool_calls]
         return out
+
+
+def template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call with its ``function.arguments`` (JSON text) parsed, as chat templates take it."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except ValueError:
+            pass  # the template gets the text as sent
+    return {**call, "function": function}
 
 
 def a_message(value: Any) -> Any:
@@ -241,143 +348,41 @@ class ChatRequest(OpenAIRequest):
                         BeforeValidator(some_messages)] = Field(None, validate_default=True)
     max_completion_tokens: StrictInt | None = None
     max_tokens: StrictInt | None = None
-    response_format: Neutral = None
-    tools: Neutral = None
-    tool_choice: Neutral = None
-    parallel_tool_calls: Neutral = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     functions: Neutral = None
     function_call: Neutral = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatRequest:
+        if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
+            raise InputError("top_logprobs needs logprobs: true", field="top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InputError("continue_final_message needs add_generation_prompt: false (the final message is "
+                             "continued, not answered)", field="continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise InputError("continue_final_message needs a final assistant message", field="continue_final_message")
+        return self
 
     def limit(self) -> int | None:
         """``max_completion_tokens`` over ``max_tokens`` (as vLLM); None: until EOS or a full cache."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def spelled(self, field: str) -> str:
         if field == "prompt_ids":
             return "messages"
         if field == "max_new_tokens":
             return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+        if field == "logprobs":
+            return "top_logprobs"
         return super().spelled(field)
-
-
-# -- responses -------------------------------------------------------------------------------------
-
-
-def new_id(chat: bool) -> str:
-    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def finish(reason: str | None) -> str | None:
-    """OpenAI's finish reason: a full cache is "length"."""
-    return "length" if reason == "cache_full" else reason
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt: int, completion: int) -> Usage:
-        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class AssistantMessage(BaseModel):
-    role: str = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: dict[str, str]
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class Head(BaseModel):
-    id: str
-    object: str
-    created: int
-    model: str
-    system_fingerprint: str = FINGERPRINT
-
-
-class Completion(Head):
-    object: str = "text_completion"
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class ChatCompletion(Head):
-    object: str = "chat.completion"
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class Chunk(Head):
-    """A streamed chunk (``choices`` empty in the last one of ``include_usage``, which has the usage);
-    ``usage`` is left out of the JSON unless the request asked for it."""
-
-    choices: list[CompletionChoice] | list[ChunkChoice]
-    usage: Usage | None = None
-
-
-def answer(chat: bool, rid: str, created: int, model: str, text: str, reason: str | None, usage: Usage
-           ) -> Completion | ChatCompletion:
-    """The whole (not streamed) answer."""
-    if chat:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish(reason))
-        return ChatCompletion(id=rid, created=created, model=model, choices=[choice], usage=usage)
-    return Completion(id=rid, created=created, model=model, choices=[CompletionChoice(
-        text=text, finish_reason=finish(reason))], usage=usage)
-
-
-def chunk(chat: bool, rid: str, created: int, model: str, delta: dict[str, str] | str, reason: str | None,
-          usage: Usage | None = None) -> Chunk:
-    """One streamed chunk: a chat ``delta`` object, or a completion's text."""
-    choices: list[CompletionChoice] | list[ChunkChoice]
-    if isinstance(delta, dict):
-        choices = [ChunkChoice(delta=delta, finish_reason=finish(reason))]
-    else:
-        choices = [CompletionChoice(text=delta, finish_reason=finish(reason))]
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    return Chunk(id=rid, object=kind, created=created, model=model, choices=choices, usage=usage)
-
-
-def usage_chunk(chat: bool, rid: str, created: int, model: str, usage: Usage) -> Chunk:
-    """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    return Chunk(id=rid, object=kind, created=created, model=model, choices=[], usage=usage)
-
-
-class ModelCard(BaseModel):
-    """``GET /v1/models`` entry (``max_model_len``: the cache's positions, as vLLM reports)."""
-
-    id: str
-    object: str = "model"
-    created: int
-    owned_by: str = "pyrt"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: str = "list"
-    data: list[ModelCard]

@@ -36,8 +36,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 
 from pyrt._version import __version__
-from pyrt.errors import InputError
+from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten
+from pyrt.llm import open_draft
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import limits, routes
@@ -53,16 +54,35 @@ from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.serve.routes import route
+from pyrt.serve.server_routes import ServerRoutes
 
 Item = tuple[str, list[np.ndarray]]
 Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
 
 
-def load_program(cfg: ServeConfig, devices: Devices | None = None) -> Program:
-    """The replica's Program, on the devices ``devices()`` makes (None: the GPUs Ray assigned it)."""
+def load_program(cfg: ServeConfig, devices: Any = None) -> Program:
+    """The replica's Program, on ``devices`` (made by the replica's devices factory; None: the GPUs Ray assigned it)."""
     data = list(cfg.data) or None
-    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels,
-                   devices=None if devices is None else devices())
+    return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
+
+
+def load_draft(cfg: ServeConfig, devices: Any = None) -> Any:
+    """``--draft``: None, ``"ngram"``, or the draft file's Program, fully resident on the replica's ``devices``."""
+    if cfg.draft is None or cfg.draft == "ngram":
+        return cfg.draft
+    try:
+        return open_draft(cfg.draft, kernels=cfg.kernels, devices=devices)
+    except PyrtError as exc:
+        raise InputError(f"--draft {cfg.draft}: {exc}", field="draft") from None
+
+
+def aliases_of(models: dict[str, ModelInfo], name: str, aliases: tuple[str, ...]) -> dict[str, str]:
+    """Each alias's name of every model (``ALIAS`` for ``NAME``, ``ALIAS.METHOD`` for ``NAME.METHOD``) -> the model.
+
+    >>> aliases_of({"m": None, "m.get_n": None}, "m", ("org/M",))
+    {'org/M': 'm', 'org/M.get_n': 'm.get_n'}
+    """
+    return {alias + model[len(name):]: model for alias in aliases for model in models}
 
 
 @serve.deployment
@@ -76,7 +96,10 @@ class PyrtReplica:
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
-        self.program = load_program(cfg, devices)
+        self.aliases = aliases_of(self.models, cfg.name, cfg.aliases)
+        made = None if devices is None else devices()  # one set of devices: the program's and the draft's
+        self.program = load_program(cfg, made)
+        self.draft = load_draft(cfg, made)
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
@@ -88,7 +111,8 @@ class PyrtReplica:
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics)
+                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
+                              draft=self.draft, draft_tokens=cfg.draft_tokens, aliases=self.aliases)
         self.router = Router([  # the hot path first
             route("POST", "/v2/models/{name}/infer", self.infer),
             route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
@@ -102,12 +126,17 @@ class PyrtReplica:
             route("GET", "/v2/models/{name}/stats", self.model_stats),
             *GenerateRoutes(self.llm).routes(),
             *OpenAIRoutes(self.llm).routes(),
+            *ServerRoutes(self.llm, self.metrics).routes(),
         ])
+        self.slashed = routes.slashed(self.router)  # the same routes for model names with "/" (org/Model)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.close()
+        draft = getattr(self, "draft", None)
+        if isinstance(draft, Program):  # after the engines that use it
+            draft.close()
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -167,9 +196,11 @@ class PyrtReplica:
         if refused is not None:
             return refused
         found = routes.match(self.router, request.scope)
+        if found == 404:
+            found = routes.match(self.slashed, request.scope)
         if isinstance(found, int):
             what = "no such path" if found == 404 else f"{request.method} is not allowed here"
-            if path.startswith(routes.OPENAI_PREFIX):
+            if routes.openai_shaped(path):
                 return openai_response(ApiError(f"{what}: {path}", found))
             return JSONResponse({"error": f"{what}: {path}"}, status_code=found)
         handler, params = found
@@ -217,21 +248,21 @@ class PyrtReplica:
                              "extensions": ["binary_tensor_data", "statistics", "generate"]})
 
     async def model_metadata(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)
         return JSONResponse(describe(info, self.cfg.max_batch_size))
 
     async def model_ready(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         if name not in self.models:
             return self._unknown(name)
         ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     async def model_stats(self, request: Request) -> JSONResponse:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         if name not in self.models:
             return self._unknown(name)
         stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
@@ -241,7 +272,7 @@ class PyrtReplica:
         return JSONResponse(stats)
 
     async def infer(self, request: Request) -> Response:
-        name = request.path_params["name"]
+        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
         info = self.models.get(name)
         if info is None:
             return self._unknown(name)

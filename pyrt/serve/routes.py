@@ -34,6 +34,16 @@ from starlette.types import Scope
 
 Handler = Callable[[Request], Awaitable[Response]]
 OPENAI_PREFIX = "/v1"  # OpenAI's API: errors in its shape
+OPENAI_SHAPED = ("/tokenize", "/detokenize")  # vLLM's server routes beside /v1: errors in OpenAI's shape too
+
+
+def openai_shaped(path: str) -> bool:
+    """Whether ``path``'s errors are OpenAI's ``{"error": {"message", ...}}`` (else ``{"error": "text"}``).
+
+    >>> openai_shaped("/v1/models"), openai_shaped("/tokenize"), openai_shaped("/v2/models/m/infer")
+    (True, True, False)
+    """
+    return path.startswith(OPENAI_PREFIX) or path in OPENAI_SHAPED
 
 
 def route(method: str, path: str, handler: Handler) -> Route:
@@ -55,6 +65,28 @@ def match(router: Router, scope: Scope) -> tuple[Handler, dict[str, Any]] | int:
     return status
 
 
+def slashed(router: Router) -> Router:
+    """``router``'s routes whose paths have a ``{name}`` or ``{model}`` parameter, that parameter taking ``/`` too
+    (Hugging Face style names, ``org/Model``), the more specific first (a name cannot swallow a route's tail).
+    Tried after ``router`` found nothing, so a path it knows keeps its answer (405 included).
+
+    >>> async def meta(request): ...
+    >>> async def ready(request): ...
+    >>> router = Router([route("GET", "/v2/models/{name}", meta), route("GET", "/v2/models/{name}/ready", ready)])
+    >>> def scope(path): return {"type": "http", "method": "GET", "path": path, "root_path": ""}
+    >>> [(h.__name__, p) for h, p in (match(slashed(router), scope("/v2/models/org/M/ready")),
+    ...                               match(slashed(router), scope("/v2/models/org/M")))]
+    [('ready', {'name': 'org/M'}), ('meta', {'name': 'org/M'})]
+    """
+    found = []
+    for old in router.routes:
+        if isinstance(old, Route) and ("{name}" in old.path or "{model}" in old.path):
+            path = old.path.replace("{name}", "{name:path}").replace("{model}", "{model:path}")
+            found.append(route(next(iter(old.methods or {"GET"})), path, old.endpoint))
+    found.sort(key=lambda r: (r.path.endswith(":path}"), "versions" not in r.path))
+    return Router(found)
+
+
 def route_path(scope: Mapping[str, Any]) -> str:
     """The request's path below the application's route prefix (Ray Serve puts the prefix in ``root_path``)."""
     path: str = scope["path"]
@@ -69,4 +101,4 @@ def guarded(path: str) -> bool:
     return path in ("/v1", "/v2/models") or path.startswith(("/v1/", "/v2/models/"))
 
 
-__all__ = ["Handler", "OPENAI_PREFIX", "Router", "guarded", "match", "route", "route_path"]
+__all__ = ["Handler", "OPENAI_PREFIX", "openai_shaped", "slashed", "Router", "guarded", "match", "route", "route_path"]

@@ -68,13 +68,13 @@ class Detokenizer:
     without the new ones; the difference is the new text, held back while it ends in U+FFFD.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
         self.ids: list[int] = []
         self.prefix = self.read = 0  # ids[prefix:read] decoded to text already given out
 
     def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
         return text
 
     def add(self, ids: Sequence[int]) -> str:
@@ -96,10 +96,11 @@ class Detokenizer:
 
 
 class StopText:
-    """Text up to the first stop string; a tail that could begin one is held back until it cannot."""
+    """Text up to the first stop string (``include``: and the stop string itself, vLLM's
+    ``include_stop_str_in_output``); a tail that could begin one is held back until it cannot."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
+        self.stops, self.include = tuple(stops), include
         self.held = ""
         self.stopped = False
 
@@ -108,9 +109,10 @@ class StopText:
         if self.stopped:
             return ""
         self.held += text
-        found = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        found = [(i, len(s)) for i, s in ((self.held.find(s), s) for s in self.stops) if i >= 0]
         if found:
-            out, self.held, self.stopped = self.held[:min(found)], "", True
+            at, size = min(found)
+            out, self.held, self.stopped = self.held[:at + (size if self.include else 0)], "", True
             return out
         keep = self._partial()
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
@@ -134,9 +136,10 @@ class StopText:
 class TextStream:
     """A generation's text: :class:`Detokenizer` then :class:`StopText`; ``tokens``: ids taken so far."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
-        self.detok = Detokenizer(tokenizer)
-        self.stop = StopText(stops)
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), *, skip_special_tokens: bool = True,
+                 include_stop: bool = False) -> None:
+        self.detok = Detokenizer(tokenizer, skip_special_tokens)
+        self.stop = StopText(stops, include_stop)
         self.tokens = 0
 
     @property

@@ -28,6 +28,8 @@ pyrt.errors.InputError: unknown parameter 'colour' (pyrt serve takes: max_tokens
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -86,9 +88,57 @@ def stop_strings(value: Any) -> tuple[str, ...]:
 StopStrings = Annotated[tuple[str, ...], BeforeValidator(stop_strings)]
 
 
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]", re.ASCII)  # a JSON escape of a UTF-16 surrogate
+
+
+def lone_surrogate(data: bytes) -> str | None:
+    r"""Where ``data`` (JSON) has a text with an unpaired UTF-16 surrogate (``"\ud800"``: no UTF-8 can carry
+    it, so no tokenizer takes it): the value's path (``messages[0].content``), ``"a field name"`` for a key,
+    else None. A pair (``"\ud83d\ude00"``) is one character and fine.
+
+    >>> lone_surrogate(rb'{"prompt": "hi \ud800"}'), lone_surrogate(rb'{"prompt": "\ud83d\ude00"}')
+    ('prompt', None)
+    """
+    if not SURROGATE_ESCAPE.search(data):
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None  # pydantic names what is wrong with it
+
+    def find(value: Any, loc: tuple[int | str, ...]) -> str | None:
+        if isinstance(value, str):
+            return path(loc) or "the request" if not bare(value) else None
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(key, str) and not bare(key):
+                return "a field name" + (f" in {path(loc)}" if loc else "")
+            found = find(item, (*loc, key))
+            if found is not None:
+                return found
+        return None
+
+    return find(doc, ())
+
+
+def bare(text: str) -> bool:
+    """Whether ``text`` has no unpaired surrogate (it encodes as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse(model: type[B], data: bytes, where: str = "") -> B:
     """``data`` (JSON) validated as ``model``; InputError naming the first field it cannot take (its message
-    after ``where: `` when given)."""
+    after ``where: `` when given). A text with an unpaired UTF-16 surrogate is refused, naming where."""
+    bad = lone_surrogate(data)
+    if bad is not None:
+        field = None if bad.startswith(("a field name", "the request")) else bad
+        error = InputError(f"{bad}: a text with an unpaired UTF-16 surrogate (\\ud800-\\udfff) is not text",
+                           field=field)
+        raise (InputError(f"{where}: {error}", field=field) if where else error)
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:

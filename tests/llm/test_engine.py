@@ -264,7 +264,7 @@ def test_generate_streams_and_refuses_at_once_when_every_slot_is_held() -> None:
     ({"temperature": float("nan"), "do_sample": True}, "temperature=nan must be a finite number > 0"),
     ({"top_k": 0}, "top_k=0 must be an int >= 1"),
     ({"top_p": 1.5}, r"top_p=1.5 must be a number in \(0, 1\]"),
-    ({"seed": -1}, "seed=-1 must be an int >= 0"),
+    ({"seed": -(2**63) - 1}, "seed=-9223372036854775809 must be an int >= -9223372036854775808"),
     ({"seed": [1, 2, 3]}, "seed has 3 values for 1 prompts"),
     ({"eos_ids": [500]}, r"eos_ids\[0\]=500 is outside the vocabulary"),
     ({"do_sample": "yes"}, "do_sample='yes' must be a bool"),

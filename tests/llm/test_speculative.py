@@ -316,8 +316,8 @@ def test_a_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: st
 
     llm, _ = S.stub(slots=3, greedy_check=True)
     draft = drafts(kind, slots=2)
-    engine, stop = Engine(llm, draft=draft, draft_tokens=3), threading.Event()
-    runner = threading.Thread(target=engine.run, args=(stop,), daemon=True)
+    engine = Engine(llm, draft=draft, draft_tokens=3)
+    runner = threading.Thread(target=engine.run, daemon=True)
     runner.start()
     got: dict[int, list[int]] = {}
 
@@ -332,8 +332,9 @@ def test_a_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: st
     doomed.cancel()
     for t in threads:
         t.join(60)
-    stop.set()
+    engine.stop()
     runner.join(30)
+    assert not runner.is_alive()  # it stepped (Engine.run takes no argument) and stopped
     assert got == {i: want(p) for i, p in enumerate(PROMPTS)}
     assert doomed.wait(5) and doomed.result is not None and doomed.result.finish_reason == "cancelled"
     assert llm.slots.free == 3 and (kind == "ngram" or draft.slots.free == 2)

@@ -197,7 +197,7 @@ def test_hostile_requests_are_4xx_and_the_replica_serves_on(served: tuple[Any, n
         assert reply.status_code < 500, (reply.status_code, reply.body[:500])
         if reply.status_code >= 400:  # the protocol's {"error": text}; on /v1 OpenAI's {"error": {"message", ...}}
             error = json.loads(reply.body)["error"]
-            message = error["message"] if path.startswith(routes.OPENAI_PREFIX) else error
+            message = error["message"] if routes.openai_shaped(path) else error
             assert isinstance(message, str) and message
     good = _valid(replica, x)
     assert good.status_code == 200, good.body

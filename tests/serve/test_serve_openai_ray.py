@@ -94,8 +94,8 @@ def test_eight_streams_at_once_each_equal_their_solo_text(client: Any, prog: Any
 def test_errors_are_the_clients_typed_errors(client: Any, base: str) -> None:
     with pytest.raises(openai.NotFoundError, match="no model 'nope'"):
         client.completions.create(model="nope", prompt="hello")
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        client.completions.create(model="gpt2", prompt="hello", n=2)
+    with pytest.raises(openai.BadRequestError, match="n=0"):
+        client.completions.create(model="gpt2", prompt="hello", n=0)
     with pytest.raises(openai.BadRequestError, match="more than the cache"):
         client.completions.create(model="gpt2", prompt="hello world " * 30, max_tokens=1)
     with pytest.raises(openai.AuthenticationError):

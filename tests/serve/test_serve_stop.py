@@ -83,6 +83,21 @@ def test_a_proxy_slower_than_serve_start_s_60_s_is_waited_for(dyn: Path, tmp_pat
     assert_nothing_left(s)
 
 
+def test_sigint_stops_it_though_it_was_started_with_sigint_ignored(dyn: Path, tmp_path: Path) -> None:
+    """D4: a background job of a script (``pyrt serve ... &``) inherits SIGINT ignored; ``kill -INT`` still drains
+    and stops it, as SIGTERM does (the process's SIGINT disposition set to ignored before pyrt starts)."""
+    s = Server(dyn, tmp_path / "serve.log", "--cpus-per-replica", "0.5",
+               prelude="import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    try:
+        s.wait_ready()
+        s.proc.send_signal(signal.SIGINT)
+        assert s.wait_exit() == 0
+        assert "draining requests in flight" in s.output()
+    finally:
+        s.stop()
+    assert_nothing_left(s)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT to the group"])
 def test_a_normal_stop_leaves_no_process_and_frees_the_port(server: Any, how: str) -> None:
