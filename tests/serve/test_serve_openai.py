@@ -9,7 +9,6 @@ with ``pyrt.generate`` on the same file alone, decoded by the tokenizer.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,9 +20,6 @@ pytest.importorskip("executorch")
 pytest.importorskip("transformers")
 
 import pyrt  # noqa: E402
-from pyrt.serve.app import devices_of  # noqa: E402
-from pyrt.serve.config import ServeConfig  # noqa: E402
-from pyrt.serve.replica import PyrtReplica  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 
 pytestmark = [pytest.mark.export]
@@ -31,20 +27,7 @@ pytestmark = [pytest.mark.export]
 NAME = "gpt2"
 
 
-def build(builder: str = "portable", simulated_gpus: int | None = None, **options: Any) -> Any:
-    """A replica of the slot file, built here (Ray Serve's deployment class as written, bound as the app binds it)."""
-    cls = PyrtReplica.func_or_class
-    own = next(c for c in cls.__mro__ if c.__module__ == "pyrt.serve.replica" and "__init__" in vars(c)
-               and not inspect.iscoroutinefunction(c.__init__))
-    return own(ServeConfig(str(S.slot_file(builder)), name=NAME, kernels="numpy", **options),
-               devices_of(simulated_gpus, 0.0))
-
-
-def close(replica: Any) -> None:
-    replica.llm.close()
-    replica.metrics.stop()
-    replica.pool.shutdown()
-    replica.program.close()
+build, close = S.build, S.close  # a replica built here of the slot file, and everything it holds ended
 
 
 @pytest.fixture(scope="module")

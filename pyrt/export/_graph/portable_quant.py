@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from pyrt.errors import ExportError
+from pyrt.export._graph.quantize import quantize_rows
 from pyrt.export.summary import QuantizedLayer, QuantSummary
-from pyrt.format import weight_quant as wq
 from pyrt.format.weight_quant import Scheme
 
 DTYPES = (torch.float32, torch.float16)  # what ExecuTorch's quantized kernels take
@@ -77,15 +77,10 @@ def quantize_linears(model: torch.nn.Module, scheme: Scheme) -> QuantSummary:
 def _quantized(name: str, weight: torch.Tensor, bias: Any, scheme: Scheme
                ) -> tuple[QuantizedLinear, QuantizedLayer] | str:
     rows, cols = weight.shape
-    if scheme.bits == 4 and cols % 2:
-        return f"int4 needs an even input size, this layer has {cols}"
-    group = scheme.group_for(cols)
-    dtype = str(weight.dtype).removeprefix("torch.")
-    try:
-        q, scales = wq.quantize(weight.float().numpy(), bits=scheme.bits, group=group, scale_dtype=dtype)
-    except ValueError as exc:
-        raise ExportError(f"cannot quantize {name!r}: {exc}") from None
-    stored = wq.pack_int4(q, "offset8") if scheme.bits == 4 else q
+    quantized = quantize_rows(weight, scheme, name, int4_layout="offset8")  # ExecuTorch's embedding_4bit layout
+    if isinstance(quantized, str):
+        return quantized
+    stored, scales, group = quantized
     values = torch.from_numpy(np.ascontiguousarray(stored))
     scale_tensor = torch.from_numpy(scales).to(weight.dtype)
     module = QuantizedLinear(values, scale_tensor, bias, scheme.bits)

@@ -84,21 +84,33 @@ def _weight_uses(module: fx.GraphModule, node: fx.Node) -> list[tuple[fx.Node, i
     return uses
 
 
+def quantize_rows(rows_first: torch.Tensor, scheme: Scheme, name: str, int4_layout: str = "twos"
+                  ) -> tuple[np.ndarray, np.ndarray, int] | str:
+    """A weight ``[out_features, in_features]`` quantized: (stored values, scales in the weight's dtype, group);
+    int4 packed two to a byte in ``int4_layout`` (``wq.pack_int4``'s). A reason string where it stays float;
+    ExportError naming ``name`` where the values cannot be quantized."""
+    cols = rows_first.shape[1]
+    if scheme.bits == 4 and cols % 2:
+        return f"int4 needs an even input size, this layer has {cols}"
+    group = scheme.group_for(cols)
+    dtype = str(rows_first.dtype).removeprefix("torch.")
+    try:
+        q, scales = wq.quantize(rows_first.float().numpy(), bits=scheme.bits, group=group, scale_dtype=dtype)
+    except ValueError as exc:
+        raise ExportError(f"cannot quantize {name!r}: {exc}") from None
+    return (wq.pack_int4(q, int4_layout) if scheme.bits == 4 else q), scales, group
+
+
 def _replace(module: fx.GraphModule, node: fx.Node, uses: list[tuple[fx.Node, int]], transposed: bool,
              scheme: Scheme, source: str) -> QuantizedLayer | str:
     """Swap ``uses`` of weight ``node`` for a dequantization; a reason string where it stays float."""
     weight = _attr(module, node.target).detach()
     rows_first = weight.t() if transposed else weight  # [out_features, in_features]
     rows, cols = rows_first.shape
-    if scheme.bits == 4 and cols % 2:
-        return f"int4 needs an even input size, this layer has {cols}"
-    group = scheme.group_for(cols)
-    dtype = str(weight.dtype).removeprefix("torch.")
-    try:
-        q, scales = wq.quantize(rows_first.float().numpy(), bits=scheme.bits, group=group, scale_dtype=dtype)
-    except ValueError as exc:
-        raise ExportError(f"cannot quantize {source!r}: {exc}") from None
-    stored = wq.pack_int4(q) if scheme.bits == 4 else q
+    quantized = quantize_rows(rows_first, scheme, source)
+    if isinstance(quantized, str):
+        return quantized
+    stored, scales, group = quantized
     base = _attr_name(module, source)  # the model's name for the weight: errors and reports name it
     module.register_buffer(f"{base}_values", torch.from_numpy(np.ascontiguousarray(stored)), persistent=False)
     module.register_buffer(f"{base}_scales", torch.from_numpy(scales).to(weight.dtype), persistent=False)
