@@ -295,10 +295,17 @@ class Engine:
                 self._deliver([update])
 
     def _deliver(self, updates: list[Update]) -> None:
+        """Hand each update to its generation once the engine's state counts it (a generation that ended has let go
+        of its draft slots, the stats are published): a caller that sees its last token sees the stats that hold it."""
+        handed = []
         for update in updates:
             outbox = self._outboxes.pop(update.seq_id) if update.final else self._outboxes[update.seq_id]
             if update.final and self._drafter is not None:
                 self._drafter.release(update.seq_id)
+            handed.append((outbox, update))
+        if handed:
+            self._settle()
+        for outbox, update in handed:
             outbox.put(update)
 
     def _settle(self) -> None:

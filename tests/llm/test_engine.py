@@ -200,6 +200,23 @@ def test_one_thread_runs_the_engine_while_others_submit_read_and_cancel() -> Non
     assert engine.pending == 0 and llm.slots.free == 3
 
 
+def test_a_generation_that_has_ended_is_counted_in_the_stats_it_can_read() -> None:
+    """The stats a caller reads once it holds its last token count that token (a server's stats route answered
+    a client that had its whole answer with the counts of the step before)."""
+    llm, _ = S.stub(slots=2)
+    engine = Engine(llm)
+    seen: list[tuple[bool, int, int]] = []
+    streams = [engine.submit(p, GREEDY) for p in PROMPTS[:2]]
+    for stream in streams:
+        stream.on_update(lambda s=stream: seen.append((s.done, engine.stats()["tokens_generated"], len(s.tokens))))
+    for stream in streams:
+        stream.wait(30)
+    total = sum(len(want(p)) for p in PROMPTS[:2])
+    assert engine.stats()["tokens_generated"] == total and engine.stats()["free_slots"] == 2
+    ends = [generated for done, generated, _ in seen if done]
+    assert len(ends) == 2 and ends[-1] == total, seen
+
+
 def test_close_cancels_everything_and_gives_the_slots_back() -> None:
     llm, _ = S.stub(slots=2)
     engine = Engine(llm)
