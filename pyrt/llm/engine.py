@@ -37,7 +37,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyrt.errors import InputError, QueueFullError
 from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS, check_draft_tokens, fill, make_drafter
@@ -104,7 +104,7 @@ class Engine:
         self._queued = 0  # submitted, not yet holding a slot, not ended
         self._ids = itertools.count()
         self._outboxes: dict[int, Outbox] = {}  # the stepping thread's: each live generation's queue
-        self._published: dict[str, Any] = {}
+        self._handing: list[tuple[Outbox, Update]] = []  # updates taken, handed over once the stats count them
         self._looping = False
         self._publish()
 
@@ -122,7 +122,7 @@ class Engine:
     @property
     def running(self) -> int:
         """Generations holding a slot (as of the last step or command applied)."""
-        return int(self._published["running"])
+        return self._published.running
 
     @property
     def pending(self) -> int:
@@ -147,7 +147,14 @@ class Engine:
         free slots, sequences per step; speculative decoding's ``drafted`` and ``accepted`` guessed tokens,
         ``acceptance_rate`` (accepted / drafted) and ``tokens_per_pass`` (generated tokens per sequence per step that
         gave it tokens: 1.0 without a draft). A snapshot: the stepping thread publishes it after each step."""
-        return {**self._published, "queued": self._queued, "free_slots": self._slots.free}
+        p = self._published
+        return {"steps": p.steps, "tokens_generated": p.tokens_generated, "prompt_tokens": p.prompt_tokens,
+                "running": p.running, "slots": self.slots,
+                "occupancy": {str(k): v for k, v in sorted(p.occupancy.items())}, "draft": self.draft,
+                "draft_tokens": self.max_guesses, "drafted": p.drafted, "accepted": p.accepted,
+                "acceptance_rate": p.accepted / p.drafted if p.drafted else 0.0,
+                "tokens_per_pass": p.tokens_generated / p.passes if p.passes else 0.0,
+                "queued": self._queued, "free_slots": self._slots.free}
 
     # -- commands (any thread) --------------------------------------------------------------------
     def submit(self, prompt_ids: Any, params: SamplingParams | None = None, **sampling: Any) -> Generation:
@@ -295,35 +302,41 @@ class Engine:
                 self._deliver([update])
 
     def _deliver(self, updates: list[Update]) -> None:
-        """Hand each update to its generation once the engine's state counts it (a generation that ended has let go
-        of its draft slots, the stats are published): a caller that sees its last token sees the stats that hold it."""
-        handed = []
+        """Take the updates for their generations; :meth:`_settle` hands them over (a generation that ended has let
+        go of its draft slots here already)."""
         for update in updates:
             outbox = self._outboxes.pop(update.seq_id) if update.final else self._outboxes[update.seq_id]
             if update.final and self._drafter is not None:
                 self._drafter.release(update.seq_id)
-            handed.append((outbox, update))
-        if handed:
-            self._settle()
-        for outbox, update in handed:
-            outbox.put(update)
+            self._handing.append((outbox, update))
 
     def _settle(self) -> None:
-        """After a step or a command: a reservation with nothing left to run goes back; the stats are published."""
+        """After a step or a command: a reservation with nothing left to run goes back, the stats are published,
+        then the updates are handed over: a caller that sees its last token sees the stats that count it."""
         if isinstance(self._slots, Reservation) and not self._scheduler.has_work and not self._queued:
             self._slots.release()
         self._publish()
+        handing, self._handing = self._handing, []
+        for outbox, update in handing:
+            outbox.put(update)
 
     def _publish(self) -> None:
-        counters = self._scheduler.counters
-        self._published = {"steps": counters.steps, "tokens_generated": counters.tokens_generated,
-                           "prompt_tokens": counters.prompt_tokens, "running": len(self._scheduler.running),
-                           "slots": self.slots,
-                           "occupancy": {str(k): v for k, v in sorted(counters.occupancy.items())},
-                           "draft": self.draft, "draft_tokens": self.max_guesses, "drafted": counters.drafted,
-                           "accepted": counters.accepted,
-                           "acceptance_rate": counters.accepted / counters.drafted if counters.drafted else 0.0,
-                           "tokens_per_pass": counters.tokens_generated / counters.passes if counters.passes else 0.0}
+        c = self._scheduler.counters  # a copy of the numbers, each step: stats() formats them when asked
+        self._published = _Snapshot(c.steps, c.tokens_generated, c.prompt_tokens, len(self._scheduler.running),
+                                    dict(c.occupancy), c.drafted, c.accepted, c.passes)
+
+
+class _Snapshot(NamedTuple):
+    """The counters as the stepping thread last published them."""
+
+    steps: int
+    tokens_generated: int
+    prompt_tokens: int
+    running: int
+    occupancy: dict[int, int]
+    drafted: int
+    accepted: int
+    passes: int
 
 
 def busy_message(source: str, slots: int) -> str:

@@ -61,17 +61,24 @@ class Runner:
         return [self._single_step(feed) for feed in feeds]
 
     def _slots_step(self, feeds: Seq[Feed]) -> list[np.ndarray]:
-        tokens = np.fromiter((t for f in feeds for t in f.tokens), np.int64)
-        slots = np.repeat(np.fromiter((f.slot for f in feeds), np.int64), [len(f.tokens) for f in feeds])
-        positions = np.concatenate([np.arange(f.start, f.start + len(f.tokens), dtype=np.int64) for f in feeds])
-        ends = np.cumsum([len(f.tokens) for f in feeds])
-        wanted = [np.arange(end - f.logits, end) for f, end in zip(feeds, ends, strict=True)]
-        flat = np.concatenate(wanted).astype(np.int64)
-        rows = flat if flat.size else np.zeros(1, np.int64)  # the program returns at least one row
-        window = np.arange(window_size(int(positions.max()) + 1, self.conv.max_context_len), dtype=np.int64)
-        logits = self._run((tokens, slots, positions, rows, window))
-        bounds = np.cumsum([0] + [f.logits for f in feeds])
-        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        tokens: list[int] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        spans = []  # each feed's rows of the logits
+        for feed in feeds:  # a step's inputs are a few dozen ints: lists, then one array each
+            count, slot = len(feed.tokens), feed.slot
+            tokens.extend(feed.tokens)
+            slots.extend([slot] * count)
+            positions.extend(range(feed.start, feed.start + count))
+            spans.append((len(rows), len(rows) + feed.logits))
+            rows.extend(range(len(tokens) - feed.logits, len(tokens)))
+        window = window_size(max(positions) + 1, self.conv.max_context_len)
+        inputs = (np.array(tokens, np.int64), np.array(slots, np.int64), np.array(positions, np.int64),
+                  np.array(rows or [0], np.int64),  # the program returns at least one row
+                  np.arange(window, dtype=np.int64))
+        logits = self._run(inputs)
+        return [logits[a:b] for a, b in spans]
 
     def _single_step(self, feed: Feed) -> np.ndarray:
         ids = np.asarray([feed.tokens], dtype=np.int64)
