@@ -17,7 +17,9 @@ import re
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -40,6 +42,43 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def rss_mib() -> float:
+    """This process's RSS now (``VmRSS``) in MiB; 0.0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def stream_build(trt: Any, builder: Any, network: Any, config: Any, out: str) -> dict:
+    """Build ``network`` into file ``out`` through an ``IStreamWriter`` (TensorRT-RTX never holds the engine
+    whole): the engine's bytes, the build's wall time, RSS before it and its peak (reset before the build)."""
+    with open(out, "wb") as f:
+
+        class Writer(trt.IStreamWriter):
+            def __init__(self) -> None:
+                super().__init__()
+                self.size = 0
+
+            def write(self, data: bytes) -> int:
+                f.write(data)
+                self.size += len(data)
+                return len(data)
+
+        writer = Writer()
+        base, reset = rss_mib(), reset_peak()
+        start = time.perf_counter()
+        if not builder.build_serialized_network_to_stream(network, config, writer):
+            raise SystemExit("TensorRT-RTX failed to build the floor network")
+        wall = time.perf_counter() - start
+    return {"engine": writer.size, "file_size": writer.size, "wall_s": wall, "peak_mib": peak_rss_mib(),
+            "base_mib": base, "reset": reset}
 
 
 def run_json(cmd: list[str], what: str, *, timeout: float | None = None) -> dict:

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, markdown_table, peak_rss_mib, reset_peak, run_json, write_results
+from _common import machine, markdown_table, peak_rss_mib, reset_peak, rss_mib, run_json, stream_build, write_results
 
 ROUTES = ("stream", "memory", "before", "floor")
 TARGET = 0.5  # issue 13: growth <= 0.5 x the largest engine (the model's own weights are in the base)
@@ -43,14 +43,6 @@ def _pin() -> None:
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
@@ -87,7 +79,7 @@ def child_pyrt(route: str, out: str, width: int, layers: int) -> dict:
         torch_onnx.module_initializers = lambda program: {}  # type: ignore[assignment]
         torch_onnx.optimize_keeping_weights = lambda program: program.optimize()  # type: ignore[assignment]
     example = (torch.zeros(4, width, dtype=torch.float16),)
-    base, reset = _rss_mib(), reset_peak()
+    base, reset = rss_mib(), reset_peak()
     start = time.perf_counter()
     summary = to_pte(model, out, example, builder="tensorrt_rtx", progress=False)
     wall = time.perf_counter() - start
@@ -113,26 +105,7 @@ def child_floor(out: str, width: int, layers: int) -> dict:
                                         trt.MatrixOperation.NONE).get_output(0)
     network.mark_output(x)
     config = builder.create_builder_config()
-    with open(out, "wb") as f:
-
-        class Writer(trt.IStreamWriter):
-            def __init__(self) -> None:
-                super().__init__()
-                self.size = 0
-
-            def write(self, data: bytes) -> int:
-                f.write(data)
-                self.size += len(data)
-                return len(data)
-
-        writer = Writer()
-        base, reset = _rss_mib(), reset_peak()
-        start = time.perf_counter()
-        if not builder.build_serialized_network_to_stream(network, config, writer):
-            raise SystemExit("TensorRT-RTX failed to build the floor network")
-        wall = time.perf_counter() - start
-    return {"route": "floor", "engine_route": "stream", "engine": writer.size, "file_size": writer.size,
-            "wall_s": wall, "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset}
+    return {"route": "floor", "engine_route": "stream", **stream_build(trt, builder, network, config, out)}
 
 
 def table(rows: list[dict]) -> str:

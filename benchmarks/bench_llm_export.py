@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import markdown_table, peak_rss_mib, reset_peak, run_json, write_results
+from _common import markdown_table, peak_rss_mib, reset_peak, rss_mib, run_json, stream_build, write_results
 
 CONFIGS = ("24x1024", "48x1024", "24x2048")  # layers x hidden
 ROUTES = ("pyrt", "floor")
@@ -47,14 +47,6 @@ def _pin() -> None:
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def child_checkpoint(config: str, out: str) -> dict:
@@ -91,7 +83,7 @@ def child_pyrt(ckpt: str, out: str) -> dict:
     builds = _BuildTimes()
     logging.getLogger("pyrt.export").addHandler(builds)
     logging.getLogger("pyrt.export").setLevel(logging.INFO)
-    base, reset = _rss_mib(), reset_peak()
+    base, reset = rss_mib(), reset_peak()
     start = time.perf_counter()
     summary = Path(out).with_suffix(".json")
     with open(summary, "w") as fh, _stdout_to(fh):
@@ -157,26 +149,8 @@ def child_floor(ckpt: str, out: str) -> dict:
     network.mark_output(total)
     config = builder.create_builder_config()
     config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
-    with open(out, "wb") as f:
-
-        class Writer(trt.IStreamWriter):
-            def __init__(self) -> None:
-                super().__init__()
-                self.size = 0
-
-            def write(self, data: bytes) -> int:
-                f.write(data)
-                self.size += len(data)
-                return len(data)
-
-        writer = Writer()
-        base, reset = _rss_mib(), reset_peak()
-        start = time.perf_counter()
-        if not builder.build_serialized_network_to_stream(network, config, writer):
-            raise SystemExit("TensorRT-RTX failed to build the floor network")
-        wall = time.perf_counter() - start
-    return {"route": "floor", "engine": writer.size, "file_size": writer.size, "wall_s": wall,
-            "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": [], "build_s": wall}
+    built = stream_build(trt, builder, network, config, out)
+    return {"route": "floor", **built, "stages": [], "build_s": built["wall_s"]}
 
 
 def _growth(r: dict) -> float:
