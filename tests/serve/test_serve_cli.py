@@ -63,7 +63,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
         def ready() -> bool:
             try:
                 return requests.get(f"{base}/health/ready", timeout=5).status_code == 200
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or too slow to answer yet
                 return False
 
         wait_for(ready, 180, "pyrt serve ready")
