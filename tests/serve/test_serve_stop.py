@@ -9,6 +9,7 @@ is left. While it serves, its HAProxy listens only on ``--host``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,8 @@ def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: 
     done = subprocess.run([sys.executable, "-m", "pyrt", "serve", str(bad)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 1
-    assert f"left by an earlier pyrt serve (pid {s.proc.pid})" in done.stderr, done.stderr
+    # the earlier servers it names: this test's, and on a loaded machine one whose own watchdog is still at work
+    named = re.search(r"left by an earlier pyrt serve \(pid ([\d, ]+)\)", done.stderr)
+    assert named is not None and str(s.proc.pid) in named.group(1).split(", "), done.stderr
     assert f"({stubborn.pid})" in done.stderr and stubborn.wait(30) == -signal.SIGKILL, done.stderr
     assert_nothing_left(s)
