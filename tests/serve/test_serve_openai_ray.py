@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.export, pytest.mark.ray]
 KEY = "test-key"
 APP = "llm"
 MAX_TOKENS = S.MAX_SEQ_LEN - 2  # all the cache leaves after the prompt "hello" (one token)
-ATTEMPTS = 3
+ATTEMPTS = 12  # a replica that ignores disconnects never cuts one short; a loaded or fast one may miss a few
 
 
 @pytest.fixture(scope="module")
