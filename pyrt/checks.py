@@ -63,7 +63,10 @@ def is_number(value: Any, *, low: float | None = None, high: float | None = None
     """Whether ``value`` is a finite real number (not a bool) with ``low <= value <= high`` (None: no bound)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the largest float
+        return False
     return math.isfinite(number) and (low is None or number >= low) and (high is None or number <= high)
 
 

@@ -38,7 +38,7 @@ def test_the_error_is_the_callers_and_an_input_error_carries_its_field() -> None
     assert info.value.field == "max_num_seqs" and str(info.value) == "--max-num-seqs=0 must be an int >= 1"
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, "0.5", None])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, "0.5", None, 10**400])
 def test_numbers_are_finite_reals_and_not_bools(value: object) -> None:
     assert not is_number(value)
     with pytest.raises(InputError, match="must be a finite number"):
