@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -63,9 +64,10 @@ class _Guessing:
 class DraftModel:
     """Guesses from ``llm`` (the draft) for sequences of a target whose convention is ``target``."""
 
-    def __init__(self, llm: LLMProgram, target: Convention, target_source: str) -> None:
+    def __init__(self, llm: LLMProgram, target: Convention, target_source: str, owned: Any = None) -> None:
         check_pair(llm.conv, target, llm.source, target_source)
         self.llm, self.conv, self.name = llm, llm.conv, llm.source
+        self._owned = owned  # the draft's Program when this drafter opened it (closed with it)
         self.runner = Runner(llm.program, llm.conv)
         self._places: dict[int, DraftSlot] = {}  # target sequence id -> its place in the draft
 
@@ -152,9 +154,12 @@ class DraftModel:
             place.seq.slot = None
 
     def close(self) -> None:
-        """Every draft slot back to the pool."""
+        """Every draft slot back to the pool (and the draft's Program closed, when this drafter opened it)."""
         for seq_id in list(self._places):
             self.release(seq_id)
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
 
 
 def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,

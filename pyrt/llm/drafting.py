@@ -14,12 +14,12 @@ k + 1 tokens per pass of the weights, each exactly what decoding without guesses
 draft=...)`` take into a :class:`Drafter`, checked against the target; :func:`open_draft` opens a
 draft file fully resident.
 
->>> make_drafter(None, None, "m.pte") is None, make_drafter("ngram", None, "m.pte").name
+>>> make_drafter(None, None) is None, make_drafter("ngram", None).name
 (True, 'ngram')
->>> make_drafter("nram", None, "m.pte")
+>>> make_drafter(3, None)
 Traceback (most recent call last):
 ...
-pyrt.errors.InputError: draft='nram': pass None, "ngram", a draft file's Program (pyrt.llm.open_draft) or a drafter
+pyrt.errors.InputError: draft=int: pass None, "ngram", a draft file's Program (pyrt.llm.open_draft) or a drafter
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pyrt.errors import InputError
+from pyrt.errors import InputError, PyrtError
 from pyrt.llm.convention import Convention
 from pyrt.llm.draft_model import DraftModel
 from pyrt.llm.ngram import NgramDrafter
@@ -38,7 +38,6 @@ from pyrt.llm.program import LLMProgram
 from pyrt.llm.scheduler import Proposal, Sequence
 from pyrt.runtime.program import Program
 
-DEFAULT_DRAFT_TOKENS = 4
 WHAT = "pass None, \"ngram\", a draft file's Program (pyrt.llm.open_draft) or a drafter"
 
 
@@ -60,20 +59,29 @@ class Drafter(Protocol):
         ...
 
 
-def make_drafter(draft: Any, target: Convention | None, target_source: str) -> Drafter | None:
-    """The drafter ``draft`` names: None (no speculation), ``"ngram"``, a :class:`pyrt.Program` or
-    :class:`pyrt.llm.LLMProgram` of a draft file (checked against ``target``), or a drafter itself."""
+def make_drafter(draft: Any, target: LLMProgram) -> Drafter | None:
+    """The drafter ``draft`` (a :class:`~pyrt.llm.config.GenerationConfig`'s, checked there) names: None (no
+    speculation), ``"ngram"``, a draft file's path (opened by :func:`open_draft` on ``target``'s devices and kernels,
+    closed with the drafter), a :class:`pyrt.Program` or :class:`pyrt.llm.LLMProgram` of one (checked against
+    ``target``), or a drafter itself."""
     if draft is None:
         return None
+    if draft == "ngram":
+        return NgramDrafter()
     if isinstance(draft, str):
-        if draft == "ngram":
-            return NgramDrafter()
-        raise InputError(f"draft={draft!r}: {WHAT}", field="draft")
+        program = target.program
+        try:
+            opened = open_draft(draft, kernels=getattr(program, "kernels", None), devices=getattr(program, "devices", None))
+        except PyrtError as exc:
+            raise InputError(f"draft {draft}: {exc}", field="draft") from None
+        try:
+            return DraftModel(LLMProgram(opened), target.conv, target.source, owned=opened)
+        except BaseException:
+            opened.close()
+            raise
     if isinstance(draft, (Program, LLMProgram)):
-        if target is None:
-            raise InputError("a draft program needs the target's convention to be checked against", field="draft")
         llm = draft if isinstance(draft, LLMProgram) else LLMProgram(draft)
-        return DraftModel(llm, target, target_source)
+        return DraftModel(llm, target.conv, target.source)
     if all(callable(getattr(draft, name, None)) for name in ("propose", "release", "close")):
         drafter: Drafter = draft
         return drafter
@@ -103,13 +111,6 @@ def fill(proposal: Proposal | None, last: int, room: int, vocab: int) -> Proposa
     return Proposal((*tokens, *filler), probs)
 
 
-def check_draft_tokens(value: Any) -> int:
-    """``draft_tokens`` checked: an int >= 1 (the most tokens a sequence guesses per step)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"draft_tokens={value!r} must be an int >= 1", field="draft_tokens")
-    return value
-
-
 def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program: Any) -> Program:
     """Open a draft LLM file as a :class:`pyrt.Program`, fully resident by default: a draft's weights are small and
     read at every guess, so streaming them would cost what speculation saves (``budget`` applies to a file with
@@ -124,4 +125,4 @@ def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program:
     return prog
 
 
-__all__ = ["Drafter", "make_drafter", "check_draft_tokens", "open_draft", "fill", "DEFAULT_DRAFT_TOKENS"]
+__all__ = ["Drafter", "make_drafter", "open_draft", "fill"]

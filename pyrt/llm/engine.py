@@ -37,10 +37,11 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from pyrt.errors import InputError, QueueFullError
-from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS, check_draft_tokens, fill, make_drafter
+from pyrt.llm.config import GenerationConfig
+from pyrt.llm.drafting import fill, make_drafter
 from pyrt.llm.outputs import FinishReason, Update
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.program import LLMProgram
@@ -50,9 +51,21 @@ from pyrt.llm.scheduler import Proposal, Scheduler, Sequence
 from pyrt.llm.slots import Reservation, Slots
 from pyrt.llm.stream import Generation, Outbox
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
 IDLE_WAIT_S = 0.5  # Engine.run's wait for work, a safety net: every command and Engine.stop wake it at once
 STALLED_WAIT_S = 0.005  # Engine.run, after a step that ran nothing (slots held by others): wait before the next
 PAUSE_S = 0.05  # a caller waiting for a generation while another thread steps, or while nothing can run
+
+
+class GenerationOptions(TypedDict, total=False):
+    """:class:`~pyrt.llm.config.GenerationConfig`'s fields, as keywords of :class:`Engine`."""
+
+    method: str
+    draft: Any
+    draft_tokens: int
+    max_queued: int | None
 
 
 @dataclass(frozen=True)
@@ -70,30 +83,33 @@ class _Abort:
 class Engine:
     """Continuous batching over ``program`` (a :class:`pyrt.Program` following the LLM convention).
 
-    ``max_queued``: a submission that would make more than this many generations wait for a
-    KV-cache slot (beyond the slots free now, which the next step fills) raises
-    :class:`pyrt.errors.QueueFullError`, a :class:`pyrt.BusyError` (None: no bound). ``slots``: where
-    its generations take slots (default: the program's pool, shared with every engine on it;
-    ``pyrt.generate`` passes slots it reserved, given back when the engine has nothing left to run).
-    ``draft``: None, ``"ngram"`` (prompt lookup), or a :class:`pyrt.Program` of a draft LLM file with
-    the target's vocabulary, BOS and EOS (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most
+    ``config`` (:class:`~pyrt.llm.config.GenerationConfig`, or its fields as keywords): ``max_queued``: a
+    submission that would make more than this many generations wait for a KV-cache slot (beyond the
+    slots free now, which the next step fills) raises :class:`pyrt.errors.QueueFullError`, a
+    :class:`pyrt.BusyError` (None: no bound). ``draft``: None, ``"ngram"`` (prompt lookup), or a draft
+    LLM file with the target's vocabulary, BOS and EOS (its path, opened fully resident on the target's
+    devices, or its :class:`pyrt.Program`: :func:`pyrt.llm.open_draft`); ``draft_tokens``: the most
     tokens a sequence guesses per step (fewer where its cache, ``max_new_tokens``, or the step's token
-    budget and logits rows leave less). Thread-safe: submit and cancel from any thread; one thread
-    steps at a time.
+    budget and logits rows leave less). ``slots``: where its generations take slots (default: the
+    program's pool, shared with every engine on it; ``pyrt.generate`` passes slots it reserved, given
+    back when the engine has nothing left to run). Thread-safe: submit and cancel from any thread; one
+    thread steps at a time.
     """
 
-    def __init__(self, program: Any, *, method: str = "forward", max_queued: int | None = None,
-                 slots: Slots | None = None, draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> None:
-        if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int)
-                                       or max_queued < 0):
-            raise InputError(f"max_queued={max_queued!r} must be an int >= 0 or None")
-        self.draft_tokens = check_draft_tokens(draft_tokens)
-        llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
-        self.llm, self.program, self.conv, self.max_queued = llm, llm.program, llm.conv, max_queued
+    def __init__(self, program: Any, config: GenerationConfig | None = None, *, slots: Slots | None = None,
+                 **options: Unpack[GenerationOptions]) -> None:
+        if config is None:
+            config = GenerationConfig(**options)
+        elif options:
+            raise InputError(f"give config or its fields as keywords, not both (got {sorted(options)})")
+        self.config = config
+        self.draft_tokens, self.max_queued = config.draft_tokens, config.max_queued
+        llm = program if isinstance(program, LLMProgram) else LLMProgram(program, config.method)
+        self.llm, self.program, self.conv = llm, llm.program, llm.conv
         self._slots = llm.slots if slots is None else slots
         self._scheduler = Scheduler(self.conv, self._slots)
         self._runner = Runner(self.program, self.conv)
-        self._drafter = make_drafter(draft, self.conv, llm.source)
+        self._drafter = make_drafter(config.draft, llm)
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._posted = threading.Event()  # a command was posted (wakes Engine.run)
         self._stopping = threading.Event()  # Engine.stop was called

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pyrt.errors import BusyError, InputError
-from pyrt.llm.drafting import DEFAULT_DRAFT_TOKENS
+from pyrt.llm.config import GenerationConfig
 from pyrt.llm.engine import Engine, busy_message
 from pyrt.llm.outputs import GenerationResult
 from pyrt.llm.params import SamplingParams
@@ -32,7 +32,7 @@ from pyrt.llm.stream import Generation
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
-             draft: Any = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS, **options: Any) -> Any:
+             draft: Any = None, draft_tokens: int | None = None, **options: Any) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention
     (or an :class:`pyrt.llm.LLMProgram` made from one).
 
@@ -49,7 +49,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     prompt, iterating the new ids as they come. ``draft``: None, ``"ngram"`` (prompt lookup over each
     prompt and its output) or a :class:`pyrt.Program` of a smaller LLM file with this one's vocabulary,
     BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
-    sequence per step. Greedy tokens are exactly those without a draft; sampled ones have exactly
+    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default). Greedy tokens are
+    exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
     A file that returns the last position's logits only checks no guesses. ``options``: the other
     :class:`pyrt.llm.SamplingParams` fields, for every prompt (``repetition_penalty``,
@@ -59,6 +60,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
+    config = GenerationConfig(method=method, draft=draft) if draft_tokens is None else \
+        GenerationConfig(method=method, draft=draft, draft_tokens=draft_tokens)
     llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))
@@ -76,7 +79,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     if not slots.free:
         raise BusyError(busy_message(llm.source, llm.conv.slots))
     try:
-        engine = Engine(llm, slots=slots, draft=draft, draft_tokens=draft_tokens)
+        engine = Engine(llm, config, slots=slots)
     except BaseException:
         slots.release()
         raise

@@ -169,6 +169,7 @@ class Program:
             raise InputError(f"mmap={mmap!r} must be True (map the file) or False (read it into private memory)")
         self._pte = PteFile.open(path, mmap=mmap)
         self.source = self._pte.source
+        self.devices = devices  # what it was loaded on (None: the process's CUDA driver); a draft opens on these too
         try:
             if data is not None:
                 self._data = ExternalData.open(data)
