@@ -31,7 +31,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from pyrt.errors import InputError, PyrtError
-from pyrt.llm.convention import Convention
 from pyrt.llm.draft_model import DraftModel
 from pyrt.llm.ngram import NgramDrafter
 from pyrt.llm.program import LLMProgram
@@ -71,7 +70,8 @@ def make_drafter(draft: Any, target: LLMProgram) -> Drafter | None:
     if isinstance(draft, str):
         program = target.program
         try:
-            opened = open_draft(draft, kernels=getattr(program, "kernels", None), devices=getattr(program, "devices", None))
+            opened = open_draft(draft, kernels=getattr(program, "kernels", None),
+                                devices=getattr(program, "devices", None))
         except PyrtError as exc:
             raise InputError(f"draft {draft}: {exc}", field="draft") from None
         try:
