@@ -111,8 +111,8 @@ def replay(prompt: list[int], tokens: list[int], k: int) -> float:
     the guesses it makes from the tokens so far (filled to the room with the last token, as the engine fills
     them), kept while they equal ``tokens``."""
     from pyrt.llm.drafting import fill
+    from pyrt.llm.guesses import Proposal
     from pyrt.llm.ngram import lookup
-    from pyrt.llm.scheduler import Proposal
 
     done, passes = 1, 1
     while done < len(tokens):

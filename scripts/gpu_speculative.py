@@ -82,16 +82,16 @@ def workload(batch: int, new: int, mutate: int) -> tuple[list[list[int]], dict[i
 
 def run_batch(torch: Any, stack: Any, device: str, batch: int, k: int, new: int, mutate: int) -> dict[str, Any]:
     import pyrt
-    from pyrt.llm import LLMProgram
+    from pyrt.llm import CoreLoop
     from pyrt.llm.convention import SLOTS, Convention
-    from pyrt.llm.slots import SlotPool
+    from pyrt.llm.core import EngineCore
 
     prompts, outputs = workload(batch, new, mutate)
     prompt_len = len(prompts[0])
     budget = max(batch * (k + 1), prompt_len)
     conv = Convention("forward", 1, budget, True, prompt_len + new + 1, VOCAB, None, (), 1, {}, layout=SLOTS,
                       slots=batch, max_rows=budget)
-    llm = LLMProgram.of(StreamedLM(stack, torch, device, outputs, prompt_len), conv, SlotPool(batch, "stack"))
+    llm = CoreLoop(EngineCore(StreamedLM(stack, torch, device, outputs, prompt_len), conv, "stack"))
     got = {}
     for name, draft in (("plain", None), ("ngram", "ngram"), ("plain again", None), ("ngram again", "ngram")):
         t = time.perf_counter()

@@ -1,8 +1,8 @@
 """A draft program: a second, smaller LLM file guessing the target's next tokens.
 
 :class:`DraftModel` keeps, for every target sequence it guesses for, a KV-cache slot of the
-draft program (taken from that program's own pool when the sequence first guesses, given back
-when it ends) and the tokens written there. Each step it first brings the draft's cache up to
+draft program (taken from the drafter's own table of the draft's slots when the sequence first
+guesses, given back when it ends) and the tokens written there. Each step it first brings the draft's cache up to
 the sequence's tokens (after a check, the draft's cache keeps the prefix that the target kept:
 the rest is rolled back, overwritten from there by the next feed), then guesses one token at a
 time, every guessing sequence in one call of the draft per token: greedy picks the draft's
@@ -16,7 +16,8 @@ repeated shape on its fast path; a GPU replays one CUDA graph).
 The draft must share the target's vocabulary, BOS and EOS ids (:func:`check_pair`). It runs as
 loaded: :func:`pyrt.llm.drafting.open_draft` opens a file fully resident (no weight streaming).
 
->>> draft = DraftModel(LLMProgram(pyrt.Program("small.pte")), target_conv, "m.pte")   # doctest: +SKIP
+>>> small = pyrt.Program("small.pte")                                          # doctest: +SKIP
+>>> draft = DraftModel(small, engine_convention(small, "forward"), target_conv, "m.pte")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -29,21 +30,25 @@ import numpy as np
 
 from pyrt.errors import InputError
 from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.guesses import DraftQuery, Proposal
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.processors import History, process
-from pyrt.llm.program import LLMProgram
+from pyrt.llm.request import Request
 from pyrt.llm.runner import Runner
 from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token
-from pyrt.llm.scheduler import Feed, Proposal, Sequence
+from pyrt.llm.scheduler import Feed
+from pyrt.llm.slots import SlotTable
 
 WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
 
 
 @dataclass
 class DraftSlot:
-    """One target sequence's place in the draft: a stand-in sequence holding the draft's slot, what is written."""
+    """One target sequence's place in the draft: its id and request, the draft's slot, what is written there."""
 
-    seq: Sequence  # the target's request and random state, the draft's slot
+    id: int
+    request: Request
+    slot: int
     written: list[int] = field(default_factory=list)  # token ids at the draft cache's positions 0, 1, ...
 
     @property
@@ -53,7 +58,7 @@ class DraftSlot:
 
 @dataclass
 class _Guessing:
-    seq: Sequence
+    query: DraftQuery
     place: DraftSlot
     room: int
     context: tuple[int, ...]
@@ -62,32 +67,35 @@ class _Guessing:
 
 
 class DraftModel:
-    """Guesses from ``llm`` (the draft) for sequences of a target whose convention is ``target``."""
+    """Guesses from the draft ``program`` (following ``conv``) for sequences of a target whose convention is ``target``
+    (``owned``: this drafter opened ``program`` and closes it)."""
 
-    def __init__(self, llm: LLMProgram, target: Convention, target_source: str, owned: Any = None) -> None:
-        check_pair(llm.conv, target, llm.source, target_source)
-        self.llm, self.conv, self.name = llm, llm.conv, llm.source
-        self._owned = owned  # the draft's Program when this drafter opened it (closed with it)
-        self.runner = Runner(llm.program, llm.conv)
+    def __init__(self, program: Any, conv: Convention, target: Convention, target_source: str,
+                 owned: bool = False) -> None:
+        self.program, self.conv, self.name = program, conv, str(program.source)
+        check_pair(conv, target, self.name, target_source)
+        self.runner = Runner(program, conv)
+        self.slots = SlotTable(conv.slots, self.name)  # the draft's cache slots, this drafter's alone
+        self._owned = owned
         self._places: dict[int, DraftSlot] = {}  # target sequence id -> its place in the draft
 
-    def propose(self, rooms: Seq[tuple[Sequence, int]]) -> dict[int, Proposal]:
+    def propose(self, rooms: Seq[tuple[DraftQuery, int]]) -> dict[int, Proposal]:
         """Up to ``room`` guesses per sequence, by sequence id (sequences left out guess nothing this step)."""
         items = []
-        for seq, room in rooms:
-            context = seq.context
+        for query, room in rooms:
+            context = query.context
             room = min(room, self.conv.max_context_len - len(context) + 1)  # the last guess needs no position
-            place = self._place(seq) if room > 0 else None
+            place = self._place(query) if room > 0 else None
             if place is not None:
                 del place.written[kept_prefix(place.written, context, len(context) - 1):]  # roll back
-                items.append(_Guessing(seq, place, room, context))
+                items.append(_Guessing(query, place, room, context))
         if not items:
             return {}
         work, rows = items, self._catch_up(items)
         while True:
             for item, row in zip(work, rows, strict=True):
-                history = item.seq.history().then(tuple(item.tokens))
-                token, probs = choose(row, item.seq.request.params, item.seq.rng, history)
+                history = item.query.history().then(tuple(item.tokens))
+                token, probs = choose(row, item.query.request.params, item.query.rng, history)
                 item.tokens.append(token)
                 if probs is not None:
                     item.probs.append(probs)
@@ -96,16 +104,15 @@ class DraftModel:
                 break
             width = WIDTH if WIDTH * len(work) <= self.conv.tokens_per_step else 1  # slots <= the token budget
             rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens), width) for w in work])]
-        return {w.seq.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
+        return {w.query.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
 
-    def _place(self, seq: Sequence) -> DraftSlot | None:
-        place = self._places.get(seq.id)
+    def _place(self, query: DraftQuery) -> DraftSlot | None:
+        place = self._places.get(query.id)
         if place is None:
-            taken = self.llm.slots.take(1)
-            if not taken:
+            slot = self.slots.take(None)
+            if slot is None:
                 return None
-            shadow = Sequence(seq.id, seq.request, seq.rng, seq.clock, slot=taken[0])
-            place = self._places[seq.id] = DraftSlot(shadow)
+            place = self._places[query.id] = DraftSlot(query.id, query.request, slot)
         return place
 
     def _catch_up(self, work: list[_Guessing]) -> list[np.ndarray]:
@@ -116,50 +123,50 @@ class DraftModel:
             budget = self.conv.tokens_per_step
             feeds: list[Feed] = []
             for w in work:
-                if w.seq.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
+                if w.place.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
                     continue
                 feed = self._tail(w.place, w.context)
                 if len(feed.tokens) > budget:  # a chunk of what is not written yet: the last one gives the logits
                     fed = w.place.fed
                     chunk = w.context[fed:fed + budget]
-                    feed = Feed(w.place.seq, chunk, fed, int(fed + len(chunk) == len(w.context)))
+                    feed = Feed(w.place.id, w.place.slot, chunk, fed, int(fed + len(chunk) == len(w.context)),
+                                w.place.request)
                 feeds.append(feed)
                 budget -= len(feed.tokens)
             for feed, rows in zip(feeds, self._run(feeds), strict=True):
                 if feed.logits:
-                    last[feed.seq.id] = rows[-1]
-        return [last[w.seq.id] for w in work]
+                    last[feed.seq_id] = rows[-1]
+        return [last[w.place.id] for w in work]
 
     def _tail(self, place: DraftSlot, tokens: tuple[int, ...], width: int = WIDTH) -> Feed:
         """A feed of ``tokens`` from what ``place`` has not written, but at least ``width`` of them (those before
         written again: the same tokens at the same positions), asking for the last one's logits."""
         start = max(0, min(place.fed, len(tokens) - width))
-        return Feed(place.seq, tokens[start:], start, 1)
+        return Feed(place.id, place.slot, tokens[start:], start, 1, place.request)
 
     def _run(self, feeds: list[Feed]) -> list[np.ndarray]:
         """One call of the draft (one per feed on a one-sequence file); what each feed wrote is recorded."""
         for feed in feeds:  # a failed call leaves a place's cache unknown: nothing of it counts as written
-            place = self._places[feed.seq.id]
+            place = self._places[feed.seq_id]
             del place.written[feed.start:]
         rows = self.runner.logits(feeds)
         for feed in feeds:
-            self._places[feed.seq.id].written.extend(feed.tokens)
+            self._places[feed.seq_id].written.extend(feed.tokens)
         return rows
 
     def release(self, seq_id: int) -> None:
         """Sequence ``seq_id`` ended: its draft slot goes back to the draft's pool."""
         place = self._places.pop(seq_id, None)
-        if place is not None and place.seq.slot is not None:
-            self.llm.slots.give_back([place.seq.slot])
-            place.seq.slot = None
+        if place is not None:
+            self.slots.give_back(None, place.slot)
 
     def close(self) -> None:
         """Every draft slot back to the pool (and the draft's Program closed, when this drafter opened it)."""
         for seq_id in list(self._places):
             self.release(seq_id)
-        if self._owned is not None:
-            self._owned.close()
-            self._owned = None
+        if self._owned:
+            self._owned = False
+            self.program.close()
 
 
 def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,

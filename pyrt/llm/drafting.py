@@ -28,24 +28,23 @@ import os
 from collections.abc import Sequence as Seq
 from typing import Any, Protocol
 
-import numpy as np
-
 from pyrt.errors import InputError, PyrtError
+from pyrt.llm.convention import Convention
 from pyrt.llm.draft_model import DraftModel
+from pyrt.llm.guesses import DraftQuery, Proposal, fill
 from pyrt.llm.ngram import NgramDrafter
-from pyrt.llm.program import LLMProgram
-from pyrt.llm.scheduler import Proposal, Sequence
+from pyrt.llm.program import engine_convention
 from pyrt.runtime.program import Program
 
 WHAT = "pass None, \"ngram\", a draft file's Program (pyrt.llm.open_draft) or a drafter"
 
 
 class Drafter(Protocol):
-    """What an engine asks of a draft, on its stepping thread."""
+    """What an engine core asks of a draft, on its stepping thread (the only thread that calls it)."""
 
     name: str
 
-    def propose(self, rooms: Seq[tuple[Sequence, int]]) -> dict[int, Proposal]:
+    def propose(self, rooms: Seq[tuple[DraftQuery, int]]) -> dict[int, Proposal]:
         """Up to ``room`` guesses for each ``(sequence, room)``, by sequence id (none for sequences left out)."""
         ...
 
@@ -58,11 +57,20 @@ class Drafter(Protocol):
         ...
 
 
-def make_drafter(draft: Any, target: LLMProgram) -> Drafter | None:
+class Target(Protocol):
+    """The target a draft guesses for: its program, convention and name."""
+
+    program: Any
+    conv: Convention
+    source: str
+
+
+def make_drafter(draft: Any, target: Target) -> Drafter | None:
     """The drafter ``draft`` (a :class:`~pyrt.llm.config.GenerationConfig`'s, checked there) names: None (no
     speculation), ``"ngram"``, a draft file's path (opened by :func:`open_draft` on ``target``'s devices and kernels,
-    closed with the drafter), a :class:`pyrt.Program` or :class:`pyrt.llm.LLMProgram` of one (checked against
-    ``target``), or a drafter itself."""
+    closed with the drafter), a :class:`pyrt.Program` of one (checked against ``target``), or a drafter itself.
+    A draft program's KV-cache slots are the drafter's own: a draft Program shared by two engines at once guesses
+    worse (never wrongly: the target checks every guess), so give each engine its own."""
     if draft is None:
         return None
     if draft == "ngram":
@@ -75,40 +83,19 @@ def make_drafter(draft: Any, target: LLMProgram) -> Drafter | None:
         except PyrtError as exc:
             raise InputError(f"draft {draft}: {exc}", field="draft") from None
         try:
-            return DraftModel(LLMProgram(opened), target.conv, target.source, owned=opened)
+            return DraftModel(opened, engine_convention(opened, "forward"), target.conv, target.source, owned=True)
         except BaseException:
             opened.close()
             raise
-    if isinstance(draft, (Program, LLMProgram)):
-        llm = draft if isinstance(draft, LLMProgram) else LLMProgram(draft)
-        return DraftModel(llm, target.conv, target.source)
+    if isinstance(draft, Program):
+        return DraftModel(draft, engine_convention(draft, "forward"), target.conv, target.source)
+    if all(hasattr(draft, name) for name in ("program", "conv", "source")) and not callable(getattr(
+            draft, "propose", None)):  # a target of its own (a stand-in program's core in tests)
+        return DraftModel(draft.program, draft.conv, target.conv, target.source)
     if all(callable(getattr(draft, name, None)) for name in ("propose", "release", "close")):
         drafter: Drafter = draft
         return drafter
     raise InputError(f"draft={type(draft).__name__}: {WHAT}", field="draft")
-
-
-def fill(proposal: Proposal | None, last: int, room: int, vocab: int) -> Proposal:
-    """``proposal`` padded to ``room`` guesses with its last token repeated (``last``, the sequence's last token,
-    when it has none): deterministic guesses (one-hot rows beside a draft's distributions), checked like any other.
-
-    Every decoding sequence then checks as many guesses as the step gives it, so that a steady batch runs steps of
-    one shape: pyrt's runtime runs a method on its fast path while its input shapes repeat the last run's, and a GPU
-    replays one CUDA graph; a streamed weight pass costs the same whatever it carries, and a repeated token is
-    sometimes right.
-
-    >>> fill(None, 7, 3, 10).tokens, fill(Proposal((4,)), 7, 3, 10).tokens
-    ((7, 7, 7), (4, 4, 4))
-    """
-    tokens = () if proposal is None else proposal.tokens
-    extra = room - len(tokens)
-    if extra <= 0 and proposal is not None:
-        return proposal
-    filler = (tokens[-1] if tokens else last,) * extra
-    probs = None if proposal is None else proposal.probs
-    if probs is not None:
-        probs = np.concatenate([probs, np.eye(vocab)[list(filler)]])
-    return Proposal((*tokens, *filler), probs)
 
 
 def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program: Any) -> Program:
@@ -125,4 +112,4 @@ def open_draft(path: str | os.PathLike[str], *, budget: Any = "100%", **program:
     return prog
 
 
-__all__ = ["Drafter", "make_drafter", "open_draft", "fill"]
+__all__ = ["Drafter", "DraftQuery", "make_drafter", "open_draft", "fill"]

@@ -1,8 +1,9 @@
 """``pyrt.generate``: one prompt or many, on a program that follows the convention.
 
-Each prompt becomes one generation of a private :class:`pyrt.llm.Engine`, which reserves KV-cache
-slots of the program for it (as many as there are prompts, at most the file's
-``get_max_batch_size``; more prompts wait for a slot). A prompt is prefilled in chunks of the
+The prompts are one batch of generations of a front end of the program's engine core
+(:mod:`pyrt.llm.engine`), which reserves KV-cache slots for them (as many as there are prompts, at
+most the file's ``get_max_batch_size``; more prompts wait for one of those) and goes when their last
+one ends. A prompt is prefilled in chunks of the
 file's token budget (whole, on a dynamic one-sequence file; token by token on a static one),
 then each step feeds every running generation's last token. Generation stops at an EOS id
 ("stop"), at ``max_new_tokens`` ("length"), or when the cache has no position left for the
@@ -19,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from pyrt.errors import BusyError, InputError
+from pyrt.errors import InputError
 from pyrt.llm.config import GenerationConfig
-from pyrt.llm.engine import Engine, busy_message
+from pyrt.llm.engine import Engine
 from pyrt.llm.outputs import GenerationResult
 from pyrt.llm.params import SamplingParams
-from pyrt.llm.program import LLMProgram
 from pyrt.llm.request import make_request
+from pyrt.llm.stepping import core_loop
 from pyrt.llm.stream import Generation
 
 
@@ -33,8 +34,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
              draft: Any = None, draft_tokens: int | None = None, **options: Any) -> Any:
-    """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention
-    (or an :class:`pyrt.llm.LLMProgram` made from one).
+    """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
 
     ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
     forward calls (one step for all; a file of ``max_batch_size`` B runs B at once, the rest as
@@ -62,7 +62,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
     config = GenerationConfig(method=method, draft=draft) if draft_tokens is None else \
         GenerationConfig(method=method, draft=draft, draft_tokens=draft_tokens)
-    llm = program if isinstance(program, LLMProgram) else LLMProgram(program, method)
+    conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))
     requests = []
@@ -70,20 +70,13 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
         params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, seed=s, eos_ids=eos_ids, **options)
         try:
-            requests.append(make_request(llm.conv, prompt, params))
+            requests.append(make_request(conv, prompt, params))
         except InputError as exc:
             if single or exc.field != "prompt_ids":
                 raise
             raise exc.renamed(f"prompt_ids[{i}]") from None
-    slots = llm.slots.reserve(min(len(requests), llm.conv.slots))
-    if not slots.free:
-        raise BusyError(busy_message(llm.source, llm.conv.slots))
-    try:
-        engine = Engine(llm, config, slots=slots)
-    except BaseException:
-        slots.release()
-        raise
-    streams = [engine.add(r) for r in requests]
+    engine = Engine.transient(program, config, reserve=min(len(requests), conv.slots))
+    streams = engine.add_all(requests)  # BusyError when no slot is free for them
     if stream:
         return streams[0] if single else streams
     results = [finish(s) for s in streams]

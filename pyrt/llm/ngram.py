@@ -24,8 +24,9 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
+from pyrt.checks import checked_int
 from pyrt.errors import InputError
-from pyrt.llm.scheduler import Proposal, Sequence
+from pyrt.llm.guesses import DraftQuery, Proposal
 
 MAX_N, MIN_N = 3, 1  # longest n-gram tried first, shortest last
 
@@ -99,14 +100,13 @@ class NgramDrafter:
 
     def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N) -> None:
         for label, value in (("max_n", max_n), ("min_n", min_n)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"NgramDrafter {label}={value!r} must be an int >= 1")
+            checked_int(value, f"NgramDrafter {label}", low=1)
         if min_n > max_n:
             raise InputError(f"NgramDrafter min_n={min_n} is more than max_n={max_n}")
         self.max_n, self.min_n = max_n, min_n
         self._indexes: dict[int, NgramIndex] = {}  # sequence id -> its tokens' index (they only grow)
 
-    def propose(self, rooms: Seq[tuple[Sequence, int]]) -> dict[int, Proposal]:
+    def propose(self, rooms: Seq[tuple[DraftQuery, int]]) -> dict[int, Proposal]:
         """Each sequence's guesses (at most its room), by sequence id; sequences with none are left out."""
         out = {}
         for seq, k in rooms:

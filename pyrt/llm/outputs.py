@@ -45,9 +45,9 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Update:
-    """What a step did to one generation: its new ``tokens`` (``at``: ``time.perf_counter()`` when they
-    came; ``logprobs``: theirs, where asked), and once it ended, its ``result`` or the run failure that ended it
-    (``error``)."""
+    """What the core did to one generation: ``accepted`` (its submission is queued: the first update of each), its
+    new ``tokens`` (``at``: ``time.perf_counter()`` when they came; ``logprobs``: theirs, where asked), and once it
+    ended, its ``result`` or the error that ended it (``error``: a run failure, or the refusal of its submission)."""
 
     seq_id: int
     tokens: tuple[int, ...] = ()
@@ -56,6 +56,7 @@ class Update:
     error: BaseException | None = None
     logprobs: tuple[Any, ...] = ()
     prompt_logprobs: tuple[Any, ...] = ()  # with the first new tokens: the prompt's, where asked
+    accepted: bool = False
 
     @property
     def final(self) -> bool:

@@ -1,14 +1,12 @@
-"""A loaded program as generation sees it: the Program, its convention, its KV-cache slots.
+"""Whether a loaded program can generate, as an engine runs it: :func:`engine_convention`, :func:`serves`.
 
-:class:`LLMProgram` is made once per engine (``pyrt.llm.Engine``, ``pyrt.generate``) from a
-:class:`pyrt.Program` that follows the convention; the slot pool is kept with the Program
-itself (:meth:`pyrt.Program.extension`), so every engine and call on one Program shares it
-and it lives and ends with the Program. :func:`serves` says whether (and why not) a method
-can generate, for servers that pick the methods they offer.
+:func:`engine_convention` reads a method's convention (:mod:`pyrt.llm.convention`) and refuses
+what an engine core cannot run (a fixed batch that moves in step; a static length of more than
+one token); :func:`serves` says whether (and why not) a method can generate, for servers that
+pick the methods they offer.
 
->>> llm = LLMProgram(pyrt.Program("m.pte"))                              # doctest: +SKIP
->>> llm.conv.slots, llm.slots.free                                       # doctest: +SKIP
-(4, 4)
+>>> serves(pyrt.Program("resnet.pte"))                                     # doctest: +SKIP
+"it does not follow pyrt.llm's convention (forward(tokens, input_pos) -> logits with a KV cache)"
 """
 
 from __future__ import annotations
@@ -17,31 +15,6 @@ from typing import Any
 
 from pyrt.errors import InputError, PyrtError
 from pyrt.llm.convention import SINGLE, Convention, follows_convention, read_convention
-from pyrt.llm.slots import SlotPool
-
-SLOTS_KEY = "pyrt.llm.slots"  # the Program extension holding its slot pool
-
-
-class LLMProgram:
-    """``program``'s ``method`` under the LLM convention (InputError naming what does not conform)."""
-
-    def __init__(self, program: Any, method: str = "forward") -> None:
-        self.program = program
-        self.conv = engine_convention(program, method)
-        size, source = self.conv.slots, str(program.source)
-        self.slots: SlotPool = program.extension(SLOTS_KEY, lambda: SlotPool(size, source))
-
-    @classmethod
-    def of(cls, program: Any, conv: Convention, slots: SlotPool) -> LLMProgram:
-        """An LLMProgram from its parts: ``program`` (anything with ``run(*inputs, method=...)``) whose convention
-        is ``conv``, its slots ``slots`` (a stand-in program in tests, one whose convention was read elsewhere)."""
-        llm = cls.__new__(cls)
-        llm.program, llm.conv, llm.slots = program, conv, slots
-        return llm
-
-    @property
-    def source(self) -> str:
-        return str(self.program.source)
 
 
 def engine_convention(program: Any, method: str) -> Convention:

@@ -1,6 +1,9 @@
 """One step on the program: a plan's feeds turned into the program's inputs, the run, the next tokens chosen.
 
-:meth:`Runner.run` builds ``tokens [T], slots [T], positions [T], rows [R], window [W]`` for a
+:class:`Runner` owns each running sequence's sampler state (:class:`Sampler`: its random state,
+seeded once from its request, and its grammar's matcher), made by :meth:`Runner.start` and dropped
+by :meth:`Runner.end`; the plan's feeds are plain values. :meth:`Runner.run` builds
+``tokens [T], slots [T], positions [T], rows [R], window [W]`` for a
 slot-layout file (W: the step's largest position + 1, rounded up to :data:`WINDOW_STEP`), or
 ``tokens [1, seq], input_pos`` for a one-sequence file (one feed per step), runs the method,
 and gives each feed its :class:`~pyrt.llm.scheduler.Outcome`: every fed token kept, and for a
@@ -14,13 +17,14 @@ the rejected guesses' tokens are not kept (the next step overwrites their cache 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
 from pyrt.llm.processors import History, TokenLogprob, process, token_logprobs
+from pyrt.llm.request import Request
 from pyrt.llm.scheduler import Feed, Outcome
 from pyrt.llm.verify import verify
 
@@ -28,11 +32,47 @@ WINDOW_STEP = 32
 NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+@dataclass
+class Sampler:
+    """One sequence's sampling state: ``rng`` (``numpy.random.default_rng`` of its seed) and its grammar's matcher."""
+
+    rng: np.random.Generator
+    matcher: Any = None  # structured output: the grammar's state (its allowed ids next; advanced per token)
+
+    @classmethod
+    def of(cls, request: Request) -> Sampler:
+        grammar = request.params.grammar
+        return cls(np.random.default_rng(request.params.numpy_seed), None if grammar is None else grammar.matcher())
+
+    def history(self, request: Request, generated: tuple[int, ...]) -> History:
+        """What the logits processors read for the next token after ``generated`` (the grammar's mask included)."""
+        allowed = None if self.matcher is None else self.matcher.allowed(request.eos_ids)
+        return History(request.prompt, generated, request.eos_ids, allowed)
+
+    def chose(self, tokens: tuple[int, ...]) -> bool:
+        """``tokens`` were chosen: the grammar advances over them; whether it is complete after them."""
+        if self.matcher is None:
+            return False
+        for token in tokens:
+            self.matcher.accept(token)
+        return bool(self.matcher.finished)
+
+
 class Runner:
-    """Runs steps of ``conv``'s method on ``program``."""
+    """Runs steps of ``conv``'s method on ``program``, sampling each sequence with its :class:`Sampler`."""
 
     def __init__(self, program: Any, conv: Convention) -> None:
         self.program, self.conv = program, conv
+        self.samplers: dict[int, Sampler] = {}  # sequence id -> its sampler
+
+    def start(self, seq_id: int, request: Request) -> Sampler:
+        """Sequence ``seq_id`` joins: its sampler, seeded now."""
+        sampler = self.samplers[seq_id] = Sampler.of(request)
+        return sampler
+
+    def end(self, seq_id: int) -> None:
+        """Sequence ``seq_id`` ended: its sampler goes."""
+        self.samplers.pop(seq_id, None)
 
     def run(self, feeds: Seq[Feed]) -> list[Outcome]:
         """One forward call for ``feeds``; each feed's outcome, in order."""
@@ -42,15 +82,16 @@ class Runner:
             if not feed.logits:
                 out.append(Outcome(len(feed.tokens)))
                 continue
-            params = feed.seq.request.params
-            if params.prompt_logprobs is not None and not feed.seq.new:
-                out.append(prompt_outcome(feed, logits))
+            params, sampler = feed.request.params, self.samplers[feed.seq_id]
+            if params.prompt_logprobs is not None and feed.prefill:
+                out.append(prompt_outcome(feed, logits, sampler))
                 continue
             guesses, probs = feed.guesses, None if feed.proposal is None else feed.proposal.probs
-            history = feed.seq.history()
-            accepted, chosen = verify(logits, guesses, probs, params, feed.seq.rng, history)
+            history = sampler.history(feed.request, feed.generated)
+            accepted, chosen = verify(logits, guesses, probs, params, sampler.rng, history)
             logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
-            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen, logged))
+            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen, logged,
+                               finished=sampler.chose(chosen)))
         return out
 
     def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
@@ -100,20 +141,21 @@ class Runner:
         return rows if rows.dtype in NUMPY_FLOATS else rows.astype(np.float32)  # ml_dtypes' bfloat16 (numpy kernels)
 
 
-def prompt_outcome(feed: Feed, rows: np.ndarray) -> Outcome:
+def prompt_outcome(feed: Feed, rows: np.ndarray, sampler: Sampler) -> Outcome:
     """A prompt chunk fed with a logits row per token: the log-probabilities of the prompt tokens those rows predict
     (row ``j``: the token after the chunk's ``j``-th), and, where the chunk ends the prompt, the first new token."""
-    seq, params = feed.seq, feed.seq.request.params
-    prompt = seq.prompt
+    params = feed.request.params
+    prompt = feed.request.prompt
     first = () if feed.start else (None,)
     after = range(feed.start + 1, min(feed.start + len(feed.tokens), len(prompt) - 1) + 1)
     alternatives = replace(params, logprobs=params.prompt_logprobs)
     logged = (*first, *(token_logprobs(rows[p - feed.start - 1], prompt[p], alternatives) for p in after))
     if feed.start + len(feed.tokens) < len(prompt):
         return Outcome(len(feed.tokens), prompt_logprobs=logged)
-    _, chosen = verify(rows[-1:], (), None, params, seq.rng, seq.history())
-    tokens = logprobs(rows[-1:], chosen, seq.history(), params) if params.logprobs is not None else ()
-    return Outcome(len(feed.tokens), chosen, tokens, logged)
+    history = sampler.history(feed.request, ())
+    _, chosen = verify(rows[-1:], (), None, params, sampler.rng, history)
+    tokens = logprobs(rows[-1:], chosen, history, params) if params.logprobs is not None else ()
+    return Outcome(len(feed.tokens), chosen, tokens, logged, finished=sampler.chose(chosen))
 
 
 def logprobs(rows: np.ndarray, chosen: tuple[int, ...], history: History, params: Any) -> tuple[TokenLogprob, ...]:

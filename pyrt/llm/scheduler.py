@@ -1,7 +1,8 @@
 """Continuous batching's decisions: who runs in a step, what each feeds, and what a step's tokens end.
 
-Pure bookkeeping: no locks, no threads, no program. :class:`Scheduler` keeps the waiting queue
-(first come, first admitted as KV-cache slots free) and the running list; :meth:`~Scheduler.schedule`
+Pure bookkeeping: no locks, no threads, no program, no random state (the runner owns each sequence's
+sampler: :mod:`pyrt.llm.runner`). :class:`Scheduler` keeps the waiting queue (first come, first
+admitted as KV-cache slots free for it) and the running list; :meth:`~Scheduler.schedule`
 plans one step (every decoding sequence feeds what it has not yet written -- the token it
 generated last -- then prompts are fed in chunks, in admission order, within the program's
 token budget per step); :meth:`~Scheduler.update` takes what the step chose for each feed
@@ -12,18 +13,18 @@ logits at several of its last positions, and an outcome may keep only some of th
 that checks guessed tokens overwrites the rejected ones' cache positions at the next.
 
 Speculative decoding: :meth:`~Scheduler.guess_room` says how many tokens each decoding
-sequence may guess this step (at most ``draft_tokens``; within what its cache and
+sequence may guess this step (at most its ``max_guesses``; within what its cache and
 ``max_new_tokens`` leave, and what the step's token budget and logits rows leave after the
 decoding tokens, with up to half the rest kept for prompt chunks; shared out evenly); a drafter's
 :class:`Proposal` for a sequence then rides on its feed after its last token, one logits row each.
 
 >>> from pyrt.llm.params import SamplingParams
 >>> from pyrt.llm.request import make_request
->>> from pyrt.llm.slots import SlotPool
+>>> from pyrt.llm.slots import SlotTable
 >>> conv = Convention("forward", batch=1, max_prefill=8, dynamic=True, max_context_len=16, vocab_size=10,
 ...                   bos_id=None, eos_ids=(), n_layers=None, constants={}, layout="slots", slots=2)
->>> sched = Scheduler(conv, SlotPool(2, "stub"))
->>> seq = sched.add(Sequence.of(7, make_request(conv, [1, 2, 3], SamplingParams(max_new_tokens=2))))
+>>> sched = Scheduler(conv, SlotTable(2, "stub"))
+>>> seq = sched.add(Sequence(7, make_request(conv, [1, 2, 3], SamplingParams(max_new_tokens=2))))
 >>> [(f.tokens, f.start, f.logits) for f in (sched.admit() and sched.schedule())]
 [((1, 2, 3), 0, 1)]
 >>> [(u.tokens, u.result) for u in sched.update(sched.schedule(), [Outcome(kept=3, tokens=(5,))])]
@@ -39,29 +40,32 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import numpy as np
 
 from pyrt.llm.convention import Convention
+from pyrt.llm.guesses import Proposal
 from pyrt.llm.outputs import FinishReason, GenerationResult, Update
-from pyrt.llm.processors import History, TokenLogprob
+from pyrt.llm.processors import TokenLogprob
 from pyrt.llm.request import Request
-from pyrt.llm.slots import Slots
+from pyrt.llm.slots import SlotTable
 from pyrt.llm.timings import Clock
 
-__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Proposal", "Counters", "finish_reason", "guess_cap",
+__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Counters", "finish_reason", "guess_cap",
            "share_out"]
 
 
 @dataclass(eq=False)
 class Sequence:
-    """One generation inside a scheduler: its request, slot, tokens written to the cache, new tokens."""
+    """One generation inside a scheduler: its request, slot, tokens written to the cache, new tokens.
+
+    ``front``: the front end that submitted it (its slots come from that front end's reservation, if it has one);
+    ``max_guesses``: the most tokens it may guess per step (0: no draft).
+    """
 
     id: int
     request: Request
-    rng: np.random.Generator
-    clock: Clock
+    clock: Clock = field(default_factory=Clock)
+    front: int | None = None
+    max_guesses: int = 0
     new: list[int] = field(default_factory=list)
     slot: int | None = None
     fed: int = 0  # tokens of prompt + new written to the cache (and still valid there)
@@ -70,25 +74,15 @@ class Sequence:
     accepted: int = 0  # guessed tokens the target kept
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when its parameters ask
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token (the first: None)
-    matcher: Any = None  # structured output: the grammar's state (its allowed ids next; advanced per token)
-
-    @classmethod
-    def of(cls, seq_id: int, request: Request) -> Sequence:
-        """A new sequence, its clock started and its random state seeded now."""
-        grammar = request.params.grammar
-        return cls(seq_id, request, np.random.default_rng(request.params.numpy_seed), Clock(),
-                   matcher=None if grammar is None else grammar.matcher())
-
-    def history(self) -> History:
-        """What the logits processors read for this sequence's next token (its grammar's mask included)."""
-        allowed = None
-        if self.matcher is not None:
-            allowed = self.matcher.allowed(self.request.eos_ids)
-        return History(self.prompt, tuple(self.new), self.request.eos_ids, allowed)
 
     @property
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt
+
+    @property
+    def constrained(self) -> bool:
+        """Structured output: a grammar chooses its ids (it guesses none)."""
+        return self.request.params.grammar is not None
 
     @property
     def next_position(self) -> int:
@@ -108,25 +102,20 @@ class Sequence:
                                 list(self.prompt_logprobs) if params.prompt_logprobs is not None else None)
 
 
-@dataclass(frozen=True, eq=False)
-class Proposal:
-    """A drafter's guesses for one sequence: the ``tokens`` it guesses follow the sequence's last one, and
-    ``probs`` (``[len(tokens), vocab]``) the distribution each was drawn from (None: chosen deterministically)."""
-
-    tokens: tuple[int, ...]
-    probs: np.ndarray | None = None
-
-
 @dataclass(frozen=True)
 class Feed:
-    """``tokens`` of ``seq`` written to its slot from position ``start``; ``logits``: rows wanted, for its last
-    tokens (0: none, a prompt chunk that does not end the prompt; 1: the next token's; 1 + the guesses of
-    ``proposal``, whose tokens end ``tokens``)."""
+    """A plain value: ``tokens`` of sequence ``seq_id`` written to ``slot`` from position ``start``; ``logits``:
+    rows wanted, for its last tokens (0: none, a prompt chunk that does not end the prompt; 1: the next token's;
+    1 + the guesses of ``proposal``, whose tokens end ``tokens``). ``request`` and ``generated`` (its new tokens
+    before this step) are what the runner samples with."""
 
-    seq: Sequence
+    seq_id: int
+    slot: int
     tokens: tuple[int, ...]
     start: int
     logits: int
+    request: Request
+    generated: tuple[int, ...] = ()
     proposal: Proposal | None = None
 
     @property
@@ -134,20 +123,21 @@ class Feed:
         return () if self.proposal is None else self.proposal.tokens
 
     @property
-    def slot(self) -> int:
-        assert self.seq.slot is not None  # only running sequences, which hold a slot, are fed
-        return self.seq.slot
+    def prefill(self) -> bool:
+        """A prompt chunk (the sequence has no new token yet)."""
+        return not self.generated
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What a step chose for one feed: ``kept`` of its tokens stay in the cache, then ``tokens`` are new (with their
-    ``logprobs`` where the parameters ask)."""
+    ``logprobs`` where the parameters ask); ``finished``: its grammar is complete after them (structured output)."""
 
     kept: int
     tokens: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # of the prompt tokens the fed ones predict
+    finished: bool = False
 
 
 @dataclass
@@ -164,10 +154,11 @@ class Counters:
 class Scheduler:
     """Waiting and running generations on ``conv``'s program, holding KV-cache slots taken from ``slots``."""
 
-    def __init__(self, conv: Convention, slots: Slots, now: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, conv: Convention, slots: SlotTable, now: Callable[[], float] = time.perf_counter) -> None:
         self.conv, self.slots, self.now = conv, slots, now
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
+        self.by_id: dict[int, Sequence] = {}  # every waiting or running sequence
         self.counters = Counters()
 
     @property
@@ -176,17 +167,19 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> Sequence:
         self.waiting.append(seq)
+        self.by_id[seq.id] = seq
         return seq
 
     def admit(self) -> list[Sequence]:
-        """Waiting sequences moved to running, first come first, while slots are free."""
+        """Waiting sequences moved to running, first come first, each as a slot is free for it (a front end's
+        reservation, or the shared slots)."""
         admitted = []
-        while self.waiting:
-            taken = self.slots.take(1)
-            if not taken:
-                break
-            seq = self.waiting.popleft()
-            seq.slot = taken[0]
+        for seq in list(self.waiting):
+            slot = self.slots.take(seq.front)
+            if slot is None:
+                continue
+            self.waiting.remove(seq)
+            seq.slot = slot
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -196,35 +189,38 @@ class Scheduler:
         proposal, by sequence id), then prompt chunks in admission order, within the program's token budget and
         logits rows per step (guesses past :meth:`guess_room`'s are dropped)."""
         budget, rows = self.conv.tokens_per_step, self.conv.max_rows
-        rooms = dict(self.guess_room(len(self.running) * budget)) if proposals else {}
+        rooms = {seq.id: k for seq, k in self.guess_room()} if proposals else {}
         feeds: list[Feed] = []
         for seq in self.running:
             if seq.new and budget > 0:
+                assert seq.slot is not None  # running sequences hold a slot
                 proposal = (proposals or {}).get(seq.id)
-                guesses = proposal.tokens[:rooms.get(seq, 0)] if proposal is not None else ()
+                guesses = proposal.tokens[:rooms.get(seq.id, 0)] if proposal is not None else ()
                 if proposal is not None and guesses != proposal.tokens:
                     probs = None if proposal.probs is None else proposal.probs[:len(guesses)]
                     proposal = Proposal(guesses, probs)
-                feeds.append(Feed(seq, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
-                                  proposal if guesses else None))
+                feeds.append(Feed(seq.id, seq.slot, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
+                                  seq.request, tuple(seq.new), proposal if guesses else None))
                 budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)
         for seq, chunk, ends in self._prompt_chunks(budget, rows):
+            assert seq.slot is not None
             wants = seq.request.params.prompt_logprobs is not None
-            feeds.append(Feed(seq, chunk, seq.fed, len(chunk) if wants else int(ends)))
+            feeds.append(Feed(seq.id, seq.slot, chunk, seq.fed, len(chunk) if wants else int(ends), seq.request))
         return feeds
 
-    def guess_room(self, draft_tokens: int) -> list[tuple[Sequence, int]]:
+    def guess_room(self) -> list[tuple[Sequence, int]]:
         """How many tokens each decoding sequence may guess this step (those that may guess at least one): at most
-        ``draft_tokens`` and :func:`guess_cap`, shared out one at a time in admission order within the step's token
-        budget and logits rows less the decoding tokens' own, a row for each prompt being prefilled, and the prompt
-        tokens still to feed up to half the budget's rest (prompts are never starved; guesses not taken go to them)."""
+        its ``max_guesses`` and :func:`guess_cap`, shared out one at a time in admission order within the step's
+        token budget and logits rows less the decoding tokens' own, a row for each prompt being prefilled, and the
+        prompt tokens still to feed up to half the budget's rest (prompts are never starved; guesses not taken go
+        to them)."""
         decoding = [seq for seq in self.running if seq.new]
         prefilling = [seq for seq in self.running if not seq.new]
         spare = self.conv.tokens_per_step - len(decoding)
         pending = sum(len(seq.prompt) - seq.fed for seq in prefilling)
         tokens = spare - min(pending, spare // 2)
         rows = self.conv.max_rows - len(decoding) - len(prefilling)
-        caps = [0 if seq.matcher is not None else min(draft_tokens, guess_cap(seq, self.conv)) for seq in decoding]
+        caps = [0 if seq.constrained else min(seq.max_guesses, guess_cap(seq, self.conv)) for seq in decoding]
         shares = share_out(caps, min(tokens, rows))
         return [(seq, k) for seq, k in zip(decoding, shares, strict=True) if k > 0]
 
@@ -253,7 +249,7 @@ class Scheduler:
         self.counters.occupancy[len(feeds)] += 1
         updates = []
         for feed, outcome in zip(feeds, outcomes, strict=True):
-            seq = feed.seq
+            seq = self.by_id[feed.seq_id]
             if not seq.new:
                 self.counters.prompt_tokens += len(feed.tokens)
             seq.fed = feed.start + outcome.kept
@@ -266,12 +262,12 @@ class Scheduler:
             if outcome.tokens:
                 seq.passes += 1
                 self.counters.passes += 1
-                updates.append(self._append(seq, outcome.tokens, outcome.logprobs))
+                updates.append(self._append(seq, outcome.tokens, outcome.logprobs, outcome.finished))
         return updates
 
     def fail(self, feeds: Seq[Feed], error: BaseException) -> list[Update]:
         """A step's run failed: the generations it carried end with ``error`` (the others go on)."""
-        return self.fail_sequences([feed.seq for feed in feeds], error)
+        return self.fail_sequences([self.by_id[feed.seq_id] for feed in feeds], error)
 
     def fail_sequences(self, seqs: Seq[Sequence], error: BaseException) -> list[Update]:
         """``seqs`` end with ``error`` (a run that carried them failed), their slots freed."""
@@ -282,24 +278,20 @@ class Scheduler:
             updates.append(Update(seq.id, at=seq.clock.end, error=error))
         return updates
 
-    def abort(self, seq_id: int, reason: FinishReason) -> tuple[Update, bool] | None:
-        """End generation ``seq_id`` now with ``reason``, its tokens kept; (its update, whether it was waiting)."""
-        for seq in self.waiting:
-            if seq.id == seq_id:
-                self.waiting.remove(seq)
-                return self._end(seq, (), reason), True
-        for seq in self.running:
-            if seq.id == seq_id:
-                return self._end(seq, (), reason), False
-        return None  # it ended already
+    def abort(self, seq_id: int, reason: FinishReason) -> Update | None:
+        """End generation ``seq_id`` now with ``reason``, its tokens kept; its update (None: it ended already)."""
+        seq = self.by_id.get(seq_id)
+        return None if seq is None else self._end(seq, (), reason)
 
-    def abort_all(self, reason: FinishReason) -> list[Update]:
-        ended = [self._end(seq, (), reason) for seq in [*self.waiting, *self.running]]
-        self.waiting.clear()
-        return ended
+    def abort_all(self, reason: FinishReason, front: int | None = None) -> list[Update]:
+        """End every generation (of front end ``front``, when given) with ``reason``."""
+        return [self._end(seq, (), reason) for seq in [*self.waiting, *self.running]
+                if front is None or seq.front == front]
 
-    def _append(self, seq: Sequence, tokens: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
-        """``tokens`` added to ``seq`` up to the first that ends it; its update."""
+    def _append(self, seq: Sequence, tokens: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = (),
+                finished: bool = False) -> Update:
+        """``tokens`` added to ``seq`` up to the first that ends it (``finished``: its grammar ends after the last);
+        its update."""
         now = self.now()
         prompt_logprobs = tuple(seq.prompt_logprobs) if not seq.new else ()
         if not seq.new:
@@ -310,12 +302,10 @@ class Scheduler:
             taken.append(token)
             if logprobs:
                 seq.logprobs.append(logprobs[i])
-            if seq.matcher is not None:
-                seq.matcher.accept(token)
             self.counters.tokens_generated += 1
             if len(seq.new) == 1:
                 seq.clock.first = self.now()
-            reason = finish_reason(seq, self.conv)
+            reason = finish_reason(seq, self.conv, finished and i == len(tokens) - 1)
             if reason is not None:
                 return replace(self._end(seq, tuple(taken), reason, logprobs[:len(taken)]),
                                prompt_logprobs=prompt_logprobs)
@@ -328,10 +318,13 @@ class Scheduler:
         return Update(seq.id, tokens, seq.clock.end, result=seq.result(reason), logprobs=logprobs)
 
     def _release(self, seq: Sequence) -> None:
+        self.by_id.pop(seq.id, None)
         if seq in self.running:
             self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
         if seq.slot is not None:
-            self.slots.give_back([seq.slot])
+            self.slots.give_back(seq.front, seq.slot)
             seq.slot = None
 
 
@@ -367,12 +360,13 @@ def share_out(caps: Seq[int], total: int) -> list[int]:
     return shares
 
 
-def finish_reason(seq: Sequence, conv: Convention) -> FinishReason | None:
-    """Why ``seq`` ends after its newest token, or None: EOS, a stop sequence, its cap, a full cache."""
+def finish_reason(seq: Sequence, conv: Convention, finished: bool = False) -> FinishReason | None:
+    """Why ``seq`` ends after its newest token, or None: EOS, a stop sequence, its grammar complete (``finished``), its
+    cap, a full cache."""
     request, new = seq.request, seq.new
     if new[-1] in request.eos_ids or any(new[-len(s):] == list(s) for s in request.params.stop if len(s) <= len(new)):
         return "stop"
-    if seq.matcher is not None and seq.matcher.finished:
+    if finished:
         return "stop"
     cap = request.params.max_new_tokens
     if cap is not None and len(new) >= cap:

@@ -30,10 +30,11 @@ class Timings:
 
 
 class Clock:
-    """Marks taken during one generation (``time.perf_counter``)."""
+    """Marks taken during one generation (``time.perf_counter``), from ``start`` (default: now; a generation's
+    clock starts when its caller submitted it)."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.prefilled = self.first = self.end = self.start
 
     @staticmethod

@@ -352,8 +352,9 @@ class Program:
     def extension(self, key: str, make: Callable[[], Any]) -> Any:
         """The object kept with this program under ``key``: ``make()``'s result, made on the first call.
 
-        One per key for the program's lifetime, whichever thread asks first. ``pyrt.llm`` keeps the
-        program's KV-cache slot pool here, so every engine and ``pyrt.generate`` call on it shares one.
+        One per key for the program's lifetime, whichever thread asks first; one with a ``close()`` is closed
+        first when the program closes. ``pyrt.llm`` keeps the program's engine cores here (their KV-cache slots
+        with them), so every engine and ``pyrt.generate`` call on it shares one.
         """
         self._check_open()
         with self._extensions_lock:
@@ -386,6 +387,12 @@ class Program:
         """
         if self._closed:
             return
+        with self._extensions_lock:
+            extensions = list(self._extensions.values())
+        for extension in extensions:  # what applications keep with it stop first (pyrt.llm's engine cores)
+            stop = getattr(extension, "close", None)
+            if callable(stop):
+                stop()
         self._closed = True
         with self._no_runs():
             for runner in self._runners.values():

@@ -50,7 +50,8 @@ class GenerateRoutes:
             self.service.metrics.request(name)
             body = await self.service.read(request, GenerateRequest)
             prompt = await self._prompt(body, host.engine.conv.max_context_len)
-            job, text = self.service.start(host, body, prompt, lambda: body.sampling_params(self.service.eos(host)))
+            job, text = await self.service.start(host, body, prompt,
+                                                 lambda: body.sampling_params(self.service.eos(host)))
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.service.failed(name if name in self.service.hosts else "", exc)
             return error_response(exc)

@@ -1,105 +1,74 @@
-"""A replica's generation engines: one ``pyrt.llm.Engine`` per generating model, stepped by its own thread.
+"""A replica's generation front ends: one ``pyrt.llm.Engine`` per generating model, and each request's :class:`Job`.
 
-:class:`EngineHost` owns the engine and a thread that runs it (``Engine.run``: it steps while
-anything is queued or running and sleeps otherwise), so concurrent requests share each forward
-call. The engine's steps and the replica's infer runs go through the same ``pyrt.Program``,
-whose runs of one method take turns on that method's lock; the infer route refuses the method an
-engine drives (its runs would write the KV-cache slots generations hold). The engine bounds its
-own queue (``max_queued``, ``pyrt serve --max-queued-requests``); the host only names the flag
-in the refusal.
+:class:`EngineHost` holds the model's engine: a front end of the program's engine core for that
+method, which one thread steps (:mod:`pyrt.llm.stepping`), so concurrent requests share each
+forward call. The engine's steps and the replica's infer runs go through the same
+``pyrt.Program``, whose runs of one method take turns on that method's lock; the infer route
+refuses the method an engine drives (its runs would write the KV-cache slots generations hold).
+The core bounds the queue (``max_queued``, ``pyrt serve --max-queued-requests``); its refusal
+arrives on the request's handle, and :meth:`Job.accepted` raises it, naming the flag.
 
-:class:`Job` is one request's generation seen from the event loop: ``updates()`` yields the new
-token ids as the stepping thread produces them (the generation's update listener wakes the loop;
-several tokens come at once when the loop was busy). :func:`pieces` adds text (a
-:class:`pyrt.serve.text.TextStream`: incremental detokenization and stop strings) and ends with
-one :class:`Piece` carrying the finish reason. Cancelling a job (a client that went away, a stop
-string) frees its slot at the engine's next step.
+:class:`Job` is one request's generation seen from the event loop: it posts the request without
+blocking the loop (``Engine.post``); ``updates()`` yields the new token ids as the stepping thread
+produces them (the generation's update listener wakes the loop; several tokens come at once when
+the loop was busy). :func:`pieces` adds text (a :class:`pyrt.serve.text.TextStream`: incremental
+detokenization and stop strings) and ends with one :class:`Piece` carrying the finish reason.
+Cancelling a job (a client that went away, a stop string) frees its slot at the core's next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyrt.errors import BusyError, InputError, PyrtError, QueueFullError
-from pyrt.llm import Engine, FinishReason, Generation, GenerationResult, SamplingParams
+from pyrt.errors import BusyError, PyrtError, QueueFullError
+from pyrt.llm import Engine, FinishReason, Generation, GenerationConfig, GenerationResult, SamplingParams, make_request
 from pyrt.serve.text import TextStream
 
 log = logging.getLogger("pyrt.serve")
 
-FAILED_PAUSE_S = 0.05  # after an unexpected failure of the stepping loop, before it runs again
-HEARTBEAT_S = 5.0  # a job waiting this long for a token checks that the stepping thread is alive
+HEARTBEAT_S = 5.0  # a job waiting this long for a token checks that its engine core still takes work
 
 
 class EngineStopped(PyrtError):
-    """The engine's stepping thread stopped or failed: the generations it carried end with this (500)."""
+    """The engine core stopped (the replica is closing) or failed: the generations it carried end with this (500)."""
 
 
 class EngineHost:
-    """``model``'s engine on ``program`` and the thread that steps it (until :meth:`close`).
+    """``model``'s engine on ``program``'s ``method``, with ``config`` (its draft, draft_tokens, queue bound)."""
 
-    ``max_queued``: the engine's bound on generations waiting for a KV-cache slot (None: none);
-    ``draft``, ``draft_tokens``: speculative decoding (``pyrt.llm.Engine``'s; a bad value is an InputError
-    naming the ``pyrt serve`` flag).
-    """
-
-    def __init__(self, program: Any, method: str, model: str, max_queued: int | None = None, draft: Any = None,
-                 draft_tokens: int = 4) -> None:
+    def __init__(self, program: Any, method: str, model: str, config: GenerationConfig) -> None:
         self.model = model
-        try:
-            self.engine = Engine(program, method=method, max_queued=max_queued, draft=draft,
-                                 draft_tokens=draft_tokens)
-        except InputError as exc:
-            if exc.field not in ("draft", "draft_tokens"):
-                raise
-            flag = "--" + exc.field.replace("_", "-")
-            raise InputError(f"{flag}: {exc}", field=exc.field) from None
-        self.failure: BaseException | None = None  # the last unexpected failure of the stepping loop
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pyrt-steps-{model}", daemon=True)
-        self._thread.start()
+        self.engine = Engine(program, replace(config, method=method))
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stop.is_set()
+        return self.engine.alive
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.engine.run()
-            except Exception as exc:  # the engine ends a failed run's generations itself: this is a bug
-                log.exception("%s: the generation engine failed; its generations end", self.model)
-                self.failure, self.failures = exc, self.failures + 1
-                self.engine.close()
-                self._stop.wait(FAILED_PAUSE_S)
+    @property
+    def failures(self) -> int:
+        """Unexpected failures of the core's steps so far (each ended the generations it carried)."""
+        return int(self.engine.stats()["step_failures"])
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Job:
-        """Queue a generation (``Engine.submit``'s checks: InputError naming the engine's field); its
-        :class:`Job` on the running event loop. BusyError past ``--max-queued-requests``."""
+        """Queue a generation (``make_request``'s checks: InputError naming the engine's field); its :class:`Job` on
+        the running event loop, whose :meth:`Job.accepted` raises the core's refusal."""
         if not self.alive:
             raise EngineStopped(f"model {self.model!r}: the replica's generation engine has stopped")
         started = time.perf_counter()
-        try:
-            generation = self.engine.submit(prompt, params)
-        except QueueFullError as exc:  # a BusyError as before: the metrics count errors by class name
-            raise BusyError(str(exc.renamed("max_queued_requests", source=f"model {self.model!r}"))) from None
+        generation = self.engine.post(make_request(self.engine.conv, prompt, params))
         return Job(self, generation, asyncio.get_running_loop(), started)
 
     def stats(self) -> dict[str, Any]:
-        """The engine's counters (``Engine.stats``) and the stepping loop's unexpected failures."""
-        return {**self.engine.stats(), "step_failures": self.failures}
+        """The engine's counters (``Engine.stats``, the core's step failures among them)."""
+        return self.engine.stats()
 
     def close(self) -> None:
-        """Stop the thread; every generation still queued or running ends as cancelled."""
-        self._stop.set()
-        self.engine.stop()
-        self._thread.join(timeout=30)
+        """Every generation of this model still queued or running ends as cancelled."""
         self.engine.close()
 
 
@@ -128,6 +97,17 @@ class Job:
         self._scheduled = False
         self._wake.set()
 
+    async def accepted(self) -> None:
+        """Return once the core has queued the generation; its refusal raised (BusyError naming
+        ``--max-queued-requests`` past the queue bound)."""
+        while not (self.generation.accepted or self.generation.done):
+            await self._wait()
+        error = self.generation.error
+        if isinstance(error, QueueFullError):  # a BusyError as before: the metrics count errors by class name
+            raise BusyError(str(error.renamed("max_queued_requests", source=f"model {self.host.model!r}")))
+        if error is not None and not self.generation.accepted:
+            raise error
+
     async def updates(self) -> AsyncIterator[list[int]]:
         """The new token ids as they come, until the generation ends (then :attr:`result` or :attr:`error`)."""
         while True:
@@ -153,7 +133,7 @@ class Job:
         return self.generation.token_times
 
     def cancel(self, reason: FinishReason = "cancelled") -> None:
-        """End the generation at the engine's next step (its slot is freed there)."""
+        """End the generation at the core's next step (its slot is freed there)."""
         self.cancelled_here = True
         self.generation.cancel(reason)
 
@@ -164,7 +144,8 @@ class Job:
             raise self.generation.error
         result = self.generation.result
         if result is None or (result.finish_reason == "cancelled" and not self.cancelled_here):
-            why = f": {self.host.failure}" if self.host.failures != self.failures else " (the replica is stopping)"
+            failures = self.host.failures
+            why = " after an unexpected failure" if failures != self.failures else " (the replica is stopping)"
             raise EngineStopped(f"model {self.host.model!r}: the generation was ended by the engine{why}")
         return result
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from starlette.requests import Request
 
 from pyrt.errors import InputError
-from pyrt.llm import SamplingParams, serves
+from pyrt.llm import GenerationConfig, SamplingParams, serves
 from pyrt.serve.events import watch_disconnect
 from pyrt.serve.failures import ApiError
 from pyrt.serve.llm_host import EngineHost, Job, Piece, pieces
@@ -57,8 +57,8 @@ class LlmService:
     """The generating models of one replica's program (``read_body`` reads a request body within the limits)."""
 
     def __init__(self, program: Any, methods: Mapping[str, str], *, tokenizer: str | None,
-                 max_queued: int | None, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any,
-                 draft: Any = None, draft_tokens: int = 4, aliases: Mapping[str, str] | None = None) -> None:
+                 generation: GenerationConfig, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any,
+                 aliases: Mapping[str, str] | None = None) -> None:
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else None
         self.defaults = generation_defaults(tokenizer)  # generation_config.json's sampling defaults
         self.token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
@@ -72,7 +72,7 @@ class LlmService:
         for name, method in methods.items():
             why = serves(program, method)
             if why is None:
-                self.hosts[name] = EngineHost(program, method, name, max_queued, draft, draft_tokens)
+                self.hosts[name] = EngineHost(program, method, name, generation)
             else:
                 self.refused[name] = why
         self.generation = GenerationMetrics(metrics.registry)
@@ -163,15 +163,15 @@ class LlmService:
             raise ApiError(f"messages: the chat template refused them: {exc}", param="messages") from None
         return text
 
-    def start(self, host: EngineHost, request: GenerationRequest, prompt_ids: Any,
-              params: SamplingParams | Callable[[], SamplingParams]) -> tuple[Job, TextStream | None]:
+    async def start(self, host: EngineHost, request: GenerationRequest, prompt_ids: Any,
+                    params: SamplingParams | Callable[[], SamplingParams]) -> tuple[Job, TextStream | None]:
         """Submit ``request`` on ``prompt_ids`` with ``params`` (or what makes them: their errors too are named
-        as the client spelled the field, InputError); BusyError past the queue's bound."""
-        return self.start_many(host, request, prompt_ids, [params])[0]
+        as the client spelled the field, InputError); BusyError past the queue's bound, once the core said so."""
+        return (await self.start_many(host, request, prompt_ids, [params]))[0]
 
-    def start_many(self, host: EngineHost, request: GenerationRequest, prompt_ids: Any,
-                   params: Sequence[SamplingParams | Callable[[], SamplingParams]]
-                   ) -> list[tuple[Job, TextStream | None]]:
+    async def start_many(self, host: EngineHost, request: GenerationRequest, prompt_ids: Any,
+                         params: Sequence[SamplingParams | Callable[[], SamplingParams]]
+                         ) -> list[tuple[Job, TextStream | None]]:
         """:meth:`start` of one generation per ``params`` on the same prompt, all or none (those submitted before
         a refusal are cancelled)."""
         if request.stop_strings and self.tokenizer is None:
@@ -184,6 +184,8 @@ class LlmService:
                 text = None if self.tokenizer is None else TextStream(self.tokenizer, request.stop_strings,
                                                                       **text_options(request))
                 out.append((job, text))
+            for job, _ in out:
+                await job.accepted()
         except InputError as exc:
             for job, _ in out:
                 job.cancel()

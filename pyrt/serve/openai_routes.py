@@ -93,7 +93,7 @@ class OpenAIRoutes:
             self.service.metrics.request(name)
             prompt = await self._prompt(body, host)
             grammar = await self.service.off_loop(self._grammar, body, host)
-            started = self.service.start_many(host, body, prompt, self._params(body, host, grammar))
+            started = await self.service.start_many(host, body, prompt, self._params(body, host, grammar))
         except Exception as exc:  # answered, never raised: the replica keeps serving
             self.service.failed(name, exc)
             return openai_response(exc)

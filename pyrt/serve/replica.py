@@ -38,7 +38,7 @@ from starlette.routing import Router
 from pyrt._version import __version__
 from pyrt.errors import InputError, PyrtError
 from pyrt.format.method_io import flatten
-from pyrt.llm import open_draft
+from pyrt.llm import GenerationConfig, open_draft
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import limits, routes
@@ -110,9 +110,10 @@ class PyrtReplica:
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
+        generation = GenerationConfig(draft=self.draft, draft_tokens=cfg.draft_tokens,
+                                      max_queued=cfg.max_queued_requests)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
-                              draft=self.draft, draft_tokens=cfg.draft_tokens, aliases=self.aliases)
+                              generation=generation, read_body=self._body, metrics=self.metrics, aliases=self.aliases)
         self.router = Router([  # the hot path first
             route("POST", "/v2/models/{name}/infer", self.infer),
             route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),

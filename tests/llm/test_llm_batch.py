@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.export]
 
 def free_slots(prog: Any) -> int:
     """The program's KV-cache slots that no generation holds."""
-    return pyrt.llm.LLMProgram(prog).slots.free
+    return pyrt.llm.core_loop(prog).published.free_slots
 
 NEW = 12
 # (family, builder): reference engines on the simulated GPU, and ExecuTorch's portable kernels on the CPU.
@@ -81,17 +81,18 @@ def test_sequences_join_and_leave_between_steps_and_cancel_keeps_their_tokens(ll
     want = [list(w) for w in L.solo_greedy("llama", NEW)]
     with opened(llama4) as prog:
         engine = pyrt.llm.Engine(prog)
-        first = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:3]]
-        assert engine.pending == 3 and engine.step() == 3 and engine.running == 3
-        for _ in range(3):
+        with engine.paused():  # the core steps when asked: join and leave at known steps
+            first = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:3]]
+            assert engine.pending == 3 and engine.step() == 3 and engine.running == 3
+            for _ in range(3):
+                engine.step()
+            late = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[3:]]  # join mid-run
+            assert engine.queued == 4  # one slot is free: the next step admits one
+            engine.cancel(first[1])
             engine.step()
-        late = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[3:]]  # join mid-run
-        assert engine.queued == 4  # one slot is free: the next step admits one
-        engine.cancel(first[1])
-        engine.step()
-        assert first[1].result is not None and first[1].result.finish_reason == "cancelled"
-        kept = first[1].result.tokens
-        assert 0 < len(kept) < NEW and kept == want[1][:len(kept)]
+            assert first[1].result is not None and first[1].result.finish_reason == "cancelled"
+            kept = first[1].result.tokens
+            assert 0 < len(kept) < NEW and kept == want[1][:len(kept)]
         while engine.pending:
             engine.step()
         done = [s.result for s in first + late]
@@ -106,11 +107,12 @@ def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks_beside_dec
     want = [list(w) for w in L.solo_greedy("llama", NEW)]
     with opened(llama4) as prog:
         engine = pyrt.llm.Engine(prog)
-        short = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
-        engine.step()
-        long = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[])  # 20 tokens, budget 16 per step
-        assert engine.step() == 2 and short.tokens == want[0][:2] and long.tokens == []
-        assert engine.step() == 2 and long.tokens == want[2][:1]  # the rest of its prompt, then its first token
+        with engine.paused():
+            short = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+            engine.step()
+            long = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[])  # 20 tokens, budget 16 per step
+            assert engine.step() == 2 and short.tokens == want[0][:2] and long.tokens == []
+            assert engine.step() == 2 and long.tokens == want[2][:1]  # the rest of its prompt, then its first token
         for stream in (short, long):
             stream.wait()
         assert short.result is not None and long.result is not None
@@ -141,19 +143,20 @@ def test_a_bad_submission_is_an_input_error_and_disturbs_nobody(llama4: L.Export
     want = list(L.solo_greedy("llama", NEW)[0])
     with opened(llama4) as prog:
         engine = pyrt.llm.Engine(prog, max_queued=1)
-        running = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
-        engine.step()
-        for bad, match in (({"top_p": 2.0}, r"top_p=2.0 must be a number in \(0, 1\]"),
-                           ({"stop": [[]]}, r"stop\[0\] is empty"), ({"stop": "x"}, "must be a list"),
-                           ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int >= 1")):
-            with pytest.raises(InputError, match=match):
-                engine.submit([1, 2], **bad)
-        with pytest.raises(InputError, match=r"prompt_ids\[1\]=1000 is outside the vocabulary"):
-            engine.submit([1, 1000])
-        holders = [engine.submit([7 + i], max_new_tokens=2) for i in range(L.SLOTS - 1)]  # the free slots' takers
-        waiting = engine.submit([7], max_new_tokens=2)  # the queue's one place: it waits for a slot
-        with pytest.raises(BusyError, match="max_queued=1"):
-            engine.submit([7], max_new_tokens=2)
+        with engine.paused():  # no slot frees while the bound is tried
+            running = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+            engine.step()
+            for bad, match in (({"top_p": 2.0}, r"top_p=2.0 must be a number in \(0, 1\]"),
+                               ({"stop": [[]]}, r"stop\[0\] is empty"), ({"stop": "x"}, "must be a list"),
+                               ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int >= 1")):
+                with pytest.raises(InputError, match=match):
+                    engine.submit([1, 2], **bad)
+            with pytest.raises(InputError, match=r"prompt_ids\[1\]=1000 is outside the vocabulary"):
+                engine.submit([1, 1000])
+            holders = [engine.submit([7 + i], max_new_tokens=2) for i in range(L.SLOTS - 1)]  # the free slots' takers
+            waiting = engine.submit([7], max_new_tokens=2)  # the queue's one place: it waits for a slot
+            with pytest.raises(BusyError, match="max_queued=1"):
+                engine.submit([7], max_new_tokens=2)
         for stream in (running, *holders, waiting):
             stream.wait()
     assert running.result is not None and running.result.tokens == want
@@ -163,12 +166,14 @@ def test_a_bad_submission_is_an_input_error_and_disturbs_nobody(llama4: L.Export
 def test_a_dropped_stream_is_cancelled_and_gives_its_slot_back(llama4: L.Exported) -> None:
     with opened(llama4) as prog:
         engine = pyrt.llm.Engine(prog)
-        kept = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
-        dropped = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
-        engine.step()
-        assert engine.running == 2 and free_slots(prog) == L.SLOTS - 2
-        del dropped  # e.g. a client that went away: nobody can read its tokens any more
-        assert engine.running == 1 and free_slots(prog) == L.SLOTS - 1
+        with engine.paused():
+            kept = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+            dropped = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
+            engine.step()
+            assert engine.running == 2 and free_slots(prog) == L.SLOTS - 2
+            del dropped  # e.g. a client that went away: nobody can read its tokens any more
+            engine.step()  # the cancellation its drop posted is applied first
+            assert engine.running == 1 and free_slots(prog) == L.SLOTS - 1
         kept.wait()
         assert free_slots(prog) == L.SLOTS
 
@@ -177,12 +182,13 @@ def test_a_failed_run_ends_the_generations_it_carried_and_the_engine_goes_on(lla
     want = list(L.solo_greedy("llama", NEW)[1])
     with simulated_gpus(1) as sim, pyrt.Program(llama4.path) as prog:
         engine = pyrt.llm.Engine(prog)
-        doomed = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
-        engine.step()
-        sim.tensorrt.inject_failure("execute_async_v3")
-        assert engine.step() == 1
-        with pytest.raises(pyrt.PyrtError, match="execute_async_v3"):
-            list(doomed)
+        with engine.paused():
+            doomed = engine.submit(L.PROMPTS[0], max_new_tokens=NEW, eos_ids=[])
+            engine.step()
+            sim.tensorrt.inject_failure("execute_async_v3")
+            assert engine.step() == 1
+            with pytest.raises(pyrt.PyrtError, match="execute_async_v3"):
+                list(doomed)
         fine = engine.submit(L.PROMPTS[1], max_new_tokens=NEW, eos_ids=[])
         assert list(fine) == want and free_slots(prog) == L.SLOTS
 

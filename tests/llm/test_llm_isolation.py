@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.export]
 
 def free_slots(prog: Any) -> int:
     """The program's KV-cache slots that no generation holds."""
-    return pyrt.llm.LLMProgram(prog).slots.free
+    return pyrt.llm.core_loop(prog).published.free_slots
 
 NEW = 12
 
@@ -110,12 +110,13 @@ def test_engines_and_calls_on_one_program_share_its_slots(files: dict[int, L.Exp
     want = [list(w) for w in L.solo_greedy("llama", NEW)[:4]]
     with simulated_gpus(1), pyrt.Program(files[4].path) as prog:
         first, second = pyrt.llm.Engine(prog), pyrt.llm.Engine(prog)
-        held = [first.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:3]]
-        first.step()
-        late = [second.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[3:5]]
-        assert second.step() == 1 and second.queued == 1  # one slot was left
-        with pytest.raises(BusyError, match="all 4 of its KV-cache slots are held"):
-            pyrt.generate(prog, L.PROMPTS[0], max_new_tokens=2)
+        with first.paused():  # one core for both engines: their generations share its steps
+            held = [first.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:3]]
+            assert first.step() == 3
+            late = [second.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[3:5]]
+            assert second.step() == 4 and second.running == 1 and second.queued == 1  # one slot was left
+            with pytest.raises(BusyError, match="all 4 of its KV-cache slots are held"):
+                pyrt.generate(prog, L.PROMPTS[0], max_new_tokens=2)
         for s in held + late:
             s.wait()
         assert [s.result.tokens for s in held + late[:1] if s.result] == want

@@ -14,9 +14,10 @@ import pyrt
 from pyrt.errors import InputError
 from pyrt.llm import Engine, NgramDrafter, SamplingParams, make_request
 from pyrt.llm.draft_model import kept_prefix
+from pyrt.llm.guesses import Proposal
 from pyrt.llm.ngram import lookup
-from pyrt.llm.scheduler import Outcome, Proposal, Scheduler, Sequence, guess_cap
-from pyrt.llm.slots import SlotPool
+from pyrt.llm.scheduler import Outcome, Scheduler, Sequence, guess_cap
+from pyrt.llm.slots import SlotTable
 from pyrt.llm.verify import verify
 from tests.fixtures import stub_llm as S
 
@@ -78,32 +79,33 @@ def test_sampled_verification_without_guesses_draws_what_sample_draws() -> None:
 
 def test_guess_caps_and_the_shares_of_a_step() -> None:
     conv = S.convention(slots=4, tokens_per_step=16, context=16)
-    sched = Scheduler(conv, SlotPool(4, "stub"), now=lambda: 0.0)
-    seqs = [sched.add(Sequence.of(i, make_request(conv, p, SamplingParams(max_new_tokens=m, eos_ids=()))))
+    sched = Scheduler(conv, SlotTable(4, "stub"), now=lambda: 0.0)
+    seqs = [sched.add(Sequence(i, make_request(conv, p, SamplingParams(max_new_tokens=m, eos_ids=())), max_guesses=4))
             for i, (p, m) in enumerate([([1, 2], 3), ([3] * 12, None), ([4, 5], None)])]
     sched.admit()
     sched.update(sched.schedule(), [Outcome(2, (7,)), Outcome(12, (8,)), Outcome(2, (9,))])
     assert [guess_cap(s, conv) for s in seqs] == [1, 3, 13]  # max_new_tokens 3 -> 1; positions 13, 14, 15 free
-    assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 4)]
-    late = sched.add(Sequence.of(3, make_request(conv, list(range(10)), SamplingParams(eos_ids=()))))
+    assert sched.guess_room() == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 4)]
+    late = sched.add(Sequence(3, make_request(conv, list(range(10)), SamplingParams(eos_ids=())), max_guesses=4))
     sched.admit()  # a 10-token prompt to feed keeps half of the 16 - 3 decoding tokens: 7 for guesses
-    assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 3)]
+    assert sched.guess_room() == [(seqs[0], 1), (seqs[1], 3), (seqs[2], 3)]
     feeds = sched.schedule({0: Proposal((6,)), 2: Proposal((6, 6, 6, 6))})  # more than its room: cut to it
     assert [(f.tokens, f.start, f.logits) for f in feeds] == [
         ((7, 6), 2, 2), ((8,), 12, 1), ((9, 6, 6, 6), 2, 4), (tuple(range(9)), 0, 0)]  # the prompt gets the rest
-    assert late.slot == 3 and sched.guess_room(4) != []
+    assert late.slot == 3 and sched.guess_room() != []
 
 
 def test_an_older_files_rows_leave_room_for_guesses_only_beside_few_sequences() -> None:
     conv = S.convention(slots=4, tokens_per_step=16, max_rows=4)  # rows bound = max_batch_size
-    sched = Scheduler(conv, SlotPool(4, "stub"), now=lambda: 0.0)
-    seqs = [sched.add(Sequence.of(i, make_request(conv, [1 + i], SamplingParams(eos_ids=())))) for i in range(4)]
+    sched = Scheduler(conv, SlotTable(4, "stub"), now=lambda: 0.0)
+    seqs = [sched.add(Sequence(i, make_request(conv, [1 + i], SamplingParams(eos_ids=())), max_guesses=4))
+            for i in range(4)]
     sched.admit()
     sched.update(sched.schedule(), [Outcome(1, (5,))] * 4)
-    assert sched.guess_room(4) == []  # four decoding: every row taken
+    assert sched.guess_room() == []  # four decoding: every row taken
     sched.abort(3, "cancelled")
     sched.abort(2, "cancelled")
-    assert sched.guess_room(4) == [(seqs[0], 1), (seqs[1], 1)]
+    assert sched.guess_room() == [(seqs[0], 1), (seqs[1], 1)]
 
 
 def test_a_proposal_is_filled_to_its_room_with_deterministic_guesses() -> None:
@@ -134,7 +136,7 @@ def test_greedy_with_a_draft_equals_greedy_without(kind: str, slots: int) -> Non
     prompts = PROMPTS + [[1, 2, 3, 1, 2, 3, 1, 2]]  # a prompt that repeats: prompt lookup guesses
     assert run_all(engine, prompts) == [want(p) for p in prompts]
     stats = engine.stats()
-    assert stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"] and llm.slots.free == slots
+    assert stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"] and S.free_slots(llm) == slots
     if kind == "self":
         assert stats["accepted"] == stats["drafted"] and stats["acceptance_rate"] == 1.0
         assert stats["tokens_per_pass"] > 3  # 14 tokens: the first, then up to 5 per pass
@@ -146,20 +148,21 @@ def test_sequences_join_and_leave_mid_run_and_cancel_frees_both_slots() -> None:
     llm, _ = S.stub(slots=3, greedy_check=True)
     draft, draft_lm = S.stub(slots=2, salt=1)  # fewer draft slots: a third sequence decodes without guesses
     engine = Engine(llm, draft=draft, draft_tokens=3)
-    first = [engine.submit(p, GREEDY) for p in PROMPTS[:3]]
-    for _ in range(3):
+    with engine.paused():
+        first = [engine.submit(p, GREEDY) for p in PROMPTS[:3]]
+        for _ in range(3):
+            engine.step()
+        assert engine.drafter.slots.free == 0
+        late = [engine.submit(p, GREEDY) for p in PROMPTS[3:6]]
+        engine.cancel(first[1])
         engine.step()
-    assert draft.slots.free == 0
-    late = [engine.submit(p, GREEDY) for p in PROMPTS[3:6]]
-    engine.cancel(first[1])
-    engine.step()
-    kept = first[1].result.tokens if first[1].result else None
-    assert kept is not None and kept == want(PROMPTS[1])[:len(kept)]
+        kept = first[1].result.tokens if first[1].result else None
+        assert kept is not None and kept == want(PROMPTS[1])[:len(kept)]
     while engine.pending:
         engine.step()
     got = [s.result.tokens for s in first + late if s.result]
     assert got[:1] + got[2:] == [want(p) for i, p in enumerate(PROMPTS[:6]) if i != 1]
-    assert llm.slots.free == 3 and draft.slots.free == 2 and engine.stats()["drafted"] > 0
+    assert S.free_slots(llm) == 3 and engine.drafter.slots.free == 2 and engine.stats()["drafted"] > 0
     engine.close()
     assert (draft_lm.cache >= S.STALE).all()
 
@@ -222,7 +225,7 @@ def test_a_rejected_guess_kept_in_the_cache_is_caught(monkeypatch: pytest.Monkey
     stream = engine.submit(PROMPTS[0], GREEDY)
     stream.wait()
     assert isinstance(stream.error, AssertionError) and "after a row whose argmax" in str(stream.error)
-    assert llm.slots.free == 1
+    assert S.free_slots(llm) == 1
 
 
 def test_a_read_past_a_rolled_back_position_is_caught() -> None:
@@ -247,11 +250,12 @@ def test_a_failing_draft_ends_the_generations_it_guessed_for_and_frees_both_slot
 
     draft_lm.run = flaky  # type: ignore[method-assign]
     engine = Engine(llm, draft=draft)
-    doomed = [engine.submit(p, GREEDY) for p in PROMPTS[:2]]
+    with engine.paused():  # both join the first step: the third draft call guesses for both
+        doomed = [engine.submit(p, GREEDY) for p in PROMPTS[:2]]
     while engine.pending:
         engine.step()
     assert [str(s.error) for s in doomed] == ["draft boom"] * 2
-    assert llm.slots.free == 2 and draft.slots.free == 2
+    assert S.free_slots(llm) == 2 and engine.drafter.slots.free == 2
     assert run_all(engine, PROMPTS[2:4]) == [want(p) for p in PROMPTS[2:4]]  # the engine goes on
 
 
@@ -267,7 +271,7 @@ def test_a_draft_must_share_the_vocabulary_bos_and_eos() -> None:
         pyrt.generate(llm, [1, 2], max_new_tokens=2, draft="ngram", draft_tokens=0)
     with pytest.raises(InputError, match="vocab_size"):
         pyrt.generate(llm, [1, 2], max_new_tokens=2, draft=S.stub(vocab=60)[0])
-    assert llm.slots.free == 4  # the reservation went back
+    assert S.free_slots(llm) == 4  # the reservation went back
 
 
 def test_generate_with_a_draft_reports_passes_and_guesses() -> None:
@@ -307,18 +311,16 @@ def test_drafts_with_a_small_token_budget_or_one_sequence_guess_within_their_bou
         engine = Engine(llm, draft=draft, draft_tokens=3)
         assert run_all(engine, PROMPTS) == [want(p) for p in PROMPTS]
         stats = engine.stats()
-        assert 0 < stats["accepted"] < stats["drafted"] and draft.slots.free == slots
+        assert 0 < stats["accepted"] < stats["drafted"] and engine.drafter.slots.free == slots
 
 
 @pytest.mark.parametrize("kind", ["ngram", "other"])
-def test_a_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: str) -> None:
+def test_the_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: str) -> None:
     import threading
 
     llm, _ = S.stub(slots=3, greedy_check=True)
     draft = drafts(kind, slots=2)
     engine = Engine(llm, draft=draft, draft_tokens=3)
-    runner = threading.Thread(target=engine.run, daemon=True)
-    runner.start()
     got: dict[int, list[int]] = {}
 
     def client(i: int) -> None:
@@ -332,12 +334,9 @@ def test_a_stepping_thread_with_a_draft_serves_clients_on_other_threads(kind: st
     doomed.cancel()
     for t in threads:
         t.join(60)
-    engine.stop()
-    runner.join(30)
-    assert not runner.is_alive()  # it stepped (Engine.run takes no argument) and stopped
     assert got == {i: want(p) for i, p in enumerate(PROMPTS)}
-    assert doomed.wait(5) and doomed.result is not None and doomed.result.finish_reason == "cancelled"
-    assert llm.slots.free == 3 and (kind == "ngram" or draft.slots.free == 2)
+    assert doomed.wait(5) and doomed.result is not None and doomed.result.finish_reason in ("cancelled", "cache_full")
+    assert S.free_slots(llm) == 3 and (kind == "ngram" or engine.drafter.slots.free == 2)
     stats = engine.stats()
     assert {"draft", "draft_tokens", "drafted", "accepted", "acceptance_rate", "tokens_per_pass"} <= set(stats)
     assert stats["draft_tokens"] == 3 and stats["draft"] == ("ngram" if kind == "ngram" else "stub.pte")

@@ -73,12 +73,13 @@ def test_joining_leaving_eos_and_stop_inside_accepted_runs() -> None:
     eos, pair = full[6], full[3:5]
     with opened(exported.path, exported.path) as (prog, draft):
         engine = pyrt.llm.Engine(prog, draft=draft, draft_tokens=4)  # the target as its own draft: all accepted
-        first = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:2]]
-        engine.step()
-        engine.step()
-        ended = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[eos])
-        stopped = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[], stop=[pair])
-        engine.cancel(first[1])
+        with engine.paused():
+            first = [engine.submit(p, max_new_tokens=NEW, eos_ids=[]) for p in L.PROMPTS[:2]]
+            engine.step()
+            engine.step()
+            ended = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[eos])
+            stopped = engine.submit(L.PROMPTS[2], max_new_tokens=NEW, eos_ids=[], stop=[pair])
+            engine.cancel(first[1])
         while engine.pending:
             engine.step()
         stats = engine.stats()
