@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device import output_allocator, tensorrt_seam
 from pyrt.device import profiles as profiles_mod
 from pyrt.device import scratch as scratch_mod

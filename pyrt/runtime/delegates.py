@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
 from pyrt.engine import Engine
 from pyrt.errors import PteFormatError, UnsupportedOperatorError

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.errors import InputError
 from pyrt.memory.tensors import DeviceTensor
 

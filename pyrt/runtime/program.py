@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device.scratch import ScratchInfo
 from pyrt.errors import BudgetError, InputError, ProgramClosedError
 from pyrt.format.limits import check_host_memory
