@@ -16,14 +16,13 @@ Layout facts: ``docs/formats.md`` (shared) section 1.
 
 from __future__ import annotations
 
-import errno
 import mmap as mmap_mod
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
-from pyrt.errors import PteFormatError, ResourceError
+from pyrt.errors import PteFormatError
 from pyrt.format import values as _values
 from pyrt.format.bounds import Span
 from pyrt.format.decode import (
@@ -37,8 +36,8 @@ from pyrt.format.decode import (
 )
 from pyrt.format.delegates import BackendDelegate, CompileSpec, decode_delegate
 from pyrt.format.flatbuffer import Table, Vector
-from pyrt.format.mapped import register, unmap
-from pyrt.format.pte_header import byte_view, parse_headers, read_private, require_regular
+from pyrt.format.mapped import map_file, unmap
+from pyrt.format.pte_header import byte_view, parse_headers
 from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's public records)
     EVALUE_KINDS,
     INSTRUCTION_KINDS,
@@ -110,34 +109,13 @@ class PteFile:
         path = os.fspath(source)
         if not isinstance(path, str):  # os.PathLike returning bytes
             path = os.fsdecode(path)
-        if "\0" in path:
-            raise PteFormatError(f"{path!r}: not a usable path: it contains a NUL byte")
+        mm, view = map_file(path, ".pte file", private=not mmap)
         try:
-            before = os.stat(path)  # before open: opening a FIFO blocks until a writer comes
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        require_regular(path, before)
-        try:  # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once (and fstat refuses it)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        try:
-            info = os.fstat(fd)
-            require_regular(path, info)
-            if info.st_size == 0:
-                raise PteFormatError(f"{path}: file is empty (0 bytes)")
-            if not mmap:
-                return cls(read_private(fd, path, info.st_size), path)
-            mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
-        except OSError as exc:
-            if exc.errno == errno.ENOMEM:  # the address space is full (RLIMIT_AS): a resource, not a bad file
-                raise ResourceError(f"{path}: cannot map the file ({exc.strerror}): over the process's address-space "
-                                    f"limit or out of memory") from exc
-            raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
-        finally:
-            os.close(fd)
-        register(mm)  # served engine pages can be dropped (pyrt.format.mapped.release_pages)
-        return cls(memoryview(mm), str(path), _mmap=mm)
+            return cls(view, path, _mmap=mm)
+        except BaseException:
+            view.release()
+            unmap(mm)
+            raise
 
     # lifetime
     def close(self) -> None:
