@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal, cast
 
+from pyrt.checks import shown
 from pyrt.device.budgets import (
     COMPILE_SPEC_KEY,
     MAX_BUDGET_BYTES,
@@ -59,7 +60,6 @@ from pyrt.device.budgets import (
     parse_budget,
     parse_compile_spec_budget,
     parse_load_budget,
-    shown,
 )
 from pyrt.errors import BudgetError
 

@@ -19,6 +19,7 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Literal, Union, cast
 
+from pyrt.checks import shown
 from pyrt.errors import BudgetError
 
 logger = logging.getLogger("pyrt.streaming")  # the name users filter budget log lines by
@@ -42,12 +43,6 @@ _PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
 BudgetKind = Literal["auto", "bytes", "share"]
 LoadBudgetKind = Literal["none", "auto", "bytes", "share", "per-engine", "fit"]
 BudgetValue = Union[None, str, int, float, "BudgetSpec"]
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut to 200 characters for an error message."""
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _error(value: object, source: str, why: str) -> BudgetError:
