@@ -16,7 +16,7 @@ from typing import Any
 
 import pyrt.cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
-from pyrt.engine import Engine
+from pyrt.engine import TensorRTEngine
 from pyrt.errors import PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, TensorRTBlob, parse_blob
 from pyrt.format.weight_quant import SPEC_KEY as QUANT_SPEC
@@ -86,8 +86,8 @@ def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, share_
     try:
         for i, d in enumerate(drafts):
             d.global_index = i
-            d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
-                                   trt=trt, cuda=cuda, name=d.name)
+            d.engine = TensorRTEngine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
+                                           trt=trt, cuda=cuda, name=d.name)
         if share_activations and drafts:
             share_scratch(drafts, cuda_seam.resolve(cuda))
     except BaseException:
