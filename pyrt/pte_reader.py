@@ -63,6 +63,7 @@ from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's publi
     Tensor,
     TensorDataLocation,
 )
+from pyrt.renames import renamed
 
 if TYPE_CHECKING:
     from pyrt.format.ptd_reader import ExternalData
@@ -74,7 +75,7 @@ Source = str | os.PathLike | bytes | bytearray | memoryview
 
 
 class PteFile:
-    """An open ``.pte``: header, extended header and a lazily parsed Program.
+    """An open ``.pte``: header, extended header and a lazily parsed Program table (:class:`PteProgram`).
 
     Use :meth:`open` with a path (one read-only mmap) or a bytes-like object.
     """
@@ -148,8 +149,8 @@ class PteFile:
         return self.extended_header.segment_base_offset if self.extended_header else 0
 
     @cached_property
-    def program(self) -> Program:
-        return Program(self, Table.root(self._fb, "Program"))
+    def program(self) -> PteProgram:
+        return PteProgram(self, Table.root(self._fb, "Program"))
 
     def segment_view(self, index: int) -> memoryview:
         """Zero-copy view of segment ``index`` (offsets are relative to segment_base_offset)."""
@@ -165,8 +166,11 @@ class PteFile:
 # -- the Program table ---------------------------------------------------------------------------
 
 
-class Program:
-    """The root ``Program`` table; every field is decoded on first access."""
+class PteProgram:
+    """The file's root ``Program`` table; every field is decoded on first access.
+
+    (Not :class:`pyrt.Program`, which loads a file to run it.)
+    """
 
     def __init__(self, pte: PteFile, table: Table) -> None:
         self.pte = pte
@@ -332,7 +336,7 @@ class Program:
 class ExecutionPlan:
     """One method. Fields decode on first access and are then cached."""
 
-    def __init__(self, program: Program, table: Table, index: int) -> None:
+    def __init__(self, program: PteProgram, table: Table, index: int) -> None:
         self.program = program
         self._t = table
         self.index = index
@@ -466,8 +470,11 @@ def iter_delegate_blobs(pte: PteFile) -> Iterator[tuple[ExecutionPlan, int, Back
 
 
 __all__: Sequence[str] = [
-    "PteFile", "Program", "ExecutionPlan", "EValue", "Tensor", "BackendDelegate", "CompileSpec",
+    "PteFile", "PteProgram", "ExecutionPlan", "EValue", "Tensor", "BackendDelegate", "CompileSpec",
     "KernelCall", "DelegateCall", "MoveCall", "JumpFalseCall", "FreeCall", "Chain", "Operator",
     "DataSegment", "SubsegmentOffsets", "NamedData", "AllocationInfo", "ExtraTensorInfo",
     "ShapeDynamism", "DeviceType", "DataLocation", "TensorDataLocation", "iter_delegate_blobs",
 ]
+
+# pyrt.pte_reader.Program, the name before PteProgram, still imports (with a DeprecationWarning).
+__getattr__ = renamed(__name__, {"Program": "PteProgram"}, globals(), note=" (pyrt.Program loads a file to run it)")
