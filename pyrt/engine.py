@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyrt.cuda as cuda_seam
+from pyrt.checks import is_int
 from pyrt.device import output_allocator, tensorrt_seam
 from pyrt.device import profiles as profiles_mod
 from pyrt.device import scratch as scratch_mod
@@ -210,9 +211,9 @@ class TensorRTEngine:
         except Exception as exc:
             raise EngineError(f"{self.name}: reading TensorRT's {name} raised {type(exc).__name__}: {exc} "
                               f"({self._logger.messages.take() or 'no log'})") from exc
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, low=0):
             raise EngineError(f"{self.name}: TensorRT reports {name} = {value!r}, not a byte count")
-        return value
+        return int(value)
 
     @property
     def applied_budget(self) -> int | None:
@@ -231,8 +232,9 @@ class TensorRTEngine:
         take); an int is clamped to the streamable size. On an engine without
         streamable weights nothing is set and ``applied_budget`` is None.
         """
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        if budget is not None and not is_int(budget, low=0):
             raise BudgetError(f"{self.name}: {source} budget must be an int >= 0 or None, got {budget!r}")
+        budget = None if budget is None else int(budget)
         engine = self._live()
         self._cuda.set_device(self.device)
         self._drop_context()
