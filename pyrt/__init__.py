@@ -33,7 +33,6 @@ from pyrt.errors import (
     ResourceError,
     UnsupportedOperatorError,
 )
-from pyrt.tools.report import inspect
 
 __all__ = [
     "Program", "generate", "inspect", "__version__",
@@ -44,7 +43,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the runtime pulls in numpy and the CUDA seam only when used.
+    # Lazy: the runtime pulls in numpy and the CUDA seam only when used; and nothing below the root is
+    # imported while this file runs, so no lower module reaches back into a half-made root.
+    if name == "inspect":  # pyrt.tools.report.inspect (the reader, the reference engines' weights)
+        from pyrt.tools.report import inspect
+
+        return inspect
     if name == "Program":
         from pyrt.runtime.program import Program
 

@@ -14,7 +14,7 @@ docs/architecture.md says why the layers stand in this order.
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("pyrt.errors", "pyrt.checks", "pyrt._version", "pyrt.logs", "pyrt._layers")),
+    ("base", ("pyrt.errors", "pyrt.checks", "pyrt.renames", "pyrt._version", "pyrt.logs", "pyrt._layers")),
     ("format", ("pyrt.pte_reader", "pyrt.format")),
     ("device", ("pyrt.cuda", "pyrt.engine", "pyrt.streaming", "pyrt.device")),
     ("memory", ("pyrt.memory",)),

@@ -19,6 +19,11 @@ pyrt.errors.InputError: max_batch_size=0 must be an int >= 1
 Traceback (most recent call last):
 ...
 pyrt.errors.InputError: temperature=nan must be a finite number >= 0
+
+A refused value that prints long is :func:`shown` cut short, in every layer's messages alike:
+
+>>> shown("abc"), len(shown("x" * 1000)), shown("x" * 1000)[-5:]
+("'abc'", 200, 'xx...')
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import numbers
 from typing import Any
 
 from pyrt.errors import InputError, PyrtError
+
+REPR_CHARS = 200  # the most characters of a refused value an error message shows
 
 
 def is_int(value: Any, *, low: int | None = None, end: int | None = None) -> bool:
@@ -82,4 +89,10 @@ def checked_number(value: Any, name: str, *, low: float | None = None, high: flo
     raise error(message)
 
 
-__all__ = ["is_int", "checked_int", "int_wanted", "is_number", "checked_number"]
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to :data:`REPR_CHARS` characters (the cut ones end in ``...``)."""
+    text = repr(value)
+    return text if len(text) <= REPR_CHARS else text[:REPR_CHARS - 3] + "..."
+
+
+__all__ = ["is_int", "checked_int", "int_wanted", "is_number", "checked_number", "shown", "REPR_CHARS"]

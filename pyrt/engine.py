@@ -1,11 +1,11 @@
 """One TensorRT engine: deserialize, apply a weight-streaming budget, run.
 
-Lifecycle (formats.md §3): :meth:`Engine.load` deserializes the engine bytes
+Lifecycle (formats.md §3): :meth:`TensorRTEngine.load` deserializes the engine bytes
 (zero-copy: a small engine's memoryview goes straight to TensorRT; an engine of
 ``STREAM_READER_MIN_BYTES`` or more is served through TensorRT's
 ``IStreamReaderV2`` as memoryview slices of the mmap of at most ``STREAM_CHUNK_BYTES``,
 so TensorRT never holds a second full host copy of streamable weights, and each piece's
-file pages are dropped from the process once served), :meth:`Engine.configure`
+file pages are dropped from the process once served), :meth:`TensorRTEngine.configure`
 applies the budget *before* creating the execution context and reads it back,
 and calling ``configure`` again destroys and recreates the context.
 ``infer_output_shapes`` sets input shapes; ``execute`` binds addresses and
@@ -19,8 +19,8 @@ the run decides get TensorRT output allocators (:mod:`pyrt.device.output_allocat
 >>> ref = RefEngine([RefTensor("x", "float32", (4,))], [RefTensor("y", "float32", (4,))],
 ...                 nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])])
 >>> bindings = [IOBinding("x", "float32", (4,), True), IOBinding("y", "float32", (4,), False)]
->>> with simulated_gpus(1) as sim, Engine.load(memoryview(ref.to_bytes()), device=0,
-...                                            io_bindings=bindings) as engine:
+>>> with simulated_gpus(1) as sim, TensorRTEngine.load(memoryview(ref.to_bytes()), device=0,
+...                                                    io_bindings=bindings) as engine:
 ...     engine.configure(None, "automatic")
 ...     x, y = sim.cuda.alloc(16, 0), sim.cuda.alloc(16, 0)
 ...     sim.cuda.memcpy_htod(x, np.array([-1, 2, -3, 4], dtype=np.float32))
@@ -42,12 +42,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
+from pyrt.checks import is_int
 from pyrt.device import output_allocator, tensorrt_seam
 from pyrt.device import profiles as profiles_mod
 from pyrt.device import scratch as scratch_mod
 from pyrt.device.stream_reader import view_reader
 from pyrt.errors import BudgetError, DeviceError, EngineError, InputError
+from pyrt.renames import renamed
 
 _log = logging.getLogger("pyrt.engine")
 
@@ -65,8 +67,11 @@ class _Input:
     profiles: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (min, max) per optimization profile
 
 
-class Engine:
-    """A deserialized TensorRT engine on one CUDA device; close it, or use ``with``."""
+class TensorRTEngine:
+    """A deserialized TensorRT engine on one CUDA device; close it, or use ``with``.
+
+    (Not :class:`pyrt.llm.Engine`, which generates text with a whole program.)
+    """
 
     def __init__(self, *, trt: Any, cuda: cuda_seam.Cuda, runtime: Any, logger: Any, engine: Any,
                  device: int, io_bindings: Sequence[Any], name: str) -> None:
@@ -93,7 +98,7 @@ class Engine:
     # -- loading -----------------------------------------------------------------
     @classmethod
     def load(cls, engine_bytes: memoryview, *, device: int, io_bindings: Sequence[Any],
-             trt: Any = None, cuda: Any = None, name: str = "") -> Engine:
+             trt: Any = None, cuda: Any = None, name: str = "") -> TensorRTEngine:
         """Deserialize ``engine_bytes`` (not copied by pyrt) on CUDA device ``device``.
 
         DeviceError (listing present devices) comes before anything is allocated;
@@ -206,9 +211,9 @@ class Engine:
         except Exception as exc:
             raise EngineError(f"{self.name}: reading TensorRT's {name} raised {type(exc).__name__}: {exc} "
                               f"({self._logger.messages.take() or 'no log'})") from exc
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, low=0):
             raise EngineError(f"{self.name}: TensorRT reports {name} = {value!r}, not a byte count")
-        return value
+        return int(value)
 
     @property
     def applied_budget(self) -> int | None:
@@ -227,8 +232,9 @@ class Engine:
         take); an int is clamped to the streamable size. On an engine without
         streamable weights nothing is set and ``applied_budget`` is None.
         """
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        if budget is not None and not is_int(budget, low=0):
             raise BudgetError(f"{self.name}: {source} budget must be an int >= 0 or None, got {budget!r}")
+        budget = None if budget is None else int(budget)
         engine = self._live()
         self._cuda.set_device(self.device)
         self._drop_context()
@@ -447,7 +453,7 @@ class Engine:
             self._engine = None
             self._runtime = None
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> TensorRTEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -455,7 +461,7 @@ class Engine:
 
     def __repr__(self) -> str:
         state = "closed" if self._engine is None else f"budget={self._applied_budget}"
-        return f"Engine({self.name!r}, device={self.device}, {state})"
+        return f"TensorRTEngine({self.name!r}, device={self.device}, {state})"
 
 
 _dims = profiles_mod.dims  # a TensorRT Dims as a tuple (None: invalid); kept here for callers of this module
@@ -466,3 +472,7 @@ def _nbytes(data: Any) -> int:
         return memoryview(data).nbytes
     except TypeError:
         return -1
+
+
+# pyrt.engine.Engine, the name before TensorRTEngine, still imports (with a DeprecationWarning).
+__getattr__ = renamed(__name__, {"Engine": "TensorRTEngine"}, globals(), note=" (pyrt.llm.Engine is the LLM engine)")

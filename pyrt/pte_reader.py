@@ -16,14 +16,13 @@ Layout facts: ``docs/formats.md`` (shared) section 1.
 
 from __future__ import annotations
 
-import errno
 import mmap as mmap_mod
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
-from pyrt.errors import PteFormatError, ResourceError
+from pyrt.errors import PteFormatError
 from pyrt.format import values as _values
 from pyrt.format.bounds import Span
 from pyrt.format.decode import (
@@ -37,8 +36,8 @@ from pyrt.format.decode import (
 )
 from pyrt.format.delegates import BackendDelegate, CompileSpec, decode_delegate
 from pyrt.format.flatbuffer import Table, Vector
-from pyrt.format.mapped import register, unmap
-from pyrt.format.pte_header import byte_view, parse_headers, read_private, require_regular
+from pyrt.format.mapped import map_file, unmap
+from pyrt.format.pte_header import byte_view, parse_headers
 from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's public records)
     EVALUE_KINDS,
     INSTRUCTION_KINDS,
@@ -64,6 +63,7 @@ from pyrt.format.schema import (  # noqa: F401  (re-exported: the reader's publi
     Tensor,
     TensorDataLocation,
 )
+from pyrt.renames import renamed
 
 if TYPE_CHECKING:
     from pyrt.format.ptd_reader import ExternalData
@@ -75,7 +75,7 @@ Source = str | os.PathLike | bytes | bytearray | memoryview
 
 
 class PteFile:
-    """An open ``.pte``: header, extended header and a lazily parsed Program.
+    """An open ``.pte``: header, extended header and a lazily parsed Program table (:class:`PteProgram`).
 
     Use :meth:`open` with a path (one read-only mmap) or a bytes-like object.
     """
@@ -110,34 +110,13 @@ class PteFile:
         path = os.fspath(source)
         if not isinstance(path, str):  # os.PathLike returning bytes
             path = os.fsdecode(path)
-        if "\0" in path:
-            raise PteFormatError(f"{path!r}: not a usable path: it contains a NUL byte")
+        mm, view = map_file(path, ".pte file", private=not mmap)
         try:
-            before = os.stat(path)  # before open: opening a FIFO blocks until a writer comes
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        require_regular(path, before)
-        try:  # O_NONBLOCK: a path swapped for a FIFO since the stat opens at once (and fstat refuses it)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))  # no buffered file object
-        except OSError as exc:
-            raise PteFormatError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-        try:
-            info = os.fstat(fd)
-            require_regular(path, info)
-            if info.st_size == 0:
-                raise PteFormatError(f"{path}: file is empty (0 bytes)")
-            if not mmap:
-                return cls(read_private(fd, path, info.st_size), path)
-            mm = mmap_mod.mmap(fd, 0, access=mmap_mod.ACCESS_READ)
-        except OSError as exc:
-            if exc.errno == errno.ENOMEM:  # the address space is full (RLIMIT_AS): a resource, not a bad file
-                raise ResourceError(f"{path}: cannot map the file ({exc.strerror}): over the process's address-space "
-                                    f"limit or out of memory") from exc
-            raise PteFormatError(f"{path}: cannot {'map' if mmap else 'read'}: {exc.strerror or exc}") from exc
-        finally:
-            os.close(fd)
-        register(mm)  # served engine pages can be dropped (pyrt.format.mapped.release_pages)
-        return cls(memoryview(mm), str(path), _mmap=mm)
+            return cls(view, path, _mmap=mm)
+        except BaseException:
+            view.release()
+            unmap(mm)
+            raise
 
     # lifetime
     def close(self) -> None:
@@ -170,8 +149,8 @@ class PteFile:
         return self.extended_header.segment_base_offset if self.extended_header else 0
 
     @cached_property
-    def program(self) -> Program:
-        return Program(self, Table.root(self._fb, "Program"))
+    def program(self) -> PteProgram:
+        return PteProgram(self, Table.root(self._fb, "Program"))
 
     def segment_view(self, index: int) -> memoryview:
         """Zero-copy view of segment ``index`` (offsets are relative to segment_base_offset)."""
@@ -187,8 +166,11 @@ class PteFile:
 # -- the Program table ---------------------------------------------------------------------------
 
 
-class Program:
-    """The root ``Program`` table; every field is decoded on first access."""
+class PteProgram:
+    """The file's root ``Program`` table; every field is decoded on first access.
+
+    (Not :class:`pyrt.Program`, which loads a file to run it.)
+    """
 
     def __init__(self, pte: PteFile, table: Table) -> None:
         self.pte = pte
@@ -354,7 +336,7 @@ class Program:
 class ExecutionPlan:
     """One method. Fields decode on first access and are then cached."""
 
-    def __init__(self, program: Program, table: Table, index: int) -> None:
+    def __init__(self, program: PteProgram, table: Table, index: int) -> None:
         self.program = program
         self._t = table
         self.index = index
@@ -488,8 +470,11 @@ def iter_delegate_blobs(pte: PteFile) -> Iterator[tuple[ExecutionPlan, int, Back
 
 
 __all__: Sequence[str] = [
-    "PteFile", "Program", "ExecutionPlan", "EValue", "Tensor", "BackendDelegate", "CompileSpec",
+    "PteFile", "PteProgram", "ExecutionPlan", "EValue", "Tensor", "BackendDelegate", "CompileSpec",
     "KernelCall", "DelegateCall", "MoveCall", "JumpFalseCall", "FreeCall", "Chain", "Operator",
     "DataSegment", "SubsegmentOffsets", "NamedData", "AllocationInfo", "ExtraTensorInfo",
     "ShapeDynamism", "DeviceType", "DataLocation", "TensorDataLocation", "iter_delegate_blobs",
 ]
+
+# pyrt.pte_reader.Program, the name before PteProgram, still imports (with a DeprecationWarning).
+__getattr__ = renamed(__name__, {"Program": "PteProgram"}, globals(), note=" (pyrt.Program loads a file to run it)")

@@ -46,8 +46,9 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+from pyrt.checks import is_int, shown
 from pyrt.device.budgets import (
     COMPILE_SPEC_KEY,
     MAX_BUDGET_BYTES,
@@ -59,7 +60,6 @@ from pyrt.device.budgets import (
     parse_budget,
     parse_compile_spec_budget,
     parse_load_budget,
-    shown,
 )
 from pyrt.errors import BudgetError
 
@@ -103,12 +103,11 @@ def split_proportionally(total: int, weights: Sequence[int]) -> list[int]:
     >>> split_proportionally(100, [30, 10])
     [30, 10]
     """
-    _check_count(total, "total")
-    for i, w in enumerate(weights):
-        _check_count(w, f"weights[{i}]")
+    total = _count(total, "total")
+    weights = [_count(w, f"weights[{i}]") for i, w in enumerate(weights)]  # plain ints: exact arithmetic
     whole = sum(weights)
     if total >= whole:
-        return [int(w) for w in weights]
+        return weights
     numer = [total * w for w in weights]
     parts = [n // whole for n in numer]
     leftover = total - sum(parts)
@@ -118,9 +117,10 @@ def split_proportionally(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def _check_count(n: object, name: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+def _count(n: Any, name: str) -> int:
+    if not is_int(n, low=0):
         raise BudgetError(f"split_proportionally: {name} must be an int >= 0, got {shown(n)}")
+    return int(n)
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,15 @@ class EngineStreamingInfo:
     def __post_init__(self) -> None:
         for name in ("delegate_index", "streamable_bytes"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not is_int(v, low=0):
                 raise BudgetError(f"EngineStreamingInfo: {name} must be an int >= 0, got {shown(v)}")
+            object.__setattr__(self, name, int(v))  # a numpy int as a plain one: budget arithmetic is exact
         b = self.baked
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int)
-                              or not 0 <= b <= MAX_BUDGET_BYTES):
+        if b is not None and not is_int(b, low=0, end=MAX_BUDGET_BYTES + 1):
             raise BudgetError(f"EngineStreamingInfo of delegate {self.delegate_index}: baked "
                               f"budget must be None or an int in [0, 2**63], got {shown(b)}")
+        if b is not None:
+            object.__setattr__(self, "baked", int(b))
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,6 @@ def _each(engines: Sequence[EngineStreamingInfo], specs: Mapping[int, BudgetSpec
 
 def _check_indices(keys: Iterable[object], valid: list[int], source: str) -> None:
     for key in keys:
-        if isinstance(key, bool) or not isinstance(key, int) or key not in valid:
+        if not is_int(key) or key not in valid:
             raise BudgetError(f"{source}: no TensorRT delegate with index {shown(key)}; "
                               f"valid delegate indices are {valid}")

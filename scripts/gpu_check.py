@@ -72,7 +72,7 @@ def _bindings(dtype: str, batch: int, width: int) -> list[Any]:
 
 
 def _run_engine(engine: Any, cuda: Any, x: np.ndarray) -> np.ndarray:
-    """pyrt's Engine on real memory: H2D, execute, D2H on one stream."""
+    """pyrt's TensorRTEngine on real memory: H2D, execute, D2H on one stream."""
     (shape,) = engine.infer_output_shapes([x.shape])
     with cuda.stream(engine.device) as stream:
         src, dst = cuda.alloc(x.nbytes, engine.device), cuda.alloc(int(np.prod(shape)) * x.itemsize, engine.device)
@@ -259,7 +259,7 @@ def step_rtx_cpu_engine(assets: Path, out: Path) -> dict[str, Any]:
     import tensorrt_rtx as trt
 
     from pyrt.cuda import Cuda
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
 
     cuda = Cuda()
     cuda.require_device(0)
@@ -283,8 +283,8 @@ def step_rtx_cpu_engine(assets: Path, out: Path) -> dict[str, Any]:
             r["error"] = f"{type(exc).__name__}: {exc}"
             r["log"] = log.take()
         try:
-            with Engine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt,
-                             cuda=cuda, name=name) as eng:
+            with TensorRTEngine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt,
+                                     cuda=cuda, name=name) as eng:
                 eng.configure(None, "automatic")
                 r["pyrt"] = {"applied_budget": eng.applied_budget, **_check_small(eng, cuda)}
         except Exception as exc:
@@ -298,7 +298,7 @@ def step_rtx_current(assets: Path, out: Path) -> dict[str, Any]:
     import tensorrt_rtx as trt
 
     from pyrt.cuda import Cuda
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
     from pyrt.export.trt_builder import build_engine_from_onnx
 
     cuda = Cuda()
@@ -324,8 +324,8 @@ def step_rtx_current(assets: Path, out: Path) -> dict[str, Any]:
             r["raw"] = _streaming_facts(engine, log)
             del engine
         try:
-            with Engine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt,
-                             cuda=cuda, name=key) as eng:
+            with TensorRTEngine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt,
+                                     cuda=cuda, name=key) as eng:
                 eng.configure(None, "automatic")
                 r["pyrt_automatic"] = {"applied": eng.applied_budget, **_check_small(eng, cuda)}
                 if eng.streamable_weights_size:
@@ -347,11 +347,11 @@ def _working_engine(out: Path, assets: Path) -> tuple[str, bytes] | None:
 
 
 def step_host_overhead(assets: Path, out: Path) -> dict[str, Any]:
-    """Per-call host time of pyrt's Engine.execute against TensorRT's execute_async_v3 alone."""
+    """Per-call host time of pyrt's TensorRTEngine.execute against TensorRT's execute_async_v3 alone."""
     import tensorrt_rtx as trt
 
     from pyrt.cuda import Cuda
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
 
     found = _working_engine(out, assets)
     if found is None:
@@ -359,8 +359,8 @@ def step_host_overhead(assets: Path, out: Path) -> dict[str, Any]:
     name, data = found
     cuda = Cuda()
     n = 5000
-    with Engine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt, cuda=cuda,
-                     name=name) as eng:
+    with TensorRTEngine.load(memoryview(data), device=0, io_bindings=_bindings("float32", 8, 64), trt=trt, cuda=cuda,
+                             name=name) as eng:
         eng.configure(None, "automatic")
         eng.infer_output_shapes([(8, 64)])
         src, dst = cuda.alloc(8 * 64 * 4, 0), cuda.alloc(8 * 64 * 4, 0)
@@ -412,7 +412,7 @@ def step_big_load_rss(assets: Path, out: Path) -> dict[str, Any]:
 
     from pyrt.cuda import Cuda
     from pyrt.device.tensorrt_seam import create_runtime  # noqa: F401  (imported before the baseline)
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
 
     path = Path("/tmp/pyrt-big/big.engine")
     cuda = Cuda()
@@ -430,8 +430,8 @@ def step_big_load_rss(assets: Path, out: Path) -> dict[str, Any]:
     fd = os.open(path, os.O_RDONLY)
     mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     t0 = time.perf_counter()
-    eng = Engine.load(memoryview(mm), device=0, io_bindings=_bindings("float16", BIG["batch"], BIG["width"]),
-                      trt=trt, cuda=cuda, name="big")
+    eng = TensorRTEngine.load(memoryview(mm), device=0, io_bindings=_bindings("float16", BIG["batch"], BIG["width"]),
+                              trt=trt, cuda=cuda, name="big")
     load_s = time.perf_counter() - t0
     rss, hwm = rss_kib()
     eng.configure(0, "load-time")
@@ -450,14 +450,15 @@ def step_big_streaming(assets: Path, out: Path) -> dict[str, Any]:
     import tensorrt_rtx as trt
 
     from pyrt.cuda import Cuda
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
 
     data = memoryview(Path("/tmp/pyrt-big/big.engine").read_bytes())
     cuda = Cuda()
     b, w = BIG["batch"], BIG["width"]
     x = np.random.default_rng(3).standard_normal((b, w)).astype(np.float16)
     rows = []
-    with Engine.load(data, device=0, io_bindings=_bindings("float16", b, w), trt=trt, cuda=cuda, name="big") as eng:
+    with TensorRTEngine.load(data, device=0, io_bindings=_bindings("float16", b, w), trt=trt, cuda=cuda,
+                             name="big") as eng:
         streamable = eng.streamable_weights_size
         ref = None
         for frac in (1.0, 0.5, 0.25, 0.1):

@@ -24,12 +24,21 @@ and function bodies alike, read with :mod:`ast`, nothing imported):
    ``pyrt.cuda``) that imports that package, directly or through other modules;
 7. test help (``TEST_HELP``: ``pyrt.testing``'s tiny architectures and tokenizers) is no part of
    the product: no module outside it imports it, whatever its layer. The simulated GPU that the
-   product offers (``builder="reference"``, ``PYRT_SIMULATED_GPUS``) lives in ``pyrt.sim``.
+   product offers (``builder="reference"``, ``PYRT_SIMULATED_GPUS``) lives in ``pyrt.sim``;
+8. no import-time circle through the package root: while ``pyrt/__init__.py`` runs, no other
+   module imports from ``pyrt`` itself (``from pyrt import cuda`` reaches the root, half made, to
+   find a submodule; ``import pyrt.cuda`` does not). The source cannot show it (``from pyrt import
+   cuda`` reads as an import of ``pyrt.cuda``), so a fresh process imports pyrt and records it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +54,8 @@ EXEMPT = {
     ("pyrt", "pyrt.runtime.program"): "the package root resolves Program on first use, so that `import pyrt` "
                                       "and pyrt.inspect stay cheap (no runtime, no CUDA seam)",
     ("pyrt", "pyrt.llm.loop"): "pyrt.generate resolves on first use, as Program does",
+    ("pyrt", "pyrt.tools.report"): "pyrt.inspect resolves on first use, as Program does: importing the report at "
+                                   "import time made a circle through the root (rule 8)",
 }
 
 
@@ -414,3 +425,58 @@ def test_imports_of_test_help_are_found(tmp_path: Path, monkeypatch: pytest.Monk
                                         expected: list[tuple[str, int]]) -> None:
     module = _probe(tmp_path, monkeypatch, name, source)
     assert list(imports_of_test_help(module)) == expected
+
+
+# Run in a fresh process: every import that names the package ``PACKAGE`` itself (``from PACKAGE import x``,
+# ``import PACKAGE``, relative imports resolving to it) made by one of its modules while ``import PACKAGE`` runs.
+_ROOT_WATCH = textwrap.dedent("""
+    import builtins, json, sys
+    package, seen, real = sys.argv[1], [], builtins.__import__
+    loading = True
+
+    def watch(name, globals=None, locals=None, fromlist=(), level=0):
+        importer, target = (globals or {}).get("__name__", ""), name
+        if level:  # relative: from the importer's package, level - 1 packages up
+            base = (globals or {}).get("__package__") or ""
+            base = base.rsplit(".", level - 1)[0] if level > 1 else base
+            target = f"{base}.{name}" if name else base
+        if loading and target == package and importer.startswith(package + "."):
+            seen.append([importer, sorted(fromlist or ())])
+        return real(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = watch
+    __import__(package)
+    loading = False
+    print(json.dumps(seen))
+""")
+
+
+def imports_of_the_root_while_it_loads(package: str, where: Path, env: dict[str, str] | None = None) -> list[list]:
+    """[importer, [names]] for each import of ``package`` itself by one of its modules while it is imported."""
+    base = {k: v for k, v in os.environ.items() if k != "PYRT_SIMULATED_GPUS"}
+    done = subprocess.run([sys.executable, "-c", _ROOT_WATCH, package], capture_output=True, text=True, timeout=120,
+                          cwd=where, env={**base, "PYTHONPATH": str(where), **(env or {})})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("env", [{}, {"PYRT_SIMULATED_GPUS": "1"}], ids=["plain", "simulated"])
+def test_import_pyrt_makes_no_circle_through_the_root(env: dict[str, str]) -> None:
+    """Rule 8, with and without ``PYRT_SIMULATED_GPUS`` (the root then installs :mod:`pyrt.sim` as it loads)."""
+    found = imports_of_the_root_while_it_loads("pyrt", ROOT, env)
+    assert found == [], ("modules that import from the package root while pyrt/__init__.py runs (import the "
+                         "submodule itself: `import pyrt.cuda as cuda_seam`, or make the root's import lazy): "
+                         + ", ".join(f"{m} ({'from pyrt import ' + ', '.join(names) if names else 'import pyrt'})"
+                                    for m, names in found))
+
+
+def test_a_circle_through_the_root_is_found(tmp_path: Path) -> None:
+    (tmp_path / "ring" / "inner").mkdir(parents=True)
+    (tmp_path / "ring" / "__init__.py").write_text("from ring.inner.user import used\nfrom ring import plain\n")
+    (tmp_path / "ring" / "plain.py").write_text("import ring.helper as helper\n")  # a submodule: no circle
+    (tmp_path / "ring" / "helper.py").write_text("VALUE = 1\n")
+    (tmp_path / "ring" / "inner" / "__init__.py").write_text("")
+    (tmp_path / "ring" / "inner" / "user.py").write_text("from ring import helper\nfrom .. import plain\n"
+                                                        "used = helper.VALUE\n")
+    assert imports_of_the_root_while_it_loads("ring", tmp_path) == [["ring.inner.user", ["helper"]],
+                                                                   ["ring.inner.user", ["plain"]]]

@@ -19,6 +19,7 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Literal, Union, cast
 
+from pyrt.checks import is_int, shown
 from pyrt.errors import BudgetError
 
 logger = logging.getLogger("pyrt.streaming")  # the name users filter budget log lines by
@@ -42,12 +43,6 @@ _PERCENT_RE = re.compile(rf"({_NUMBER})\s*%", re.ASCII)
 BudgetKind = Literal["auto", "bytes", "share"]
 LoadBudgetKind = Literal["none", "auto", "bytes", "share", "per-engine", "fit"]
 BudgetValue = Union[None, str, int, float, "BudgetSpec"]
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut to 200 characters for an error message."""
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _error(value: object, source: str, why: str) -> BudgetError:
@@ -91,13 +86,14 @@ class BudgetSpec:
         v = self.value
         ok = {
             "auto": v is None,
-            "bytes": isinstance(v, int) and not isinstance(v, bool)
-            and 0 <= v <= MAX_BUDGET_BYTES,
+            "bytes": is_int(v, low=0, end=MAX_BUDGET_BYTES + 1),
             "share": isinstance(v, Fraction) and 0 < v <= 1 and _is_decimal_fraction(v),
         }.get(self.kind)
         if not ok:
             raise _error(self, "BudgetSpec", "kind must be 'auto' (value None), 'bytes' "
                          "(int in [0, 2**63]) or 'share' (decimal Fraction in (0, 1])")
+        if self.kind == "bytes":
+            object.__setattr__(self, "value", int(cast(int, v)))  # a numpy int as a plain one
 
     def __str__(self) -> str:
         if self.kind == "auto":
@@ -228,9 +224,9 @@ def parse_load_budget(value: object, *, source: str) -> LoadBudget:
     if isinstance(value, Mapping):
         engines = {}
         for key, item in value.items():
-            if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            if not is_int(key, low=0):
                 raise BudgetError(f"{source}: engine index {shown(key)} is not a non-negative int")
-            engines[key] = parse_budget(item, source=f"{source} for delegate {key}")
+            engines[int(key)] = parse_budget(item, source=f"{source} for delegate {key}")
         return LoadBudget("per-engine", engines=engines)
     spec = parse_budget(value, source=source)
     return LoadBudget() if spec is None else LoadBudget(spec.kind, spec)

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.device.driver import CudaDriver, DeviceInfo
 from pyrt.device.memory import DeviceAllocation, StreamAllocation, host_buffer
 from pyrt.device.streams import Event, Stream
@@ -49,8 +50,9 @@ class Cuda(CudaDriver):
 
     def alloc(self, nbytes: int, device: int) -> DeviceAllocation:
         """Allocate ``nbytes`` of device memory on ``device`` (free it, or use ``with``)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if not is_int(nbytes, low=0):
             raise InputError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        nbytes = int(nbytes)
         self.set_device(device)
         if nbytes == 0:
             return DeviceAllocation(self, 0, 0, device, owned=False)
@@ -66,8 +68,9 @@ class Cuda(CudaDriver):
         synchronising the host; whoever uses the memory on another stream orders that stream before
         ``free_on``.
         """
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if not is_int(nbytes, low=0):
             raise InputError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        nbytes = int(nbytes)
         stream.check_open()
         self.set_device(stream.device)
         ptr = self.call("cuMemAllocAsync", max(nbytes, 1), stream.raw)

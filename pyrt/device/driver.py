@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import DeviceError
 
 _NAME_LEN = 256  # bytes asked of cuDeviceGetName
@@ -132,8 +133,9 @@ class CudaDriver:
 
     def require_device(self, index: int, *, purpose: str = "") -> DeviceInfo:
         """Return device ``index``'s info, or raise DeviceError listing the devices present."""
-        if isinstance(index, bool) or not isinstance(index, int):
+        if not is_int(index):
             raise DeviceError(f"CUDA device index must be an int, got {index!r}")
+        index = int(index)
         count = self.device_count()
         if not 0 <= index < count:
             what = f" (needed for {purpose})" if purpose else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.device.driver import CudaDriver
 from pyrt.errors import DeviceError, InputError
 
@@ -40,8 +41,9 @@ class DeviceAllocation:
         if self.freed:
             raise DeviceError(f"{role} allocation at {self.ptr:#x} on device {self.device} was freed")
         for label, value in (("offset", offset), ("size", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value, low=0):
                 raise InputError(f"{role} {label} must be a non-negative int, got {value!r}")
+        offset, nbytes = int(offset), int(nbytes)  # a numpy int as a plain one: addresses are exact
         if offset + nbytes > self.nbytes:
             raise InputError(
                 f"{role} range [{offset}, {offset + nbytes}) overflows the {self.nbytes}-byte "

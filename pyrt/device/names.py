@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import DeviceError
 
 DeviceMap = Mapping[Any, Any]  # {0: 1} or {"cuda:0": "cuda:1"}
@@ -18,8 +19,8 @@ DeviceMap = Mapping[Any, Any]  # {0: 1} or {"cuda:0": "cuda:1"}
 
 def parse_device(value: Any, what: str) -> int:
     """``2``, ``"cuda:2"``, ``"cuda"`` or a torch.device -> the CUDA ordinal; DeviceError naming ``what``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+    if is_int(value, low=0):
+        return int(value)
     text = str(value)
     if text.startswith("cuda:") and text[5:].isdigit():
         return int(text[5:])

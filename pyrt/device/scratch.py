@@ -29,7 +29,7 @@ ALIGN = 256  # TensorRT wants activation memory 256-byte aligned (cuMemAlloc giv
 
 
 class Member(Protocol):
-    """What a scratch uses of the engines that share it (:class:`pyrt.engine.Engine`, built on this module)."""
+    """What a scratch uses of the engines that share it (:class:`pyrt.engine.TensorRTEngine`, built on this module)."""
 
     name: str
     device: int

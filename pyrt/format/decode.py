@@ -136,16 +136,28 @@ def decode_evalue(t: Table, check_value_index: IndexCheck) -> EValue:
     return EValue(kind, items)
 
 
+def check_layout(sizes: tuple[int, ...], dim_order: tuple[int, ...], what: str, *, order_optional: bool) -> None:
+    """A tensor's ``sizes`` are >= 0 and its ``dim_order`` a permutation of its dims, else a PteFormatError
+    naming ``what``. ``order_optional``: an empty ``dim_order`` stands for contiguous (a .pte's tensors).
+
+    >>> check_layout((2, 3), (1, 0), "x", order_optional=False)
+    >>> check_layout((2, 3), (), "x", order_optional=False)
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.PteFormatError: x dim_order () is not a permutation of 2 dims
+    """
+    if any(s < 0 for s in sizes):
+        raise PteFormatError(f"{what} has negative sizes {sizes}")
+    if (dim_order or not order_optional) and sorted(dim_order) != list(range(len(sizes))):
+        raise PteFormatError(f"{what} dim_order {dim_order} is not a permutation of {len(sizes)} dims")
+
+
 def decode_tensor(t: Table) -> Tensor:
     sizes_v = t.vector(2, "sizes", "i32")
     sizes = sizes_v.scalars() if sizes_v else ()
-    if any(s < 0 for s in sizes):
-        raise PteFormatError(f"{t.span.source}: {t.name} has negative sizes {sizes}")
     dim_order_v = t.vector(3, "dim_order", "u8")
     dim_order = dim_order_v.scalars() if dim_order_v else ()
-    if dim_order and sorted(dim_order) != list(range(len(sizes))):
-        raise PteFormatError(f"{t.span.source}: {t.name} dim_order {dim_order} is not a permutation of "
-                             f"{len(sizes)} dims")
+    check_layout(sizes, dim_order, f"{t.span.source}: {t.name}", order_optional=True)
     alloc = t.table(6, "allocation_info")
     extra = t.table(9, "extra_tensor_info")
     return Tensor(

@@ -37,7 +37,7 @@ class Method(Protocol):
 
 
 class Methods(Protocol):
-    """What :func:`method_inputs` reads of a program (a :class:`pyrt.pte_reader.Program`)."""
+    """What :func:`method_inputs` reads of a program (a :class:`pyrt.pte_reader.PteProgram`)."""
 
     @property
     def execution_plan(self) -> Sequence[Method]: ...

@@ -34,6 +34,7 @@ from typing import Any
 
 from pyrt.errors import PteFormatError
 from pyrt.format.bounds import Span
+from pyrt.format.decode import check_layout
 from pyrt.format.dtypes import ScalarType
 from pyrt.format.flatbuffer import Table
 from pyrt.format.mapped import map_file, unmap
@@ -231,13 +232,9 @@ def _layout(t: Table, key: str, source: str) -> TensorLayout:
         raise PteFormatError(f"{source}: named data {key!r} has unknown scalar_type {raw}") from None
     sizes_v = t.vector(1, "sizes", "i32")
     sizes = sizes_v.scalars() if sizes_v else ()
-    if any(s < 0 for s in sizes):
-        raise PteFormatError(f"{source}: named data {key!r} has negative sizes {sizes}")
     order_v = t.vector(2, "dim_order", "u8")
     dim_order = order_v.scalars() if order_v else ()
-    if sorted(dim_order) != list(range(len(sizes))):
-        raise PteFormatError(f"{source}: named data {key!r} dim_order {dim_order} is not a permutation of "
-                             f"{len(sizes)} dims")
+    check_layout(sizes, dim_order, f"{source}: named data {key!r}", order_optional=False)
     return TensorLayout(scalar_type, sizes, dim_order)
 
 

@@ -1,19 +1,15 @@
-"""The ``.pte`` file's framing: identifier, extended header, and opening a file safely.
+"""The ``.pte`` file's framing: identifier and extended header.
 
 What :class:`pyrt.pte_reader.PteFile` checks before it parses the Program flatbuffer:
-the ``ET12`` identifier, the ``eh00`` extended header's sizes and offsets against the
-file length, that a path names a regular file (never a FIFO or device), and the
-private-memory read used by ``mmap=False``. Layout facts: ``docs/formats.md`` section 1.
+the ``ET12`` identifier and the ``eh00`` extended header's sizes and offsets against the
+file length (opening the file safely is :func:`pyrt.format.mapped.map_file`'s), and that
+bytes handed in are one flat buffer. Layout facts: ``docs/formats.md`` section 1.
 """
 
 from __future__ import annotations
 
-import os
-import stat
-
 from pyrt.errors import PteFormatError
 from pyrt.format.bounds import Span
-from pyrt.format.limits import allocating, check_host_memory
 from pyrt.format.schema import ExtendedHeader
 
 FILE_IDENTIFIER = b"ET12"  # bytes 4..8
@@ -24,31 +20,6 @@ EXT_HEADER_MAGIC = b"eh00"
 EXT_HEADER_MIN_LENGTH = 24
 EXT_HEADER_WITH_DATA_SIZE = 32
 FLATBUFFER_MAX = 2**31  # FlatBuffers cannot address more than 2 GiB
-
-
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def require_regular(path: str, info: os.stat_result) -> None:
-    if stat.S_ISREG(info.st_mode):
-        return
-    kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
-    raise PteFormatError(f"{path}: cannot open: it is {kind}; a .pte must be a regular file")
-
-
-def read_private(fd: int, path: str, size: int) -> memoryview:
-    """The file's ``size`` bytes in a private buffer (a read-only view of it); never mapped."""
-    check_host_memory(path, [("reading the file into memory (mmap=False)", size)])
-    with allocating(f"{path}: reading the file into private memory (mmap=False, {size} bytes)"):
-        buf = memoryview(bytearray(size))
-    got = 0
-    while got < size:
-        n = os.readv(fd, [buf[got:]])
-        if n == 0:
-            raise PteFormatError(f"{path}: the file shrank to {got} bytes while being read ({size} expected)")
-        got += n
-    return buf.toreadonly()
 
 
 def byte_view(source: bytes | bytearray | memoryview) -> memoryview:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import BlobFormatError
 from pyrt.format.bounds import Span
 
@@ -133,7 +134,7 @@ def encode_metadata(
     platform = host_platform() if target_platform is None else target_platform
     if platform not in PLATFORMS:
         raise BlobFormatError(f"target_platform {platform!r} is not one of {PLATFORMS}")
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+    if not is_int(device_id, low=0):
         raise BlobFormatError(f"device_id {device_id!r} must be a non-negative int")
     for a in aliased_io:
         if a.kind not in ALIAS_KINDS:
@@ -142,7 +143,7 @@ def encode_metadata(
         "io_bindings": [b.to_json() for b in io_bindings],
         "aliased_io": [a.to_json() for a in aliased_io],
         "hardware_compatible": bool(hardware_compatible),
-        "device_id": device_id,
+        "device_id": int(device_id),  # a numpy int too
         "serialized_metadata": serialized_metadata,
         "target_platform": platform,
     }
@@ -231,8 +232,7 @@ def _field(obj: dict[str, Any], key: str, kind: type, source: str, default: Any 
     value = obj.get(key, default)
     if value is _MISSING:
         raise BlobFormatError(f"{source}: metadata lacks required key {key!r}")
-    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if not ok:
+    if not (is_int(value) if kind is int else isinstance(value, kind)):
         raise BlobFormatError(f"{source}: metadata key {key!r} is {value!r}, expected {kind.__name__}")
     return value
 
@@ -241,7 +241,7 @@ def _binding(obj: Any, source: str) -> IOBinding:
     if not isinstance(obj, dict):
         raise BlobFormatError(f"{source}: io_bindings entry {obj!r} is not an object")
     shape = _field(obj, "shape", list, source)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+    if not all(is_int(d, low=-1) for d in shape):
         raise BlobFormatError(f"{source}: io_binding {obj.get('name')!r} has invalid shape {shape!r}")
     return IOBinding(
         name=_field(obj, "name", str, source),

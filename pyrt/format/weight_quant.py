@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrt.checks import is_int
 from pyrt.errors import PteFormatError
 
 SCHEMES: dict[str, int] = {"int8": 8, "int4": 4}  # quantize= value -> bits
@@ -67,8 +68,7 @@ def qmax(bits: int) -> int:
 
 def is_group_size(value: Any) -> bool:
     """A power of two >= 16 (bool refused)."""
-    return (not isinstance(value, bool) and isinstance(value, int) and value >= MIN_GROUP_SIZE
-            and value & (value - 1) == 0)
+    return is_int(value, low=MIN_GROUP_SIZE) and int(value) & (int(value) - 1) == 0
 
 
 def group_for(in_features: int, group_size: int) -> int:
@@ -175,13 +175,13 @@ def check_stored(name: str, bits: Any, group: Any, shape: Any, q: tuple[str, tup
     ``q`` and ``scales`` are (dtype, shape); ``fail(message)`` makes the error to raise (each format
     has its own type). Scale *values* are checked by :func:`check_scale_values`.
     """
-    if isinstance(bits, bool) or bits not in (4, 8):
+    if not is_int(bits) or bits not in (4, 8):
         raise fail(f"quantized weight {name!r}: unknown quantization {bits!r} bits (known: 8, 4)")
     if (not isinstance(shape, (list, tuple)) or len(shape) != 2
-            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape)):
+            or not all(is_int(d, low=1) for d in shape)):
         raise fail(f"quantized weight {name!r}: shape {shape!r} is not [out_features, in_features]")
     rows, cols = int(shape[0]), int(shape[1])
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1 or cols % group:
+    if not is_int(group, low=1) or cols % group:
         raise fail(f"quantized weight {name!r}: group size {group!r} does not divide {cols} input features")
     if bits == 4 and cols % 2:
         raise fail(f"quantized weight {name!r}: int4 needs an even number of input features, got {cols}")
@@ -192,7 +192,7 @@ def check_stored(name: str, bits: Any, group: Any, shape: Any, q: tuple[str, tup
     if scales[0] not in SCALE_DTYPES or tuple(scales[1]) != (rows, cols // group):
         raise fail(f"quantized weight {name!r}: scales are {scales[0]}{list(scales[1])}, group {group} needs "
                    f"a float [{rows}, {cols // group}]")
-    return bits, rows, cols
+    return int(bits), rows, cols
 
 
 def check_scale_values(name: str, scales: np.ndarray, fail: Fail) -> None:
@@ -251,6 +251,6 @@ def parse_spec(raw: bytes | bytearray | memoryview | str, source: str) -> SpecIn
         raise PteFormatError(f"{where}: group_size {doc.get('group_size')!r} is not a power of two >= 16")
     counts = {k: doc.get(k, 0) for k in ("layers", "per_row", "weight_bytes", "other_bytes")}
     for key, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        if not is_int(value, low=0, end=1 << 63):
             raise PteFormatError(f"{where}: {key} {value!r} is not a count >= 0")
     return SpecInfo(scheme, doc["group_size"], **counts)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.errors import DeviceError, InputError, PyrtError
 from pyrt.format.dtypes import ScalarType
 from pyrt.memory.layout import c_strides, scalar_type_of_numpy, scalar_type_of_torch

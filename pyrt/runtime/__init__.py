@@ -2,7 +2,7 @@
 
 Job: ``file -> reader -> plan -> executor -> engine / kernels``. The plan
 (:mod:`~pyrt.runtime.plan`) turns an execution plan into value tables, arenas and one
-step per instruction, after validating it (:mod:`~pyrt.runtime.draft`) and allocating
+step per instruction, after validating it (:mod:`~pyrt.runtime.load_plan`) and allocating
 its memory (:mod:`~pyrt.runtime.materialize`); load-time folding and views
 (:mod:`~pyrt.runtime.fold`, its analysis :mod:`~pyrt.runtime.fold_analysis`), the steady
 chain of repeated shapes (:mod:`~pyrt.runtime.steady`), TensorRT delegates (engines

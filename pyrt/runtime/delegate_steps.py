@@ -20,16 +20,17 @@ from pyrt.memory.table import ValueTable
 from pyrt.memory.tensors import DeviceTensor
 from pyrt.pte_reader import DelegateCall
 from pyrt.runtime.cuda_graphs import data_dependent_refusal, mark_capturable, refuse_capture
-from pyrt.runtime.delegates import DelegateDraft
+from pyrt.runtime.delegates import TensorRTDelegate
 from pyrt.runtime.device_context import DeviceContext
-from pyrt.runtime.draft import MethodDraft
+from pyrt.runtime.load_plan import MethodLoadPlan
 
 
-def step_factory(ctx: DeviceContext, draft: MethodDraft, table: ValueTable) -> Callable[[int, DelegateCall, int], Step]:
-    """The builder of ``draft``'s delegate steps (its engines loaded), run on ``ctx``'s streams."""
+def step_factory(ctx: DeviceContext, load_plan: MethodLoadPlan,
+                 table: ValueTable) -> Callable[[int, DelegateCall, int], Step]:
+    """The builder of ``load_plan``'s delegate steps (its engines loaded), run on ``ctx``'s streams."""
 
     def make(pc: int, ins: DelegateCall, pos: int) -> Step:
-        return _delegate_step(ctx, draft.delegates[ins.delegate_index], ins, table)
+        return _delegate_step(ctx, load_plan.delegates[ins.delegate_index], ins, table)
 
     return make
 
@@ -56,7 +57,7 @@ def _flat_args(table: ValueTable, args: Sequence[int]) -> list[int]:
     return out
 
 
-def _ports(ctx: DeviceContext, d: DelegateDraft, table: ValueTable, idxs: Sequence[int],
+def _ports(ctx: DeviceContext, d: TensorRTDelegate, table: ValueTable, idxs: Sequence[int],
            bindings: Sequence[Any]) -> list[_Port]:
     ports = []
     for j, b in zip(idxs, bindings, strict=True):
@@ -74,7 +75,7 @@ def _ports(ctx: DeviceContext, d: DelegateDraft, table: ValueTable, idxs: Sequen
     return ports
 
 
-def _delegate_step(ctx: DeviceContext, d: DelegateDraft, ins: DelegateCall, table: ValueTable) -> Step:
+def _delegate_step(ctx: DeviceContext, d: TensorRTDelegate, ins: DelegateCall, table: ValueTable) -> Step:
     engine = d.engine
     flat = _flat_args(table, ins.args)
     n_in, n_out = len(engine.input_names), len(engine.output_names)

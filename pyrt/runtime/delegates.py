@@ -1,6 +1,6 @@
 """TensorRT delegates of a method, loaded: blobs -> engines on their devices, budgets applied.
 
-:func:`draft_delegates` parses each ``TensorRTBackend`` blob zero-copy, picks its device
+:func:`tensorrt_delegates` parses each ``TensorRTBackend`` blob zero-copy, picks its device
 from the ``target_device`` compile spec (else the blob's ``device_id``) remapped through
 ``device_map``; :func:`load_engines` deserializes the engines there; :func:`apply_budgets`
 applies a weight-streaming budget (:mod:`pyrt.streaming`), creating their execution contexts.
@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device.names import parse_device, remap_device
-from pyrt.engine import Engine
+from pyrt.engine import TensorRTEngine
 from pyrt.errors import PteFormatError, UnsupportedOperatorError
 from pyrt.format.trt_blob import BACKEND_ID, TensorRTBlob, parse_blob
 from pyrt.format.weight_quant import SPEC_KEY as QUANT_SPEC
@@ -29,7 +29,7 @@ TARGET_DEVICE = "target_device"
 
 
 @dataclass
-class DelegateDraft:
+class TensorRTDelegate:
     """One TensorRT delegate before and after its engine is loaded."""
 
     method: str
@@ -48,7 +48,7 @@ class DelegateDraft:
         return f"{self.method}/delegate{self.index}"
 
 
-def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft]:
+def tensorrt_delegates(xplan: ExecutionPlan, device_map: Any) -> list[TensorRTDelegate]:
     """Parse every delegate blob of a method and decide its device (imports no TensorRT)."""
     program = xplan.program
     out = []
@@ -72,37 +72,37 @@ def draft_delegates(xplan: ExecutionPlan, device_map: Any) -> list[DelegateDraft
             raise PteFormatError(f"{where}: compile spec {QUANT_SPEC} appears {len(quantized)} times")
         if quantized:  # a scheme pyrt does not know may mean weights it would misread: refuse the file
             parse_spec(quantized[0], where)
-        out.append(DelegateDraft(xplan.name, i, d, blob, remap_device(device, device_map), baked, where))
+        out.append(TensorRTDelegate(xplan.name, i, d, blob, remap_device(device, device_map), baked, where))
     return out
 
 
-def load_engines(drafts: Sequence[DelegateDraft], *, trt: Any, cuda: Any, share_activations: bool = True) -> None:
-    """Deserialize every engine (engine index = position in ``drafts``); no execution context exists yet.
+def load_engines(delegates: Sequence[TensorRTDelegate], *, trt: Any, cuda: Any, share_activations: bool = True) -> None:
+    """Deserialize every engine (engine index = position in ``delegates``); no execution context exists yet.
 
     ``share_activations``: engines of one method on one device share one activation scratch
     (:mod:`pyrt.device.scratch`); they run one after another on the method's stream under its lock.
-    Nothing to load (no drafts) touches no device.
+    Nothing to load (no delegates) touches no device.
     """
     try:
-        for i, d in enumerate(drafts):
+        for i, d in enumerate(delegates):
             d.global_index = i
-            d.engine = Engine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
-                                   trt=trt, cuda=cuda, name=d.name)
-        if share_activations and drafts:
-            share_scratch(drafts, cuda_seam.resolve(cuda))
+            d.engine = TensorRTEngine.load(d.blob.engine, device=d.device, io_bindings=d.blob.io_bindings,
+                                           trt=trt, cuda=cuda, name=d.name)
+        if share_activations and delegates:
+            share_scratch(delegates, cuda_seam.resolve(cuda))
     except BaseException:
-        close_engines(drafts)
+        close_engines(delegates)
         raise
 
 
-def apply_budgets(drafts: Sequence[DelegateDraft], budget: LoadBudget, *, source: str,
+def apply_budgets(delegates: Sequence[TensorRTDelegate], budget: LoadBudget, *, source: str,
                   planned: Mapping[int, int] | None = None) -> None:
     """Resolve every engine's budget from ``budget`` (read once: :func:`pyrt.streaming.parse_load_budget`),
     then configure each engine, which (re)creates its execution context.
 
     ``planned``: the memory plan's split (engine index -> bytes), which ``"fit"`` applies.
     """
-    infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in drafts]
-    for d, r in zip(drafts, resolve_budgets(infos, budget, source=source, planned=planned), strict=True):
+    infos = [EngineStreamingInfo(d.global_index, d.engine.streamable_weights_size, d.baked) for d in delegates]
+    for d, r in zip(delegates, resolve_budgets(infos, budget, source=source, planned=planned), strict=True):
         d.engine.configure(r.budget, r.source)
         d.resolved = r

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
+from pyrt.checks import is_int
 from pyrt.errors import InputError
 from pyrt.memory.tensors import DeviceTensor
 
@@ -36,8 +37,8 @@ def _caller_streams(stream: Any, cuda: Any, primary: int) -> dict[int, Any]:
     if hasattr(stream, "__cuda_stream__"):
         _, handle = stream.__cuda_stream__()
         return {primary: cuda.borrowed_stream(int(handle), primary)}
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        return {primary: cuda.borrowed_stream(stream, primary)}
+    if is_int(stream):
+        return {primary: cuda.borrowed_stream(int(stream), primary)}
 
     raise InputError(f"stream must be a pyrt.cuda.Stream, a torch.cuda.Stream, an object with "
                      f"__cuda_stream__ or an int handle; got {type(stream).__name__}")

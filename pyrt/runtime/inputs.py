@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pyrt.checks import is_int
 from pyrt.errors import ExecutionError, InputError, PteFormatError, UnsupportedOperatorError
 from pyrt.memory.host import NumpyHost, TorchHost
 from pyrt.memory.interop import check_dense_torch, device_input, is_torch_tensor
@@ -64,8 +65,8 @@ def input_setter(plan: MethodPlan, pos: int, i: int) -> Setter:
 
 def _check_scalar(x: Any, kind: str, expected: Any, what: str) -> None:
     ok = {
-        "Int": isinstance(x, (int, np.integer)) and not isinstance(x, bool),
-        "Double": isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool),
+        "Int": is_int(x),
+        "Double": is_int(x) or isinstance(x, (float, np.floating)),  # nan and inf too: the file's value decides
         "Bool": isinstance(x, (bool, np.bool_)),
         "String": isinstance(x, str),
         "Null": x is None,

@@ -1,4 +1,4 @@
-"""Phase 2's memory for a drafted method: arenas, the initial object of every value, slots.
+"""Phase 2's memory for a method's load plan: arenas, the initial object of every value, slots.
 
 Memory-planned arenas are allocated once (host arenas on the host, CUDA-tagged arenas in
 device memory), tensors become views into them, constants become read-only views of the
@@ -21,7 +21,7 @@ from pyrt.memory.layout import Constant
 from pyrt.memory.table import CONSTANT, PLANNED, UNPLANNED, TensorInfo, ValueTable
 from pyrt.memory.tensors import DeviceTensor, Value
 from pyrt.pte_reader import ExecutionPlan
-from pyrt.runtime.draft import SCALAR_KINDS, where
+from pyrt.runtime.load_plan import SCALAR_KINDS, where
 
 
 def allocate_arenas(plan: ExecutionPlan, host: NumpyHost | TorchHost, devices: dict[int, int],

@@ -244,7 +244,7 @@ def check_arenas(arenas: Mapping[int, int], devices: Mapping[int, tuple[int, int
 
 
 def engine_memory(delegates: Sequence[Any]) -> list[EngineMemory]:
-    """The facts of every loaded engine of ``delegates`` (:class:`pyrt.runtime.delegates.DelegateDraft`)."""
+    """The facts of every loaded engine of ``delegates`` (:class:`pyrt.runtime.delegates.TensorRTDelegate`)."""
     out = []
     for d in delegates:
         e = d.engine
@@ -254,30 +254,30 @@ def engine_memory(delegates: Sequence[Any]) -> list[EngineMemory]:
     return out
 
 
-def device_arenas(drafts: Sequence[Any]) -> dict[int, int]:
-    """device -> bytes of the methods' device-resident planned arenas (:class:`MethodDraft`\\ s)."""
+def device_arenas(load_plans: Sequence[Any]) -> dict[int, int]:
+    """device -> bytes of the methods' device-resident planned arenas (:class:`MethodLoadPlan`\\ s)."""
     out: dict[int, int] = {}
-    for draft in drafts:
-        sizes = draft.xplan.non_const_buffer_sizes
-        for mem, dev in draft.arena_devices.items():
+    for load_plan in load_plans:
+        sizes = load_plan.xplan.non_const_buffer_sizes
+        for mem, dev in load_plan.arena_devices.items():
             out[dev] = out.get(dev, 0) + int(sizes[mem])
     return out
 
 
-def graph_reserve(drafts: Sequence[Any], cuda_graphs: bool) -> dict[int, int]:
+def graph_reserve(load_plans: Sequence[Any], cuda_graphs: bool) -> dict[int, int]:
     """device -> the CUDA-graph reserve: :data:`GRAPH_RESERVE_BYTES` per method using it (when captured)."""
     out: dict[int, int] = {}
     if cuda_graphs:
-        for draft in drafts:
-            for dev in {d.device for d in draft.delegates}:
+        for load_plan in load_plans:
+            for dev in {d.device for d in load_plan.delegates}:
                 out[dev] = out.get(dev, 0) + GRAPH_RESERVE_BYTES
     return out
 
 
-def share_scratch(drafts: Sequence[Any], cuda: Any) -> list[SharedScratch]:
+def share_scratch(delegates: Sequence[Any], cuda: Any) -> list[SharedScratch]:
     """One :class:`SharedScratch` per (method, device): engines that never run at the same time."""
     groups: dict[tuple[str, int], SharedScratch] = {}
-    for d in drafts:
+    for d in delegates:
         key = (d.method, d.device)
         if key not in groups:
             groups[key] = SharedScratch(cuda, d.device, f"method {d.method!r} on device {d.device}")
@@ -286,20 +286,20 @@ def share_scratch(drafts: Sequence[Any], cuda: Any) -> list[SharedScratch]:
     return list(groups.values())
 
 
-def scratches(drafts: Sequence[Any]) -> list[SharedScratch]:
-    """The shared activation scratches of ``drafts``' engines, each once."""
+def scratches(delegates: Sequence[Any]) -> list[SharedScratch]:
+    """The shared activation scratches of ``delegates``' engines, each once."""
     out: list[SharedScratch] = []
-    for d in drafts:
+    for d in delegates:
         s = getattr(d.engine, "scratch", None)
         if s is not None and all(s is not o for o in out):
             out.append(s)
     return out
 
 
-def close_engines(drafts: Sequence[Any]) -> None:
+def close_engines(delegates: Sequence[Any]) -> None:
     """Close every engine (contexts first), then free the activation memory they shared."""
-    shared = scratches(drafts)
-    for d in drafts:
+    shared = scratches(delegates)
+    for d in delegates:
         if d.engine is not None:
             d.engine.close()
             d.engine = None

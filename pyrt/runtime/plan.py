@@ -1,9 +1,9 @@
 """Load-time plan of one method: value table, arenas, resolved kernels, one step per instruction.
 
 Data flows one way: reader -> plan -> executor. Everything that can be
-decided once is decided here, in two phases: :func:`~pyrt.runtime.draft.draft_method`
-validates every index from the file and resolves kernels, allocating nothing
-(:mod:`pyrt.runtime.draft`); :func:`finish_method` allocates arenas and the initial
+decided once is decided here, in two phases: :func:`~pyrt.runtime.load_plan.plan_load`
+validates every index from the file and resolves kernels into the method's load plan,
+allocating nothing (:mod:`pyrt.runtime.load_plan`); :func:`finish_method` allocates arenas and the initial
 objects of every value (:mod:`pyrt.runtime.materialize`), then builds each instruction's
 step with its arguments resolved (folding what it can, :mod:`pyrt.runtime.fold`) into
 the :class:`MethodPlan` the executor runs.
@@ -29,8 +29,8 @@ from pyrt.memory.table import UNPLANNED, ValueTable
 from pyrt.pte_reader import ExecutionPlan
 from pyrt.runtime.delegate_steps import step_factory
 from pyrt.runtime.device_context import DeviceContext
-from pyrt.runtime.draft import MethodDraft, where
 from pyrt.runtime.fold import Folder
+from pyrt.runtime.load_plan import MethodLoadPlan, where
 from pyrt.runtime.materialize import allocate_arenas, bind_unplanned, classify, materialize
 
 
@@ -136,24 +136,24 @@ def _free(table: ValueTable, i: int) -> Step:
     return free
 
 
-def finish_method(draft: MethodDraft, host: NumpyHost | TorchHost, cuda: Any = None,
+def finish_method(load_plan: MethodLoadPlan, host: NumpyHost | TorchHost, cuda: Any = None,
                   devices: DeviceContext | None = None, *, fold: bool = True) -> MethodPlan:
     """Phase 2: allocate arenas, build the value table and every step (``fold``: see :mod:`pyrt.runtime.fold`)."""
-    xplan = draft.xplan
-    arenas, device_allocs = allocate_arenas(xplan, host, draft.arena_devices, cuda)
+    xplan = load_plan.xplan
+    arenas, device_allocs = allocate_arenas(xplan, host, load_plan.arena_devices, cuda)
     try:
         with allocating(f"{where(xplan)}: the method's values and steps"):  # what the named allocations left
-            vals = materialize(xplan, host, draft.kinds, draft.items, draft.raw, draft.infos, arenas)
-            table = ValueTable(xplan.name, host, draft.kinds, draft.items, draft.infos, vals, arenas=arenas,
-                               devices=devices, read_only=draft.constant_holders)
-            classify(table, draft.rebound, xplan.inputs)
+            vals = materialize(xplan, host, load_plan.kinds, load_plan.items, load_plan.raw, load_plan.infos, arenas)
+            table = ValueTable(xplan.name, host, load_plan.kinds, load_plan.items, load_plan.infos, vals, arenas=arenas,
+                               devices=devices, read_only=load_plan.constant_holders)
+            classify(table, load_plan.rebound, xplan.inputs)
             bind_unplanned(table, xplan.inputs)
-            delegate_step = step_factory(devices, draft, table) if draft.delegates and devices else None
-            chains = build_steps(xplan, table, draft.kernels, delegate_step,
-                                 Folder(xplan, table, draft.kernels, draft.raw) if fold else None)
+            delegate_step = step_factory(devices, load_plan, table) if load_plan.delegates and devices else None
+            chains = build_steps(xplan, table, load_plan.kernels, delegate_step,
+                                 Folder(xplan, table, load_plan.kernels, load_plan.raw) if fold else None)
     except BaseException:
         for alloc in device_allocs:
             alloc.free()
         raise
-    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, draft.io_specs,
-                      engines=[d.engine for d in draft.delegates], device_arenas=device_allocs)
+    return MethodPlan(xplan.name, table, xplan.inputs, xplan.outputs, chains, load_plan.io_specs,
+                      engines=[d.engine for d in load_plan.delegates], device_arenas=device_allocs)

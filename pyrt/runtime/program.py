@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device.scratch import ScratchInfo
 from pyrt.errors import BudgetError, InputError, ProgramClosedError
 from pyrt.format.limits import check_host_memory
@@ -44,9 +44,9 @@ from pyrt.memory.host import host_backend
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.delegates import apply_budgets, load_engines
 from pyrt.runtime.device_context import DeviceContext
-from pyrt.runtime.draft import MethodDraft, draft_method
 from pyrt.runtime.executor import MethodRunner
 from pyrt.runtime.graph_forward import check_graph_outputs
+from pyrt.runtime.load_plan import MethodLoadPlan, plan_load
 from pyrt.runtime.memory_plan import (
     DEFAULT_HEADROOM,
     EngineMemory,
@@ -186,7 +186,7 @@ class Program:
     def _load(self, budget: LoadBudget, device_map: Mapping[Any, Any] | None, trt: Any, kernels: str | None,
               devices: Any = None, cuda_graphs: bool = False, graph_outputs: str = "copy",
               fold: bool = True) -> None:
-        """Draft the methods, then load the engines -> plan the memory -> apply ``budget`` -> create the contexts."""
+        """Plan each method's load, then load the engines -> plan the memory -> apply ``budget`` -> make contexts."""
         xplans = self._pte.program.execution_plan
         prim = library("prim")
         needs_lib = any(prim.lookup(op) is None for p in xplans for op in p.operators)
@@ -195,14 +195,15 @@ class Program:
         libraries = [prim] + ([library(lib_name)] if needs_lib and lib_name else [])
         self.kernels = lib_name or "numpy"
         host = host_backend(self.kernels)
-        drafts = [draft_method(p, libraries, device_map) for p in xplans]
-        check_host_memory(self.source, [item for draft in drafts for item in draft.host_bytes])
+        load_plans = [plan_load(p, libraries, device_map) for p in xplans]
+        check_host_memory(self.source, [item for load_plan in load_plans for item in load_plan.host_bytes])
 
         self._cuda = cuda_seam.resolve(getattr(devices, "cuda", devices))  # kept: runs never look it up again
-        cuda = self._check_devices(drafts, self._cuda)
-        self._delegates = [d for draft in drafts for d in draft.delegates]
-        self._arenas, self._graphs = device_arenas(drafts), graph_reserve(drafts, cuda_graphs)
-        before = {dev: cuda.mem_info(dev) for dev in sorted({d for dr in drafts for d in dr.devices()})} if cuda else {}
+        cuda = self._check_devices(load_plans, self._cuda)
+        self._delegates = [d for load_plan in load_plans for d in load_plan.delegates]
+        self._arenas, self._graphs = device_arenas(load_plans), graph_reserve(load_plans, cuda_graphs)
+        used = sorted({d for load_plan in load_plans for d in load_plan.devices()})
+        before = {dev: cuda.mem_info(dev) for dev in used} if cuda else {}
         check_arenas(self._arenas, before, self.source)  # before any engine is deserialized
         load_engines(self._delegates, trt=trt, cuda=cuda, share_activations=self._share)
         self._measured = {dev: cuda.mem_info(dev) for dev in before}
@@ -211,23 +212,23 @@ class Program:
         self._plan = plan_memory(self._facts, self._measured, arenas=self._arenas, graphs=self._graphs,
                                  headroom=self._headroom, fit=budget.kind == "fit", source=self.source)
         apply_budgets(self._delegates, budget, source="load-time budget", planned=self._plan.budgets)
-        for draft in drafts:
+        for load_plan in load_plans:
             ctx = None
-            if draft.devices():
-                ctx = DeviceContext(cuda, draft.devices())
+            if load_plan.devices():
+                ctx = DeviceContext(cuda, load_plan.devices())
                 self._contexts.append(ctx)
-            plan = finish_method(draft, host, cuda, ctx, fold=fold)
+            plan = finish_method(load_plan, host, cuda, ctx, fold=fold)
             self._plans.append(plan)
             self._runners[plan.name] = MethodRunner(plan, default_kind=host.name, devices=ctx, cuda=self._cuda,
                                                    cuda_graphs=cuda_graphs, graph_outputs=graph_outputs)
 
     @staticmethod
-    def _check_devices(drafts: Sequence[MethodDraft], cuda: Any) -> Any:
-        needed = sorted({d for draft in drafts for d in draft.devices()})
+    def _check_devices(load_plans: Sequence[MethodLoadPlan], cuda: Any) -> Any:
+        needed = sorted({d for load_plan in load_plans for d in load_plan.devices()})
         if not needed:
             return None
         for d in needed:
-            users = [draft.name for draft in drafts if d in draft.devices()]
+            users = [load_plan.name for load_plan in load_plans if d in load_plan.devices()]
             cuda.require_device(d, purpose=f"method {', '.join(map(repr, users))}")
         return cuda
 

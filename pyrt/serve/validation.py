@@ -36,11 +36,11 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import ErrorDetails
 
+from pyrt.checks import shown
 from pyrt.errors import InputError
 
 B = TypeVar("B", bound="Body")
 MAX_STOPS = 16  # stop strings a request may give
-REPR_CHARS = 100  # a refused value is shown up to this many characters
 WANTED = {  # pydantic's error type -> what the value must be
     "int_type": "an int", "int_parsing": "an int", "float_type": "a number", "float_parsing": "a number",
     "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
@@ -200,12 +200,6 @@ def path(loc: Sequence[int | str]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
-
-
-def shown(value: Any) -> str:
-    """``repr(value)``, cut to :data:`REPR_CHARS` characters."""
-    text = repr(value)
-    return text if len(text) <= REPR_CHARS else text[:REPR_CHARS - 3] + "..."
 
 
 __all__ = ["Body", "Bad", "Field", "StrictInt", "StopStrings", "parse", "refusal", "path", "shown", "stop_strings"]

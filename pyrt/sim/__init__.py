@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.errors import InputError
 from pyrt.sim.fake_cuda import FakeDriver

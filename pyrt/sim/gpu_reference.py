@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.errors import DeviceError
 from pyrt.sim.fake_tensorrt import FakeTensorRT
 

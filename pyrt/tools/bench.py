@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.errors import BudgetError, PyrtError
 from pyrt.runtime.profile import format_columns
 from pyrt.streaming import BudgetSpec, parse_budget

@@ -1,4 +1,4 @@
-"""pyrt.engine.Engine and the TensorRT seam.
+"""pyrt.engine.TensorRTEngine and the TensorRT seam.
 
 Contract tests run on two backends: simulated GPUs (fake CUDA driver + fake
 TensorRT running reference engines) always, and real cuda-python + a real
@@ -23,7 +23,7 @@ import pytest
 import pyrt.cuda
 from pyrt.cuda import Cuda
 from pyrt.device import tensorrt_seam
-from pyrt.engine import Engine
+from pyrt.engine import TensorRTEngine
 from pyrt.errors import BackendError, BudgetError, DeviceError, EngineError, InputError
 from pyrt.format.trt_blob import IOBinding
 from pyrt.sim import simulated_gpus
@@ -147,10 +147,10 @@ class Backend:
     tolerance: float
     sim: Any = None
 
-    def load(self, case: Case, *, device: int = 0, bindings: list[IOBinding] | None = None) -> Engine:
+    def load(self, case: Case, *, device: int = 0, bindings: list[IOBinding] | None = None) -> TensorRTEngine:
         data = memoryview(self.build(case))
-        return Engine.load(data, device=device, io_bindings=bindings or case.bindings,
-                           trt=self.trt, cuda=self.cuda, name=case.name)
+        return TensorRTEngine.load(data, device=device, io_bindings=bindings or case.bindings,
+                                   trt=self.trt, cuda=self.cuda, name=case.name)
 
 
 _REAL_BUILDS: dict[tuple[str, str], bytes] = {}
@@ -185,7 +185,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     yield Backend("real", cuda, trt, build, 2e-2)  # TensorRT may use TF32 for float32 matmuls
 
 
-def run(engine: Engine, cuda: Cuda, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def run(engine: TensorRTEngine, cuda: Cuda, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Copy inputs in, execute on a fresh stream, copy outputs out."""
     shapes = engine.infer_output_shapes([x.shape for x in inputs])
     with cuda.stream(engine.device) as stream:
@@ -351,7 +351,7 @@ def test_missing_device_fails_before_anything_is_allocated(backend: Backend) -> 
 def test_garbage_bytes_are_refused(backend: Backend) -> None:
     junk = memoryview(b"definitely not an engine" * 8)
     with pytest.raises(EngineError, match="could not deserialize 192 engine bytes on device 0"):
-        Engine.load(junk, device=0, io_bindings=LINEAR.bindings, trt=backend.trt, cuda=backend.cuda)
+        TensorRTEngine.load(junk, device=0, io_bindings=LINEAR.bindings, trt=backend.trt, cuda=backend.cuda)
 
 
 @pytest.mark.parametrize(
@@ -401,8 +401,8 @@ def sim() -> Iterator[Any]:
         yield s
 
 
-def _load(case: Case, device: int = 0) -> Engine:
-    return Engine.load(memoryview(_ref_engine(case)), device=device, io_bindings=case.bindings, name=case.name)
+def _load(case: Case, device: int = 0) -> TensorRTEngine:
+    return TensorRTEngine.load(memoryview(_ref_engine(case)), device=device, io_bindings=case.bindings, name=case.name)
 
 
 def test_engine_bytes_reach_tensorrt_without_a_copy(sim, monkeypatch) -> None:
@@ -411,7 +411,7 @@ def test_engine_bytes_reach_tensorrt_without_a_copy(sim, monkeypatch) -> None:
     monkeypatch.setattr(FakeRuntime, "deserialize_cuda_engine",
                         lambda self, buf: seen.append(buf) or original(self, buf))
     data = memoryview(_ref_engine(LINEAR))
-    Engine.load(data, device=0, io_bindings=LINEAR.bindings).close()
+    TensorRTEngine.load(data, device=0, io_bindings=LINEAR.bindings).close()
     assert seen == [data] and seen[0] is data
 
 
@@ -492,7 +492,7 @@ def test_context_creation_failure_when_device_memory_runs_out() -> None:
             assert engine.applied_budget == weights // 2
     with simulated_gpus(1, memory=weights // 2):  # without streaming, the weights never fit
         with pytest.raises(EngineError, match="could not deserialize .*out of device memory"):
-            Engine.load(memoryview(_no_streaming_linear()), device=0, io_bindings=LINEAR.bindings)
+            TensorRTEngine.load(memoryview(_no_streaming_linear()), device=0, io_bindings=LINEAR.bindings)
 
 
 def _no_streaming_linear() -> bytes:
@@ -605,7 +605,7 @@ def test_failed_launch_and_refused_address_are_engine_errors(sim) -> None:
 
 
 def test_closing_releases_device_memory(sim) -> None:
-    engine = Engine.load(memoryview(_no_streaming_linear()), device=1, io_bindings=LINEAR.bindings)
+    engine = TensorRTEngine.load(memoryview(_no_streaming_linear()), device=1, io_bindings=LINEAR.bindings)
     engine.configure(None, "automatic")
     assert sim.driver.memory_used(1) == W.nbytes + B.nbytes
     engine.close()
@@ -614,7 +614,7 @@ def test_closing_releases_device_memory(sim) -> None:
 
 def test_real_tensorrt_rtx_engine_bytes_are_refused_by_the_fake(sim, rtx_engine_bytes: bytes) -> None:
     with pytest.raises(EngineError, match="deserializes only pyrt reference engines.*a serialized TensorRT engine"):
-        Engine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings)
+        TensorRTEngine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings)
 
 
 def test_tensorrt_rtx_on_an_unsupported_gpu_is_a_device_error(rtx_engine_bytes: bytes) -> None:
@@ -624,8 +624,8 @@ def test_tensorrt_rtx_on_an_unsupported_gpu_is_a_device_error(rtx_engine_bytes: 
     with simulated_gpus(1, capability=(9, 0), name="H100") as sim:
         with pytest.raises(DeviceError, match=r"tensorrt_rtx .* does not run engines on compute capability 9\.0 "
                                               r"\(it targets .*8\.9.*\); device 0: H100"):
-            Engine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings, trt=tensorrt_rtx,
-                        cuda=sim.cuda)
+            TensorRTEngine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings, trt=tensorrt_rtx,
+                                cuda=sim.cuda)
 
 
 @pytest.fixture(scope="module")
@@ -712,3 +712,13 @@ def test_logger_keeps_errors_for_messages(caplog) -> None:
     assert logger.messages.take() == "broken | very broken"
     assert logger.messages.take() == ""
     assert "careful" in caplog.text
+
+
+def test_the_old_name_still_imports_with_a_deprecation_warning() -> None:
+    """``pyrt.engine.Engine`` was this class's name (pyrt.llm.Engine is the one ``Engine`` now)."""
+    with pytest.warns(DeprecationWarning, match=r"pyrt\.engine\.Engine is now pyrt\.engine\.TensorRTEngine "
+                                                r"\(pyrt\.llm\.Engine is the LLM engine\)"):
+        from pyrt.engine import Engine
+    assert Engine is TensorRTEngine
+    with pytest.raises(AttributeError, match="module 'pyrt.engine' has no attribute 'Engines'"):
+        pyrt.engine.Engines  # noqa: B018 - the lookup is what is tested

@@ -56,7 +56,7 @@ import pytest
 
 import pyrt.engine
 from pyrt.cuda import Cuda
-from pyrt.engine import Engine
+from pyrt.engine import TensorRTEngine
 from pyrt.errors import PyrtError
 from pyrt.format.trt_blob import IOBinding
 from pyrt.sim import fake_cuda, fake_tensorrt
@@ -442,7 +442,7 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
     for streaming, via_reader in ((True, True), (False, False)):
         monkeypatch.setattr(pyrt.engine, "STREAM_READER_MIN_BYTES", 0 if via_reader else 1 << 40)
         data = memoryview(_ref_engine(streaming=streaming).to_bytes())
-        with Engine.load(data, device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
+        with TensorRTEngine.load(data, device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
             for budget in (None, 0, 1 << 30):
                 if streaming or budget is None:
                     engine.configure(budget, "test")
@@ -470,7 +470,7 @@ def _drive_pyrt(trt: Any, cuda: Cuda, monkeypatch: pytest.MonkeyPatch) -> None:
             cuda.synchronize(0)
     _drive_profiles_and_shared_memory(trt, cuda)
     with contextlib.suppress(PyrtError):  # refused bytes: the error path's calls
-        Engine.load(memoryview(b"not an engine"), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda)
+        TensorRTEngine.load(memoryview(b"not an engine"), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda)
     with contextlib.suppress(PyrtError):  # out of memory: CUresult names
         cuda.alloc(1 << 40, 0)
 
@@ -486,7 +486,7 @@ def _drive_profiles_and_shared_memory(trt: Any, cuda: Cuda) -> None:
                               RefProfile({"x": ((2, 4), (4, 4), (8, 4))}, 8192)])
     x = np.ones((3, 4), np.float32)
     scratch = SharedScratch(cuda, 0, "surface")
-    with Engine.load(memoryview(ref.to_bytes()), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
+    with TensorRTEngine.load(memoryview(ref.to_bytes()), device=0, io_bindings=BINDINGS, trt=trt, cuda=cuda) as engine:
         engine.scratch = scratch
         engine.configure(None, "test")
         assert engine.activation_bytes == 8192 and len(engine.profiles) == 2

@@ -240,6 +240,17 @@ def test_split_rejects_bad_arguments(total: object, weights: list[object], name:
         split_proportionally(total, weights)  # type: ignore[arg-type]
 
 
+def test_numpy_ints_count_and_the_arithmetic_stays_on_plain_ints() -> None:
+    """Numpy ints are ints (:func:`pyrt.checks.is_int`); what the budget code keeps of them is a plain int,
+    so no sum or product of budgets runs in int64."""
+    parts = split_proportionally(np.int64(10), [np.int64(30), np.int64(30), np.int64(30)])
+    assert parts == [4, 3, 3] and {type(p) for p in parts} == {int}
+    info = EngineStreamingInfo(np.int64(0), streamable_bytes=np.int64(1 << 20), baked=np.uint64(5))
+    assert (type(info.delegate_index), type(info.streamable_bytes), type(info.baked)) == (int, int, int)
+    assert type(BudgetSpec("bytes", np.int32(7)).value) is int
+    assert [type(k) for k in parse_load_budget({np.int64(1): "1GiB"}, source=SRC).engines] == [int]
+
+
 weights_lists = st.lists(st.one_of(st.integers(0, 50), st.integers(0, 2**40)), max_size=8)
 
 

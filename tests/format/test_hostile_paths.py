@@ -20,6 +20,7 @@ pytest.importorskip("executorch")
 
 import pyrt  # noqa: E402
 from pyrt.errors import PteFormatError  # noqa: E402
+from pyrt.format.ptd_reader import PtdFile  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
 from tests.fixtures.pte import relu_program  # noqa: E402
 
@@ -42,7 +43,11 @@ def _open_in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException]]:
     return thread, errors
 
 
-@pytest.mark.parametrize("opener", [Program, pyrt.inspect], ids=["Program", "inspect"])
+OPENERS = [Program, pyrt.inspect, PtdFile.open]  # a .ptd opens the way a .pte does (pyrt.format.mapped.map_file)
+OPENER_IDS = ["Program", "inspect", "ptd"]
+
+
+@pytest.mark.parametrize("opener", OPENERS, ids=OPENER_IDS)
 def test_fifo_is_refused_without_blocking(tmp_path: Path, opener: Any) -> None:
     fifo = tmp_path / "model.pte"
     os.mkfifo(fifo)
@@ -72,12 +77,12 @@ def test_cli_on_a_fifo_reports_and_exits(tmp_path: Path) -> None:
 def test_not_a_regular_file(path: str, kind: str) -> None:
     if not os.path.exists(path):
         pytest.skip(f"{path} does not exist here")
-    for opener in (Program, pyrt.inspect):
+    for opener in OPENERS:
         with pytest.raises(PteFormatError, match=rf"{path}: cannot open: it is a {kind}"):
             opener(path)
 
 
-@pytest.mark.parametrize("opener", [Program, pyrt.inspect], ids=["Program", "inspect"])
+@pytest.mark.parametrize("opener", OPENERS, ids=OPENER_IDS)
 def test_nul_byte_in_path(opener: Any) -> None:
     with pytest.raises(PteFormatError, match=r"'/tmp/model\\x00.pte': not a usable path"):
         opener("/tmp/model\0.pte")

@@ -25,6 +25,7 @@ from pyrt.pte_reader import (
     EValue,
     KernelCall,
     PteFile,
+    PteProgram,
     Tensor,
     iter_delegate_blobs,
 )
@@ -523,3 +524,11 @@ def test_test_backend_never_shadows_a_real_tensorrt_backend(delegated_pte: Path)
     assert "__subclasses__" not in vars(BackendDetails)
     ours = ptefixtures._backend_classes()[0]
     assert ours in BackendDetails.__subclasses__() and ours.__name__ != "TensorRTBackend"
+
+
+def test_the_program_table_is_a_pte_program_and_its_old_name_still_imports(pte: PteFile) -> None:
+    """``pyrt.pte_reader.Program`` was the table's name (``pyrt.Program`` is the one ``Program`` now)."""
+    assert type(pte.program) is PteProgram
+    with pytest.warns(DeprecationWarning, match=r"pyrt\.pte_reader\.Program is now pyrt\.pte_reader\.PteProgram"):
+        from pyrt.pte_reader import Program
+    assert Program is PteProgram

@@ -8,7 +8,7 @@ import pytest
 
 import pyrt
 from pyrt.device.scratch import SharedScratch
-from pyrt.engine import Engine
+from pyrt.engine import TensorRTEngine
 from pyrt.format.trt_blob import IOBinding
 from pyrt.sim import simulated_devices
 from tests.fixtures.memplan import MiB, add_engine, chain_program
@@ -61,8 +61,9 @@ def test_methods_that_may_run_at_once_do_not_share() -> None:
 def test_a_growing_scratch_rebinds_the_engines_that_bound_it_before() -> None:
     sim = simulated_devices(1, memory=64 * MiB)
     bindings = [IOBinding("x", "float32", (2, 3), True), IOBinding("y", "float32", (2, 3), False)]
-    small, big = (Engine.load(memoryview(add_engine(v, activation=a).to_bytes()), device=0, io_bindings=bindings,
-                              trt=sim.tensorrt, cuda=sim.cuda) for v, a in ((1.0, 4 * MiB), (2.0, 8 * MiB)))
+    small, big = (TensorRTEngine.load(memoryview(add_engine(v, activation=a).to_bytes()), device=0,
+                                      io_bindings=bindings, trt=sim.tensorrt, cuda=sim.cuda)
+                  for v, a in ((1.0, 4 * MiB), (2.0, 8 * MiB)))
     scratch = SharedScratch(sim.cuda, 0, "test")
     small.scratch = big.scratch = scratch
     small.configure(None, "automatic")  # binds a 4 MiB area

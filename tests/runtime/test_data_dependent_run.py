@@ -185,7 +185,7 @@ def test_the_allocator_subclasses_the_flavours_base(flavour: str) -> None:
 def test_an_engine_reports_the_shape_and_refuses_capture_with_a_reason() -> None:
     """Engine level: -1 before running, the reported shape after, and a typed refusal inside a capture
     (a caller capturing its own stream, e.g. torch.cuda.graph around a device-tensor run)."""
-    from pyrt.engine import Engine
+    from pyrt.engine import TensorRTEngine
     from pyrt.errors import EngineError
     from pyrt.format.trt_blob import IOBinding
     from pyrt.sim.refengine import Ref, RefEngine, RefNode, RefTensor
@@ -195,7 +195,8 @@ def test_an_engine_reports_the_shape_and_refuses_capture_with_a_reason() -> None
                            RefNode("aten::nonzero.default", [Ref("m")], {}, ["y"])])
     bindings = [IOBinding("x", "float32", (8,), True), IOBinding("y", "int64", (-1, 1), False)]
     values = np.array([1, -1, 2, -2, 3, -3, 4, -4], np.float32)
-    with simulated_gpus(1) as sim, Engine.load(memoryview(ref.to_bytes()), device=0, io_bindings=bindings) as engine:
+    with simulated_gpus(1) as sim, TensorRTEngine.load(memoryview(ref.to_bytes()), device=0,
+                                                       io_bindings=bindings) as engine:
         engine.configure(None, "automatic")
         assert engine.infer_output_shapes([(8,)]) == [(-1, 1)] and engine.data_dependent == ("y",)
         x, y = sim.cuda.alloc(32, 0), sim.cuda.alloc(64, 0)

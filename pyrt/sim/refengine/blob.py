@@ -10,6 +10,7 @@ import math
 import struct
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.sim.refengine.model import (
     DType,
     MemoryFormat,
@@ -99,17 +100,14 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
     if key not in obj:
         raise RefEngineFormatError(f"{where}: missing field {key!r}")
     value = obj[key]
-    bad_bool = isinstance(value, bool) and kind in (int, (int,))
-    if bad_bool or not isinstance(value, kind):
+    if not (is_int(value) if kind in (int, (int,)) else isinstance(value, kind)):
         raise RefEngineFormatError(f"{where}: field {key!r} has the wrong type ({value!r:.60})")
     return value
 
 
 def _shape(value: Any, where: str, *, dynamic: bool) -> tuple[int, ...]:
     lowest = -1 if dynamic else 0
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= lowest for d in value
-    ):
+    if not isinstance(value, list) or not all(is_int(d, low=lowest) for d in value):
         raise RefEngineFormatError(f"{where}: shape must be a list of ints >= {lowest}, got {value!r:.80}")
     return tuple(value)
 

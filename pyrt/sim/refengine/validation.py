@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from pyrt.checks import is_int
 from pyrt.sim.refengine import quant
 from pyrt.sim.refengine.model import (
     DTYPES,
@@ -117,7 +118,7 @@ def _names(args: Any, kind: type[Ref] | type[DType]) -> list[str]:
 def check_profiles(eng: Any, where: str) -> None:
     """Each optimization profile: known inputs, min <= opt <= max inside the input's declared
     min/max (the union of the profiles), static dims fixed, a byte count of activation memory."""
-    if isinstance(eng.device_memory, bool) or not isinstance(eng.device_memory, int) or eng.device_memory < 0:
+    if not is_int(eng.device_memory, low=0):
         raise RefEngineFormatError(f"{where}: device_memory must be an int >= 0, got {eng.device_memory!r}")
     inputs = {t.name: t for t in eng.inputs}
     for i, p in enumerate(eng.profiles):
@@ -125,7 +126,7 @@ def check_profiles(eng: Any, where: str) -> None:
         if not isinstance(p, RefProfile):
             raise RefEngineFormatError(f"{at} is not a RefProfile: {p!r:.80}")
         d = p.device_memory
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+        if not is_int(d, low=0):
             raise RefEngineFormatError(f"{at}: device_memory must be an int >= 0, got {d!r}")
         for name in p.shapes:
             if name not in inputs:

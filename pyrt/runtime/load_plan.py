@@ -1,4 +1,4 @@
-"""Phase 1 of loading a method: the file's values, tensors and instructions validated, kernels resolved.
+"""Phase 1 of loading a method, its load plan: the file's values, tensors and instructions validated, kernels resolved.
 
 Every index from the file is checked here (:class:`~pyrt.errors.PteFormatError` at load,
 never an IndexError at run time): list items, tensor storage (arena bounds, alignment,
@@ -34,7 +34,7 @@ from pyrt.kernels.base import Kernel
 from pyrt.kernels.registry import resolve
 from pyrt.memory.table import CONSTANT, LIST_KINDS, PLANNED, UNPLANNED, TensorInfo
 from pyrt.pte_reader import ExecutionPlan
-from pyrt.runtime.delegates import DelegateDraft, draft_delegates
+from pyrt.runtime.delegates import TensorRTDelegate, tensorrt_delegates
 from pyrt.runtime.instructions import check_instructions
 
 SCALAR_KINDS = ("Int", "Double", "Bool")
@@ -258,8 +258,8 @@ def where(plan: ExecutionPlan) -> str:
 
 
 @dataclass
-class MethodDraft:
-    """Phase 1 of loading a method: everything validated, nothing allocated."""
+class MethodLoadPlan:
+    """A method's load plan (phase 1 of loading it): everything validated and resolved, nothing allocated."""
 
     xplan: ExecutionPlan
     kinds: list[ValueKind]
@@ -270,7 +270,7 @@ class MethodDraft:
     kernels: list[Kernel]
     rebound: set[int]
     io_specs: tuple[Spec | None, Spec | None] = (None, None)
-    delegates: list[DelegateDraft] = field(default_factory=list)
+    delegates: list[TensorRTDelegate] = field(default_factory=list)
     host_bytes: list[tuple[str, int]] = field(default_factory=list)  # (what, bytes) the load will allocate
     constant_holders: set[int] = field(default_factory=set)  # values that may hold read-only file data
 
@@ -283,8 +283,8 @@ class MethodDraft:
         return set(self.arena_devices.values()) | {d.device for d in self.delegates}
 
 
-def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: DeviceMap | None) -> MethodDraft:
-    """Validate a method and resolve its kernels; raises before anything is allocated."""
+def plan_load(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: DeviceMap | None) -> MethodLoadPlan:
+    """The load plan of a method: validated, its kernels and delegates resolved; raises before anything is allocated."""
 
     kinds, items, raw = decode_values(xplan)
     infos = tensor_infos(xplan, device_map)
@@ -305,9 +305,9 @@ def draft_method(xplan: ExecutionPlan, libraries: Sequence[Any], device_map: Dev
     check_constant_writes(xplan, kernels, kinds, items, held)
     delegates: list[Any] = []
     if any(isinstance(ins, DelegateCall) for chain in xplan.chains for ins in chain.instructions):
-        delegates = draft_delegates(xplan, device_map)
-    return MethodDraft(xplan, kinds, items, raw, infos, devices, kernels, rebound, specs, delegates,
+        delegates = tensorrt_delegates(xplan, device_map)
+    return MethodLoadPlan(xplan, kinds, items, raw, infos, devices, kernels, rebound, specs, delegates,
                        host_memory(xplan, infos, devices), held)
 
 
-__all__ = ["SCALAR_KINDS", "MethodDraft", "draft_method", "where"]
+__all__ = ["SCALAR_KINDS", "MethodLoadPlan", "plan_load", "where"]
