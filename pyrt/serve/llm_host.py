@@ -23,11 +23,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyrt.errors import BusyError, InputError, PyrtError, QueueFullError
+from pyrt.errors import BusyError, PyrtError, QueueFullError
 from pyrt.llm import Engine, FinishReason, Generation, GenerationResult, SamplingParams
+from pyrt.llm.config import GenerationConfig
 from pyrt.serve.text import TextStream
 
 log = logging.getLogger("pyrt.serve")
@@ -41,24 +42,12 @@ class EngineStopped(PyrtError):
 
 
 class EngineHost:
-    """``model``'s engine on ``program`` and the thread that steps it (until :meth:`close`).
+    """``model``'s engine on ``program``'s ``method``, with ``config`` (its draft, draft_tokens, queue bound), and
+    the thread that steps it (until :meth:`close`)."""
 
-    ``max_queued``: the engine's bound on generations waiting for a KV-cache slot (None: none);
-    ``draft``, ``draft_tokens``: speculative decoding (``pyrt.llm.Engine``'s; a bad value is an InputError
-    naming the ``pyrt serve`` flag).
-    """
-
-    def __init__(self, program: Any, method: str, model: str, max_queued: int | None = None, draft: Any = None,
-                 draft_tokens: int = 4) -> None:
+    def __init__(self, program: Any, method: str, model: str, config: GenerationConfig) -> None:
         self.model = model
-        try:
-            self.engine = Engine(program, method=method, max_queued=max_queued, draft=draft,
-                                 draft_tokens=draft_tokens)
-        except InputError as exc:
-            if exc.field not in ("draft", "draft_tokens"):
-                raise
-            flag = "--" + exc.field.replace("_", "-")
-            raise InputError(f"{flag}: {exc}", field=exc.field) from None
+        self.engine = Engine(program, replace(config, method=method))
         self.failure: BaseException | None = None  # the last unexpected failure of the stepping loop
         self.failures = 0
         self._stop = threading.Event()

@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from pyrt.errors import InputError
 from pyrt.llm import SamplingParams, serves
+from pyrt.llm.config import GenerationConfig
 from pyrt.serve.events import watch_disconnect
 from pyrt.serve.failures import ApiError
 from pyrt.serve.llm_host import EngineHost, Job, Piece, pieces
@@ -57,8 +58,8 @@ class LlmService:
     """The generating models of one replica's program (``read_body`` reads a request body within the limits)."""
 
     def __init__(self, program: Any, methods: Mapping[str, str], *, tokenizer: str | None,
-                 max_queued: int | None, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any,
-                 draft: Any = None, draft_tokens: int = 4, aliases: Mapping[str, str] | None = None) -> None:
+                 generation: GenerationConfig, read_body: Callable[[Request], Awaitable[bytes]], metrics: Any,
+                 aliases: Mapping[str, str] | None = None) -> None:
         self.tokenizer = load_tokenizer(tokenizer) if tokenizer else None
         self.defaults = generation_defaults(tokenizer)  # generation_config.json's sampling defaults
         self.token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
@@ -72,7 +73,7 @@ class LlmService:
         for name, method in methods.items():
             why = serves(program, method)
             if why is None:
-                self.hosts[name] = EngineHost(program, method, name, max_queued, draft, draft_tokens)
+                self.hosts[name] = EngineHost(program, method, name, generation)
             else:
                 self.refused[name] = why
         self.generation = GenerationMetrics(metrics.registry)

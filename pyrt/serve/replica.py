@@ -36,9 +36,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 
 from pyrt._version import __version__
-from pyrt.errors import InputError, PyrtError
+from pyrt.errors import InputError
 from pyrt.format.method_io import flatten
-from pyrt.llm import open_draft
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import limits, routes
@@ -66,16 +65,6 @@ def load_program(cfg: ServeConfig, devices: Any = None) -> Program:
     return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
 
 
-def load_draft(cfg: ServeConfig, devices: Any = None) -> Any:
-    """``--draft``: None, ``"ngram"``, or the draft file's Program, fully resident on the replica's ``devices``."""
-    if cfg.draft is None or cfg.draft == "ngram":
-        return cfg.draft
-    try:
-        return open_draft(cfg.draft, kernels=cfg.kernels, devices=devices)
-    except PyrtError as exc:
-        raise InputError(f"--draft {cfg.draft}: {exc}", field="draft") from None
-
-
 def aliases_of(models: dict[str, ModelInfo], name: str, aliases: tuple[str, ...]) -> dict[str, str]:
     """Each alias's name of every model (``ALIAS`` for ``NAME``, ``ALIAS.METHOD`` for ``NAME.METHOD``) -> the model.
 
@@ -97,9 +86,7 @@ class PyrtReplica:
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.aliases = aliases_of(self.models, cfg.name, cfg.aliases)
-        made = None if devices is None else devices()  # one set of devices: the program's and the draft's
-        self.program = load_program(cfg, made)
-        self.draft = load_draft(cfg, made)
+        self.program = load_program(cfg, None if devices is None else devices())  # a draft file opens on them too
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
         self.in_flight = 0  # infer requests between arrival and reply
@@ -111,8 +98,8 @@ class PyrtReplica:
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
         self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              max_queued=cfg.max_queued_requests, read_body=self._body, metrics=self.metrics,
-                              draft=self.draft, draft_tokens=cfg.draft_tokens, aliases=self.aliases)
+                              generation=cfg.generation, read_body=self._body, metrics=self.metrics,
+                              aliases=self.aliases)
         self.router = Router([  # the hot path first
             route("POST", "/v2/models/{name}/infer", self.infer),
             route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
@@ -132,11 +119,8 @@ class PyrtReplica:
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
         llm = getattr(self, "llm", None)
-        if llm is not None:
+        if llm is not None:  # a draft file closes with the engine that opened it
             llm.close()
-        draft = getattr(self, "draft", None)
-        if isinstance(draft, Program):  # after the engines that use it
-            draft.close()
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
