@@ -14,10 +14,11 @@ a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
 limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
 ``request_timeout_s``, 408 a body slower than ``read_timeout_s``. Programs that generate also
 answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.openai_routes`,
-:mod:`pyrt.serve.generate_routes` over :mod:`pyrt.serve.llm_service`: an engine per generating
-model, stepped by its own thread; 429 when ``max_queued_requests`` generations already wait for a
-KV-cache slot). The replica's devices come from the ``devices`` factory it is bound with (simulated
-GPUs, :func:`pyrt.serve.app.deployment`); without one, the GPUs Ray assigned it.
+:mod:`pyrt.serve.generate_routes`: one :mod:`pyrt.serve.generation_call` over an engine per generating
+model, :mod:`pyrt.serve.llm_models`, and the tokenizer, :mod:`pyrt.serve.tokenization`; 429 when
+``max_queued_requests`` generations already wait for a KV-cache slot). The replica's devices come
+from the ``devices`` factory it is bound with (simulated GPUs, :func:`pyrt.serve.app.deployment`);
+without one, the GPUs Ray assigned it.
 """
 
 
@@ -46,14 +47,16 @@ from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
 from pyrt.serve.failures import ApiError, error_response, openai_response
 from pyrt.serve.generate_routes import GenerateRoutes
+from pyrt.serve.generation_call import GenerationCall
 from pyrt.serve.limits import RunThread
-from pyrt.serve.llm_service import LlmService
+from pyrt.serve.llm_models import LlmModels
 from pyrt.serve.metrics import ServeMetrics, process_stats
 from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
 from pyrt.serve.protocol import model_metadata as describe
 from pyrt.serve.routes import route
 from pyrt.serve.server_routes import ServerRoutes
+from pyrt.serve.tokenization import Tokenization
 
 Item = tuple[str, list[np.ndarray]]
 Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
@@ -97,9 +100,10 @@ class PyrtReplica:
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
                                   limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
-        self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              generation=cfg.generation, read_body=self._body, metrics=self.metrics,
-                              aliases=self.aliases)
+        self.texts = Tokenization(cfg.tokenizer)
+        self.llm = LlmModels(self.program, {n: i.method for n, i in self.models.items()}, cfg.generation,
+                             self.aliases, self.metrics)
+        self.generation = GenerationCall(self.llm, self.texts, self.metrics, self._body)
         self.router = Router([  # the hot path first
             route("POST", "/v2/models/{name}/infer", self.infer),
             route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
@@ -111,16 +115,17 @@ class PyrtReplica:
             route("GET", "/v2/models/{name}/ready", self.model_ready),
             route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
             route("GET", "/v2/models/{name}/stats", self.model_stats),
-            *GenerateRoutes(self.llm).routes(),
-            *OpenAIRoutes(self.llm).routes(),
-            *ServerRoutes(self.llm, self.metrics).routes(),
+            *GenerateRoutes(self.generation).routes(),
+            *OpenAIRoutes(self.generation).routes(),
+            *ServerRoutes(self.llm, self.texts, self._body, self.metrics).routes(),
         ])
         self.slashed = routes.slashed(self.router)  # the same routes for model names with "/" (org/Model)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
-        llm = getattr(self, "llm", None)
-        if llm is not None:  # a draft file closes with the engine that opened it
-            llm.close()
+        for part in ("llm", "texts"):  # a draft file closes with the engine that opened it
+            found = getattr(self, part, None)
+            if found is not None:
+                found.close()
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -250,7 +255,7 @@ class PyrtReplica:
         if name not in self.models:
             return self._unknown(name)
         stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
-        generation = self.llm.stats(name)
+        generation = self.generation.stats(name)
         if generation is not None:
             stats["generation"] = generation
         return JSONResponse(stats)
@@ -264,7 +269,7 @@ class PyrtReplica:
         self.in_flight += 1
         arrived, cfg = time.monotonic(), self.cfg
         try:
-            if name in self.llm.hosts:
+            if self.llm.generates(name):
                 raise InputError(f"model {name!r} generates: its runs would write the KV-cache slots that "
                                  f"generations hold; use POST /v2/models/{name}/generate (or OpenAI's /v1 API)")
             body = await self._body(request)

@@ -59,7 +59,7 @@ def test_served_tokens_with_a_draft_equal_pyrt_generate(draft: str) -> None:
         assert stats["tokens_per_pass"] >= 1.0 and stats["acceptance_rate"] == stats["accepted"] / stats["drafted"]
         if draft == "file":  # the target as its own draft: every guess is right
             assert stats["accepted"] == stats["drafted"] and stats["tokens_per_pass"] > 1.5, stats
-        metrics = replica.llm.generation
+        metrics = replica.generation.latencies
         replica.metrics.flush()
         assert metrics._done[NAME]["drafted"] == stats["drafted"]  # handed to Ray's counters
     finally:
