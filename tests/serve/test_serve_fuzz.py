@@ -192,7 +192,7 @@ def test_hostile_requests_are_4xx_and_the_replica_serves_on(served: tuple[Any, n
     request = asgi_request(method, path, body, headers)
     found = routes.match(replica.router, request.scope)
     reply = asyncio.run(replica(request))
-    not_ready = (replica.ready, replica.model_ready)  # outside Ray there is no application: 503 is the truth there
+    not_ready = (replica.infer_routes.ready, replica.infer_routes.model_ready)  # outside Ray: no application, 503
     if not isinstance(found, int) and found[0] in not_ready and reply.status_code == 503:
         assert json.loads(reply.body)["ready"] is False
     else:
