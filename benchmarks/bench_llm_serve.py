@@ -135,12 +135,13 @@ def serve_side(path: Path, tokenizer: Path, runs: dict[int, list[list[int]]], ne
     from ray import serve
 
     from pyrt.serve.app import deployment, run, start
+    from pyrt.serve.config import ServeConfig
     from tests.fixtures.serve import free_port
 
     port = free_port()
     start(port=port, num_cpus=2)
     try:
-        run(deployment(path, name="llm", kernels="numpy", tokenizer=tokenizer), path=str(path))
+        run(deployment(ServeConfig(str(path), name="llm", kernels="numpy", tokenizer=str(tokenizer))), path=str(path))
         url = f"http://127.0.0.1:{port}/v1/completions"
         asyncio.run(served(url, [runs[1][0]], 4))  # warm
         out: dict[int, list[dict[str, Any]]] = {}
@@ -225,6 +226,7 @@ def features(args: Any) -> str:
     from ray import serve
 
     from pyrt.serve.app import deployment, run, start
+    from pyrt.serve.config import ServeConfig
     from pyrt.testing.tokenizers import byte_level_bpe, words
     from tests.fixtures.serve import free_port
 
@@ -239,7 +241,8 @@ def features(args: Any) -> str:
         port = free_port()
         start(port=port, num_cpus=2)
         try:
-            run(deployment(path, name="llm", kernels="numpy", tokenizer=tokenizer), path=str(path))
+            cfg = ServeConfig(str(path), name="llm", kernels="numpy", tokenizer=str(tokenizer))
+            run(deployment(cfg), path=str(path))
             url = f"http://127.0.0.1:{port}/v1/completions"
             asyncio.run(feature_run(url, prompts[:1], 4, {}))  # warm
             rows = {name: [asyncio.run(feature_run(url, prompts, args.new_tokens, extra))

@@ -214,8 +214,10 @@ def kserve_body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
 def pyrt_serve(path: Path, name: str, x: np.ndarray, n: int, port: int, batch: int) -> dict[int, dict[str, float]]:
 
     from pyrt.serve.app import deployment, run
+    from pyrt.serve.config import ServeConfig
 
-    run(deployment(path, name=name, simulated_gpus=1, max_batch_size=batch, batch_wait_ms=1.0, kernels=KERNELS),
+    run(deployment(ServeConfig(str(path), name=name, max_batch_size=batch, batch_wait_ms=1.0, kernels=KERNELS),
+                   simulated_gpus=1),
         path=str(path))
     return _measure_deployed(port, name, x, n, runs=True)
 

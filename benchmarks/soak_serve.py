@@ -60,12 +60,13 @@ def prepare(directory: Path) -> dict[str, Any]:
 def serve(files: dict[str, Any], port: int) -> None:
     """A local Ray as ``pyrt serve`` starts it, serving both programs with two replicas each."""
     from pyrt.serve.app import deployment, run, start
+    from pyrt.serve.config import ServeConfig
     from pyrt.serve.lifetime import owner_token
 
     start(port=port, num_cpus=2, num_gpus=4, owner=owner_token())  # its processes ended by stop() at the end
     for name, path, prefix in (("dyn", files["dyn"], "/"), ("gpt2", files["gpt2"], "/llm")):
-        run(deployment(path, name=name, app_name=name, replicas=2, simulated_gpus=1, kernels="numpy",
-                       num_cpus=0.25), app_name=name, path=str(path), route_prefix=prefix)
+        cfg = ServeConfig(str(path), name=name, app_name=name, replicas=2, kernels="numpy", cpus_per_replica=0.25)
+        run(deployment(cfg, simulated_gpus=1), app_name=name, path=str(path), route_prefix=prefix)
 
 
 def _direct(path: Path, xs: list[np.ndarray]) -> list[np.ndarray]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pyrt import cuda
+import pyrt.cuda as cuda
 from pyrt.errors import InputError, PyrtError
 from pyrt.llm.convention import read_convention
 from pyrt.llm.loop import generate

@@ -1,7 +1,7 @@
 """Build and start a served program: :func:`deployment` returns the Ray Serve application.
 
 >>> from ray import serve                                            # doctest: +SKIP
->>> app = deployment("model.pte", replicas=2, budget="50%")          # doctest: +SKIP
+>>> app = deployment(ServeConfig("model.pte", replicas=2, budget="50%"))  # doctest: +SKIP
 >>> start(port=8000); serve.run(app, name="pyrt", route_prefix="/")  # doctest: +SKIP
 
 The file is opened and checked where the application is built, so a file that
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -50,45 +49,24 @@ def _check(cfg: ServeConfig) -> bool:
         return any(plan.delegates for plan in pte.program.execution_plan)
 
 
-def _paths(data: Any) -> tuple[str, ...]:
-    return (os.fspath(data),) if isinstance(data, (str, os.PathLike)) else tuple(os.fspath(d) for d in data)
+def deployment(cfg: ServeConfig, *, simulated_gpus: int | None = None) -> Application:
+    """The Ray Serve application serving ``cfg.path``: ``cfg.replicas`` copies, each its own Program.
 
-
-def deployment(path: str | os.PathLike[str], *, name: str = "", replicas: int = 1,
-               gpus_per_replica: float | None = None, budget: Any = None, data: Any = (),
-               kernels: str | None = None, max_batch_size: int = 8, batch_wait_ms: float = 2.0,
-               max_request_bytes: int | None = None, simulated_gpus: int | None = None,
-               app_name: str = "pyrt", num_cpus: float = 1.0, inline_run_ms: float = 2.0,
-               tokenizer: str | os.PathLike[str] | None = None, api_key: str | None = None,
-               **limits: Any) -> Application:
-    """The Ray Serve application serving ``path``: ``replicas`` copies, each its own Program.
-
-    Each replica asks Ray for ``gpus_per_replica`` GPUs (default: 1 when the program has
-    TensorRT delegates, else 0) and loads the Program on them with ``budget`` (resolved
-    for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus`` (default:
-    ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. ``tokenizer``,
-    ``api_key``: the generation routes' options; ``limits``: ``max_queued_requests``,
-    ``request_timeout_s``, ``read_timeout_s`` of :class:`ServeConfig` (:mod:`pyrt.serve.limits`), and
-    the other generation options (``draft``, ``draft_tokens``);
-    Ray Serve gets the same ``max_queued_requests``.
+    Each replica asks Ray for ``cfg.gpus_per_replica`` GPUs (None: 1 when the program has TensorRT
+    delegates, else 0) and ``cfg.cpus_per_replica`` CPUs, and loads the Program on them with
+    ``cfg.budget`` (resolved for that replica's engines: "50%", bytes, "auto"). ``simulated_gpus``
+    (default: ``$PYRT_SIMULATED_GPUS``) runs each replica on simulated GPUs instead. Ray Serve's own
+    queue limit follows ``cfg.max_queued_requests`` (:func:`_backpressure`).
     """
-    extra: dict[str, Any] = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
     sim = simulated_gpus if simulated_gpus is not None else simulated_from_env()
-    cfg = ServeConfig(os.fspath(path), name=name, replicas=replicas, gpus_per_replica=gpus_per_replica,
-                      budget=budget, data=_paths(data),
-                      kernels=kernels, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-                      app_name=app_name, inline_run_ms=inline_run_ms,
-                      tokenizer=None if tokenizer is None else os.fspath(tokenizer), api_key=api_key,
-                      **extra, **limits)
     has_delegates = _check(cfg)
     gpus = cfg.gpus_per_replica if cfg.gpus_per_replica is not None else (1.0 if has_delegates else 0.0)
-    cfg = ServeConfig(**{**vars(cfg), "gpus_per_replica": gpus})
     # the replica takes every request up to its own limits (infer: 503 past max_queued_requests; generations
     # beyond the KV-cache slots: 429), so Ray hands it more than those limits let wait
     ongoing = max(64, 2 * cfg.max_batch_size, (cfg.max_queued_requests or 0) + 64)
     return PyrtReplica.options(  # type: ignore[attr-defined]
         name="pyrt-" + re.sub(r"[^A-Za-z0-9_.-]", "-", cfg.name), num_replicas=cfg.replicas,
-        ray_actor_options={"num_gpus": gpus, "num_cpus": num_cpus},
+        ray_actor_options={"num_gpus": gpus, "num_cpus": cfg.cpus_per_replica},
         max_ongoing_requests=ongoing, graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         health_check_period_s=2.0, **_backpressure(cfg, ongoing),
     ).bind(cfg, devices_of(sim, gpus))

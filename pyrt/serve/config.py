@@ -1,8 +1,19 @@
-"""What a served program is loaded with: one frozen record, passed to every replica.
+"""What a served program is loaded with, and where ``pyrt serve`` serves it: frozen records, each checked once.
 
->>> cfg = ServeConfig("model.pte", max_batch_size=16)
->>> cfg.name, cfg.batch_wait_ms, cfg.replicas
-('model', 2.0, 1)
+:class:`ServeConfig` goes to every replica; it embeds the :class:`pyrt.llm.config.GenerationConfig` the
+replica's engines generate with (``cfg.generation``). :class:`StartOptions` is the command's own (where
+HTTP listens, which Ray). Each default is written here, once: the ``pyrt serve`` flags
+(:mod:`pyrt.serve.flags`) read theirs from these fields. A bad value is an
+:class:`pyrt.errors.InputError` whose ``field`` is the field it names (``generation.max_queued`` for
+the embedded config's), for the command line to spell as its flag.
+
+>>> cfg = ServeConfig("model.pte", max_batch_size=16, generation=GenerationConfig(draft="ngram"))
+>>> cfg.name, cfg.batch_wait_ms, cfg.replicas, cfg.generation.draft_tokens, cfg.max_queued_requests
+('model', 2.0, 1, 4, None)
+>>> ServeConfig("model.pte", replicas=0)
+Traceback (most recent call last):
+...
+pyrt.errors.InputError: replicas=0 must be an int >= 1
 """
 
 from __future__ import annotations
@@ -12,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyrt.checks import checked_int, checked_number, is_number
 from pyrt.errors import InputError
+from pyrt.llm.config import GenerationConfig
 
 API_KEY_ENV = "PYRT_API_KEY"
-DEFAULT_MAX_REQUEST_BYTES = 64 << 20
-DEFAULT_READ_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -27,22 +38,20 @@ class ServeConfig:
     ``aliases``: more names clients may send for it (vLLM's ``--served-model-name a b``: answers carry
     ``name``); ``budget``, ``data``, ``kernels``:
     as for :class:`pyrt.Program`; ``gpus_per_replica``: GPUs Ray assigns each replica
-    (None: 1 when the program has TensorRT delegates, else 0); ``max_batch_size``: most rows
+    (None: 1 when the program has TensorRT delegates, else 0; :func:`pyrt.serve.app.deployment`
+    resolves it), ``cpus_per_replica`` the CPUs it reserves; ``max_batch_size``: most rows
     one batched run holds (1: no batching); ``batch_wait_ms``: how long a batch waits to
     fill; ``inline_run_ms``: an idle replica runs a method whose last run was shorter on its
     event loop instead of its run thread (that hop costs about 0.5 ms, two thread switches;
     other routes wait at most that long; 0: never). Limits (:mod:`pyrt.serve.limits`):
-    ``max_queued_requests``: requests a replica holds waiting for its run thread (None: no
-    limit), beyond which an infer request gets 503 with ``Retry-After`` at once, and
-    generations waiting for a KV-cache slot, beyond which a generate or OpenAI request gets
-    429; ``request_timeout_s``: an infer request not answered within that many seconds of its
-    arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send its request
-    within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``draft``: speculative
-    decoding of the generating models (``"ngram"``, or a draft LLM file loaded fully resident on the
-    replica's devices); ``draft_tokens``: the most tokens a sequence guesses per step. The devices a replica
-    runs on are not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory
-    (simulated GPUs) to the replica where the application is wired.
+    :attr:`max_queued_requests`; ``request_timeout_s``: an infer request not answered within that
+    many seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send
+    its request within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
+    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``generation``: what the
+    engines of the generating models take (speculative decoding's ``draft`` and ``draft_tokens``, the
+    queue bound ``max_queued``; each model's ``method`` is its own). The devices a replica runs on are
+    not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory (simulated GPUs)
+    to the replica where the application is wired.
     """
 
     path: str
@@ -50,75 +59,102 @@ class ServeConfig:
     aliases: tuple[str, ...] = ()
     replicas: int = 1
     gpus_per_replica: float | None = None
+    cpus_per_replica: float = 1.0
     budget: Any = None
     data: tuple[str, ...] = ()
     kernels: str | None = None
     max_batch_size: int = 8
     batch_wait_ms: float = 2.0
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_request_bytes: int = 64 << 20
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
     tokenizer: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    max_queued_requests: int | None = None
     request_timeout_s: float | None = None
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    draft: str | None = None
-    draft_tokens: int = 4
+    read_timeout_s: float = 30.0
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(Path(self.path).resolve()))
         if not self.name:
             object.__setattr__(self, "name", Path(self.path).stem)
-        if isinstance(self.data, (str, os.PathLike)):
-            object.__setattr__(self, "data", (str(self.data),))
-        object.__setattr__(self, "data", tuple(str(Path(d).resolve()) for d in self.data))
+        data = (self.data,) if isinstance(self.data, (str, os.PathLike)) else self.data
+        object.__setattr__(self, "data", tuple(str(Path(d).resolve()) for d in data))
         for key in ("replicas", "max_batch_size", "max_request_bytes"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"serve {key}={value!r}: expected a whole number >= 1")
-        for key in ("batch_wait_ms", "inline_run_ms"):
-            if not getattr(self, key) >= 0:
-                raise InputError(f"serve {key}={getattr(self, key)!r}: expected a number of ms >= 0")
+            checked_int(getattr(self, key), key, low=1)
+        for key in ("batch_wait_ms", "inline_run_ms", "cpus_per_replica"):
+            checked_number(getattr(self, key), key, low=0)
+        if self.gpus_per_replica is not None:
+            checked_number(self.gpus_per_replica, "gpus_per_replica", low=0)
         self._check_limits()
-        if self.gpus_per_replica is not None and not self.gpus_per_replica >= 0:
-            raise InputError(f"serve gpus_per_replica={self.gpus_per_replica!r}: expected a number >= 0")
-        object.__setattr__(self, "aliases", tuple(self.aliases))
-        for name in (self.name, *self.aliases):
-            if not isinstance(name, str) or not name.strip() or any(c.isspace() or not c.isprintable() for c in name):
-                raise InputError(f"--name {name!r}: a model name must be non-empty, without spaces or control "
-                                 "characters", field="name")
-        if len({self.name, *self.aliases}) != 1 + len(self.aliases):
-            raise InputError(f"--name {self.name} {' '.join(self.aliases)}: a name is given twice", field="name")
+        self._check_names()
         self._check_generation()
+
+    @property
+    def max_queued_requests(self) -> int | None:
+        """Requests a replica holds waiting (None: no limit): infer requests waiting for its run thread, beyond
+        which one gets 503 with ``Retry-After`` at once, and generations waiting for a KV-cache slot, beyond
+        which a generate or OpenAI request gets 429. One bound, owned by ``generation.max_queued``."""
+        return self.generation.max_queued
+
+    def _check_names(self) -> None:
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        for key, names in (("name", (self.name,)), ("aliases", self.aliases)):
+            for name in names:
+                if not isinstance(name, str) or not name.strip() or any(c.isspace() or not c.isprintable()
+                                                                        for c in name):
+                    raise InputError(f"{key}={name!r}: a model name must be non-empty, without spaces or control "
+                                     "characters", field=key)
+        twice = sorted({n for n in self.aliases if n == self.name or self.aliases.count(n) > 1})
+        if twice:
+            raise InputError(f"aliases={list(self.aliases)!r}: {twice[0]!r} is given twice (the name "
+                             f"{self.name!r} and its aliases are one list)", field="aliases")
 
     def _check_generation(self) -> None:
         if self.tokenizer is not None:
             if not Path(self.tokenizer).is_dir():
-                raise InputError(f"serve tokenizer={self.tokenizer!r}: not a directory (a local Hugging Face "
-                                 "tokenizer: tokenizer.json, tokenizer_config.json)")
+                raise InputError(f"tokenizer={os.fspath(self.tokenizer)!r}: not a directory (a local Hugging Face "
+                                 "tokenizer: tokenizer.json, tokenizer_config.json)", field="tokenizer")
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
-            raise InputError("serve api_key: expected a non-empty string")
-        if self.draft is not None and self.draft != "ngram":
-            if not Path(self.draft).is_file():
-                raise InputError(f"--draft {self.draft!r} is neither \"ngram\" nor a file", field="draft")
-            object.__setattr__(self, "draft", str(Path(self.draft).resolve()))
-        tokens = self.draft_tokens
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise InputError(f"--draft-tokens {tokens!r}: expected a whole number >= 1", field="draft_tokens")
+            raise InputError("api_key: expected a non-empty string", field="api_key")
+        if not isinstance(self.generation, GenerationConfig):
+            raise InputError(f"generation={self.generation!r} must be a pyrt.llm.config.GenerationConfig",
+                             field="generation")
 
     def _check_limits(self) -> None:
-        queued = self.max_queued_requests
-        if queued is not None and (not isinstance(queued, int) or isinstance(queued, bool) or queued < 1):
-            raise InputError(f"serve max_queued_requests={queued!r}: expected a whole number >= 1 (or None: "
-                             "no limit)")
+        if self.max_queued_requests is not None:  # an int >= 0 (GenerationConfig's); a queue holds one at least
+            checked_int(self.max_queued_requests, "max_queued", low=1, field="generation.max_queued")
         for key in ("request_timeout_s", "read_timeout_s"):
             value = getattr(self, key)
             if value is None and key == "request_timeout_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise InputError(f"serve {key}={value!r}: expected a number of seconds > 0")
+            if not is_number(value) or value <= 0:
+                raise InputError(f"{key}={value!r} must be a number of seconds > 0", field=key)
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    """Where ``pyrt serve`` answers HTTP and on which Ray (the options of :func:`pyrt.serve.app.start`).
+
+    ``address``: a running Ray cluster to join (``auto``, ``ray://HOST:PORT``; None: start one);
+    ``host``, ``port``: where HTTP listens; ``metrics_port``: the Prometheus port of a Ray started here;
+    ``ray_proxy``: HTTP through Ray Serve's proxy actor instead of HAProxy (:mod:`pyrt.serve.ingress`).
+
+    >>> StartOptions(port=9000).host, StartOptions().port
+    ('127.0.0.1', 8000)
+    """
+
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    metrics_port: int | None = None
+    ray_proxy: bool = False
+
+    def __post_init__(self) -> None:
+        checked_int(self.port, "port", low=1)
+        if self.metrics_port is not None:
+            checked_int(self.metrics_port, "metrics_port", low=1)
 
 
 def api_key_from_env() -> str | None:

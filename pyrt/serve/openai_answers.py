@@ -25,8 +25,9 @@ FLOOR = -9999.0  # a log-probability of -inf, as JSON can carry it
 TokenText = Callable[[int], tuple[str, list[int]]]  # a token id -> its text and bytes
 
 
-def new_id(chat: bool) -> str:
-    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+def new_id(prefix: str) -> str:
+    """A new answer id: ``prefix`` (``chatcmpl-``, ``cmpl-``) and 32 hex digits."""
+    return prefix + uuid.uuid4().hex
 
 
 def now() -> int:
@@ -155,15 +156,6 @@ class Chunk(Head):
 
     choices: list[CompletionChoice] | list[ChunkChoice]
     usage: Usage | None = None
-
-
-def chunk_kind(chat: bool) -> str:
-    return "chat.completion.chunk" if chat else "text_completion"
-
-
-def usage_chunk(chat: bool, rid: str, created: int, model: str, usage: Usage) -> Chunk:
-    """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
-    return Chunk(id=rid, object=chunk_kind(chat), created=created, model=model, choices=[], usage=usage)
 
 
 class ModelCard(BaseModel):

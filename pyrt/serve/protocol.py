@@ -33,6 +33,7 @@ from typing import Annotated, Any, TypedDict
 import numpy as np
 from pydantic import BeforeValidator, ConfigDict, StrictInt, StrictStr
 
+from pyrt.checks import is_int
 from pyrt.errors import InputError
 from pyrt.format.method_io import InputSpec, check_shape, method_inputs
 from pyrt.pte_reader import PteFile
@@ -162,8 +163,7 @@ class InferRequest:
 
 
 def whole_shape(value: Any) -> Any:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in value):
+    if not isinstance(value, list) or not all(is_int(d, low=0) for d in value):
         raise Bad(" must be a list of whole numbers >= 0")
     return value
 

@@ -1,62 +1,55 @@
 """The Ray Serve deployment: each replica loads one ``pyrt.Program`` and answers the protocol itself.
 
 One hop: the replica answers HTTP itself (``__call__`` takes Ray Serve's
-Starlette request; its routes are declared once, with Starlette's router, :mod:`pyrt.serve.routes`), with a batch
-queue inside it (:mod:`pyrt.serve.batch_queue`), so a request goes HAProxy (or
-Ray's proxy, see :mod:`pyrt.serve.ingress`) -> replica -> Program and back.
+Starlette request; its routes are declared once, with Starlette's router, :mod:`pyrt.serve.routes`, and
+each protocol's routes are a module of their own), with a batch queue inside it
+(:mod:`pyrt.serve.inference`), so a request goes HAProxy (or Ray's proxy, see :mod:`pyrt.serve.ingress`)
+-> replica -> Program and back. The replica wires the parts and checks the API key; the routes answer.
 Runs happen on one worker thread per replica (a Program's runs of one method
 take turns anyway) while the event loop keeps decoding requests, so the next
 batch fills during a run; a request that finds the replica idle runs at once
 (on the event loop when its method's runs are short). Status codes: 404
-unknown model (or path), 405 a path the protocol has for another method, 400
+unknown model (or path), 405 a path the protocol has for another method (the Open Inference
+Protocol's routes: :mod:`pyrt.serve.infer_routes`), 400
 a bad request (the ``InputError`` text), 413 a body over ``max_request_bytes``,
 500 a failed run (the typed error), 503 not ready; with an API key, 401 without it; and the
 limits of :mod:`pyrt.serve.limits`: 503 with ``Retry-After`` a full queue, 504 a request past
 ``request_timeout_s``, 408 a body slower than ``read_timeout_s``. Programs that generate also
 answer OpenAI's ``/v1`` API and Triton's generate routes (:mod:`pyrt.serve.openai_routes`,
-:mod:`pyrt.serve.generate_routes` over :mod:`pyrt.serve.llm_service`: an engine per generating
-model, stepped by its own thread; 429 when ``max_queued_requests`` generations already wait for a
-KV-cache slot). The replica's devices come from the ``devices`` factory it is bound with (simulated
-GPUs, :func:`pyrt.serve.app.deployment`); without one, the GPUs Ray assigned it.
+:mod:`pyrt.serve.generate_routes`: one :mod:`pyrt.serve.generation_call` over an engine per generating
+model, :mod:`pyrt.serve.llm_models`, and the tokenizer, :mod:`pyrt.serve.tokenization`; 429 when
+``max_queued_requests`` generations already wait for a KV-cache slot). The replica's devices come
+from the ``devices`` factory it is bound with (simulated GPUs, :func:`pyrt.serve.app.deployment`);
+without one, the GPUs Ray assigned it.
 """
 
 
-import asyncio
 import hmac
-import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
-import numpy as np
-import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 
-from pyrt._version import __version__
-from pyrt.errors import InputError, PyrtError
-from pyrt.format.method_io import flatten
-from pyrt.llm import GenerationConfig, open_draft
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import limits, routes
-from pyrt.serve.batch_queue import BatchQueue
-from pyrt.serve.batching import run_batched
 from pyrt.serve.config import ServeConfig
 from pyrt.serve.failures import ApiError, error_response, openai_response
 from pyrt.serve.generate_routes import GenerateRoutes
+from pyrt.serve.generation_call import GenerationCall
+from pyrt.serve.infer_routes import InferRoutes
+from pyrt.serve.inference import Inference
 from pyrt.serve.limits import RunThread
-from pyrt.serve.llm_service import LlmService
-from pyrt.serve.metrics import ServeMetrics, process_stats
+from pyrt.serve.llm_models import LlmModels
+from pyrt.serve.metrics import ServeMetrics
 from pyrt.serve.openai_routes import OpenAIRoutes
-from pyrt.serve.protocol import HEADER_LENGTH, InferRequest, ModelInfo, decode_infer, encode_infer, models_of
-from pyrt.serve.protocol import model_metadata as describe
-from pyrt.serve.routes import route
+from pyrt.serve.protocol import ModelInfo, models_of
 from pyrt.serve.server_routes import ServerRoutes
+from pyrt.serve.tokenization import Tokenization
 
-Item = tuple[str, list[np.ndarray]]
 Devices = Callable[[], Any]  # makes the devices a Program runs on (pyrt.sim.simulated_devices)
 
 
@@ -64,16 +57,6 @@ def load_program(cfg: ServeConfig, devices: Any = None) -> Program:
     """The replica's Program, on ``devices`` (made by the replica's devices factory; None: the GPUs Ray assigned it)."""
     data = list(cfg.data) or None
     return Program(cfg.path, data=data, budget=cfg.budget, kernels=cfg.kernels, devices=devices)
-
-
-def load_draft(cfg: ServeConfig, devices: Any = None) -> Any:
-    """``--draft``: None, ``"ngram"``, or the draft file's Program, fully resident on the replica's ``devices``."""
-    if cfg.draft is None or cfg.draft == "ngram":
-        return cfg.draft
-    try:
-        return open_draft(cfg.draft, kernels=cfg.kernels, devices=devices)
-    except PyrtError as exc:
-        raise InputError(f"--draft {cfg.draft}: {exc}", field="draft") from None
 
 
 def aliases_of(models: dict[str, ModelInfo], name: str, aliases: tuple[str, ...]) -> dict[str, str]:
@@ -87,7 +70,7 @@ def aliases_of(models: dict[str, ModelInfo], name: str, aliases: tuple[str, ...]
 
 @serve.deployment
 class PyrtReplica:
-    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes.
+    """One replica: a Program, its models (``NAME`` = forward, ``NAME.METHOD``), the protocol routes; it wires them.
 
     ``devices``: makes the devices its Program runs on (None: the GPUs Ray assigned it).
     """
@@ -97,99 +80,34 @@ class PyrtReplica:
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
         self.aliases = aliases_of(self.models, cfg.name, cfg.aliases)
-        made = None if devices is None else devices()  # one set of devices: the program's and the draft's
-        self.program = load_program(cfg, made)
-        self.draft = load_draft(cfg, made)
+        self.program = load_program(cfg, None if devices is None else devices())
         self.runs = RunThread(cfg.max_queued_requests)  # the run thread, and the queue limit of requests for it
         self.pool = self.runs.pool
-        self.in_flight = 0  # infer requests between arrival and reply
-        self.last_run_s: dict[str, float] = {}  # each model's last run time (cfg.inline_run_ms)
         self.metrics = ServeMetrics()
         self.metrics.start()
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
-        self.batches = BatchQueue(self.run_items, rows=lambda item: int(item[1][0].shape[0]),
-                                  limit=cfg.max_batch_size, wait_s=cfg.batch_wait_ms / 1000, runner=self._on_pool)
-        generation = GenerationConfig(draft=self.draft, draft_tokens=cfg.draft_tokens,
-                                      max_queued=cfg.max_queued_requests)
-        self.llm = LlmService(self.program, {n: i.method for n, i in self.models.items()}, tokenizer=cfg.tokenizer,
-                              generation=generation, read_body=self._body, metrics=self.metrics, aliases=self.aliases)
-        self.router = Router([  # the hot path first
-            route("POST", "/v2/models/{name}/infer", self.infer),
-            route("POST", "/v2/models/{name}/versions/{version}/infer", self.infer),
-            route("GET", "/v2/health/live", self.live),
-            route("GET", "/v2/health/ready", self.ready),
-            route("GET", "/v2", self.server_metadata),
-            route("GET", "/v2/models/{name}", self.model_metadata),
-            route("GET", "/v2/models/{name}/versions/{version}", self.model_metadata),
-            route("GET", "/v2/models/{name}/ready", self.model_ready),
-            route("GET", "/v2/models/{name}/versions/{version}/ready", self.model_ready),
-            route("GET", "/v2/models/{name}/stats", self.model_stats),
-            *GenerateRoutes(self.llm).routes(),
-            *OpenAIRoutes(self.llm).routes(),
-            *ServerRoutes(self.llm, self.metrics).routes(),
+        self.inference = Inference(cfg, self.program, self.models, self.runs, self.metrics)
+        self.texts = Tokenization(cfg.tokenizer)
+        self.llm = LlmModels(self.program, {n: i.method for n, i in self.models.items()}, cfg.generation,
+                             self.aliases, self.metrics)
+        self.generation = GenerationCall(self.llm, self.texts, self.metrics, self._body)
+        self.infer_routes = InferRoutes(cfg, self.models, self.aliases, self.inference, self.metrics, self._body,
+                                        self.llm.generates, self.generation.stats)
+        self.router = Router([
+            *self.infer_routes.routes(),  # the hot path first
+            *GenerateRoutes(self.generation).routes(),
+            *OpenAIRoutes(self.generation).routes(),
+            *ServerRoutes(self.llm, self.texts, self._body, self.metrics).routes(),
         ])
         self.slashed = routes.slashed(self.router)  # the same routes for model names with "/" (org/Model)
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops: the stepping threads end
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.close()
-        draft = getattr(self, "draft", None)
-        if isinstance(draft, Program):  # after the engines that use it
-            draft.close()
+        for part in ("llm", "texts"):
+            found = getattr(self, part, None)
+            if found is not None:
+                found.close()
 
-    # -- running ----------------------------------------------------------------------------------
-    def run(self, info: ModelInfo, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """One Program run of ``info``'s method; scalar inputs keep their exported values."""
-        it = iter(arrays)
-        args = [next(it) if spec.kind == "Tensor" else spec.value for spec in info.inputs]
-        start = time.perf_counter()
-        out = self.program.run(*args, method=info.method)
-        self.last_run_s[info.name] = elapsed = time.perf_counter() - start
-        self.metrics.run(info.name, int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1, elapsed)
-        return [x for x in flatten(out) if isinstance(x, np.ndarray)]
-
-    def run_items(self, items: list[Item]) -> list[Any]:
-        """A batch of (model, arrays) items: each model's requests batched together, results in order."""
-        results: list[Any] = [None] * len(items)
-        by_model: dict[str, list[int]] = {}
-        for i, (name, _) in enumerate(items):
-            by_model.setdefault(name, []).append(i)
-        for name, idx in by_model.items():
-            info = self.models[name]
-            limit = min(self.cfg.max_batch_size, info.batch_bound)
-            out = run_batched(partial(self.run, info), [items[i][1] for i in idx], limit)
-            for i, r in zip(idx, out, strict=True):
-                results[i] = r
-        return results
-
-    async def _on_pool(self, run: Any, items: list[Item]) -> list[Any]:
-        return await self.runs.call(run, items)
-
-    async def dispatch(self, info: ModelInfo, req: InferRequest) -> list[np.ndarray]:
-        """Batched where the method batches, the request fits a batch and others are in flight; else run now.
-
-        A request that finds the replica idle runs at once: waiting ``batch_wait_ms`` for company
-        that is not coming only adds latency; on the event loop itself when the method's last run
-        was shorter than ``cfg.inline_run_ms``. Requests that arrive while others are in flight wait (at
-        most that long) to run together.
-        """
-        limit = min(self.cfg.max_batch_size, info.batch_bound)
-        alone = self.in_flight <= 1  # counted from the moment a request arrives, before its body is read
-        if limit > 1 and req.rows <= limit and not alone:
-            return list(await self.batches.submit((info.name, req.arrays)))
-        short = self.cfg.inline_run_ms / 1000
-        if alone and not self.runs.busy and self.last_run_s.get(info.name, short) < short:
-            self.metrics.inline(info.name)
-            return self.run(info, req.arrays)
-        return await self.runs.call(self.run, info, req.arrays)
-
-    def queued(self) -> int:
-        """Decoded requests waiting for the run thread: in the batch queue, or for the thread itself."""
-        return self.batches.waiting + self.runs.waiting
-
-    # -- routes -----------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         """Answer one HTTP request (Ray Serve hands every request to the replica here)."""
         path = routes.route_path(request.scope)
@@ -228,79 +146,6 @@ class PyrtReplica:
             return openai_response(error, headers=headers)
         return JSONResponse({"error": str(error)}, status_code=401, headers=headers)
 
-    async def live(self, request: Request) -> JSONResponse:
-        return JSONResponse({"live": True})
-
-    async def ready(self, request: Request) -> JSONResponse:
-        ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
-
-    def _all_replicas_running(self) -> bool:
-        if not ray.is_initialized():  # built outside Ray (tests): no application; serve.status() would start a Ray
-            return False
-        try:
-            status = serve.status().applications[self.cfg.app_name]
-        except (KeyError, RuntimeError):
-            return False
-        return status.status == "RUNNING"
-
-    async def server_metadata(self, request: Request) -> JSONResponse:
-        return JSONResponse({"name": "pyrt", "version": __version__,
-                             "extensions": ["binary_tensor_data", "statistics", "generate"]})
-
-    async def model_metadata(self, request: Request) -> JSONResponse:
-        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
-        info = self.models.get(name)
-        if info is None:
-            return self._unknown(name)
-        return JSONResponse(describe(info, self.cfg.max_batch_size))
-
-    async def model_ready(self, request: Request) -> JSONResponse:
-        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
-        if name not in self.models:
-            return self._unknown(name)
-        ok = await asyncio.get_running_loop().run_in_executor(None, self._all_replicas_running)
-        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
-
-    async def model_stats(self, request: Request) -> JSONResponse:
-        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
-        if name not in self.models:
-            return self._unknown(name)
-        stats = {**self.metrics.stats(name), **process_stats(), "queue": self.runs.queue_stats(self.queued())}
-        generation = self.llm.stats(name)
-        if generation is not None:
-            stats["generation"] = generation
-        return JSONResponse(stats)
-
-    async def infer(self, request: Request) -> Response:
-        name = self.aliases.get(request.path_params["name"], request.path_params["name"])
-        info = self.models.get(name)
-        if info is None:
-            return self._unknown(name)
-        self.metrics.request(name)
-        self.in_flight += 1
-        arrived, cfg = time.monotonic(), self.cfg
-        try:
-            if name in self.llm.hosts:
-                raise InputError(f"model {name!r} generates: its runs would write the KV-cache slots that "
-                                 f"generations hold; use POST /v2/models/{name}/generate (or OpenAI's /v1 API)")
-            body = await self._body(request)
-            req = decode_infer(info, body, request.headers.get(HEADER_LENGTH))
-            self.runs.admit(self.queued(), f"model {name!r}")
-            outputs = await limits.within(self.dispatch(info, req), cfg.request_timeout_s, arrived, f"model {name!r}")
-            data, headers = encode_infer(info, req, outputs)
-        except Exception as exc:  # answered, never raised: the replica keeps serving
-            self.metrics.error(name, type(exc).__name__)
-            return error_response(exc)
-        finally:
-            self.in_flight -= 1
-        media = "application/octet-stream" if headers else "application/json"
-        return Response(data, media_type=media, headers=headers)
-
     async def _body(self, request: Request) -> bytes:
         """The request's body within ``max_request_bytes`` (413) and ``read_timeout_s`` (408)."""
         return await limits.read_body(request, self.cfg.max_request_bytes, self.cfg.read_timeout_s)
-
-    def _unknown(self, name: str) -> JSONResponse:
-        self.metrics.error("", "UnknownModel")  # not the name: clients must not mint label values
-        return JSONResponse({"error": f"no model {name!r}; models are {sorted(self.models)}"}, status_code=404)

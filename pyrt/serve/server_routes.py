@@ -12,6 +12,7 @@ Tokenizing runs off the event loop; failures are OpenAI errors.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt
@@ -21,11 +22,12 @@ from starlette.routing import Route
 
 from pyrt._version import __version__
 from pyrt.serve.failures import ApiError, openai_response
-from pyrt.serve.llm_service import LlmService
+from pyrt.serve.llm_models import LlmModels
 from pyrt.serve.openai_api import Message
 from pyrt.serve.routes import route
+from pyrt.serve.tokenization import Tokenization, template_options
 from pyrt.serve.twin_metrics import CONTENT_TYPE, exposition
-from pyrt.serve.validation import Body
+from pyrt.serve.validation import Body, parse
 
 
 class TokenizeRequest(Body):
@@ -50,10 +52,12 @@ class DetokenizeRequest(Body):
 
 
 class ServerRoutes:
-    """Health, version, tokenizing and metrics over ``service`` (``metrics``: the replica's ServeMetrics)."""
+    """Health, version, tokenizing (``texts``, for ``models``) and metrics (``metrics``: the replica's
+    ServeMetrics); ``read_body`` reads a body within the replica's limits."""
 
-    def __init__(self, service: LlmService, metrics: Any) -> None:
-        self.service, self.metrics = service, metrics
+    def __init__(self, models: LlmModels, texts: Tokenization, read_body: Callable[[Request], Awaitable[bytes]],
+                 metrics: Any) -> None:
+        self.models, self.texts, self.read_body, self.metrics = models, texts, read_body, metrics
 
     def routes(self) -> list[Route]:
         return [route("GET", "/health", self.health), route("GET", "/ping", self.health),
@@ -67,7 +71,7 @@ class ServerRoutes:
         return JSONResponse({"version": __version__})
 
     async def prometheus(self, request: Request) -> Response:
-        data = await self.service.off_loop(self._exposition)
+        data = await self.texts.off_loop(self._exposition)
         return Response(data, media_type=CONTENT_TYPE)
 
     def _exposition(self) -> bytes:
@@ -76,22 +80,22 @@ class ServerRoutes:
 
     def _context(self, model: str | None) -> tuple[str, int]:
         """The model a tokenizing body names (default: the first that generates) and its cache's positions."""
-        if self.service.tokenizer is None:
+        if self.texts.tokenizer is None:
             raise ApiError("tokenizing needs a tokenizer: start pyrt serve with --tokenizer DIR", 404)
-        names = self.service.names()
+        names = self.models.names()
         if model is None and not names:
             raise ApiError("no model generates here", 404, param="model")
-        host = self.service.host(model if model is not None else names[0], openai=True)
+        host = self.models.host(model if model is not None else names[0], list_names=True)
         return host.model, host.engine.conv.max_context_len
 
     async def tokenize(self, request: Request) -> Response:
         try:
-            body = await self.service.read(request, TokenizeRequest)
+            body = parse(TokenizeRequest, await self.read_body(request))
             _, context = self._context(body.model)
             ids = await self._ids(body)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return openai_response(exc)
-        texts = self.service.token_texts
+        texts = self.texts.token_texts
         strs = [texts(t)[0] for t in ids] if body.return_token_strs and texts is not None else None
         return JSONResponse({"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": strs})
 
@@ -100,25 +104,22 @@ class ServerRoutes:
             raise ApiError("give prompt (text) or messages, once", param="prompt")
         if body.prompt is not None:
             special = True if body.add_special_tokens is None else body.add_special_tokens
-            return await self.service.encode_async(body.prompt, "prompt", add_special_tokens=special)
+            return await self.texts.encode_async(body.prompt, "prompt", add_special_tokens=special)
         assert body.messages is not None
-        template: dict[str, Any] = {"add_generation_prompt": body.add_generation_prompt,
-                                    **({"continue_final_message": True} if body.continue_final_message else {}),
-                                    **(body.chat_template_kwargs or {})}
-        if body.tools:
-            template["tools"] = [t.get("function", t) for t in body.tools]
-        return await self.service.chat_prompt([m.for_template() for m in body.messages], None, **template)
+        template = template_options(body.add_generation_prompt, body.continue_final_message,
+                                    body.chat_template_kwargs, body.tools)
+        return await self.texts.chat_prompt([m.for_template() for m in body.messages], None, template)
 
     async def detokenize(self, request: Request) -> Response:
         try:
-            body = await self.service.read(request, DetokenizeRequest)
+            body = parse(DetokenizeRequest, await self.read_body(request))
             self._context(body.model)
-            tokenizer: Any = self.service.tokenizer
+            tokenizer: Any = self.texts.tokenizer  # there is one: _context refused the request otherwise
             vocab = len(tokenizer)
             bad = [t for t in body.tokens if not 0 <= t < vocab]
             if bad:
                 raise ApiError(f"tokens: {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-            text = await self.service.off_loop(tokenizer.decode, body.tokens)
+            text = await self.texts.off_loop(self.texts.decode, body.tokens)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return openai_response(exc)
         return JSONResponse({"prompt": text})

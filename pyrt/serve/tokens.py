@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pyrt.checks import is_number
+
 DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -87,5 +89,4 @@ def generation_defaults(directory: str | None) -> dict[str, Any]:
         return {}
     if not isinstance(config, dict):
         return {}
-    return {k: config[k] for k in DEFAULTS if isinstance(config.get(k), (int, float))
-            and not isinstance(config[k], bool)}  # as vLLM reads them (do_sample aside)
+    return {k: config[k] for k in DEFAULTS if is_number(config.get(k))}  # as vLLM reads them (do_sample aside)

@@ -47,7 +47,7 @@ TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          # the replica's generation engine: the event loop's waits for tokens, the event stream's wait for its
          # sender or a disconnect
          "pyrt/serve/llm_host.py": (SERVE_OPENAI,),
-         "pyrt/serve/llm_service.py": (SERVE_OPENAI,),
+         "pyrt/serve/generation_call.py": (SERVE_OPENAI,),
          "pyrt/serve/events.py": (SERVE_OPENAI,),
          # the replica's timeouts and run thread
          "pyrt/serve/limits.py": ("tests/serve/test_serve_limits.py",)}

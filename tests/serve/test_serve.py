@@ -30,6 +30,7 @@ th = pytest.importorskip("tritonclient.http")
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve import ingress  # noqa: E402
 from pyrt.serve.app import deployment, run  # noqa: E402
+from pyrt.serve.config import ServeConfig  # noqa: E402
 from pyrt.sim import simulated_gpus  # noqa: E402
 
 pytestmark = [pytest.mark.ray]
@@ -49,9 +50,9 @@ INGRESS = serve_fixtures.INGRESS
 @pytest.fixture(scope="module")
 def dyn(ray_serve: str, programs: dict[str, Path]) -> str:
     """``dyn.pte`` as model "dyn": two replicas, one simulated GPU each, batches of up to 8 rows."""
-    app = deployment(programs["dyn"], name="dyn", replicas=2, simulated_gpus=1, max_batch_size=8,
-                     batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5,
-                     budget="50%")
+    app = deployment(ServeConfig(str(programs["dyn"]), name="dyn", replicas=2, max_batch_size=8, batch_wait_ms=5,
+                                 max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", cpus_per_replica=0.5,
+                                 budget="50%"), simulated_gpus=1)
     run(app, path=str(programs["dyn"]))
     return ray_serve
 
@@ -241,7 +242,8 @@ def test_bad_binary_unknown_model_too_large_and_failed_runs(dyn: str, programs: 
 def test_methods_are_models_static_ones_run_alone_and_run_failures_are_500(ray_serve: str, pte_file: Any) -> None:
     """ExecuTorch's ``portable`` fixture (methods forward and dyn) as a second application under /portable."""
     path = pte_file("portable")
-    run(deployment(path, name="portable", app_name="portable", kernels="torch", max_batch_size=4, num_cpus=0.5),
+    run(deployment(ServeConfig(str(path), name="portable", app_name="portable", kernels="torch", max_batch_size=4,
+                               cpus_per_replica=0.5)),
         app_name="portable", path=str(path), route_prefix="/portable")
     base = f"{ray_serve}/portable"
     assert requests.get(f"http://{base}/v2/models/portable.dyn", timeout=30).json()["parameters"] == {
@@ -318,8 +320,8 @@ def test_ready_only_once_every_replica_has_loaded(ray_serve: str, programs: dict
     """Two replicas of one GPU each while "dyn" holds two of the three GPUs: one loads, one waits."""
     from ray.serve.api import RunTarget, run_many
 
-    app = deployment(programs["dyn"], name="late", app_name="late", replicas=2, simulated_gpus=1,
-                     kernels="numpy", num_cpus=0.25)
+    app = deployment(ServeConfig(str(programs["dyn"]), name="late", app_name="late", replicas=2, kernels="numpy",
+                                 cpus_per_replica=0.25), simulated_gpus=1)
     run_many([RunTarget(app, name="late", route_prefix="/late")], wait_for_applications_running=False)
     base = f"http://{ray_serve}/late/v2"
     wait_for(lambda: _running("late") == 1, 120, "the first replica")
@@ -342,8 +344,8 @@ def test_generate_routes_of_a_program_following_the_llm_convention(ray_serve: st
     from tests.fixtures import llm_models as L
 
     gpt2 = L.Exported("gpt2", tmp_path_factory.mktemp("gen") / "gpt2.pte", "portable", route="pyrt")
-    run(deployment(gpt2.path, name="gpt2", app_name="gen", num_cpus=0.25), app_name="gen", path=str(gpt2.path),
-        route_prefix="/gen")
+    run(deployment(ServeConfig(str(gpt2.path), name="gpt2", app_name="gen", cpus_per_replica=0.25)), app_name="gen",
+        path=str(gpt2.path), route_prefix="/gen")
     base = f"http://{ray_serve}/gen/v2/models/gpt2"
     body = {"input_ids": L.PROMPT, "parameters": {"max_tokens": L.NEW_TOKENS, "eos_ids": []}}
     reply = requests.post(f"{base}/generate", json=body, timeout=120)

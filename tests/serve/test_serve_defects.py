@@ -27,6 +27,7 @@ requests = pytest.importorskip("requests")
 import pyrt  # noqa: E402
 from pyrt.errors import InputError  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
+from pyrt.serve.flags import configs  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 
 pytestmark = [pytest.mark.export]
@@ -121,11 +122,12 @@ def test_d6_any_signed_64_bit_seed(url: str) -> None:
 def test_d5_names_with_slashes_and_aliases_are_checked() -> None:
     path = str(S.slot_file("portable"))
     assert ServeConfig(path, name="org/Model-v1", aliases=("a", "b/c")).aliases == ("a", "b/c")
-    for name, aliases in (("has space", ()), ("m", ("m",)), ("", ("x",))):
-        if name == "":
-            continue
-        with pytest.raises(InputError, match="--name"):
+    for name, aliases, field, said in (("has space", (), "name", "='has space': a model name"),
+                                       ("m", ("m",), "aliases", r"=\['m'\]: 'm' is given twice")):
+        with pytest.raises(InputError, match=f"^{field}{said}"):  # the config names its field
             ServeConfig(path, name=name, aliases=aliases)
+        with pytest.raises(InputError, match=f"^--name{said}"):  # the command line names its flag
+            configs({"path": path, "name": [name, *aliases]})
 
 
 def test_generation_config_json_gives_the_sampling_defaults(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 
 import pyrt  # noqa: E402
 from pyrt.errors import InputError  # noqa: E402
-from pyrt.serve.config import ServeConfig  # noqa: E402
+from pyrt.llm.config import GenerationConfig  # noqa: E402
+from pyrt.serve.flags import configs  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 
 pytestmark = [pytest.mark.export]
@@ -43,7 +44,7 @@ def test_served_tokens_with_a_draft_equal_pyrt_generate(draft: str) -> None:
     ids = S.tokenizer().encode(PROMPT)
     want = reference(ids, 16)
     path = "ngram" if draft == "ngram" else str(S.slot_file("portable"))
-    replica = S.build(tokenizer=str(S.tokenizer_dir()), draft=path, draft_tokens=3)
+    replica = S.build(tokenizer=str(S.tokenizer_dir()), generation=GenerationConfig(draft=path, draft_tokens=3))
     try:
         body = {"text_input": PROMPT, "max_tokens": 16, "temperature": 0, "eos_ids": []}
         one = run(replica, "POST", f"/v2/models/{NAME}/generate", body)[1]
@@ -58,7 +59,7 @@ def test_served_tokens_with_a_draft_equal_pyrt_generate(draft: str) -> None:
         assert stats["tokens_per_pass"] >= 1.0 and stats["acceptance_rate"] == stats["accepted"] / stats["drafted"]
         if draft == "file":  # the target as its own draft: every guess is right
             assert stats["accepted"] == stats["drafted"] and stats["tokens_per_pass"] > 1.5, stats
-        metrics = replica.llm.generation
+        metrics = replica.generation.latencies
         replica.metrics.flush()
         assert metrics._done[NAME]["drafted"] == stats["drafted"]  # handed to Ray's counters
     finally:
@@ -66,14 +67,17 @@ def test_served_tokens_with_a_draft_equal_pyrt_generate(draft: str) -> None:
 
 
 def test_a_bad_draft_is_a_startup_error_naming_the_flag(tmp_path: Any) -> None:
-    with pytest.raises(InputError, match="--draft-tokens 0"):
-        ServeConfig(str(S.slot_file("portable")), draft="ngram", draft_tokens=0)
-    with pytest.raises(InputError, match="--draft 'nowhere.pte' is neither"):
-        ServeConfig(str(S.slot_file("portable")), draft="nowhere.pte")
+    """The command line's configs name the flag; a draft file that is no program fails the replica's start,
+    naming the draft and the file (the engine's own refusal)."""
+    path = str(S.slot_file("portable"))
+    with pytest.raises(InputError, match="--draft-tokens=0 must be an int >= 1"):
+        configs({"path": path, "generation.draft": "ngram", "generation.draft_tokens": 0})
+    with pytest.raises(InputError, match="--draft='nowhere.pte': .*no such file"):
+        configs({"path": path, "generation.draft": "nowhere.pte"})
     bad = tmp_path / "bad.pte"
     bad.write_bytes(b"not a program")
-    with pytest.raises(InputError, match="--draft .*bad.pte"):
-        S.build(draft=str(bad))
+    with pytest.raises(InputError, match="draft .*bad.pte"):
+        S.build(generation=GenerationConfig(draft=str(bad)))
 
 
 def test_a_draft_file_runs_on_the_replicas_simulated_gpu() -> None:
@@ -85,9 +89,10 @@ def test_a_draft_file_runs_on_the_replicas_simulated_gpu() -> None:
     with simulated_gpus(1), pyrt.Program(S.slot_file("reference"), kernels="numpy") as prog:
         want = list(pyrt.generate(prog, ids, max_new_tokens=8, eos_ids=[]).tokens)
     replica = S.build("reference", simulated_gpus=1, tokenizer=str(S.tokenizer_dir()),
-                      draft=str(S.slot_file("reference")), draft_tokens=2)
+                      generation=GenerationConfig(draft=str(S.slot_file("reference")), draft_tokens=2))
     try:
-        assert replica.draft._cuda is replica.program._cuda  # one set of simulated devices (one fake CUDA)
+        draft = replica.llm.hosts[NAME].engine.drafter.program  # opened by the engine on the target's devices
+        assert draft._cuda is replica.program._cuda  # one set of simulated devices (one fake CUDA)
         body = {"input_ids": ids, "max_tokens": 8, "temperature": 0, "eos_ids": []}
         assert run(replica, "POST", f"/v2/models/{NAME}/generate", body)[1]["token_ids"] == want
         stats = run(replica, "GET", f"/v2/models/{NAME}/stats")[1]["generation"]

@@ -26,6 +26,7 @@ pytest.importorskip("executorch")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from pyrt.llm.config import GenerationConfig  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve import routes  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
@@ -44,7 +45,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, np.n
     with simulated_gpus(1), Program(path, kernels="numpy") as prog:
         want = np.asarray(prog(x))
     replica = in_process(ServeConfig(str(path), kernels="numpy", max_request_bytes=1 << 16, read_timeout_s=5.0,
-                                     request_timeout_s=60.0, max_queued_requests=4), simulated_gpus=1)
+                                     request_timeout_s=60.0, generation=GenerationConfig(max_queued=4)),
+                         simulated_gpus=1)
     yield replica, x, want
     close(replica)
 
@@ -190,7 +192,7 @@ def test_hostile_requests_are_4xx_and_the_replica_serves_on(served: tuple[Any, n
     request = asgi_request(method, path, body, headers)
     found = routes.match(replica.router, request.scope)
     reply = asyncio.run(replica(request))
-    not_ready = (replica.ready, replica.model_ready)  # outside Ray there is no application: 503 is the truth there
+    not_ready = (replica.infer_routes.ready, replica.infer_routes.model_ready)  # outside Ray: no application, 503
     if not isinstance(found, int) and found[0] in not_ready and reply.status_code == 503:
         assert json.loads(reply.body)["ready"] is False
     else:

@@ -62,7 +62,7 @@ def _requests(replica: Any, xs: list[np.ndarray]) -> tuple[list[np.ndarray], lis
     info = replica.models["dyn"]
 
     async def go() -> list[np.ndarray]:
-        return [(await replica.dispatch(info, InferRequest(None, [x])))[0] for x in xs]
+        return [(await replica.inference.dispatch(info, InferRequest(None, [x])))[0] for x in xs]
 
     return asyncio.run(go()), threads
 
@@ -117,7 +117,7 @@ def test_bfloat16_outputs_are_answered_as_bf16_bytes(tmp_path: Path) -> None:
                                          "parameters": {"binary_data_size": 36}}],
                              "parameters": {"binary_data_output": True}}).encode()
         req = decode_infer(info, header + x.view(torch.int16).numpy().tobytes(), str(len(header)))
-        data, headers = encode_infer(info, req, asyncio.run(replica.dispatch(info, req)))
+        data, headers = encode_infer(info, req, asyncio.run(replica.inference.dispatch(info, req)))
     finally:
         replica.pool.shutdown()
         replica.program.close()

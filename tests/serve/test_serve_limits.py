@@ -19,8 +19,10 @@ pytest.importorskip("ray.serve")
 pytest.importorskip("executorch")
 
 from pyrt.errors import InputError  # noqa: E402
+from pyrt.llm.config import GenerationConfig  # noqa: E402
 from pyrt.runtime.program import Program  # noqa: E402
 from pyrt.serve.config import ServeConfig  # noqa: E402
+from pyrt.serve.flags import configs  # noqa: E402
 from pyrt.sim import SECONDS_PER_ROW_ENV, simulated_gpus  # noqa: E402
 from tests.fixtures.serve import (  # noqa: E402
     asgi_request,
@@ -87,7 +89,7 @@ async def in_order(replica: Any, requests: list[Any]) -> tuple[list[Any], list[i
 def test_a_full_queue_refuses_at_once_with_503_and_retry_after(make: Any, dyn: Path, max_batch_size: int) -> None:
     """8 requests at once, 2 may wait: one runs (or a batch of the first ones), 2 wait, the rest are refused
     before any accepted one is answered; the accepted ones get their own results."""
-    replica = make(0.05, max_queued_requests=2, max_batch_size=max_batch_size, inline_run_ms=0)
+    replica = make(0.05, generation=GenerationConfig(max_queued=2), max_batch_size=max_batch_size, inline_run_ms=0)
     xs = [rows(np.random.default_rng(i), 1) for i in range(8)]
     replies, order = asyncio.run(in_order(replica, [infer_request(x, late=True) for x in xs]))
     ok = [i for i, r in enumerate(replies) if r.status_code == 200]
@@ -144,7 +146,7 @@ def test_after_a_timed_out_run_a_lone_request_waits_for_the_run_thread_instead_o
 def test_a_body_that_never_arrives_is_408_and_never_joins_the_queue(make: Any, dyn: Path) -> None:
     """A client that sends its headers and then nothing: 408 after the read timeout; meanwhile (a queue of
     one) a whole request is admitted and answered."""
-    replica = make(0.0, read_timeout_s=1.0, max_queued_requests=1)
+    replica = make(0.0, read_timeout_s=1.0, generation=GenerationConfig(max_queued=1))
     stalled = asyncio.Event()
 
     async def never() -> dict[str, Any]:
@@ -178,17 +180,24 @@ def test_json_nested_200000_deep_is_400(make: Any) -> None:
         assert asyncio.run(replica(asgi_request("POST", f"/v2/models/dyn/{route}", deep))).status_code == 404
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"max_queued_requests": 0}, "max_queued_requests=0"),
-    ({"max_queued_requests": True}, "max_queued_requests=True"),
-    ({"request_timeout_s": 0}, "request_timeout_s=0"),
-    ({"request_timeout_s": float("inf")}, "request_timeout_s=inf"),
-    ({"read_timeout_s": -1.0}, "read_timeout_s=-1.0"),
-    ({"read_timeout_s": None}, "read_timeout_s=None"),
+@pytest.mark.parametrize(("options", "message", "flag"), [
+    ({"generation.max_queued": 0}, "max_queued=0", "--max-queued-requests=0"),
+    ({"generation.max_queued": True}, "max_queued=True", "--max-queued-requests=True"),
+    ({"request_timeout_s": 0}, "request_timeout_s=0", "--request-timeout-s=0"),
+    ({"request_timeout_s": float("inf")}, "request_timeout_s=inf", "--request-timeout-s=inf"),
+    ({"read_timeout_s": -1.0}, "read_timeout_s=-1.0", "--read-timeout-s=-1.0"),
+    ({"read_timeout_s": None}, "read_timeout_s=None", "--read-timeout-s=None"),
 ])
-def test_bad_limits_are_input_errors_naming_the_value(dyn: Path, options: dict[str, Any], message: str) -> None:
+def test_bad_limits_are_input_errors_naming_the_value(dyn: Path, options: dict[str, Any], message: str,
+                                                      flag: str) -> None:
+    """The configs name their fields (the queue bound is the generation config's ``max_queued``, which the infer
+    queue shares); the command line's table names the flag that fills each."""
+    generation = {k.removeprefix("generation."): v for k, v in options.items() if k.startswith("generation.")}
+    own = {k: v for k, v in options.items() if not k.startswith("generation.")}
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
-        ServeConfig(str(dyn), **options)
+        ServeConfig(str(dyn), generation=GenerationConfig(**generation), **own)
+    with pytest.raises(InputError, match=flag.replace("(", r"\(")):
+        configs({"path": str(dyn), **options})
 
 
 def test_a_bad_slow_gpu_setting_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ pytest.importorskip("executorch")
 pytest.importorskip("transformers")
 
 import pyrt  # noqa: E402
+from pyrt.llm.config import GenerationConfig  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 
 pytestmark = [pytest.mark.export]
@@ -288,7 +289,7 @@ def test_bad_generate_requests_name_the_field(replica: Any) -> None:
 
 def test_a_full_queue_is_429_and_the_replica_keeps_serving(prog: Any) -> None:
     """max_queued_requests=1: 4 generations hold the slots, 1 waits, the next is refused (the engine held still)."""
-    replica = build(tokenizer=str(S.tokenizer_dir()), max_queued_requests=1)
+    replica = build(tokenizer=str(S.tokenizer_dir()), generation=GenerationConfig(max_queued=1))
     host = replica.llm.hosts[NAME]
     body = {"model": NAME, "prompt": "hello", "max_tokens": 4, "temperature": 0, "stream": True}
 

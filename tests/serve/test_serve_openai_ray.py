@@ -21,6 +21,7 @@ serve = pytest.importorskip("ray.serve")
 
 import pyrt  # noqa: E402
 from pyrt.serve.app import deployment, run  # noqa: E402
+from pyrt.serve.config import ServeConfig  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
 from tests.fixtures.serve import METRICS_PORT, wait_for  # noqa: E402
 
@@ -35,8 +36,8 @@ ATTEMPTS = 12  # a replica that ignores disconnects never cuts one short; a load
 @pytest.fixture(scope="module")
 def base(ray_serve: str) -> Iterator[str]:
     path = S.slot_file("portable")
-    app = deployment(path, name="gpt2", app_name=APP, kernels="numpy", num_cpus=0.5, tokenizer=S.tokenizer_dir(),
-                     api_key=KEY)
+    app = deployment(ServeConfig(str(path), name="gpt2", app_name=APP, kernels="numpy", cpus_per_replica=0.5,
+                                 tokenizer=str(S.tokenizer_dir()), api_key=KEY))
     run(app, app_name=APP, path=str(path), route_prefix=f"/{APP}")
     yield f"http://{ray_serve}/{APP}"
     serve.delete(APP)
