@@ -25,9 +25,9 @@ from typing import Any
 
 from pyrt.errors import ExportError
 from pyrt.export import options as opt
+from pyrt.export._engines.engine_graph import stage_engines
 from pyrt.export._engines.profiles import check_profiles
 from pyrt.export._engines.progress import Progress
-from pyrt.export._engines.stage import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._files.tempfiles import sigterm_cleans, sweep
 from pyrt.export._write.lower import Lowered, lower, reexport

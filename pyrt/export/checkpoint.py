@@ -34,7 +34,7 @@ from pyrt.export._checkpoint.tokenizer import TokenizerCopy, tokenizer_sources
 from pyrt.export._engines.progress import Progress
 from pyrt.export.api import make_options
 from pyrt.export.options import check_quantize
-from pyrt.export.stages import StageMeter, gib
+from pyrt.export.stage_meter import StageMeter, gib
 from pyrt.export.summary import ExportSummary
 from pyrt.format.companions import tokenizer_dir
 

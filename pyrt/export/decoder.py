@@ -46,7 +46,7 @@ from pyrt.export._engines.progress import Progress
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import portable_quant, slot_decoder
-from pyrt.export._graph.prepare import decompose
+from pyrt.export._graph.passes import decompose
 from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
 from pyrt.export.api import make_options, to_pte
 from pyrt.export.options import check_quantize

@@ -23,7 +23,7 @@ from pyrt.errors import CheckpointError
 from pyrt.export._checkpoint.tokenizer import TokenizerCopy, tokenizer_sources
 from pyrt.export._engines.progress import Progress
 from pyrt.export.api import make_options, to_pte
-from pyrt.export.stages import StageMeter
+from pyrt.export.stage_meter import StageMeter
 from pyrt.export.summary import ExportSummary
 from pyrt.format.companions import tokenizer_dir
 

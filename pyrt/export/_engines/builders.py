@@ -30,7 +30,7 @@ from pyrt.export._engines.to_onnx import Unavailable, export_partition
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.fx import graph_copy
 from pyrt.export._graph.partition import Extracted
-from pyrt.export._graph.prepare import onnx_translates
+from pyrt.export._graph.passes import onnx_translates
 from pyrt.export._graph.quantize import quantize_partition
 from pyrt.export.summary import QuantSummary
 from pyrt.export.trt_builder import BuiltEngine, Progress, Writable

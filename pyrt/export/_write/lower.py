@@ -31,7 +31,7 @@ from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.engine_op import is_engine_call
 from pyrt.export._graph.fx import dynamic_shapes_of
-from pyrt.export._graph.prepare import assertion_ops
+from pyrt.export._graph.passes import live_nodes
 from pyrt.export._write import direct
 from pyrt.export._write.external_weights import ExternalWeights, weights_by_reference
 from pyrt.export._write.state import StateOnDevice
@@ -184,7 +184,7 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
     from executorch.exir.delegate import executorch_call_delegate
 
     out: Counter[str] = Counter()
-    live = _kept(gm)  # an assertion (and the sizes only it reads) is removed by to_executorch
+    live = live_nodes(gm)  # an assertion (and the sizes only it reads) is removed by to_executorch
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is executorch_call_delegate or node not in live:
             continue
@@ -192,21 +192,6 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
         if schema is not None:
             out[schema.name] += 1
     return out
-
-
-def _kept(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes the output depends on, and side-effecting calls other than assertions."""
-    asserts = {str(op._schema.name) for op in assertion_ops()}
-    stack = [n for n in gm.graph.nodes if n.op == "output" or (
-        n.op == "call_function" and n.is_impure() and getattr(getattr(n.target, "_schema", None), "name", "")
-        not in asserts)]
-    kept: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node not in kept:
-            kept.add(node)
-            stack.extend(node.all_input_nodes)
-    return kept
 
 
 def _check_all_delegated(gm: fx.GraphModule) -> None:

@@ -1,11 +1,10 @@
-"""Stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
+"""The engine graph, stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
 
-An ``nn.Module`` is exported, an ExportedProgram decomposed (to the ops
-torch.onnx translates, see ``pyrt.export._graph.prepare``), unlifted and prepared
-(assertions removed, shape arithmetic recomputed from the inputs); partitions
-are built into engines (spilled to the EngineStore) and replaced by
-``pyrt::execute_engine`` calls, inputs wired by position. A Torch-TensorRT
-program instead has its engine calls converted as they are.
+An ``nn.Module`` is exported, an ExportedProgram put through the graph passes
+(:mod:`pyrt.export._graph.pass_order`: decomposed to the ops torch.onnx translates, unlifted,
+assertions removed, shape arithmetic recomputed from the inputs); partitions are built into
+engines (spilled to the EngineStore) and replaced by ``pyrt::execute_engine`` calls, inputs
+wired by position. A Torch-TensorRT program instead has its engine calls converted as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pyrt.export._engines.builders import Builder, BuildFailed, Built, make_buil
 from pyrt.export._engines.dims import size_hint
 from pyrt.export._engines.profiles import symbol_profiles
 from pyrt.export._files.engine_store import EngineStore
-from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
+from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._graph.partition import (
@@ -38,14 +37,8 @@ from pyrt.export._graph.partition import (
     refusal,
     replace_with_engine,
 )
-from pyrt.export._graph.prepare import (
-    canonicalize_sizes,
-    check_forced_matched,
-    decompose,
-    forced_nodes,
-    is_sym_node,
-    strip_assertions,
-)
+from pyrt.export._graph.pass_order import prepare_graph
+from pyrt.export._graph.passes import is_sym_node
 from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
 from pyrt.export.options import Options, node_op_names
@@ -84,11 +77,7 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
         gm = unlift(program)
         engines = convert_torchtrt(gm, program, options, store)
     else:
-        before = program.graph
-        with options.progress.task("decomposing", stage="export"):
-            program = decompose(program)
-        gm = unlift(program)
-        forced = prepare(gm, options.forced_fallback, before)
+        program, gm, forced = prepare_graph(program, options.forced_fallback, options.progress)
         if builder is None:
             builder = make_builder(options.builder)
             builder.quantize = options.quantize
@@ -102,19 +91,6 @@ def _keeps_its_engines(options: Options) -> None:
     if options.quantize is not None:
         raise ExportError(f"quantize={options.quantize.name!r}: a Torch-TensorRT program's engines are kept as they "
                           "were built; quantize the model before compiling it, or export the model itself")
-
-
-def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Graph) -> dict[fx.Node, str]:
-    """Strip assertions, recompute sizes from the inputs, match ``torch_executed_ops``; returns the forced nodes."""
-    strip_assertions(gm)
-    gm.graph.eliminate_dead_code()
-    canonicalize_sizes(gm)
-    forced = forced_nodes(gm, forced_fallback)
-    for name in check_forced_matched(forced_fallback, set(forced.values()), before):
-        log.warning("torch_executed_ops names %r, which matches no operator of this model", name)
-    rewrite_masked_select(gm, keep=forced)  # one torch.onnx translates (a forced one stays as it is)
-    gm.recompile()
-    return forced
 
 
 def _args(example_inputs: Any) -> tuple[Any, ...]:
