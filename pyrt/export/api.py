@@ -20,19 +20,26 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.export import options as opt
-from pyrt.export._engines.profiles import check_profiles
+from pyrt.export._engines.engine_graph import stage_engines
 from pyrt.export._engines.progress import Progress
-from pyrt.export._engines.stage import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._files.tempfiles import sigterm_cleans, sweep
 from pyrt.export._write.lower import Lowered, lower, reexport
-from pyrt.export.options import Options
+from pyrt.export.options import (
+    DEFAULT_BUILDER,
+    DEFAULT_DEVICE,
+    DEFAULT_MIN_BLOCK_SIZE,
+    DEFAULT_WRITER,
+    ExportOptions,
+    make_options,
+)
 from pyrt.export.summary import EngineSummary, ExportSummary, QuantSummary
+from pyrt.format.weight_quant import DEFAULT_GROUP_SIZE
 from pyrt.logs import third_party_quiet
 
 log = logging.getLogger("pyrt.export")
@@ -44,16 +51,16 @@ def to_pte(
     example_inputs: tuple[Any, ...] | None = None,
     *,
     torch_executed_ops: Any = (),
-    min_block_size: int = 1,
-    device: Any = "cuda:0",
+    min_block_size: int = DEFAULT_MIN_BLOCK_SIZE,
+    device: Any = DEFAULT_DEVICE,
     weight_streaming: bool = False,
     weight_streaming_budget: Any = None,
-    builder: str = "auto",
+    builder: str = DEFAULT_BUILDER,
     dynamic_shapes: Any = None,
     compile_specs: Any = None,
     progress: bool | Progress | None = None,
-    writer: str = "pyrt", external_weights: bool = False, profiles: Any = None,
-    quantize: str | None = None, group_size: int = 128,
+    writer: str = DEFAULT_WRITER, external_weights: bool = False, profiles: Any = None,
+    quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
 ) -> ExportSummary:
     """Export a model to a .pte whose TensorRT-able parts run as TensorRT engines.
 
@@ -93,15 +100,24 @@ def to_pte(
                            builder=builder, dynamic_shapes=dynamic_shapes, compile_specs=compile_specs,
                            progress=progress, writer=writer, external_weights=external_weights, profiles=profiles,
                            quantize=quantize, group_size=group_size)
+    summary = write_pte(model_or_exported_program, path, options, example_inputs)
+    return replace(summary, seconds=time.perf_counter() - started)
+
+
+def write_pte(model: Any, path: str | Path, options: ExportOptions, example_inputs: tuple[Any, ...] | None = None,
+              constant_methods: dict[str, Any] | None = None) -> ExportSummary:
+    """:func:`to_pte` with its options made already (:func:`~pyrt.export.options.make_options`, by the entry point
+    that took them); ``constant_methods``: ExecuTorch constant methods (name -> value) written beside ``forward``."""
+    started = time.perf_counter()
     target = _target(path)
-    engines, lowered, reasons = _write(model_or_exported_program, example_inputs, options, target)
+    engines, lowered, reasons = _write(model, example_inputs, options, target, constant_methods)
     return ExportSummary(str(target), lowered.file_size, tuple(engines), dict(lowered.fallback_ops),
                          options.builder, time.perf_counter() - started, lowered.data_path, lowered.data_size,
                          reasons, quantization=QuantSummary.merged([e.quantization for e in engines if e.quantization]))
 
 
-def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
-           target: Path) -> tuple[list[EngineSummary], Lowered, dict[str, str]]:
+def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: ExportOptions, target: Path,
+           constant_methods: dict[str, Any] | None) -> tuple[list[EngineSummary], Lowered, dict[str, str]]:
     """The export's work: engines staged to disk, the engine graph re-exported, lowered and written
     to ``target``. Temporary files go on every exit, SIGTERM included. Returns (engines, what was
     written, fallback op -> reason)."""
@@ -111,45 +127,9 @@ def _write(model: Any, example_inputs: tuple[Any, ...] | None, options: Options,
         with options.progress.task("re-exporting the engine graph", stage="write"):
             program = reexport(gm, args, original, options.dynamic_shapes)
         del gm
-        lowered = lower(program, engines, store, target, options)
+        lowered = lower(program, engines, store, target, options, constant_methods)
     log.info("wrote %s: %d bytes, %d engine(s)", target, lowered.file_size, len(engines))
     return engines, lowered, reasons
-
-
-def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = 1, device: Any = "cuda:0",
-                 weight_streaming: Any = False, weight_streaming_budget: Any = None, builder: Any = "auto",
-                 dynamic_shapes: Any = None, compile_specs: Any = None, progress: Any = None,
-                 writer: Any = "pyrt", external_weights: Any = False, profiles: Any = None,
-                 quantize: Any = None, group_size: Any = 128) -> Options:
-    """Check every ``to_pte`` option (same names and defaults) before any work starts."""
-    budget = weight_streaming_budget
-    for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
-        if not isinstance(flag, bool):
-            raise ExportError(f"{name}={flag!r} must be a bool")
-    names = frozenset(opt.canonical_op_name(o) for o in _as_list(torch_executed_ops))
-    for name in names:
-        opt.check_op_exists(name)
-    return Options(
-        builder=opt.check_choice(builder, opt.BUILDERS, "builder"),
-        forced_fallback=names,
-        min_block_size=opt.check_min_block_size(min_block_size),
-        device=opt.per_partition(device, "device", opt.normalize_device),
-        budget=opt.per_partition(budget, "weight_streaming_budget", opt.check_optional_budget, missing=None),
-        weight_streaming=weight_streaming,
-        extra_specs=opt.normalize_compile_specs(compile_specs, budget_given=budget is not None),
-        writer=opt.check_choice(writer, opt.WRITERS, "writer"),
-        dynamic_shapes=dynamic_shapes,
-        progress=Progress.of(progress),
-        external_weights=external_weights,
-        profiles=check_profiles(profiles),
-        quantize=opt.check_quantize(quantize, group_size),
-    )
-
-
-def _as_list(ops: Any) -> list[Any]:
-    if isinstance(ops, str) or not hasattr(ops, "__iter__"):
-        return [ops]
-    return list(ops)
 
 
 def _target(path: Any) -> Path:
@@ -169,4 +149,4 @@ def _target(path: Any) -> Path:
         raise ExportError(f"path {str(target)!r}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-__all__ = ["to_pte", "make_options", "Options", "ExportSummary", "EngineSummary"]
+__all__ = ["to_pte", "write_pte", "make_options", "ExportOptions", "ExportSummary", "EngineSummary"]

@@ -26,17 +26,19 @@ from typing import Any
 
 import torch
 
+from pyrt.checks import is_int
 from pyrt.errors import ExportError
 from pyrt.export import decoder
 from pyrt.export._checkpoint.directory import CheckpointFiles, open_directory
 from pyrt.export._checkpoint.model import DTYPES, check_model, load_model, mapped_bytes
 from pyrt.export._checkpoint.tokenizer import TokenizerCopy, tokenizer_sources
 from pyrt.export._engines.progress import Progress
-from pyrt.export.api import make_options
-from pyrt.export.options import check_quantize
-from pyrt.export.stages import StageMeter, gib
+from pyrt.export.decoder_options import decoder_options
+from pyrt.export.options import DEFAULT_BUILDER, DEFAULT_DEVICE
+from pyrt.export.stage_meter import StageMeter, gib
 from pyrt.export.summary import ExportSummary
 from pyrt.format.companions import tokenizer_dir
+from pyrt.format.weight_quant import DEFAULT_GROUP_SIZE
 
 log = logging.getLogger("pyrt.export")
 DEFAULT_MAX_SEQ_LEN = 2048  # the cache length when neither the caller nor a smaller model limit says otherwise
@@ -50,14 +52,14 @@ def checkpoint_to_pte(
     max_batch_size: int = 1,
     max_tokens_per_step: int | None = None,
     dtype: str | None = None,
-    builder: str = "auto",
+    builder: str = DEFAULT_BUILDER,
     weight_streaming: bool = False,
     weight_streaming_budget: Any = None,
-    device: Any = "cuda:0",
+    device: Any = DEFAULT_DEVICE,
     tokenizer: str | os.PathLike[str] | bool = True,
     progress: bool | None = None,
     quantize: str | None = None,
-    group_size: int = 128,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> ExportSummary:
     """Export the causal LM in ``directory`` (``config.json``, ``*.safetensors``) to ``path``.
 
@@ -66,44 +68,35 @@ def checkpoint_to_pte(
     another dtype converts them, a copy in memory). ``tokenizer``: True keeps the directory's tokenizer
     files (if any) in ``m.tokenizer/`` beside the .pte, a folder keeps that folder's instead, False none.
     The other options (``quantize`` and ``group_size`` included) mean what they mean for
-    :func:`pyrt.export.decoder_to_pte`.
+    :func:`pyrt.export.decoder_to_pte`; they are checked once, against the model the config describes (on the
+    meta device, in the dtype the weights load in), before the weights load.
     """
     started = time.perf_counter()
     meter = StageMeter(bars=Progress(progress).bars)
     bars = Progress(progress, stages=meter)
     try:
         with bars.task(f"checking {directory}", stage="load"):
-            files, meta = _checked(directory)
+            files = open_directory(directory)
             torch_dtype = _dtype(dtype, files)
-            length = _max_seq_len(max_seq_len, meta.config)
-            decoder.check_decoder(meta, length, builder, 1, None, True, "pyrt")
-            decoder.check_slots(max_batch_size, max_tokens_per_step, length, 1, True, "pyrt")
-            decoder.constant_methods(meta, length, True)  # bos / eos ids inside the vocabulary
-            check_quantize(quantize, group_size)
-            if builder != "portable":
-                make_options(device=device, weight_streaming=weight_streaming, builder=builder,
-                             weight_streaming_budget=weight_streaming_budget)
+            meta = check_model(files, torch_dtype)
+            options = decoder_options(
+                meta, max_seq_len=_max_seq_len(max_seq_len, meta.config), builder=builder, batch_size=1,
+                max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step, dtype=None,
+                dynamic_prefill=True, route="pyrt", bos_id=None, eos_ids=None, weight_streaming=weight_streaming,
+                weight_streaming_budget=weight_streaming_budget, device=device, progress=bars, quantize=quantize,
+                group_size=group_size)
             target = _target(path)
             sources = _tokenizer_sources(files, tokenizer)
         with TokenizerCopy(sources, tokenizer_dir(target)) as copy:
             with bars.task("loading the weights (memory-mapped)", stage="load"):
                 model = load_model(files, torch_dtype)
                 _log_mapping(model, files)
-            summary = decoder.decoder_to_pte(
-                model, target, max_seq_len=length, builder=builder, max_batch_size=max_batch_size,
-                max_tokens_per_step=max_tokens_per_step, route="pyrt", weight_streaming=weight_streaming,
-                weight_streaming_budget=weight_streaming_budget, device=device, progress=bars, quantize=quantize,
-                group_size=group_size)
+            summary = decoder.write_decoder(model, target, options)
             kept = copy.commit()
     finally:
         stages = meter.close()
     return replace(summary, stages=tuple(stages), tokenizer=None if kept is None else str(kept),
                    seconds=time.perf_counter() - started)
-
-
-def _checked(directory: str | os.PathLike[str]) -> tuple[CheckpointFiles, Any]:
-    files = open_directory(directory)
-    return files, check_model(files)
 
 
 def _dtype(dtype: str | None, files: CheckpointFiles) -> torch.dtype:
@@ -120,8 +113,9 @@ def _max_seq_len(max_seq_len: int | None, config: Any) -> int:
     if max_seq_len is not None:
         return max_seq_len
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    limits = [getattr(text, name, None) for name in ("max_position_embeddings", "n_positions", "sliding_window")]
-    return min([DEFAULT_MAX_SEQ_LEN] + [n for n in limits if isinstance(n, int) and n >= 2])
+    names = ("max_position_embeddings", "n_positions", "sliding_window")
+    limits: list[Any] = [getattr(text, name, None) for name in names]
+    return min([DEFAULT_MAX_SEQ_LEN] + [n for n in limits if is_int(n, low=2)])
 
 
 def _target(path: str | os.PathLike[str]) -> Path:

@@ -20,7 +20,7 @@ from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, resolve_custom_obj
 from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
-from pyrt.export.options import Options, PartitionInfo
+from pyrt.export.options import ExportOptions, PartitionInfo
 from pyrt.export.summary import EngineSummary
 from pyrt.export.torchtrt import decode_state, engine_state, is_execute_engine
 from pyrt.format.trt_blob import IOBinding
@@ -42,10 +42,11 @@ def _is_runtime_module(module: Any) -> bool:
     return not isinstance(module, fx.GraphModule) and hasattr(module, "engine") and isinstance(module, torch.nn.Module)
 
 
-def convert_torchtrt(gm: fx.GraphModule, program: torch.export.ExportedProgram | None, options: Options,
+def convert_torchtrt(gm: fx.GraphModule, program: torch.export.ExportedProgram | None, options: ExportOptions,
                      store: EngineStore) -> list[EngineSummary]:
     """Replace every engine call of ``gm`` in place; returns the engines in graph order."""
     summaries: list[EngineSummary] = []
+    infos: list[PartitionInfo] = []
     dropped: set[str] = set()
     for node in list(gm.graph.nodes):
         found = _engine_call(gm, node)
@@ -54,6 +55,7 @@ def convert_torchtrt(gm: fx.GraphModule, program: torch.export.ExportedProgram |
         inputs, obj, where, engine_node = found
         index = len(summaries)
         info = PartitionInfo(index, f"engine_{index}", ())
+        infos.append(info)
         record, spec = _spill(obj, where, inputs, node, f"t{index}", options.budget(info), store)
         attr = f"_pyrt_engine_{index}"
         gm.register_buffer(attr, store.tensor(record), persistent=False)
@@ -66,7 +68,7 @@ def convert_torchtrt(gm: fx.GraphModule, program: torch.export.ExportedProgram |
             dropped.add(str(engine_node.target))
         record.spec = spec
         summaries.append(EngineSummary.of(info.name, record, spec, (), "converted"))
-    options.budget.check_all_used()
+    options.budget.check_all_used(infos)
     _drop_unused_attrs(gm, dropped)
     finish(gm)
     return summaries

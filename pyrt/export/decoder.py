@@ -19,6 +19,10 @@ first by ``route="auto"``; where it fails (torch 2.13 cannot decompose its dynam
 program) pyrt's own wrapper (:class:`pyrt.export._graph.hf_decoder.DecoderModule`) takes over and
 ``summary.route_reason`` says why.
 
+``decoder_to_pte`` checks its options once (:func:`pyrt.export.decoder_options.decoder_options`) and
+:func:`write_decoder` follows them; ``checkpoint_to_pte`` checks them before the weights load and
+calls :func:`write_decoder` itself.
+
 >>> import transformers as tf                                               # doctest: +SKIP
 >>> model = tf.LlamaForCausalLM(tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, ...))  # doctest: +SKIP
 >>> s = decoder_to_pte(model, "m.pte", max_seq_len=64, builder="reference")  # doctest: +SKIP
@@ -40,23 +44,22 @@ import sympy
 import torch
 from torch.utils._sympy.numbers import int_oo
 
+from pyrt.checks import is_int
 from pyrt.errors import ExportError
-from pyrt.export._engines.builders import make_builder
 from pyrt.export._engines.progress import Progress
 from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import portable_quant, slot_decoder
-from pyrt.export._graph.prepare import decompose
-from pyrt.export._write.lower import CONSTANT_METHODS, fallback_ops
-from pyrt.export.api import make_options, to_pte
-from pyrt.export.options import check_quantize
+from pyrt.export._graph.passes import decompose
+from pyrt.export._write.lower import fallback_ops
+from pyrt.export.api import write_pte
+from pyrt.export.decoder_options import ROUTES, DecoderOptions, decoder_options
+from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE
 from pyrt.export.summary import ExportSummary, QuantSummary
-from pyrt.format.weight_quant import Scheme
+from pyrt.format.weight_quant import DEFAULT_GROUP_SIZE, Scheme
 
 log = logging.getLogger("pyrt.export")
-BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
-ROUTES = ("auto", "upstream", "pyrt")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+BUILDERS = DECODER_BUILDERS
 
 
 def decoder_to_pte(
@@ -64,7 +67,7 @@ def decoder_to_pte(
     path: str | Path,
     *,
     max_seq_len: int,
-    builder: str = "auto",
+    builder: str = DEFAULT_BUILDER,
     batch_size: int = 1,
     max_batch_size: int = 1,
     max_tokens_per_step: int | None = None,
@@ -73,11 +76,11 @@ def decoder_to_pte(
     route: str = "auto",
     weight_streaming: bool = False,
     weight_streaming_budget: Any = None,
-    device: Any = "cuda:0",
+    device: Any = DEFAULT_DEVICE,
     bos_id: int | None = None,
     eos_ids: Any = None,
     progress: bool | Progress | None = None,
-    quantize: str | None = None, group_size: int = 128,
+    quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
 
@@ -97,57 +100,36 @@ def decoder_to_pte(
     ``quantize`` / ``group_size``: weight-only INT8 / INT4 linear layers, LM head included, as for ``to_pte``;
     portable files dequantize with ExecuTorch's quantized kernels (:mod:`pyrt.export._graph.portable_quant`).
     """
-    started, bars = time.perf_counter(), Progress.of(progress)
-    check = check_decoder(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
-    slots = check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
-    scheme = _check_quantize(model, builder, check, quantize, group_size)
-    if builder != "portable":  # to_pte's own checks (device, budgets, builder) before the slow steps
-        _check_export(device, weight_streaming, weight_streaming_budget, builder, bars)
-    methods = constant_methods(model, max_seq_len, dynamic_prefill, bos_id, eos_ids)
-    model, quantized = _prepared(model, check, scheme if builder == "portable" else None)
+    started = time.perf_counter()
+    options = decoder_options(
+        model, max_seq_len=max_seq_len, builder=builder, batch_size=batch_size, max_batch_size=max_batch_size,
+        max_tokens_per_step=max_tokens_per_step, dtype=dtype, dynamic_prefill=dynamic_prefill, route=route,
+        bos_id=bos_id, eos_ids=eos_ids, weight_streaming=weight_streaming,
+        weight_streaming_budget=weight_streaming_budget, device=device, progress=progress, quantize=quantize,
+        group_size=group_size)
+    return replace(write_decoder(model, path, options), seconds=time.perf_counter() - started)
+
+
+def write_decoder(model: Any, path: str | Path, options: DecoderOptions) -> ExportSummary:
+    """Export ``model`` as ``options`` say (checked already: :func:`~pyrt.export.decoder_options.decoder_options`)."""
+    started, bars = time.perf_counter(), options.progress
+    methods = constant_methods(model, options.max_seq_len, options.dynamic_prefill, options.bos_id, options.eos_ids)
+    model, quantized = _prepared(model, options.dtype, options.quantize if options.export is None else None)
     with bars.task("wrapping the decoder with its KV cache and exporting it (torch.export)", stage="export"):
-        if slots is None:
-            program, chosen, reason = _program(model, route, batch_size, max_seq_len, dynamic_prefill)
+        if options.tokens_per_step is None:
+            program, chosen, reason = _program(model, options.route, options.batch_size, options.max_seq_len,
+                                               options.dynamic_prefill)
         else:
-            methods.update(get_max_batch_size=max_batch_size, get_max_tokens_per_step=slots, enable_dynamic_shape=True)
-            program, chosen, reason = _slot_program(model, max_seq_len, max_batch_size, slots)
-    if builder == "portable":
+            methods.update(get_max_batch_size=options.max_batch_size, get_max_tokens_per_step=options.tokens_per_step,
+                           enable_dynamic_shape=True)
+            program, chosen, reason = _slot_program(model, options.max_seq_len, options.max_batch_size,
+                                                    options.tokens_per_step)
+    if options.export is None:
         summary = replace(_portable(program, path, methods, started, bars), quantization=quantized)
     else:
-        summary = _delegated(program, path, methods, builder=builder, device=device, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, progress=bars, quantize=quantize,
-                             group_size=group_size)
+        summary = write_pte(program, path, options.export, constant_methods=methods)
     return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
                    seconds=time.perf_counter() - started)
-
-
-def _delegated(program: torch.export.ExportedProgram, path: str | Path, methods: dict[str, Any], **options: Any
-               ) -> ExportSummary:
-    """``to_pte`` of the decoder's program, ExecuTorch's LLM constant methods written beside ``forward``."""
-    token = CONSTANT_METHODS.set(methods)
-    try:
-        return to_pte(program, path, **options)
-    finally:
-        CONSTANT_METHODS.reset(token)
-
-
-def _check_quantize(model: Any, builder: str, cast: Any, quantize: Any, group_size: Any) -> Scheme | None:
-    """The quantization scheme; a portable one needs float32 / float16 (what ExecuTorch's quantized kernels take)."""
-    scheme = check_quantize(quantize, group_size)
-    if scheme is None or builder != "portable":
-        return scheme
-    dtype = cast or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    if dtype not in portable_quant.DTYPES:
-        raise ExportError(f"quantize={scheme.name!r} with builder='portable' needs a float32 or float16 model "
-                          f"(ExecuTorch's quantized kernels take no {dtype}); pass dtype=torch.float16")
-    return scheme
-
-
-def _check_export(device: Any, weight_streaming: Any, budget: Any, builder: str, bars: Progress) -> None:
-    """``to_pte``'s options checked, and its builder found (a missing TensorRT fails now, not after torch.export)."""
-    options = make_options(device=device, weight_streaming=weight_streaming, builder=builder, progress=bars,
-                           weight_streaming_budget=budget)
-    make_builder(options.builder)
 
 
 def _prepared(model: Any, cast: Any, scheme: Scheme | None) -> tuple[Any, QuantSummary | None]:
@@ -176,9 +158,9 @@ def constant_methods(model: Any, max_seq_len: int, dynamic: bool, bos_id: Any = 
                      ) -> dict[str, Any]:
     """The metadata methods ExecuTorch's llama export writes (``get_bos_id``/``get_eos_ids`` when known)."""
     config = wrap.text_config(model)
-    vocab = getattr(config, "vocab_size", None)
-    layers = getattr(config, "num_hidden_layers", None)
-    if not isinstance(vocab, int) or not isinstance(layers, int):
+    vocab: Any = getattr(config, "vocab_size", None)
+    layers: Any = getattr(config, "num_hidden_layers", None)
+    if not is_int(vocab) or not is_int(layers):
         raise ExportError(f"model config {type(config).__name__} has no integer vocab_size / num_hidden_layers: "
                           "is it a causal language model?")
     generation = getattr(model, "generation_config", None)
@@ -206,40 +188,9 @@ def _first(generation: Any, config: Any, name: str) -> Any:
 
 
 def _token_id(value: Any, vocab: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+    if not is_int(value, low=0, end=vocab):
         raise ExportError(f"{name}: {value!r} is not a token id in [0, {vocab})")
-    return value
-
-
-def check_decoder(model: Any, max_seq_len: Any, builder: Any, batch_size: Any, dtype: Any, dynamic: Any, route: Any
-           ) -> Any:
-    """Every decoder option; returns the torch dtype to cast to (None: keep the model's)."""
-    if not isinstance(model, torch.nn.Module):
-        raise ExportError(f"model must be a transformers causal LM (an nn.Module), got {type(model).__name__}")
-    config = wrap.text_config(model)
-    if getattr(config, "is_encoder_decoder", False):
-        raise ExportError(f"{type(model).__name__} is an encoder-decoder model; decoder_to_pte exports "
-                          "decoder-only LMs")
-    for name, value, low in (("max_seq_len", max_seq_len, 2), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ExportError(f"{name}={value!r} must be an int >= {low}")
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if isinstance(positions, int) and max_seq_len > positions:
-        raise ExportError(f"max_seq_len={max_seq_len} exceeds the model's {positions} position embeddings")
-    window = getattr(config, "sliding_window", None)
-    if isinstance(window, int) and max_seq_len > window:
-        raise ExportError(f"max_seq_len={max_seq_len} exceeds the model's sliding window ({window}); "
-                          "sliding-window caches are not exported")
-    for name, value, choices in (("builder", builder, BUILDERS), ("route", route, ROUTES)):
-        if value not in choices:
-            raise ExportError(f"{name}={value!r} is not one of {', '.join(choices)}")
-    if not isinstance(dynamic, bool):
-        raise ExportError(f"dynamic_prefill={dynamic!r} must be a bool")
-    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ExportError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)} (or a torch dtype of them)")
+    return int(value)
 
 
 def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens: int
@@ -248,33 +199,6 @@ def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens:
     module = slot_decoder.wrap(model, max_seq_len, max_batch_size)
     program = slot_decoder.export(module, max_tokens, max_seq_len)
     return program, "pyrt", f"max_batch_size={max_batch_size}: pyrt's slot layout"
-
-
-def check_slots(max_batch_size: Any, max_tokens: Any, max_seq_len: int, batch_size: int, dynamic: bool,
-                 route: str) -> int | None:
-    """The token budget of one step of a file of ``max_batch_size`` > 1 slots (None: a one-sequence file)."""
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-        raise ExportError(f"max_batch_size={max_batch_size!r} must be an int >= 1")
-    if max_batch_size == 1:
-        if max_tokens is not None:
-            raise ExportError(f"max_tokens_per_step={max_tokens!r} applies to files of max_batch_size > 1")
-        return None
-    if batch_size != 1:
-        raise ExportError(f"batch_size={batch_size} and max_batch_size={max_batch_size}: give one (batch_size is "
-                          "a fixed batch moving in step; max_batch_size gives each sequence its own slot)")
-    if route == "upstream":
-        raise ExportError(f"route='upstream' has no slot layout; max_batch_size={max_batch_size} needs route "
-                          "'pyrt' or 'auto'")
-    if not dynamic:
-        raise ExportError(f"dynamic_prefill=False: max_batch_size={max_batch_size} files take a dynamic token count")
-    if max_tokens is None:
-        return max(max_batch_size, min(max_seq_len, 256))
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not (
-            max_batch_size <= max_tokens <= max_batch_size * max_seq_len):
-        raise ExportError(f"max_tokens_per_step={max_tokens!r} must be an int in [max_batch_size, max_batch_size * "
-                          f"max_seq_len] = [{max_batch_size}, {max_batch_size * max_seq_len}]: every running "
-                          "sequence feeds one token per step")
-    return max_tokens
 
 
 def _program(model: Any, route: str, batch_size: int, max_seq_len: int, dynamic: bool
@@ -337,4 +261,4 @@ def _portable(program: torch.export.ExportedProgram, path: str | Path, methods: 
     return ExportSummary(str(target.resolve()), size, (), dict(ops), "portable", time.perf_counter() - started)
 
 
-__all__ = ["decoder_to_pte", "constant_methods", "BUILDERS", "ROUTES"]
+__all__ = ["decoder_to_pte", "write_decoder", "constant_methods", "BUILDERS", "ROUTES"]

@@ -1,13 +1,17 @@
-"""``to_pte``'s options: each one checked before any work starts, and the validated :class:`Options`.
+"""One export's options: :class:`ExportOptions`, each checked once by :func:`make_options` before any work.
 
-Public here: :data:`BUILDERS` and :class:`PartitionInfo` (what a per-partition ``device`` or
-budget callable receives). Every check raises a typed pyrt error naming the value and the
-option it came from; nothing here imports torch at module import time.
+The outermost entry point (``to_pte``, ``decoder_to_pte``, ``checkpoint_to_pte``, ``pt2_to_pte``, so
+``pyrt export``) makes one and passes it down as it is: nothing below checks a field again or
+derives it anew, and each default is written here once. Rules between fields are
+:func:`check_together`'s alone. Public here too: :data:`BUILDERS` and :class:`PartitionInfo`
+(what a per-partition ``device`` or budget callable receives). Every check raises a typed pyrt
+error naming the value and the option it came from; nothing here imports torch at module import time.
 
+>>> options = make_options(builder="reference", device=1, quantize="int4", group_size=64, progress=False)
+>>> options.device(PartitionInfo(0, "engine_0", ())), options.quantize
+('cuda:1', Scheme(name='int4', group_size=64))
 >>> check_budget(1 << 30, "weight_streaming_budget")
 1073741824
->>> normalize_device(1, "device")
-'cuda:1'
 >>> canonical_op_name("aten.relu.default"), canonical_op_name("torch.ops.aten.add")
 ('aten::relu.default', 'aten::add')
 """
@@ -15,19 +19,26 @@ option it came from; nothing here imports torch at module import time.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
+from pyrt.checks import checked_int, is_int
 from pyrt.errors import BudgetError, ExportError
+from pyrt.export._engines.profiles import Bounds, check_profiles
+from pyrt.export._engines.progress import Progress
+from pyrt.export._tensorrt.flavour import resolve_flavour
 from pyrt.format import weight_quant as wq
 
-if TYPE_CHECKING:
-    from pyrt.export._engines.profiles import Bounds
-    from pyrt.export._engines.progress import Progress
-
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference")
+PORTABLE = "portable"  # decoder_to_pte's builder of files without engines (ExecuTorch's portable kernels)
+DECODER_BUILDERS = (*BUILDERS, PORTABLE)
 WRITERS = ("pyrt", "executorch")
+DEFAULT_BUILDER = "auto"
+DEFAULT_DEVICE = "cuda:0"
+DEFAULT_WRITER = "pyrt"
+DEFAULT_MIN_BLOCK_SIZE = 1
 BUDGET_MAX = 1 << 63  # formats.md §2: non-negative, at most 2**63
 SPEC_DEVICE = "target_device"
 SPEC_BUDGET = "weight_streaming_budget"
@@ -44,11 +55,18 @@ class PartitionInfo:
     ops: tuple[str, ...]
 
 
-@dataclass
-class Options:
-    """Validated ``to_pte`` options (``pyrt.export.api.make_options`` checks and builds them)."""
+@dataclass(frozen=True)
+class ExportOptions:
+    """``to_pte``'s options, checked (:func:`make_options` makes them; :func:`check_together` holds between them).
+
+    ``builder``: the name asked for (the summary says it); ``flavour``: what builds the engines, found when the
+    options were made: ``"reference"``, or the TensorRT module ``builder`` names. ``quantize``: the export's one
+    quantization plan (None: float weights). ``profiles``: one ``{input: (min, opt, max)}`` per optimization
+    profile, or None (one profile from the dynamic shapes).
+    """
 
     builder: str
+    flavour: str | ModuleType
     forced_fallback: frozenset[str]
     min_block_size: int
     device: PerPartition  # PartitionInfo -> "cuda:N"
@@ -57,15 +75,64 @@ class Options:
     extra_specs: tuple[tuple[str, bytes], ...]
     writer: str
     progress: Progress
-    dynamic_shapes: Any = None
-    external_weights: bool = False
-    # one {input: (min, opt, max)} per optimization profile, or None: one profile from the dynamic shapes
-    profiles: tuple[dict[Any, Bounds], ...] | None = None
-    quantize: wq.Scheme | None = None  # weight-only quantization of the engines' linear layers
+    dynamic_shapes: Any
+    external_weights: bool
+    profiles: tuple[dict[Any, Bounds], ...] | None
+    quantize: wq.Scheme | None
+
+    def __post_init__(self) -> None:
+        check_together(self)
+
+
+def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_MIN_BLOCK_SIZE,
+                 device: Any = DEFAULT_DEVICE, weight_streaming: Any = False, weight_streaming_budget: Any = None,
+                 builder: Any = DEFAULT_BUILDER, dynamic_shapes: Any = None, compile_specs: Any = None,
+                 progress: Any = None, writer: Any = DEFAULT_WRITER, external_weights: Any = False,
+                 profiles: Any = None, quantize: Any = None, group_size: Any = wq.DEFAULT_GROUP_SIZE
+                 ) -> ExportOptions:
+    """Every ``to_pte`` option (the same names and defaults) checked once, before any work; the builder is found
+    last (a missing TensorRT is an ExportError now, not after the slow steps)."""
+    for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
+        if not isinstance(flag, bool):
+            raise ExportError(f"{name}={flag!r} must be a bool")
+    names = frozenset(canonical_op_name(o) for o in _as_list(torch_executed_ops))
+    for name in names:
+        check_op_exists(name)
+    chosen = check_choice(builder, BUILDERS, "builder")
+    return ExportOptions(
+        builder=chosen,
+        forced_fallback=names,
+        min_block_size=checked_int(min_block_size, "min_block_size", low=1, error=ExportError),
+        device=PerPartition(device, "device", normalize_device),
+        budget=PerPartition(weight_streaming_budget, "weight_streaming_budget", check_optional_budget, missing=None),
+        weight_streaming=weight_streaming,
+        extra_specs=normalize_compile_specs(compile_specs),
+        writer=check_choice(writer, WRITERS, "writer"),
+        dynamic_shapes=dynamic_shapes,
+        progress=Progress.of(progress),
+        external_weights=external_weights,
+        profiles=check_profiles(profiles),
+        quantize=check_quantize(quantize, group_size),
+        flavour=chosen if chosen == "reference" else resolve_flavour(chosen),
+    )
+
+
+def check_together(options: ExportOptions) -> None:
+    """The rules between options, all here (each option alone is checked where :func:`make_options` reads it)."""
+    if options.budget.given and any(key == SPEC_BUDGET for key, _ in options.extra_specs):
+        raise ExportError("weight_streaming_budget was given both as an argument and as a raw compile spec; "
+                          "pass it once")
+
+
+def _as_list(ops: Any) -> list[Any]:
+    if isinstance(ops, str) or not hasattr(ops, "__iter__"):
+        return [ops]
+    return list(ops)
 
 
 def check_quantize(quantize: Any, group_size: Any) -> wq.Scheme | None:
-    """``quantize=None | "int8" | "int4"`` and ``group_size`` (a power of two >= 16), checked before any work.
+    """``quantize=None | "int8" | "int4"`` and ``group_size`` (a power of two >= 16): the export's one quantization
+    plan, made once (by :func:`make_options`, or by ``decoder_to_pte`` for a portable file).
 
     >>> check_quantize("int4", 64)
     Scheme(name='int4', group_size=64)
@@ -84,13 +151,12 @@ def check_quantize(quantize: Any, group_size: Any) -> wq.Scheme | None:
 
 def check_budget(value: Any, source: str) -> int:
     """A weight-streaming budget in bytes: an int in [0, 2**63]; bool is refused."""
-    if isinstance(value, bool):
-        raise BudgetError(f"{source}={value!r} is a bool; pass a number of bytes (an int >= 0)")
-    if not isinstance(value, int):
-        raise BudgetError(f"{source}={value!r} is a {type(value).__name__}; pass a number of bytes (an int >= 0)")
-    if not 0 <= value <= BUDGET_MAX:
+    if not is_int(value):
+        kind = "bool" if isinstance(value, bool) else type(value).__name__
+        raise BudgetError(f"{source}={value!r} is a {kind}; pass a number of bytes (an int >= 0)")
+    if not is_int(value, low=0, end=BUDGET_MAX + 1):
         raise BudgetError(f"{source}={value} is outside [0, 2**63]")
-    return value
+    return int(value)
 
 
 def parse_budget_spec(raw: Any, source: str) -> int:
@@ -102,13 +168,15 @@ def parse_budget_spec(raw: Any, source: str) -> int:
 
 
 def normalize_device(value: Any, source: str) -> str:
-    """``"cuda"``, ``"cuda:N"``, an int N or a ``torch.device`` -> ``"cuda:N"``."""
-    if isinstance(value, bool):
-        raise ExportError(f"{source}={value!r} is not a CUDA device")
-    if isinstance(value, int):
+    """``"cuda"``, ``"cuda:N"``, an int N or a ``torch.device`` -> ``"cuda:N"``.
+
+    >>> normalize_device(1, "device"), normalize_device("CUDA", "device")
+    ('cuda:1', 'cuda:0')
+    """
+    if is_int(value):
         if value < 0:
             raise ExportError(f"{source}={value} is a negative device index")
-        return f"cuda:{value}"
+        return f"cuda:{int(value)}"
     if type(value).__name__ == "device" and hasattr(value, "type"):  # torch.device, without importing torch
         if value.type != "cuda":
             raise ExportError(f"{source}={value!r}: TensorRT engines run on CUDA devices only")
@@ -134,13 +202,14 @@ class PerPartition:
     Calling it with a :class:`PartitionInfo` gives that partition's value, checked
     with ``check``; a partition a mapping does not name gets ``missing`` (an error
     when ``missing`` is not given). :meth:`check_all_used` then refuses mapping
-    keys that named no partition (a typo would otherwise be silently ignored).
+    keys that named none of the partitions (a typo would otherwise be silently ignored).
+    Nothing in it changes once it is made. ``given``: a value other than None was given.
     """
 
     def __init__(self, value: Any, source: str, check: Callable[[Any, str], Any], missing: Any = _REQUIRED) -> None:
         self.source, self.check, self.missing = source, check, missing
+        self.given = value is not None
         self.table: dict[Any, Any] | None = None
-        self.used: set[Any] = set()
         if isinstance(value, Mapping):
             self.table = dict(value)
             for key, item in self.table.items():  # validate now, before any work
@@ -154,10 +223,9 @@ class PerPartition:
     def __call__(self, info: PartitionInfo) -> Any:
         if self.table is None:
             return self.check(self.fn(info), f"{self.source}({info.name})")
-        for key in (info.index, info.name, "*"):
-            if key in self.table:
-                self.used.add(key)
-                return self.check(self.table[key], f"{self.source}[{key!r}]")
+        key = self._key(info)
+        if key is not None:
+            return self.check(self.table[key], f"{self.source}[{key!r}]")
         if self.missing is not _REQUIRED:
             return self.missing
         raise ExportError(
@@ -165,25 +233,28 @@ class PerPartition:
             f"{sorted(map(repr, self.table))}; add it or a '*' default"
         )
 
-    def check_all_used(self) -> None:
-        unused = set(self.table or ()) - self.used - {"*"}
+    def _key(self, info: PartitionInfo) -> Any:
+        """The mapping key that gives ``info``'s value: its index, else its name, else ``"*"`` (None: none)."""
+        return next((k for k in (info.index, info.name, "*") if self.table is not None and k in self.table), None)
+
+    def check_all_used(self, infos: Iterable[PartitionInfo]) -> None:
+        """ExportError when a mapping key names none of the partitions ``infos`` (``"*"`` aside)."""
+        used = {self._key(info) for info in infos}
+        unused = set(self.table or ()) - used - {"*"}
         if unused:
             raise ExportError(f"{self.source} names partitions that do not exist: {sorted(map(repr, unused))}")
-
-
-def per_partition(value: Any, source: str, check: Callable[[Any, str], Any], missing: Any = _REQUIRED) -> PerPartition:
-    return PerPartition(value, source, check, missing)
 
 
 def check_optional_budget(value: Any, source: str) -> int | None:
     return None if value is None else check_budget(value, source)
 
 
-def normalize_compile_specs(specs: Any, budget_given: bool) -> tuple[tuple[str, bytes], ...]:
+def normalize_compile_specs(specs: Any) -> tuple[tuple[str, bytes], ...]:
     """Extra raw compile specs baked into every delegate, checked for conflicts.
 
     ``target_device`` is always resolved per partition (use ``device=``); a raw
-    ``weight_streaming_budget`` is allowed only when the argument is not also given.
+    ``weight_streaming_budget`` is allowed only when the argument is not also given
+    (:func:`check_together`).
     """
     if specs is None:
         return ()
@@ -203,11 +274,6 @@ def normalize_compile_specs(specs: Any, budget_given: bool) -> tuple[tuple[str, 
                 "engine's own device; pass device= (a device, a mapping or a callable) instead"
             )
         if key == SPEC_BUDGET:
-            if budget_given:
-                raise ExportError(
-                    "weight_streaming_budget was given both as an argument and as a raw compile spec; "
-                    "pass it once"
-                )
             parse_budget_spec(raw, f"compile_specs[{key!r}]")
         if any(k == key for k, _ in out):
             raise ExportError(f"compile_specs gives {key!r} twice")
@@ -226,12 +292,6 @@ def _spec_pairs(specs: Any) -> list[tuple[Any, Any]]:
 def check_choice(value: Any, choices: tuple[str, ...], source: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ExportError(f"{source}={value!r} is not one of {', '.join(map(repr, choices))}")
-    return value
-
-
-def check_min_block_size(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ExportError(f"min_block_size={value!r} must be an int >= 1")
     return value
 
 

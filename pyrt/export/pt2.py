@@ -22,8 +22,9 @@ import torch
 from pyrt.errors import CheckpointError
 from pyrt.export._checkpoint.tokenizer import TokenizerCopy, tokenizer_sources
 from pyrt.export._engines.progress import Progress
-from pyrt.export.api import make_options, to_pte
-from pyrt.export.stages import StageMeter
+from pyrt.export.api import write_pte
+from pyrt.export.options import DEFAULT_BUILDER, DEFAULT_DEVICE, make_options
+from pyrt.export.stage_meter import StageMeter
 from pyrt.export.summary import ExportSummary
 from pyrt.format.companions import tokenizer_dir
 
@@ -44,22 +45,22 @@ def load_pt2(source: str | os.PathLike[str]) -> torch.export.ExportedProgram:
     return program
 
 
-def pt2_to_pte(source: str | os.PathLike[str], path: str | os.PathLike[str], *, builder: str = "auto",
-               weight_streaming: bool = False, weight_streaming_budget: Any = None, device: Any = "cuda:0",
+def pt2_to_pte(source: str | os.PathLike[str], path: str | os.PathLike[str], *, builder: str = DEFAULT_BUILDER,
+               weight_streaming: bool = False, weight_streaming_budget: Any = None, device: Any = DEFAULT_DEVICE,
                tokenizer: str | os.PathLike[str] | None = None, progress: bool | None = None) -> ExportSummary:
-    """Export the program in ``source`` to ``path`` (options as for :func:`pyrt.export.to_pte`)."""
+    """Export the program in ``source`` to ``path`` (options as for :func:`pyrt.export.to_pte`, checked once,
+    before the program loads)."""
     started = time.perf_counter()
     meter = StageMeter(bars=Progress(progress).bars)
     bars = Progress(progress, stages=meter)
     try:
-        make_options(device=device, weight_streaming=weight_streaming, builder=builder,
-                     weight_streaming_budget=weight_streaming_budget)
+        options = make_options(device=device, weight_streaming=weight_streaming, builder=builder,
+                               weight_streaming_budget=weight_streaming_budget, progress=bars)
         sources = [] if tokenizer is None else tokenizer_sources(tokenizer, required=True)
         with TokenizerCopy(sources, tokenizer_dir(path)) as copy:
             with bars.task(f"loading {Path(source).name}", stage="load"):
                 program = load_pt2(source)
-            summary = to_pte(program, Path(path), builder=builder, weight_streaming=weight_streaming,
-                             weight_streaming_budget=weight_streaming_budget, device=device, progress=bars)
+            summary = write_pte(program, Path(path), options)
             kept = copy.commit()
     finally:
         stages = meter.close()

@@ -19,7 +19,7 @@ from pyrt.format.weight_quant import SpecInfo
 if TYPE_CHECKING:
     from pyrt.export._files.engine_store import EngineRecord
     from pyrt.export._graph.spec import EngineSpec
-    from pyrt.export.stages import StageRecord
+    from pyrt.export.stage_meter import StageRecord
 
 
 LISTED = 6  # layer names a summary line lists before "and N more"

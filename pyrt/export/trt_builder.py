@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from pyrt.errors import ExportError
 from pyrt.export._tensorrt.config import configure
-from pyrt.export._tensorrt.flavour import BuildOptions, Session, build_options, logged_errors, open_session
+from pyrt.export._tensorrt.flavour import (
+    BuildOptions,
+    Session,
+    build_options,
+    logged_errors,
+    open_session,
+)
 from pyrt.export._tensorrt.network import bindings, parse, parse_over_module_weights, strongly_typed_network
 from pyrt.export._tensorrt.serialize import (
     Writable,
@@ -185,20 +191,6 @@ def build_engine_from_onnx(
     built = _build(open_session(flavour, options), path, profiles, options, progress, out, initializers)
     _stage(progress, "done")
     return replace(built, build_seconds=time.perf_counter() - start)
-
-
-# -- flavour -----------------------------------------------------------------------------------
-
-
-def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
-    """The TensorRT module that builds for ``flavour``; ExportError says why none can.
-
-    >>> resolve_flavour("tensorrt_lean")
-    Traceback (most recent call last):
-    ...
-    pyrt.errors.ExportError: flavour 'tensorrt_lean' is a runtime-only TensorRT package and has no builder; use 'tensorrt' or 'tensorrt_rtx' to build engines
-    """  # noqa: E501 (a doctest's expected message is one line)
-    return open_session(flavour, build_options(False, None, None)).trt
 
 
 # -- build -------------------------------------------------------------------------------------

@@ -21,10 +21,11 @@ from typing import Any
 
 from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
+from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE
+from pyrt.format import weight_quant as wq
 from pyrt.serve.arguments import whole_argument
 from pyrt.tools.terminal import EXIT_OK
 
-BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference", "portable")
 DTYPES = ("float16", "bfloat16", "float32")
 # Options that only a checkpoint directory takes (a .pt2 program keeps the shapes it was exported with).
 LLM_OPTIONS = ("max_seq_len", "max_batch_size", "max_tokens_per_step", "dtype", "quantize", "group_size")
@@ -65,17 +66,18 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     llm.add_argument("--max-tokens-per-step", type=whole_argument(1), metavar="T",
                      help="with --max-batch-size > 1: most tokens one step takes (default max(B, min(N, 256)))")
     llm.add_argument("--dtype", choices=DTYPES, help="weights' dtype (default: as stored; another converts, a copy)")
-    llm.add_argument("--quantize", choices=("int8", "int4"), help="weight-only INT8 / INT4 linear layers (symmetric, "
+    llm.add_argument("--quantize", choices=tuple(wq.SCHEMES), help="weight-only INT8 / INT4 linear layers (symmetric, "
                                                               "per group of --group-size input features)")
     llm.add_argument("--group-size", type=whole_argument(1), metavar="G",
-                     help="with --quantize: input features per scale (a power of two >= 16; default 128)")
-    p.add_argument("--builder", choices=BUILDERS, default="auto",
+                     help=f"with --quantize: input features per scale (a power of two >= {wq.MIN_GROUP_SIZE}; "
+                          f"default {wq.DEFAULT_GROUP_SIZE})")
+    p.add_argument("--builder", choices=DECODER_BUILDERS, default=DEFAULT_BUILDER,
                    help="engine builder: auto (tensorrt, else tensorrt_rtx), tensorrt, tensorrt_rtx, reference "
                         "(pyrt's simulated GPU), portable (no engines: ExecuTorch's portable kernels)")
     p.add_argument("--weight-streaming", action="store_true", help="build engines whose weights can stream")
     p.add_argument("--budget", type=_bytes, metavar="SIZE", help="weight-streaming budget baked per engine, e.g. "
                                                                  "2GiB (needs --weight-streaming)")
-    p.add_argument("--device", default="cuda:0", help="the engines' CUDA device (default cuda:0)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"the engines' CUDA device (default {DEFAULT_DEVICE})")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="DIR", help="keep this tokenizer folder's files beside the .pte "
                                                         "(default: the checkpoint's own)")

@@ -22,7 +22,7 @@ from pyrt.export import to_pte
 from pyrt.export._engines.builders import ReferenceBuilder
 from pyrt.export._engines.dims import check_outputs, shape_ranges, size_hint
 from pyrt.export._engines.dims import min_opt_max as _profile
-from pyrt.export._engines.stage import _Planner
+from pyrt.export._engines.engine_graph import _Planner
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.testing import datadep_models as dm
 from tests.export.test_export_partitioning import _staged
@@ -163,7 +163,7 @@ def test_blocking_a_getitem_blocks_its_producer_and_a_repeat_is_an_error(tmp_pat
 def test_planning_ends_in_few_rounds(model: nn.Module, x: torch.Tensor, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Each round blocks something new; the where model once ran thousands of rounds."""
-    import pyrt.export._engines.stage as stage
+    import pyrt.export._engines.engine_graph as stage
 
     planner, store = _planner(model, (x,), tmp_path)
     limit = len(planner.gm.graph.nodes)

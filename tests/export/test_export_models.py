@@ -75,20 +75,19 @@ def test_reference_dynamic_is_one_engine_at_every_size(name: str, exports: Any) 
 def test_both_builders_partition_alike(name: str, tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx")
     from pyrt.export._engines.builders import make_builder
-    from pyrt.export._engines.stage import _Planner, prepare
+    from pyrt.export._engines.engine_graph import _Planner
     from pyrt.export._files.engine_store import EngineStore
-    from pyrt.export._graph.fx import unlift
-    from pyrt.export._graph.prepare import decompose
+    from pyrt.export._graph.pass_order import prepare_graph
     from pyrt.export.api import make_options
 
     model, x = archs.build(name)
     program = torch.export.export(model, (x,), dynamic_shapes=archs.dynamic_shapes(name), strict=False)
-    gm = unlift(decompose(program))
     plans = {}
     for builder in ("reference", "tensorrt_rtx"):
         options = make_options(builder=builder, progress=False)
+        _, gm, forced = prepare_graph(program, frozenset(), options.progress)
         with EngineStore(tmp_path) as store:
-            parts = _Planner(gm, make_builder(builder), options, store, prepare(gm, frozenset(), program.graph)).plan()
+            parts = _Planner(gm, make_builder(builder), options, store, forced).plan()
         plans[builder] = [[n.name for n in p.nodes] for p in parts]
     assert plans["reference"] == plans["tensorrt_rtx"] and len(plans["reference"]) == 1
 

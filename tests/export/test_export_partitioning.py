@@ -17,10 +17,11 @@ from torch.export import Dim
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
 from pyrt.export._engines.builders import ReferenceBuilder, make_builder
-from pyrt.export._engines.stage import _Planner, prepare
+from pyrt.export._engines.engine_graph import _Planner
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.partition import check_outputs_live, extract
-from pyrt.export._graph.prepare import check_forced_matched, decompose, strip_assertions
+from pyrt.export._graph.pass_order import prepare_graph
+from pyrt.export._graph.passes import check_forced_matched, strip_assertions
 from pyrt.export.api import make_options
 from tests.export.test_export_helpers import run_pte
 
@@ -39,12 +40,10 @@ def _close(got: object, want: object) -> float:
 def _staged(model: nn.Module, args: tuple, builder: str = "reference", dynamic_shapes: object = None,
             forced: tuple[str, ...] = ()) -> tuple[fx.GraphModule, dict, object]:
     """The unlifted, prepared graph of ``model`` and its forced nodes, as stage 1 sees them."""
-    from pyrt.export._graph.fx import unlift
-
     program = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes, strict=False)
     options = _options(builder=builder, torch_executed_ops=forced)
-    gm = unlift(decompose(program))
-    return gm, prepare(gm, options.forced_fallback, program.graph), options
+    _, gm, nodes = prepare_graph(program, options.forced_fallback, options.progress)
+    return gm, nodes, options
 
 
 def _plan(model: nn.Module, args: tuple, builder: str = "reference", tmp: Path | None = None,

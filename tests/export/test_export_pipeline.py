@@ -17,7 +17,7 @@ from torch.export import Dim
 import pyrt
 from pyrt.errors import ExportError
 from pyrt.export import to_pte
-from pyrt.export._engines.stage import stage_engines
+from pyrt.export._engines.engine_graph import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.format.trt_blob import parse_blob
 from pyrt.sim.refengine import RefEngine

@@ -25,7 +25,7 @@ from torch import nn
 import pyrt
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export import to_pte
-from pyrt.export._engines.stage import stage_engines
+from pyrt.export._engines.engine_graph import stage_engines
 from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.fx import inline_submodules, resolve_custom_obj
 from pyrt.export.api import make_options

@@ -52,17 +52,19 @@ def test_bad_devices_are_refused(value: object) -> None:
 
 def test_per_partition_mapping() -> None:
     info = [opt.PartitionInfo(i, f"engine_{i}", ()) for i in range(3)]
-    pick = opt.per_partition({0: "cuda:1", "engine_2": 2, "*": "cuda:0"}, "device", opt.normalize_device)
+    pick = opt.PerPartition({0: "cuda:1", "engine_2": 2, "*": "cuda:0"}, "device", opt.normalize_device)
     assert [pick(i) for i in info] == ["cuda:1", "cuda:0", "cuda:2"]
-    pick.check_all_used()
-    strict = opt.per_partition({0: 0, "engine_7": 1}, "device", opt.normalize_device)
+    pick.check_all_used(info)
+    strict = opt.PerPartition({0: 0, "engine_7": 1}, "device", opt.normalize_device)
     strict(info[0])
     with pytest.raises(ExportError, match="no entry for partition 1"):
         strict(info[1])
     with pytest.raises(ExportError, match="engine_7"):
-        strict.check_all_used()
+        strict.check_all_used(info)
+    with pytest.raises(ExportError, match="engine_2"):  # a key used by no partition of these, though it names one
+        opt.PerPartition({"engine_2": 0}, "device", opt.normalize_device).check_all_used(info[:2])
     with pytest.raises(ExportError, match=r"device\[0\]"):
-        opt.per_partition({0: "cpu"}, "device", opt.normalize_device)  # checked before any work
+        opt.PerPartition({0: "cpu"}, "device", opt.normalize_device)  # checked before any work
 
 
 @pytest.mark.parametrize("op, name", [

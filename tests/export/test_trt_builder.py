@@ -21,14 +21,13 @@ trt = pytest.importorskip("tensorrt_rtx")
 onnx = pytest.importorskip("onnx")
 
 from pyrt.errors import ExportError  # noqa: E402
-from pyrt.export._tensorrt.flavour import parse_compute_capabilities  # noqa: E402
+from pyrt.export._tensorrt.flavour import parse_compute_capabilities, resolve_flavour  # noqa: E402
 from pyrt.export._tensorrt.shapes import parse_dynamic_shapes  # noqa: E402
 from pyrt.export.trt_builder import (  # noqa: E402
     STAGES,
     BuiltEngine,
     build_engine,
     build_engine_from_onnx,
-    resolve_flavour,
 )
 from pyrt.format.trt_blob import IOBinding, encode_blob, parse_blob  # noqa: E402
 from tests.conftest import cuda_device_count  # noqa: E402

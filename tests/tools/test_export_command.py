@@ -171,7 +171,7 @@ def _refuses_before_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def long_work(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the export started before the bad input was found")
 
-    monkeypatch.setattr(decoder, "decoder_to_pte", long_work)
+    monkeypatch.setattr(decoder, "write_decoder", long_work)
 
 
 def _edit_config(path: Path, **changes: Any) -> Path:

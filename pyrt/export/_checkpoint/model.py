@@ -26,15 +26,16 @@ log = logging.getLogger("pyrt.export")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def check_model(files: CheckpointFiles) -> Any:
-    """The model on the meta device (no weights; ``.config`` its config) of a causal LM whose stored tensors
-    fit it; CheckpointError otherwise."""
+def check_model(files: CheckpointFiles, dtype: torch.dtype | None = None) -> Any:
+    """The model on the meta device (no weights; ``.config`` its config; its parameters in ``dtype``, the one the
+    weights will load in, default the config's) of a causal LM whose stored tensors fit it; CheckpointError
+    otherwise."""
     config_path = files.directory / CONFIG
     if "auto_map" in files.config:
         raise CheckpointError(config_path, "asks for the model's own Python code (auto_map); pyrt export runs "
                                            "only architectures that transformers ships")
     config = _config(files)
-    meta = _meta_model(config, config_path)
+    meta = _meta_model(config, config_path, dtype)
     _check_shapes(files, meta)
     return meta
 
@@ -66,12 +67,12 @@ def _config(files: CheckpointFiles) -> Any:
     return config
 
 
-def _meta_model(config: Any, config_path: Path) -> Any:
+def _meta_model(config: Any, config_path: Path, dtype: torch.dtype | None) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            return AutoModelForCausalLM.from_config(config, **({} if dtype is None else {"dtype": dtype}))
     except Exception as exc:  # transformers raises many types for configs it cannot build
         raise CheckpointError(config_path, f"transformers cannot build the model it describes: "
                                            f"{type(exc).__name__}: {exc}") from None

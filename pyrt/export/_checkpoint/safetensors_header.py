@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import CheckpointError
 
 MAX_HEADER = 100_000_000  # bytes: safetensors' own limit on the JSON header
@@ -103,7 +104,7 @@ def _entry(where: str, name: str, spec: Any) -> TensorEntry:
 
 
 def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value, low=0)
 
 
 def _check_layout(where: str, tensors: dict[str, TensorEntry], data: int) -> None:

@@ -2,7 +2,9 @@
 
 A builder answers two questions: can this FX node go into an engine
 (``supports``), and what engine does this partition make (``build``, which
-spills the engine to the :class:`EngineStore` and returns its bindings).
+spills the engine to the :class:`EngineStore` and returns its bindings). It is made
+once per export with its final settings (the quantization plan, the optimization
+profiles of the program's symbols) and never changed.
 
 >>> make_builder("reference").name
 'reference'
@@ -16,7 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
@@ -30,8 +33,9 @@ from pyrt.export._engines.to_onnx import Unavailable, export_partition
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.fx import graph_copy
 from pyrt.export._graph.partition import Extracted
-from pyrt.export._graph.prepare import onnx_translates
+from pyrt.export._graph.passes import onnx_translates
 from pyrt.export._graph.quantize import quantize_partition
+from pyrt.export._tensorrt.flavour import resolve_flavour
 from pyrt.export.summary import QuantSummary
 from pyrt.export.trt_builder import BuiltEngine, Progress, Writable
 from pyrt.format.trt_blob import IOBinding
@@ -64,8 +68,18 @@ class BuildFailed(ExportError):
     """A partition could not be built; its ops fall back to ExecuTorch."""
 
 
-def make_builder(name: str) -> Builder:
-    return ReferenceBuilder() if name == "reference" else TensorRTBuilder(name)
+SymbolProfiles = list[dict[Any, tuple[int, int, int]]]  # per profile: each symbol -> (min, opt, max)
+
+
+def make_builder(flavour: str | ModuleType, quantize: Scheme | None = None,
+                 symbol_profiles: SymbolProfiles | None = None) -> Builder:
+    """The builder of ``flavour`` ("reference", a TensorRT flavour's name, or the TensorRT module
+    :class:`~pyrt.export.options.ExportOptions` found), with its final settings: ``quantize`` (to_pte(quantize=...))
+    and ``symbol_profiles`` (to_pte(profiles=...), per profile)."""
+    if flavour == "reference":
+        return ReferenceBuilder(quantize, symbol_profiles)
+    module = flavour if isinstance(flavour, ModuleType) else resolve_flavour(flavour)
+    return TensorRTBuilder(module, quantize, symbol_profiles)
 
 
 def converts(node: fx.Node) -> bool:
@@ -74,6 +88,7 @@ def converts(node: fx.Node) -> bool:
     return onnx_translates(node.target) is not False
 
 
+@dataclass(frozen=True)
 class ReferenceBuilder:
     """Reference engines (``PYRTREF1``) for pyrt.sim's fake TensorRT.
 
@@ -81,9 +96,9 @@ class ReferenceBuilder:
     the same way; every such op must encode (``reference_builder.supports``).
     """
 
-    name = "reference"
-    symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
-    quantize: Scheme | None = None  # to_pte(quantize=...)
+    quantize: Scheme | None = None
+    symbol_profiles: SymbolProfiles | None = None
+    name: ClassVar[str] = "reference"
 
     def supports(self, node: fx.Node) -> bool:
         return converts(node) and reference_builder.supports(node)
@@ -116,16 +131,18 @@ class ReferenceBuilder:
         return Built(record, inputs, outputs, weight_streaming and has_weights, "reference", quantized)
 
 
+@dataclass(frozen=True)
 class TensorRTBuilder:
-    """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX)."""
+    """Builds through ``pyrt.export.trt_builder.build_engine`` (ONNX -> TensorRT / TensorRT-RTX) with ``module``,
+    the TensorRT flavour found for the export."""
 
-    symbol_profiles: list[dict[Any, tuple[int, int, int]]] | None = None  # to_pte(profiles=...), per profile
-    quantize: Scheme | None = None  # to_pte(quantize=...)
+    module: ModuleType
+    quantize: Scheme | None = None
+    symbol_profiles: SymbolProfiles | None = None
 
-    def __init__(self, flavour: str) -> None:
-        self.trt_builder = trt_builder
-        self.module = trt_builder.resolve_flavour(flavour)  # fail now, not after partitioning
-        self.name = self.module.__name__.split(".")[0]
+    @property
+    def name(self) -> str:
+        return self.module.__name__.split(".")[0]
 
     def supports(self, node: fx.Node) -> bool:
         return converts(node)
@@ -157,7 +174,7 @@ class TensorRTBuilder:
                                       f"unavailable here: {exc}") from exc
                 log.debug("direct ONNX translation unavailable (%s); using torch.onnx.export", exc)
                 examples = [_example(v, a.name, limits) for v, a in zip(vals, part.inputs, strict=True)]
-                result["built"] = self.trt_builder.build_engine(
+                result["built"] = trt_builder.build_engine(
                     module, examples, flavour=self.module,
                     weight_streaming=weight_streaming, dynamic_shapes=shapes or None, input_names=names,
                     output_names=outs, progress=progress, out=sink)
@@ -186,7 +203,7 @@ class TensorRTBuilder:
                                              in_memory)
             if lifted:  # the quantized constants go beside the model in their own file; the rest stays referenced
                 onnx_quant.attach_dequantize(path, lifted)
-            built = self.trt_builder.build_engine_from_onnx(
+            built = trt_builder.build_engine_from_onnx(
                 path, flavour=self.module, weight_streaming=weight_streaming,
                 dynamic_shapes=_by_name(ranges, names), progress=progress, out=out, initializers=weights)
             del weights
@@ -196,8 +213,8 @@ class TensorRTBuilder:
         return replace(built, build_seconds=time.perf_counter() - started)
 
 
-
 Builder = ReferenceBuilder | TensorRTBuilder  # what make_builder gives
+
 
 def _by_name(ranges: Any, names: list[str]) -> Any:
     """Ranges keyed by position -> keyed by ONNX input name; a list (several profiles) item by item."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import ExportError
 
 Bounds = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -37,8 +38,9 @@ def check_profiles(value: Any) -> tuple[dict[Any, Bounds], ...] | None:
         entry: dict[Any, Bounds] = {}
         for key, rng in profile.items():
             where = f"profiles[{i}][{key!r}]"
-            if isinstance(key, bool) or not isinstance(key, (str, int)):
+            if not (is_int(key) or isinstance(key, str)):
                 raise ExportError(f"{where}: an input is named by its name (str) or position (int)")
+            key = key if isinstance(key, str) else int(key)
             if not isinstance(rng, dict) or set(rng) != {"min", "opt", "max"}:
                 raise ExportError(f"{where}={rng!r:.80} must be {{'min': [...], 'opt': [...], 'max': [...]}}")
             lo, opt, hi = (_dims(rng[k], f"{where}[{k!r}]") for k in ("min", "opt", "max"))
@@ -51,9 +53,9 @@ def check_profiles(value: Any) -> tuple[dict[Any, Bounds], ...] | None:
 
 def _dims(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+            is_int(d, low=0) for d in value):
         raise ExportError(f"{where}={value!r:.80} must be a list of ints >= 0")
-    return tuple(value)
+    return tuple(int(d) for d in value)
 
 
 def symbol_profiles(program: Any, profiles: Sequence[dict[Any, Bounds]]) -> list[dict[Any, tuple[int, int, int]]]:

@@ -2,7 +2,7 @@
 
 Everything is also logged to the ``pyrt.export`` logger, so a pipeline without
 a terminal still sees what happens and how long it took. With a
-:class:`~pyrt.export.stages.StageMeter` (``pyrt export``), each task names its stage
+:class:`~pyrt.export.stage_meter.StageMeter` (``pyrt export``), each task names its stage
 (load, export, build, write) and the meter keeps each stage's time and memory.
 
 >>> with Progress(enabled=False).task("writing", total=10, unit="B") as t:
@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from pyrt.errors import ExportError
-from pyrt.export.stages import StageMeter
+from pyrt.export.stage_meter import StageMeter
 
 log = logging.getLogger("pyrt.export")
 _LOG_STEP = 0.25  # log every quarter of a large task when there is no bar

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from pyrt.export._graph.prepare import onnx_registry
+from pyrt.export._graph.passes import onnx_registry
 from pyrt.export._tensorrt import torch_onnx
 
 log = logging.getLogger("pyrt.export")

@@ -30,7 +30,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyrt.errors import ExportError
-from pyrt.export._graph.prepare import assertion_ops, is_sym_node, label_sizes, materialize
+from pyrt.export._graph.passes import is_sym_node, label_sizes, live_nodes, materialize
 from pyrt.export._graph.spec import dim_expr, symbols_from_inputs
 from pyrt.export.options import node_op_names
 
@@ -65,7 +65,7 @@ def is_tensor_node(node: Any) -> bool:
 def refusal(node: fx.Node, forced: Mapping[fx.Node, str]) -> str | None:
     """Why ``node`` cannot join an engine whatever the builder, or None when it may.
 
-    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._graph.prepare.forced_nodes``).
+    ``forced``: nodes ``torch_executed_ops`` keeps out (see ``pyrt.export._graph.passes.forced_nodes``).
     Arguments may be tensors or SymInts (shape arithmetic is recomputed inside each engine).
     """
     if node.op != "call_function":
@@ -267,7 +267,7 @@ def check_outputs_live(gm: fx.GraphModule, parts: list[Extracted]) -> None:
     ExecuTorch deletes unused delegate outputs (and assertion ops), yet a TensorRT
     engine still binds every output. Raised before any engine is built.
     """
-    live = _live_nodes(gm)
+    live = live_nodes(gm)
     problems = []
     for index, part in enumerate(parts):
         inside = set(part.nodes)
@@ -281,18 +281,3 @@ def check_outputs_live(gm: fx.GraphModule, parts: list[Extracted]) -> None:
             "engine outputs would feed only nodes that compute nothing ExecuTorch keeps, so ExecuTorch would "
             "drop them while the engine still binds them: " + "; ".join(problems) + ". Remove those nodes from "
             "the graph (assertion ops are removed automatically) or add their operators to torch_executed_ops")
-
-
-def _live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes the graph's output depends on, and side-effecting calls other than assertions."""
-    asserts = assertion_ops()
-    roots = [n for n in gm.graph.nodes if n.op == "output"
-             or (n.op == "call_function" and n.target not in asserts and n.is_impure())]
-    live: set[fx.Node] = set()
-    stack = list(roots)
-    while stack:
-        node = stack.pop()
-        if node not in live:
-            live.add(node)
-            stack.extend(node.all_input_nodes)
-    return live

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.device.tensorrt_seam import FLAVOURS, shared_logger
 from pyrt.errors import ExportError
 
@@ -50,6 +51,17 @@ def open_session(flavour: str | ModuleType, options: BuildOptions) -> Session:
     if flavour not in BUILDER_FLAVOURS:
         raise ExportError(f"flavour {flavour!r} is not one of 'auto', {', '.join(map(repr, BUILDER_FLAVOURS))}")
     return _session_for(_import(flavour), options)
+
+
+def resolve_flavour(flavour: str | ModuleType = "auto") -> ModuleType:
+    """The TensorRT module that builds for ``flavour``; ExportError says why none can.
+
+    >>> resolve_flavour("tensorrt_lean")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: flavour 'tensorrt_lean' is a runtime-only TensorRT package and has no builder; use 'tensorrt' or 'tensorrt_rtx' to build engines
+    """  # noqa: E501 (a doctest's expected message is one line)
+    return open_session(flavour, build_options(False, None, None)).trt
 
 
 def _auto_session(options: BuildOptions) -> Session:
@@ -105,7 +117,7 @@ def logged_errors(logger: Any) -> str:
 def build_options(weight_streaming: bool, workspace: int | None, caps: Sequence[str] | None) -> BuildOptions:
     if not isinstance(weight_streaming, bool):
         raise ExportError(f"weight_streaming must be a bool, got {weight_streaming!r}")
-    if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, int) or workspace <= 0):
+    if workspace is not None and not is_int(workspace, low=1):
         raise ExportError(f"workspace must be a positive number of bytes, got {workspace!r}")
     return BuildOptions(weight_streaming, workspace, None if caps is None else parse_compute_capabilities(caps))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pyrt.checks import is_int
 from pyrt.errors import ExportError
 
 ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (min, opt, max)
@@ -41,11 +42,12 @@ def parse_dynamic_shapes(
 
 
 def _input_slot(key: Any, names: Sequence[str] | None) -> int | str:
-    if isinstance(key, bool) or not isinstance(key, (int, str)):
+    if not (is_int(key) or isinstance(key, str)):
         raise ExportError(f"dynamic_shapes key {key!r} must be an input name or position")
     if names is None:
-        return key
-    if isinstance(key, int):
+        return key if isinstance(key, str) else int(key)
+    if not isinstance(key, str):
+        key = int(key)
         if not 0 <= key < len(names):
             raise ExportError(f"dynamic_shapes key {key} is not an input position (the module takes {len(names)})")
         return key
@@ -69,9 +71,9 @@ def _parse_range(key: Any, value: Any) -> ShapeRange:
 
 def _shape(key: Any, which: str, value: Any) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
-            isinstance(d, int) and not isinstance(d, bool) for d in value):
+            is_int(d) for d in value):
         raise ExportError(f"dynamic_shapes[{key!r}][{which!r}] must be a list of ints, got {value!r}")
-    return tuple(value)
+    return tuple(int(d) for d in value)
 
 
 def _check_example_in_range(key: Any, rng: ShapeRange, example: tuple[int, ...]) -> None:

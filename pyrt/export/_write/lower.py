@@ -15,7 +15,6 @@ their I/O in CUDA arenas; a runtime must implement both copies.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -31,19 +30,16 @@ from pyrt.export._files.atomic import atomic_write_all
 from pyrt.export._files.engine_store import EngineRecord, EngineStore
 from pyrt.export._graph.engine_op import is_engine_call
 from pyrt.export._graph.fx import dynamic_shapes_of
-from pyrt.export._graph.prepare import assertion_ops
+from pyrt.export._graph.passes import live_nodes
 from pyrt.export._write import direct
 from pyrt.export._write.external_weights import ExternalWeights, weights_by_reference
 from pyrt.export._write.state import StateOnDevice
-from pyrt.export.options import Options
+from pyrt.export.options import ExportOptions
 from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
 DATA_DEPENDENT_ALIGNMENT = 256  # bytes; cudaMalloc's guarantee, the most an output allocator is asked for
 DIRECT = True  # internal switch: False sends every program through ExecuTorch's lowering (tests compare both)
-# ExecuTorch constant methods (name -> value) for the program being lowered; set by pyrt.export.decoder
-CONSTANT_METHODS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("constant_methods",
-                                                                                         default=None)
 
 
 @dataclass
@@ -66,15 +62,16 @@ def reexport(gm: fx.GraphModule, example: tuple[Any, Any], original: Any, dynami
 
 
 def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], store: EngineStore, target: Path,
-          options: Options) -> Lowered:
+          options: ExportOptions, constant_methods: dict[str, Any] | None = None) -> Lowered:
     """ExecuTorch lowering and the atomic write, with pyrt's streaming writer or ExecuTorch's.
 
     A program that is one engine call between its inputs and outputs is written directly
     (:mod:`pyrt.export._write.direct`, the same file without importing ExecuTorch's lowering) unless
     ``DIRECT`` is off or ``options.writer`` asks for ExecuTorch's serializer.
     With ``options.external_weights`` the weights ExecuTorch runs go to ``target.with_suffix(".ptd")``.
+    ``constant_methods``: ExecuTorch constant methods (name -> value) written beside ``forward``
+    (``decoder_to_pte``'s LLM metadata).
     """
-    constant_methods = CONSTANT_METHODS.get()
     use_direct = DIRECT and options.writer == "pyrt" and not constant_methods
     delegated = direct.describe(program) if use_direct else None
     if delegated is not None and delegated.spec.key in store.records:  # the engine streams from its spill file
@@ -86,7 +83,7 @@ def lower(program: torch.export.ExportedProgram, engines: list[EngineSummary], s
 
     used = {e.key for e in engines}
     session = BlobSession({r.key: (r.path, r.size, r.sha256) for k, r in store.records.items() if k in used})
-    external = bool(getattr(options, "external_weights", False))
+    external = options.external_weights
     defaults = ExecutorchBackendConfig()
     config = ExecutorchBackendConfig(extract_delegate_segments=True, external_constants=external,
                                      to_out_var_pass=StateOnDevice(defaults.to_out_var_pass))
@@ -127,7 +124,7 @@ def _to_executorch(edge: Any, config: Any) -> Any:
                           "Dim(max=...) or torch._check(size <= N) after the op that makes it") from exc
 
 
-def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Path, options: Options) -> Lowered:
+def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Path, options: ExportOptions) -> Lowered:
     if record.size != delegated.engine_size:
         raise ExportError(f"engine {delegated.spec.key!r}: file holds {record.size} bytes, "
                           f"the graph's tensor {delegated.engine_size}")
@@ -140,8 +137,8 @@ def _write_direct(delegated: direct.Delegated, record: EngineRecord, target: Pat
     return Lowered(size, Counter())
 
 
-def _write(manager: Any, session: Any, config: Any, target: Path, options: Options, weights: ExternalWeights | None,
-           fallback: Counter[str]) -> Lowered:
+def _write(manager: Any, session: Any, config: Any, target: Path, options: ExportOptions,
+           weights: ExternalWeights | None, fallback: Counter[str]) -> Lowered:
     from pyrt.export._write.executorch_serializer import (  # extra: export (executorch)
         streaming_program_cord,
         write_cord,
@@ -184,7 +181,7 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
     from executorch.exir.delegate import executorch_call_delegate
 
     out: Counter[str] = Counter()
-    live = _kept(gm)  # an assertion (and the sizes only it reads) is removed by to_executorch
+    live = live_nodes(gm)  # an assertion (and the sizes only it reads) is removed by to_executorch
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is executorch_call_delegate or node not in live:
             continue
@@ -192,21 +189,6 @@ def fallback_ops(gm: fx.GraphModule) -> Counter[str]:
         if schema is not None:
             out[schema.name] += 1
     return out
-
-
-def _kept(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes the output depends on, and side-effecting calls other than assertions."""
-    asserts = {str(op._schema.name) for op in assertion_ops()}
-    stack = [n for n in gm.graph.nodes if n.op == "output" or (
-        n.op == "call_function" and n.is_impure() and getattr(getattr(n.target, "_schema", None), "name", "")
-        not in asserts)]
-    kept: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node not in kept:
-            kept.add(node)
-            stack.extend(node.all_input_nodes)
-    return kept
 
 
 def _check_all_delegated(gm: fx.GraphModule) -> None:

@@ -1,11 +1,10 @@
-"""Stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
+"""The engine graph, stage 1 of ``to_pte``: a graph whose engine nodes read their engines from uint8 attributes.
 
-An ``nn.Module`` is exported, an ExportedProgram decomposed (to the ops
-torch.onnx translates, see ``pyrt.export._graph.prepare``), unlifted and prepared
-(assertions removed, shape arithmetic recomputed from the inputs); partitions
-are built into engines (spilled to the EngineStore) and replaced by
-``pyrt::execute_engine`` calls, inputs wired by position. A Torch-TensorRT
-program instead has its engine calls converted as they are.
+An ``nn.Module`` is exported, an ExportedProgram put through the graph passes
+(:mod:`pyrt.export._graph.pass_order`: decomposed to the ops torch.onnx translates, unlifted,
+assertions removed, shape arithmetic recomputed from the inputs); partitions are built into
+engines (spilled to the EngineStore) and replaced by ``pyrt::execute_engine`` calls, inputs
+wired by position. A Torch-TensorRT program instead has its engine calls converted as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pyrt.export._engines.builders import Builder, BuildFailed, Built, make_buil
 from pyrt.export._engines.dims import size_hint
 from pyrt.export._engines.profiles import symbol_profiles
 from pyrt.export._files.engine_store import EngineStore
-from pyrt.export._graph.datadep import bounded_outputs, rewrite_masked_select
+from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
 from pyrt.export._graph.partition import (
@@ -38,23 +37,17 @@ from pyrt.export._graph.partition import (
     refusal,
     replace_with_engine,
 )
-from pyrt.export._graph.prepare import (
-    canonicalize_sizes,
-    check_forced_matched,
-    decompose,
-    forced_nodes,
-    is_sym_node,
-    strip_assertions,
-)
+from pyrt.export._graph.pass_order import prepare_graph
+from pyrt.export._graph.passes import is_sym_node
 from pyrt.export._graph.spec import EngineSpec, dim_expr, symbols_from_inputs
 from pyrt.export.convert import contains_torchtrt, convert_torchtrt
-from pyrt.export.options import Options, node_op_names
+from pyrt.export.options import ExportOptions, node_op_names
 from pyrt.export.summary import EngineSummary
 
 log = logging.getLogger("pyrt.export")
 
 
-def stage_engines(model: Any, example_inputs: Any, options: Options, store: EngineStore
+def stage_engines(model: Any, example_inputs: Any, options: ExportOptions, store: EngineStore
                   ) -> tuple[fx.GraphModule, Any, list[EngineSummary], Any, dict[str, str]]:
     """(graph with engine nodes, (args, kwargs) to re-export it with, engine summaries, original program,
     fallback op -> reason)."""
@@ -64,57 +57,35 @@ def stage_engines(model: Any, example_inputs: Any, options: Options, store: Engi
         inline_submodules(gm)
         engines = convert_torchtrt(gm, None, options, store)
         return gm, (_args(example_inputs), {}), engines, None, {}
-    if isinstance(model, torch.export.ExportedProgram):
-        program = model
-        builder = None if contains_torchtrt(program.graph_module) else make_builder(options.builder)
-        if builder is None:
-            _keeps_its_engines(options)
-    elif isinstance(model, torch.nn.Module):
-        builder = make_builder(options.builder)  # a missing TensorRT fails before the slow steps
-        with options.progress.task("exporting with torch.export", stage="export"):
-            program = _export(model, example_inputs, options.dynamic_shapes)
-    else:
-        raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
-    reasons: dict[str, str] = {}
-    if options.profiles is not None and builder is not None:
-        builder.symbol_profiles = symbol_profiles(program, options.profiles)
-    if builder is not None:
-        builder.quantize = options.quantize
+    program = _program(model, example_inputs, options)
     if contains_torchtrt(program.graph_module):
+        _keeps_its_engines(options)
         gm = unlift(program)
         engines = convert_torchtrt(gm, program, options, store)
-    else:
-        before = program.graph
-        with options.progress.task("decomposing", stage="export"):
-            program = decompose(program)
-        gm = unlift(program)
-        forced = prepare(gm, options.forced_fallback, before)
-        if builder is None:
-            builder = make_builder(options.builder)
-            builder.quantize = options.quantize
-        engines, reasons = _partition_and_build(gm, builder, options, store, forced,
-                                                gm.meta.get("mutable_buffers", frozenset()))
+        return gm, _example_args(program, example_inputs), engines, program, {}
+    profiles = None if options.profiles is None else symbol_profiles(program, options.profiles)
+    builder = make_builder(options.flavour, options.quantize, profiles)
+    program, gm, forced = prepare_graph(program, options.forced_fallback, options.progress)
+    engines, reasons = _partition_and_build(gm, builder, options, store, forced,
+                                            gm.meta.get("mutable_buffers", frozenset()))
     return gm, _example_args(program, example_inputs), engines, program, reasons
 
 
-def _keeps_its_engines(options: Options) -> None:
+def _program(model: Any, example_inputs: Any, options: ExportOptions) -> torch.export.ExportedProgram:
+    """The program to build engines for: ``model`` itself, or an ``nn.Module`` exported."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
+    with options.progress.task("exporting with torch.export", stage="export"):
+        return _export(model, example_inputs, options.dynamic_shapes)
+
+
+def _keeps_its_engines(options: ExportOptions) -> None:
     """A Torch-TensorRT program's engines are kept as they were built: ``quantize=`` cannot apply to them."""
     if options.quantize is not None:
         raise ExportError(f"quantize={options.quantize.name!r}: a Torch-TensorRT program's engines are kept as they "
                           "were built; quantize the model before compiling it, or export the model itself")
-
-
-def prepare(gm: fx.GraphModule, forced_fallback: frozenset[str], before: fx.Graph) -> dict[fx.Node, str]:
-    """Strip assertions, recompute sizes from the inputs, match ``torch_executed_ops``; returns the forced nodes."""
-    strip_assertions(gm)
-    gm.graph.eliminate_dead_code()
-    canonicalize_sizes(gm)
-    forced = forced_nodes(gm, forced_fallback)
-    for name in check_forced_matched(forced_fallback, set(forced.values()), before):
-        log.warning("torch_executed_ops names %r, which matches no operator of this model", name)
-    rewrite_masked_select(gm, keep=forced)  # one torch.onnx translates (a forced one stays as it is)
-    gm.recompile()
-    return forced
 
 
 def _args(example_inputs: Any) -> tuple[Any, ...]:
@@ -165,7 +136,7 @@ class _Planner:
     building each op alone, cached) and moved out; the rest is partitioned again.
     """
 
-    def __init__(self, gm: fx.GraphModule, builder: Builder, options: Options, store: EngineStore,
+    def __init__(self, gm: fx.GraphModule, builder: Builder, options: ExportOptions, store: EngineStore,
                  forced: dict[fx.Node, str], state_inputs: frozenset[str] = frozenset()) -> None:
         self.gm, self.builder, self.options, self.store = gm, builder, options, store
         self.forced, self.state_inputs = forced, state_inputs
@@ -293,7 +264,7 @@ class _Planner:
 NO_CONVERTER = "no converter"
 
 
-def _partition_and_build(gm: fx.GraphModule, builder: Builder, options: Options, store: EngineStore,
+def _partition_and_build(gm: fx.GraphModule, builder: Builder, options: ExportOptions, store: EngineStore,
                          forced: dict[fx.Node, str] | None = None, state_inputs: frozenset[str] = frozenset()
                          ) -> tuple[list[EngineSummary], dict[str, str]]:
     gm.graph.eliminate_dead_code()
@@ -357,8 +328,8 @@ def _unexpressible_outputs(part: Extracted) -> list[fx.Node]:
     return bad
 
 
-def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, options: Options, quiet: bool = False
-               ) -> tuple[Built | None, str]:
+def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, options: ExportOptions,
+               quiet: bool = False) -> tuple[Built | None, str]:
     what = f"building {builder.name} engine ({len(part.nodes)} nodes)"
     with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}", stage="build") as task:
         try:
@@ -372,12 +343,13 @@ def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, 
             return None, str(exc)
 
 
-def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], options: Options,
+def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], options: ExportOptions,
                      store: EngineStore) -> list[EngineSummary]:
     summaries = []
     remap: dict[fx.Node, fx.Node] = {}
-    for index, (part, built) in enumerate(parts):
-        info = opt.PartitionInfo(index, f"engine_{index}", part.ops)
+    infos = [opt.PartitionInfo(index, f"engine_{index}", part.ops) for index, (part, _) in enumerate(parts)]
+    for info, (part, built) in zip(infos, parts, strict=True):
+        index = info.index
         spec = engine_spec(built, part, options.device(info), options.budget(info))
         attr = f"_pyrt_engine_{index}"
         gm.register_buffer(attr, store.tensor(built.record), persistent=False)
@@ -387,8 +359,8 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
         built.record.extra["quantization"] = built.quantization
         bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
         summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded))
-    options.device.check_all_used()
-    options.budget.check_all_used()
+    options.device.check_all_used(infos)
+    options.budget.check_all_used(infos)
     finish(gm)
     return summaries
 

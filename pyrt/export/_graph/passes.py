@@ -1,4 +1,6 @@
-"""Graph preparation before partitioning: decomposition, assertions, symbolic sizes, forced ops.
+"""The graph passes before partitioning, each on its own: decomposition, assertions, symbolic sizes, forced ops.
+
+:mod:`pyrt.export._graph.pass_order` runs them, in the one order an export uses.
 
 * :func:`decomposition_table`: core ATen decompositions, except for operators
   torch.onnx translates whole (``linear``, ``scaled_dot_product_attention``,
@@ -17,6 +19,8 @@
   partitioner would otherwise split there to avoid a cycle).
 * :func:`forced_nodes`: ``torch_executed_ops`` matched through decompositions
   (``aten.softmax.int`` matches the ``_softmax`` it became), via node provenance.
+* :func:`live_nodes`: what ExecuTorch keeps of a graph (the partitioner checks engine outputs
+  against it; the writer counts the fallback ops in it).
 
 >>> sorted(str(op) for op in assertion_ops())[:2]
 ['aten._assert_async.default', 'aten._assert_async.msg']
@@ -135,6 +139,22 @@ def strip_assertions(gm: fx.GraphModule) -> list[str]:
     if gone:
         log.debug("removed %d assertion node(s): %s", len(gone), ", ".join(gone[:8]))
     return gone
+
+
+def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes the graph's output depends on, and side-effecting calls other than assertions: what ExecuTorch
+    keeps. Assertions are known by their schema name, so an ATen graph and an edge-dialect one read alike."""
+    asserts = {str(op._schema.name) for op in assertion_ops()}
+    stack = [n for n in gm.graph.nodes if n.op == "output" or (
+        n.op == "call_function" and n.is_impure() and getattr(getattr(n.target, "_schema", None), "name", "")
+        not in asserts)]
+    live: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    return live
 
 
 # -- symbolic sizes ------------------------------------------------------------------------------
