@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyrt import cuda as cuda_seam
+import pyrt.cuda as cuda_seam
 from pyrt.device import tensorrt_seam
 from pyrt.errors import ExportError
 from pyrt.export._tensorrt.flavour import BuildOptions, Session, logged_errors
