@@ -44,6 +44,8 @@ TESTS = {GRAPH_FORWARD: ("tests/runtime/test_graph_forward.py",),
          # threading waits of a generation: without them a result is read before it exists (the engine's own
          # tests, on a stand-in program: no export in the mutant's run)
          "pyrt/llm/loop.py": ("tests/llm/test_engine.py",),
+         # a generation's handle waiting on its outbox: without the wait nothing takes the updates (it never ends)
+         "pyrt/llm/stream.py": ("tests/llm/test_stream.py",),
          # the replica's generation engine: the event loop's waits for tokens, the event stream's wait for its
          # sender or a disconnect
          "pyrt/serve/llm_host.py": (SERVE_OPENAI,),
@@ -82,18 +84,6 @@ EXEMPT = {
         "a threading.Event the serve command waits on, not a CUDA event",
     "pyrt/serve/metrics.py: while not self._stop.wait(every_s):":
         "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
-    "pyrt/llm/engine.py: self._posted.wait(IDLE_WAIT_S)":
-        "Engine.run's pause (threading.Event) while nothing is queued or running: without it the loop steps "
-        "again at once, spinning a core; commands are applied in the step, so it orders nothing",
-    "pyrt/llm/engine.py: self._stopping.wait(STALLED_WAIT_S)":
-        "Engine.run's pause after a step that ran nothing (slots held by another engine): without it the loop "
-        "spins, it orders nothing",
-    "pyrt/llm/stream.py: self._ready.wait(timeout)":
-        "a generation's pause (threading.Condition) while another thread steps or nothing can run: without it "
-        "the reader looks again at once, spinning a core; updates are taken under the lock, so it orders nothing",
-    "pyrt/serve/llm_host.py: self._stop.wait(FAILED_PAUSE_S)":
-        "a pause (threading.Event) after an unexpected failure of the engine's loop, before it runs again: "
-        "without it a loop that keeps failing spins a core; it orders nothing",
     "pyrt/llm/gen_bench.py: torch.cuda.synchronize()":
         "the host-link bandwidth measurement's clock reads (torch, real GPUs only): timing, orders no result",
     "pyrt/runtime/device_context.py: self._keep = []":
