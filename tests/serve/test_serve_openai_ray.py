@@ -1,12 +1,13 @@
 """``pyrt serve`` of an LLM end to end: the real ``openai`` client against the session's Ray (tests/serve/conftest.py).
 
 One deployment for the module: the portable 4-slot GPT-2 (the CPU) with the tokenizer the tests
-train and an API key. Texts are compared with ``pyrt.generate`` on the same file alone.
+train and an API key. Texts are compared with ``pyrt.generate`` on the same file alone. A client that goes
+away mid-stream is tested on a slow simulated GPU (tests/serve/test_serve_cancel.py): here 46 tokens take tens
+of milliseconds, and the disconnect could arrive after the generation's end.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,8 +29,6 @@ pytestmark = [pytest.mark.export, pytest.mark.ray]
 
 KEY = "test-key"
 APP = "llm"
-MAX_TOKENS = S.MAX_SEQ_LEN - 2  # all the cache leaves after the prompt "hello" (one token)
-ATTEMPTS = 12  # a replica that ignores disconnects never cuts one short; a loaded or fast one may miss a few
 
 
 @pytest.fixture(scope="module")
@@ -102,36 +101,6 @@ def test_errors_are_the_clients_typed_errors(client: Any, base: str) -> None:
         openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
     assert requests.get(f"{base}/v2/health/live", timeout=30).status_code == 200  # health stays open
     assert [m.id for m in client.models.list()] == ["gpt2"]  # and the replica keeps serving
-
-
-def _stats(base: str) -> dict[str, Any]:
-    reply = requests.get(f"{base}/v2/models/gpt2/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    return dict(reply.json()["generation"])
-
-
-def test_a_client_that_goes_away_mid_stream_frees_its_slot(base: str) -> None:
-    """Closing the connection after the first event cancels the generation through HAProxy and the replica.
-
-    The whole generation (MAX_TOKENS tokens of the tiny model) takes a few tens of milliseconds on an
-    idle machine, and on a loaded one the disconnect can arrive after it ended by itself (CI saw it
-    once). Cancelling within one step is proven in-process (tests/serve/test_serve_openai.py); here
-    one of ATTEMPTS streams must be cut short, which no replica that ignores a disconnect can do.
-    """
-    body = {"model": "gpt2", "prompt": "hello", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "stream": True}
-    generated = []
-    for _ in range(ATTEMPTS):
-        before = _stats(base)["tokens_generated"]
-        with requests.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                           stream=True, timeout=120) as reply:
-            first = next(reply.iter_lines(delimiter=b"\n\n"))
-            assert json.loads(first.removeprefix(b"data: "))["choices"][0]["finish_reason"] is None
-        stats = wait_for(lambda: (lambda s: s if s["running"] == 0 else None)(_stats(base)), 60, "the slot freed")
-        assert stats["free_slots"] == S.SLOTS, stats
-        generated.append(stats["tokens_generated"] - before)
-        if generated[-1] < MAX_TOKENS:
-            break
-    assert min(generated) < MAX_TOKENS, f"no stream was cut short: tokens generated {generated}"
 
 
 @pytest.mark.slow
