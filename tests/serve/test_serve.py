@@ -169,24 +169,26 @@ def test_32_concurrent_clients_get_their_unbatched_results(dyn: str, programs: d
 
 
 def _prometheus() -> str:
-    try:
-        return str(requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text)
-    except requests.ConnectionError:
-        return ""
+    return serve_fixtures.prometheus(METRICS_PORT)
 
 
 @pytest.mark.slow
 def test_prometheus_has_pyrt_metrics_per_model(dyn: str) -> None:
-    """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets."""
+    """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets.
+
+    Each metric appears from an export of its own (Ray's interval), so the test waits until every one it
+    checks is there (CI read the batch rows before the requests counter and the run times had come).
+    """
     for seed in range(4):
         _client_work(dyn, seed, 4)
-    text = wait_for(lambda: (lambda t: t if "ray_pyrt_serve_batch_rows_bucket" in t else "")(_prometheus()), 90,
-                    "pyrt metrics on the Prometheus endpoint")
-    lines = [line for line in text.splitlines() if line.startswith("ray_pyrt_serve_") and 'model="dyn"' in line]
-    names = {line.split("{")[0] for line in lines}
+    text = serve_fixtures.wait_exported(METRICS_PORT, {
+        "ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
+        "ray_pyrt_serve_weight_streaming_budget_bytes"}, 'model="dyn"')
+    names = {line.split("{")[0] for line in text.splitlines() if 'model="dyn"' in line}
     assert {"ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
             "ray_pyrt_serve_weight_streaming_budget_bytes"} <= names, sorted(names)
-    assert any(line.startswith("ray_serve_") for line in text.splitlines())  # and Ray Serve's own
+    wait_for(lambda: any(line.startswith("ray_serve_") for line in _prometheus().splitlines()), 90,
+             "Ray Serve's own metrics on the Prometheus endpoint")  # and Ray Serve's own
     # exact: what Prometheus counts for "dyn" is what its two replicas counted (each hands over once a second)
     replicas: dict[int, dict[str, Any]] = {}
     for _ in range(64):

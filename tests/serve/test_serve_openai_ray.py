@@ -23,7 +23,7 @@ serve = pytest.importorskip("ray.serve")
 import pyrt  # noqa: E402
 from pyrt.serve.app import deployment, run  # noqa: E402
 from tests.fixtures import llm_serve as S  # noqa: E402
-from tests.fixtures.serve import METRICS_PORT, wait_for  # noqa: E402
+from tests.fixtures.serve import METRICS_PORT, wait_exported  # noqa: E402
 
 pytestmark = [pytest.mark.export, pytest.mark.ray]
 
@@ -105,18 +105,12 @@ def test_errors_are_the_clients_typed_errors(client: Any, base: str) -> None:
 
 @pytest.mark.slow
 def test_prometheus_has_the_generation_metrics(client: Any) -> None:
+    """Every generation metric, each waited for: Ray exports each from an export of its own (its interval)."""
     client.completions.create(model="gpt2", prompt="hello", max_tokens=4, temperature=0)
-
-    def scraped() -> str:
-        try:
-            text = str(requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text)
-        except requests.ConnectionError:
-            return ""
-        return text if "ray_pyrt_serve_time_to_first_token_seconds_bucket" in text else ""
-
-    text = wait_for(scraped, 90, "generation metrics on the Prometheus endpoint")
-    names = {line.split("{")[0] for line in text.splitlines() if 'model="gpt2"' in line}
-    assert {"ray_pyrt_serve_time_to_first_token_seconds_bucket", "ray_pyrt_serve_inter_token_latency_seconds_bucket",
+    want = {"ray_pyrt_serve_time_to_first_token_seconds_bucket", "ray_pyrt_serve_inter_token_latency_seconds_bucket",
             "ray_pyrt_serve_generated_tokens_total", "ray_pyrt_serve_prompt_tokens_total",
             "ray_pyrt_serve_batch_occupancy_bucket", "ray_pyrt_serve_running_generations",
-            "ray_pyrt_serve_queued_generations", "ray_pyrt_serve_requests_total"} <= names, sorted(names)
+            "ray_pyrt_serve_queued_generations", "ray_pyrt_serve_requests_total"}
+    text = wait_exported(METRICS_PORT, want, 'model="gpt2"')
+    names = {line.split("{")[0] for line in text.splitlines() if 'model="gpt2"' in line}
+    assert want <= names, sorted(names)
