@@ -30,7 +30,7 @@ one kill in four on a 2-core machine. Ray's proxy re-routes that request.
 Replicas stopped by Ray (scaling, redeploys, Ctrl-C) drain without loss.
 
 >>> sorted(ingress_env(ray_proxy=True))
-['RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S', 'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S']
+['RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S', 'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S', 'RAY_gcs_server_port_wait_time_s']
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ RETRY_ON = "conn-failure empty-response"
 # does not answer a health check within 10 s. On a machine whose cores are busy a new actor's worker takes
 # longer than that to start (seen on 2 cores with two other busy processes: the HAProxy manager killed before
 # it ran), and the server never came up. A local Ray waits longer; a proxy that truly hangs is still replaced.
-PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+# Likewise Ray's node start gives the GCS 30 s to publish its port (and a connecting client 20 tries); the
+# raylet's own fixed 30 s has no setting (pyrt.serve.lifetime.start_ray starts a node that timed out again).
+PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+            "RAY_gcs_server_port_wait_time_s": "120"}
 
 
 # Ports Ray fixes for HAProxy's Prometheus exporter and stats page (9101, 8404) and for the Serve proxy that HAProxy
@@ -97,7 +100,7 @@ def _free_port() -> int:
 def node_env(request_timeout_s: float | None = None) -> dict[str, str]:
     """What each node of a cluster should be started with (``VAR=VALUE ray start ...``) to serve as a local Ray does.
 
-    HAProxy and direct ingress, Ray's patience with a slow proxy start, the short drain, the retry
+    HAProxy and direct ingress, Ray's patience with a slow proxy or GCS start, the short drain, the retry
     of a request a dying replica dropped, and, with ``request_timeout_s``, a bound on HAProxy's wait
     for a replica (``timeout server``: a replica on a host that vanished never answers; HAProxy
     answers 500 after it instead of holding the client forever).
