@@ -44,6 +44,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 METRICS_PORT = serve_fixtures.METRICS_PORT  # the session's Ray (tests/serve/conftest.py: ray_serve)
 INGRESS = serve_fixtures.INGRESS
+GAUGE_TTL_S = 20.0  # Ray 2.60 drops a gauge not set again within 2 export intervals (metrics_report_interval 10 s)
+DEPLOYED: dict[str, float] = {}  # when each module fixture's application was running (time.monotonic())
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def dyn(ray_serve: str, programs: dict[str, Path]) -> str:
                      batch_wait_ms=5, max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", num_cpus=0.5,
                      budget="50%")
     run(app, path=str(programs["dyn"]))
+    DEPLOYED["dyn"] = time.monotonic()
     return ray_serve
 
 
@@ -177,10 +180,13 @@ def test_prometheus_has_pyrt_metrics_per_model(dyn: str) -> None:
     """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets.
 
     Each metric appears from an export of its own (Ray's interval), so the test waits until every one it
-    checks is there (CI read the batch rows before the requests counter and the run times had come).
+    checks is there (CI read the batch rows before the requests counter and the run times had come). The
+    budgets are set as the replicas load, so they are read only after Ray would have dropped a gauge set
+    once (they vanished then: a loaded run reached this test minutes after the replicas loaded).
     """
     for seed in range(4):
         _client_work(dyn, seed, 4)
+    time.sleep(max(0.0, DEPLOYED["dyn"] + 2 * GAUGE_TTL_S - time.monotonic()))
     text = serve_fixtures.wait_exported(METRICS_PORT, {
         "ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
         "ray_pyrt_serve_weight_streaming_budget_bytes"}, 'model="dyn"')
