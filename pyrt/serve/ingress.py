@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -91,7 +92,29 @@ def haproxy_binary() -> str | None:
         return shutil.which("haproxy")
 
 
-def _free_port() -> int:
+# Where those free ports come from: above Ray's worker ports (10002-19999) and below its direct-ingress replicas'
+# (30000-31000), so below Linux's ephemeral range (32768-60999). A port the kernel picks for bind(0) lies in that
+# range, where any process's outgoing connection or port-0 bind may take it in the seconds before HAProxy binds it
+# (seen: the serve port of a test's HAProxy in use by then, and HAProxy exiting).
+PORTS = range(20000, 30000)
+TRIES = 100  # draws from PORTS before the kernel picks one
+
+
+def free_port() -> int:
+    """A TCP port nothing binds now, drawn at random from :data:`PORTS` (the kernel's pick if none was free).
+
+    >>> free_port() in PORTS
+    True
+    """
+    draw = random.SystemRandom()
+    for _ in range(TRIES):
+        port = draw.randrange(PORTS.start, PORTS.stop)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address: a listener on any of them would refuse HAProxy's bind
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -128,7 +151,7 @@ def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None, read_t
     binary = haproxy_binary()
     if ray_proxy or binary is None:
         return {k: v for k, v in PATIENCE.items() if k not in os.environ}
-    env = {**node_env(request_timeout_s), **{key: str(_free_port()) for key in OWN_PORTS}}
+    env = {**node_env(request_timeout_s), **{key: str(free_port()) for key in OWN_PORTS}}
     env = {k: v for k, v in env.items() if k not in os.environ}
     if guard_dir is not None:
         env[BINARY] = write_guard(guard_dir, binary, read_timeout_s)
