@@ -115,26 +115,28 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
     which gives clients ``read_timeout_s`` to send their headers and waits for a replica a little
     longer than ``request_timeout_s``), or through Ray Serve's proxy actor
     with ``ray_proxy``; a joined cluster keeps its own setting. Every process of a Ray started here
-    carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process). Returns which serves HTTP.
+    carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process), and a start whose node timed out
+    in Ray's fixed 30 s (a loaded machine) is ended and made again (:func:`pyrt.serve.lifetime.start_ray`).
+    Returns which serves HTTP.
     """
-    env: dict[str, str] = {}
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if address:
-            kwargs["address"] = address
-        else:
-            kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
-            if metrics_port is not None:
-                kwargs["_metrics_export_port"] = metrics_port
-            guard = tempfile.mkdtemp(prefix="pyrt-serve-")
-            atexit.register(shutil.rmtree, guard, True)
-            env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s,
-                                         request_timeout_s=request_timeout_s),
-                   lifetime.OWNER_ENV: owner or lifetime.owner_token()}
-        with ingress.environment(env):  # read by Ray's processes as they start
-            ray.init(**kwargs)
+            ray.init(address=address, **kwargs)
             _start_serve(host, port)
-        return ingress.mode(env) if not address else "the cluster's Serve ingress"
+            return "the cluster's Serve ingress"
+        kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
+        if metrics_port is not None:
+            kwargs["_metrics_export_port"] = metrics_port
+        guard = tempfile.mkdtemp(prefix="pyrt-serve-")
+        atexit.register(shutil.rmtree, guard, True)
+        mark = owner or lifetime.owner_token()
+        env = {**ingress.ingress_env(ray_proxy=ray_proxy, guard_dir=guard, read_timeout_s=read_timeout_s,
+                                     request_timeout_s=request_timeout_s), lifetime.OWNER_ENV: mark}
+        with ingress.environment(env):  # read by Ray's processes as they start
+            lifetime.start_ray(partial(ray.init, **kwargs), partial(lifetime.marked, mark), log.warning)
+            _start_serve(host, port)
+        return ingress.mode(env)
     _start_serve(host, port)
     return "the running Ray's Serve ingress"
 

@@ -30,7 +30,7 @@ one kill in four on a 2-core machine. Ray's proxy re-routes that request.
 Replicas stopped by Ray (scaling, redeploys, Ctrl-C) drain without loss.
 
 >>> sorted(ingress_env(ray_proxy=True))
-['RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S', 'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S']
+['RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S', 'RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S', 'RAY_gcs_server_port_wait_time_s']
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -63,7 +64,10 @@ RETRY_ON = "conn-failure empty-response"
 # does not answer a health check within 10 s. On a machine whose cores are busy a new actor's worker takes
 # longer than that to start (seen on 2 cores with two other busy processes: the HAProxy manager killed before
 # it ran), and the server never came up. A local Ray waits longer; a proxy that truly hangs is still replaced.
-PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+# Likewise Ray's node start gives the GCS 30 s to publish its port (and a connecting client 20 tries); the
+# raylet's own fixed 30 s has no setting (pyrt.serve.lifetime.start_ray starts a node that timed out again).
+PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+            "RAY_gcs_server_port_wait_time_s": "120"}
 
 
 # Ports Ray fixes for HAProxy's Prometheus exporter and stats page (9101, 8404) and for the Serve proxy that HAProxy
@@ -88,7 +92,29 @@ def haproxy_binary() -> str | None:
         return shutil.which("haproxy")
 
 
-def _free_port() -> int:
+# Where those free ports come from: above Ray's worker ports (10002-19999) and below its direct-ingress replicas'
+# (30000-31000), so below Linux's ephemeral range (32768-60999). A port the kernel picks for bind(0) lies in that
+# range, where any process's outgoing connection or port-0 bind may take it in the seconds before HAProxy binds it
+# (seen: the serve port of a test's HAProxy in use by then, and HAProxy exiting).
+PORTS = range(20000, 30000)
+TRIES = 100  # draws from PORTS before the kernel picks one
+
+
+def free_port() -> int:
+    """A TCP port nothing binds now, drawn at random from :data:`PORTS` (the kernel's pick if none was free).
+
+    >>> free_port() in PORTS
+    True
+    """
+    draw = random.SystemRandom()
+    for _ in range(TRIES):
+        port = draw.randrange(PORTS.start, PORTS.stop)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address: a listener on any of them would refuse HAProxy's bind
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -97,7 +123,7 @@ def _free_port() -> int:
 def node_env(request_timeout_s: float | None = None) -> dict[str, str]:
     """What each node of a cluster should be started with (``VAR=VALUE ray start ...``) to serve as a local Ray does.
 
-    HAProxy and direct ingress, Ray's patience with a slow proxy start, the short drain, the retry
+    HAProxy and direct ingress, Ray's patience with a slow proxy or GCS start, the short drain, the retry
     of a request a dying replica dropped, and, with ``request_timeout_s``, a bound on HAProxy's wait
     for a replica (``timeout server``: a replica on a host that vanished never answers; HAProxy
     answers 500 after it instead of holding the client forever).
@@ -125,7 +151,7 @@ def ingress_env(*, ray_proxy: bool = False, guard_dir: str | None = None, read_t
     binary = haproxy_binary()
     if ray_proxy or binary is None:
         return {k: v for k, v in PATIENCE.items() if k not in os.environ}
-    env = {**node_env(request_timeout_s), **{key: str(_free_port()) for key in OWN_PORTS}}
+    env = {**node_env(request_timeout_s), **{key: str(free_port()) for key in OWN_PORTS}}
     env = {k: v for k, v in env.items() if k not in os.environ}
     if guard_dir is not None:
         env[BINARY] = write_guard(guard_dir, binary, read_timeout_s)

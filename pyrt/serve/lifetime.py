@@ -13,8 +13,10 @@ id and start time, so a reused pid is never taken for it). Then:
 - a watchdog (``python -m pyrt.serve.lifetime TOKEN``, in a session of its own, deaf to
   SIGINT and SIGTERM) ends the marked processes when ``pyrt serve`` dies without stopping
   (SIGKILL, the OOM killer): it waits for its end of a pipe to close;
-- and each ``pyrt serve`` first ends the processes of an earlier one whose owner is gone
-  (:func:`end_orphans`), saying so.
+- each ``pyrt serve`` first ends the processes of an earlier one whose owner is gone
+  (:func:`end_orphans`), saying so;
+- and a start of Ray whose node timed out in Ray's own fixed wait (a loaded machine) leaves
+  nothing either: what it started is ended before Ray is started again (:func:`start_ray`).
 
 Processes are found through ``/proc`` (Linux); elsewhere nothing is found and Ray's own
 shutdown is all there is.
@@ -34,8 +36,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
+T = TypeVar("T")
 OWNER_ENV = "PYRT_SERVE_OWNER"
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
 HEAD = "gcs_server"  # a local Ray's GCS: once it no longer listens (it stops at SIGTERM), nothing can be drained
@@ -206,6 +209,39 @@ def shutdown(drain: Callable[[], Any], stop_ray: Callable[[], Any], owner: str |
     if left:
         say("pyrt serve: ended what ignored SIGTERM: " + ", ".join(f"{p.name} ({p.pid})" for p in left))
     return drained and stopped
+
+
+NODE_TIMED_OUT = "The current node timed out during startup"  # Ray 2.60 (ray/_private/node.py), after 30 s
+STARTS = 3  # tries at starting a local Ray whose node start-up timed out
+
+
+def start_ray(init: Callable[[], T], started: Callable[[], list[Marked]], say: Callable[[str], None],
+              starts: int = STARTS) -> T:
+    """``init()``, a start of a local Ray, made again (``starts`` tries in all) while Ray's node start-up times
+    out, after ending what the try left running (``started()``: the processes it marked).
+
+    Ray gives a new node's raylet a fixed 30 s to register with the GCS (a local variable in Ray 2.60's
+    ``Node.__init__``, no setting reaches it; the raylet first waits for its agents, Python processes that
+    take longer than that to import on 2 cores at load 15+), then raises, and the GCS, agents and reaper it
+    started go on running. Only that error is tried again, and only where processes can be found
+    (``/proc``); any other error, and the last try's, is raised as it is.
+
+    >>> start_ray(lambda: "up", list, print)
+    'up'
+    """
+    tries = 1
+    while True:
+        try:
+            return init()
+        except Exception as exc:
+            if NODE_TIMED_OUT not in str(exc) or tries >= starts or not os.path.isdir("/proc"):
+                raise
+        left = started()
+        end(left)
+        tries += 1
+        ended = ", ".join(f"{p.name} {p.pid}" for p in left) or "nothing was left"
+        say(f"Ray's node did not start within Ray's fixed 30 s (a loaded machine?): ended what it had started "
+            f"({ended}); starting Ray again, try {tries} of {starts}")
 
 
 def _watch(owner: str) -> None:

@@ -11,7 +11,8 @@ prefix:
 - ``pyrt_serve_batch_rows{model}``: histogram of the rows in each run (1: unbatched);
 - ``pyrt_serve_run_seconds{model}``: histogram of each run's wall time;
 - ``pyrt_serve_weight_streaming_budget_bytes{model, engine, device}``: each engine's
-  applied weight-streaming budget, as TensorRT reads it back.
+  applied weight-streaming budget, as TensorRT reads it back (set again at every flush:
+  Ray 2.60 drops a gauge that was not set within two of its export intervals, about 20 s).
 
 The same counts, for the replica that answers, come from ``GET /v2/models/{name}/stats``
 (:meth:`ServeMetrics.stats`). Requests count there at once; Ray's metrics get them from a
@@ -59,6 +60,7 @@ class ServeMetrics:
         self._run_s: dict[str, float] = {}  # each model's run seconds, summed
         self._inline: Tally[str] = Tally()
         self._budgets: dict[str, list[dict[str, Any]]] = {}
+        self._budget_gauges: dict[tuple[str, str, str], int] = {}  # (model, engine, device) -> bytes, set each flush
         self._exported: tuple[Tally[str], Tally[tuple[str, str]]] = (Tally(), Tally())
         self._runs: list[tuple[str, int, float]] = []  # (model, rows, seconds) not yet handed to Ray
         self._stop = threading.Event()
@@ -113,6 +115,8 @@ class ServeMetrics:
         for model, rows, seconds in runs:
             self.rows.observe(rows, tags={"model": model})
             self.seconds.observe(seconds, tags={"model": model})
+        for (model, engine, device), budget in list(self._budget_gauges.items()):
+            self.budget.set(budget, tags={"model": model, "engine": engine, "device": device})
         for hook in self.hooks:
             hook()
 
@@ -126,6 +130,7 @@ class ServeMetrics:
         rows = []
         for w in engines:
             if w.budget is not None:
+                self._budget_gauges[model, str(w.index), str(w.device)] = w.budget
                 self.budget.set(w.budget, tags={"model": model, "engine": str(w.index), "device": str(w.device)})
             rows.append({"engine": w.index, "device": w.device, "budget": w.budget, "source": w.source,
                          "streamable_bytes": w.streamable_bytes})

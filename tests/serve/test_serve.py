@@ -45,6 +45,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 METRICS_PORT = serve_fixtures.METRICS_PORT  # the session's Ray (tests/serve/conftest.py: ray_serve)
 INGRESS = serve_fixtures.INGRESS
+GAUGE_TTL_S = 20.0  # Ray 2.60 drops a gauge not set again within 2 export intervals (metrics_report_interval 10 s)
+DEPLOYED: dict[str, float] = {}  # when each module fixture's application was running (time.monotonic())
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,7 @@ def dyn(ray_serve: str, programs: dict[str, Path]) -> str:
                                  max_request_bytes=MAX_REQUEST_BYTES, kernels="numpy", cpus_per_replica=0.5,
                                  budget="50%"), simulated_gpus=1)
     run(app, path=str(programs["dyn"]))
+    DEPLOYED["dyn"] = time.monotonic()
     return ray_serve
 
 
@@ -170,24 +173,29 @@ def test_32_concurrent_clients_get_their_unbatched_results(dyn: str, programs: d
 
 
 def _prometheus() -> str:
-    try:
-        return str(requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text)
-    except requests.ConnectionError:
-        return ""
+    return serve_fixtures.prometheus(METRICS_PORT)
 
 
 @pytest.mark.slow
 def test_prometheus_has_pyrt_metrics_per_model(dyn: str) -> None:
-    """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets."""
+    """Ray exports what replicas record every few seconds: batch rows, run times, requests, budgets.
+
+    Each metric appears from an export of its own (Ray's interval), so the test waits until every one it
+    checks is there (CI read the batch rows before the requests counter and the run times had come). The
+    budgets are set as the replicas load, so they are read only after Ray would have dropped a gauge set
+    once (they vanished then: a loaded run reached this test minutes after the replicas loaded).
+    """
     for seed in range(4):
         _client_work(dyn, seed, 4)
-    text = wait_for(lambda: (lambda t: t if "ray_pyrt_serve_batch_rows_bucket" in t else "")(_prometheus()), 90,
-                    "pyrt metrics on the Prometheus endpoint")
-    lines = [line for line in text.splitlines() if line.startswith("ray_pyrt_serve_") and 'model="dyn"' in line]
-    names = {line.split("{")[0] for line in lines}
+    time.sleep(max(0.0, DEPLOYED["dyn"] + 2 * GAUGE_TTL_S - time.monotonic()))
+    text = serve_fixtures.wait_exported(METRICS_PORT, {
+        "ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
+        "ray_pyrt_serve_weight_streaming_budget_bytes"}, 'model="dyn"')
+    names = {line.split("{")[0] for line in text.splitlines() if 'model="dyn"' in line}
     assert {"ray_pyrt_serve_requests_total", "ray_pyrt_serve_batch_rows_bucket", "ray_pyrt_serve_run_seconds_sum",
             "ray_pyrt_serve_weight_streaming_budget_bytes"} <= names, sorted(names)
-    assert any(line.startswith("ray_serve_") for line in text.splitlines())  # and Ray Serve's own
+    wait_for(lambda: any(line.startswith("ray_serve_") for line in _prometheus().splitlines()), 90,
+             "Ray Serve's own metrics on the Prometheus endpoint")  # and Ray Serve's own
     # exact: what Prometheus counts for "dyn" is what its two replicas counted (each hands over once a second)
     replicas: dict[int, dict[str, Any]] = {}
     for _ in range(64):

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +20,7 @@ pytestmark = [pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "pyrt", "serve"]
+BATCH_WAIT_MS = 5000  # requests wait this long for a batch: the stop comes while they do, however loaded the machine
 
 
 def _env(gpus: int | None = None) -> dict[str, str]:
@@ -55,7 +55,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
     requests = pytest.importorskip("requests")
     path = serve_fixtures.build(tmp_path)["dyn"]
     port = free_port()
-    proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", "1500",
+    proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", str(BATCH_WAIT_MS),
                              "--max-batch-size", "32", "--cpus-per-replica", "0.5", *flags],
                             env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}/v2"
@@ -74,9 +74,14 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
             reply = requests.post(f"{base}/models/dyn/infer", data=json.dumps(body), timeout=60)
             return reply.status_code, reply.json()["outputs"][0]["data"] if reply.ok else []
 
+        def arrived() -> bool:  # the replica counts a request as it arrives
+            return bool(requests.get(f"{base}/models/dyn/stats", timeout=30).json()["requests"] >= len(xs))
+
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(infer, x) for x in xs]
-            time.sleep(0.5)  # a request finding the replica idle runs at once; the others wait 1.5 s for a batch
+            # all 8 at the replica before the stop (on a loaded machine the clients take a while to send them, and
+            # one sent after the drain began was not in flight): the first runs at once, the others wait for a batch
+            wait_for(arrived, 60, "the 8 requests at the replica")
             assert not all(f.done() for f in futures)
             proc.send_signal(signal.SIGTERM)
             answers = [f.result() for f in futures]

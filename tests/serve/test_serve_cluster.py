@@ -131,6 +131,14 @@ def _restored(cluster: Cluster, lost: set[str]) -> dict[str, dict[str, Any]] | N
     return None
 
 
+def _cut_short(r: dict[str, Any]) -> bool:
+    """A response whose host vanished while it was on the wire: its head reached HAProxy, which passed it on, its
+    body never did, and at its ``timeout server`` HAProxy could only close the client's connection (no status can
+    follow a head already sent). Seen on a loaded machine: the replica's server writes head and body apart."""
+    return (r["status"] is None and "Incomplete response" in (r["error"] or "")
+            and REQUEST_TIMEOUT_S + ingress.SERVER_MARGIN_S <= r["done"] - r["sent"])
+
+
 def _lose(cluster: Cluster, host: str, lost: set[str]) -> tuple[float, float, dict[str, dict[str, Any]]]:
     """Lose ``host``; (when, seconds until Serve had three replicas again and said ready, the replicas)."""
     lost.update(n["NodeID"] for n in cluster.nodes() if n["NodeManagerAddress"] == cluster.address[host])
@@ -177,7 +185,7 @@ def test_node_loss_fails_at_most_the_requests_in_flight_serve_restores_the_repli
     assert all(r["correct"] for r in infer if r["status"] == 200)
     assert len(failed) <= 2 * THREADS, summary  # each loss: at most the requests in flight, THREADS at most
     for r in failed:  # typed, and never held past the request timeout (HAProxy's wait: the timeout + 2 s)
-        assert r["status"] is not None and r["status"] >= 500 and r["error"], r
+        assert r["status"] is not None and r["status"] >= 500 and r["error"] or _cut_short(r), r
         assert r["done"] - r["sent"] <= REQUEST_TIMEOUT_S + ingress.SERVER_MARGIN_S + 10, r
     for when, took, _ in (first, second):  # the survivors answered meanwhile
         assert any(r["status"] == 200 and when < r["sent"] < when + took for r in infer)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -69,3 +70,49 @@ def test_the_watchdog_ends_its_owner_s_processes_when_its_pipe_closes(owner: str
         proc.kill()
         proc.wait()
     wait_for(lambda: not lifetime.marked(owner), 30, "nothing marked left")
+
+
+def _marked_sleeper(owner: str) -> subprocess.Popen[bytes]:
+    """A process marked as ``owner``'s that ends at SIGTERM: a stand-in for what a half-started Ray node leaves."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                            env={**os.environ, lifetime.OWNER_ENV: owner})
+
+
+def test_a_start_whose_node_timed_out_is_made_again_after_what_it_left_is_ended(owner: str) -> None:
+    left: list[subprocess.Popen[bytes]] = []
+
+    def init() -> str:
+        if len(left) < 2:
+            left.append(_marked_sleeper(owner))
+            raise Exception(f"{lifetime.NODE_TIMED_OUT}. This could happen because some of the raylet failed")
+        return "up"
+
+    said: list[str] = []
+    try:
+        assert lifetime.start_ray(init, lambda: lifetime.marked(owner), said.append) == "up"
+        assert [p.wait(60) for p in left] == [-signal.SIGTERM] * 2 and not lifetime.marked(owner)
+        assert all(f" {p.pid})" in line for p, line in zip(left, said, strict=True)), said  # what each try left
+        assert "try 2 of 3" in said[0] and "try 3 of 3" in said[1]
+    finally:
+        for p in left:
+            p.kill()
+            p.wait()
+
+
+def test_other_start_errors_and_the_last_timeout_are_raised_as_they_are(owner: str) -> None:
+    calls: list[str] = []
+
+    def failing(error: Exception) -> Callable[[], str]:
+        def init() -> str:
+            calls.append(str(error))
+            raise error
+        return init
+
+    with pytest.raises(ValueError, match="num_cpus"):
+        lifetime.start_ray(failing(ValueError("num_cpus must be >= 0")), list, calls.append)
+    assert calls == ["num_cpus must be >= 0"]  # tried once, nothing ended or said
+    calls.clear()
+    timed_out = Exception(lifetime.NODE_TIMED_OUT)
+    with pytest.raises(Exception, match=lifetime.NODE_TIMED_OUT):
+        lifetime.start_ray(failing(timed_out), list, lambda line: None, starts=2)
+    assert calls == [str(timed_out)] * 2

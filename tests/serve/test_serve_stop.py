@@ -84,6 +84,39 @@ def test_a_proxy_slower_than_serve_start_s_60_s_is_waited_for(dyn: Path, tmp_pat
     assert_nothing_left(s)
 
 
+# On the path of every process of the server: the first dashboard agent Ray starts sleeps past the 30 s Ray's
+# node start gives its raylet, which waits for that agent (as a loaded machine's slow Python start-up does)
+SLOW_FIRST_AGENT = """import os, sys, time
+if sys.argv and sys.argv[0].endswith(os.path.join("dashboard", "agent.py")):
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slowed")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_start_whose_node_timed_out_is_ended_and_made_again(dyn: Path, tmp_path: Path) -> None:
+    """Ray's node start-up times out for real ("The current node timed out during startup", after Ray's fixed 30 s):
+    pyrt serve ends what that start left (its GCS, agents, reaper), starts Ray again and serves."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FIRST_AGENT)
+    s = Server(dyn, tmp_path / "serve.log", "--cpus-per-replica", "0.5",
+               env={"PYTHONPATH": os.pathsep.join((str(hook), str(ROOT)))})
+    try:
+        s.wait_ready()
+        said = re.search(r"Ray's node did not start within Ray's fixed 30 s .*?: ended what it had started \((.+?)\); "
+                         r"starting Ray again, try 2 of 3", s.output())
+        assert said is not None and (hook / "slowed").exists(), s.output()[-3000:]
+        first = {int(pid) for pid in re.findall(r"(\d+)(?:, |$)", said.group(1))}
+        assert first and not first & {p.pid for p in s.marked()}, (first, s.marked())  # none of them is left
+        assert requests.get(f"{s.base}/v2", timeout=30).json()["name"] == "pyrt"
+    finally:
+        s.stop()
+    assert_nothing_left(s)
+
+
 def test_sigint_stops_it_though_it_was_started_with_sigint_ignored(dyn: Path, tmp_path: Path) -> None:
     """D4: a background job of a script (``pyrt serve ... &``) inherits SIGINT ignored; ``kill -INT`` still drains
     and stops it, as SIGTERM does (the process's SIGINT disposition set to ignored before pyrt starts)."""
