@@ -35,6 +35,7 @@ from typing import Any
 from pyrt.errors import InputError, PyrtError
 from pyrt.llm.core import Command, EngineCore, Snapshot, Stop
 from pyrt.llm.program import engine_convention
+from pyrt.llm.stream import drain
 from pyrt.runtime.program import Program
 
 log = logging.getLogger("pyrt.llm")
@@ -95,7 +96,7 @@ class CoreLoop:
     def _run(self) -> None:
         me = threading.current_thread()
         while True:
-            commands = self._drain()
+            commands: list[Command] = drain(self._inbox)
             if not commands and not self.core.wants_step:
                 if self._idle(me):
                     return
@@ -108,14 +109,6 @@ class CoreLoop:
             self.published = self.core.snapshot()  # before the updates: a caller sees the stats that count them
             for sink, item in out:
                 sink.put(item)
-
-    def _drain(self) -> list[Command]:
-        commands = []
-        while True:
-            try:
-                commands.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return commands
 
     def _idle(self, me: threading.Thread) -> bool:
         """End this thread unless a command came meanwhile (then keep stepping, or leave it to a thread started

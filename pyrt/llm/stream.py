@@ -43,12 +43,7 @@ class Outbox:
 
     def take(self) -> list[Update]:
         """The updates waiting (maybe none); never blocks."""
-        items = []
-        while True:
-            try:
-                items.append(self._items.get_nowait())
-            except queue.Empty:
-                return items
+        return drain(self._items)
 
     def wait(self, timeout: float | None = None) -> list[Update]:
         """The updates waiting, after waiting for the first up to ``timeout`` seconds (None: as long as it takes)."""
@@ -60,6 +55,16 @@ class Outbox:
 
     def listen(self, listener: Callable[[], None]) -> None:
         self._listener = listener
+
+
+def drain(items: queue.SimpleQueue[Any]) -> list[Any]:
+    """Everything ``items`` holds now, in order (maybe nothing); never blocks."""
+    out = []
+    while True:
+        try:
+            out.append(items.get_nowait())
+        except queue.Empty:
+            return out
 
 
 class Poster(Protocol):
@@ -207,4 +212,4 @@ class Generation:
         self._core.post(Cancel(self.id, reason))
 
 
-__all__ = ["Generation", "Outbox"]
+__all__ = ["Generation", "Outbox", "drain"]
