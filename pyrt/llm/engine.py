@@ -9,7 +9,8 @@ state of the core's, and constructs no lock.
 
 Two ways in: blocking calls (:meth:`Engine.submit` / :meth:`Engine.add` return once the core has
 queued the generation, raising its refusal; iterating a handle or :meth:`Generation.wait` blocks
-on its outbox; :meth:`Engine.step` waits for the core's next step; :meth:`Engine.paused` holds
+on its outbox (stepping the core on the caller's thread while no other thread does); :meth:`Engine.step` runs the
+core's next step; :meth:`Engine.paused` holds
 the core between steps), and one that never blocks, for an event loop (:meth:`Engine.post`: the
 core's verdict arrives on the handle, whose :meth:`~pyrt.llm.stream.Generation.on_update` wakes
 the loop). Each step feeds every running generation (a decoding sequence its last token; prompts
@@ -193,9 +194,9 @@ class Engine:
     def add_all(self, requests: Sequence[Request]) -> list[Generation]:
         """Queue several requests at once (one command: they join the same step); raises the first refusal, and
         then none of them runs."""
-        handles = self.post_all(requests)
+        handles = self.post_all(requests, start=False)
         for handle in handles:
-            handle.wait_accepted()
+            handle.wait_accepted()  # steps the core here while no other thread does
         for handle in handles:
             if not handle.accepted and handle.error is not None:  # refused (a later run failure is the handle's)
                 for other in handles:
@@ -208,13 +209,15 @@ class Engine:
         (:attr:`~pyrt.llm.stream.Generation.error`)."""
         return self.post_all([request])[0]
 
-    def post_all(self, requests: Sequence[Request]) -> list[Generation]:
+    def post_all(self, requests: Sequence[Request], start: bool = True) -> list[Generation]:
+        """:meth:`post` for several requests at once (one command: they join the same step); ``start=False`` leaves
+        the stepping to the caller, who waits for them next (:func:`pyrt.llm.stream.wait_all` steps the core)."""
         now, handles, items = time.perf_counter(), [], []
         for request in requests:
             seq_id, outbox = self._core.new_id(), Outbox()
             handles.append(Generation(self._core, seq_id, request.prompt, outbox))
             items.append((seq_id, request, outbox, now))
-        self._core.post(Submit(self._front, tuple(items)))
+        self._core.post(Submit(self._front, tuple(items)), start)
         return handles
 
     def cancel(self, generation: Generation, reason: FinishReason = "cancelled") -> None:

@@ -27,7 +27,7 @@ from pyrt.llm.outputs import GenerationResult
 from pyrt.llm.params import SamplingParams
 from pyrt.llm.request import make_request
 from pyrt.llm.stepping import core_loop
-from pyrt.llm.stream import Generation
+from pyrt.llm.stream import Generation, wait_all
 
 
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
@@ -76,10 +76,12 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
                 raise
             raise exc.renamed(f"prompt_ids[{i}]") from None
     engine = Engine.transient(program, config, reserve=min(len(requests), conv.slots))
-    streams = engine.add_all(requests)  # BusyError when no slot is free for them
     if stream:
+        streams = engine.add_all(requests)  # BusyError when no slot is free for them
         return streams[0] if single else streams
-    results = [finish(s) for s in streams]
+    streams = engine.post_all(requests, start=False)
+    wait_all(streams)  # stepped on this thread (when no other steps the core)
+    results = [finish(s) for s in streams]  # the first refusal (a BusyError) or run failure raised
     return results[0] if single else results
 
 

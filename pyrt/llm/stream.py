@@ -15,7 +15,7 @@ import logging
 import queue
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from pyrt.llm.core import Cancel
@@ -31,15 +31,21 @@ class Outbox:
     def __init__(self) -> None:
         self._items: queue.SimpleQueue[Update] = queue.SimpleQueue()
         self._listener: Callable[[], None] | None = None
+        self.ended = False  # its last update has been put
 
     def put(self, update: Update) -> None:
         self._items.put(update)
+        self.ended = self.ended or update.final
         listener = self._listener
         if listener is not None:
             try:
                 listener()
             except Exception:  # the stepping thread serves every generation: a listener's bug stays its own
                 log.exception("an update listener failed")
+
+    def ready(self) -> bool:
+        """Whether an update is waiting."""
+        return not self._items.empty()
 
     def take(self) -> list[Update]:
         """The updates waiting (maybe none); never blocks."""
@@ -67,10 +73,22 @@ def drain(items: queue.SimpleQueue[Any]) -> list[Any]:
             return out
 
 
+def wait_all(handles: Sequence[Generation]) -> None:
+    """Block until every one of ``handles`` (generations of one core) has ended, stepping the core on this thread
+    while no other thread steps it (``pyrt.generate``'s way: no handoff between threads per token)."""
+    if handles:
+        handles[0]._core.run_until(lambda: all(h._outbox.ended for h in handles))
+    for handle in handles:
+        handle.wait()
+
+
 class Poster(Protocol):
-    """Where a handle posts its cancellation: its engine core's loop (:class:`pyrt.llm.stepping.CoreLoop`)."""
+    """Where a handle posts its cancellation, and whose core a waiting handle steps while no other thread does: its
+    engine core's loop (:class:`pyrt.llm.stepping.CoreLoop`)."""
 
     def post(self, command: Any) -> None: ...
+
+    def run_until(self, ready: Callable[[], bool], deadline: float | None = None) -> bool: ...
 
 
 class Generation:
@@ -107,7 +125,7 @@ class Generation:
                 raise self._error
             if self._result is not None:
                 raise StopIteration
-            self._apply(self._outbox.wait())
+            self._wait_for(lambda: self._read < len(self._tokens) or self._ended(), self._outbox.ready, None)
 
     def _apply(self, updates: list[Update]) -> None:
         for update in updates:
@@ -126,14 +144,7 @@ class Generation:
     def wait_accepted(self, timeout: float | None = None) -> bool:
         """Block until the core has queued the submission or ended it (a refusal is then :attr:`error`); True when
         it has."""
-        self._apply(self._outbox.take())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (self._accepted or self._ended()):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            self._apply(self._outbox.wait(left))
-        return True
+        return self._wait_for(lambda: self._accepted or self._ended(), self._outbox.ready, timeout)
 
     def take(self) -> list[int]:
         """The new ids not yet taken here or by iteration (maybe none); never blocks."""
@@ -149,12 +160,18 @@ class Generation:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the generation ends; True when it has."""
+        return self._wait_for(self._ended, lambda: self._outbox.ended, timeout)
+
+    def _wait_for(self, done: Callable[[], bool], stepped: Callable[[], bool], timeout: float | None) -> bool:
+        """Block until ``done()`` (True) or ``timeout`` (False): stepping the core on this thread until ``stepped()``
+        while no other thread steps it, else waiting for this generation's next updates."""
         self._apply(self._outbox.take())
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ended():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+        while not done():
+            if deadline is not None and deadline <= time.monotonic():
                 return False
+            self._core.run_until(stepped, deadline)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._apply(self._outbox.wait(left))
         return True
 
@@ -212,4 +229,4 @@ class Generation:
         self._core.post(Cancel(self.id, reason))
 
 
-__all__ = ["Generation", "Outbox", "drain"]
+__all__ = ["Generation", "Outbox", "drain", "wait_all"]

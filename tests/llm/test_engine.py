@@ -553,24 +553,64 @@ def test_a_full_queue_names_its_bound_as_the_caller_set_it() -> None:
     assert taker.wait(30) and taker.result is not None and taker.result.tokens == want(PROMPTS[0])
 
 
-def test_a_core_loop_is_only_ever_stepped_by_one_thread() -> None:
-    """Every step runs on a thread the loop started, never on a caller's, and never two at once."""
-    loop, lm = S.stub(slots=4)
-    real, seen, inside = lm.run, set(), []
+def _watch_steps(lm: Any) -> list[str]:
+    """Make ``lm``'s forward calls record the thread that runs each, failing when two threads step at once."""
+    real, inside, names = lm.run, [], []
 
     def watched(*args: Any, **kw: Any) -> Any:
         inside.append(threading.current_thread())
         assert len(inside) == 1, "two threads stepped the core at once"
-        seen.add(threading.current_thread().name)
+        names.append(threading.current_thread().name)
         try:
             return real(*args, **kw)
         finally:
             inside.pop()
 
-    lm.run = watched  # type: ignore[method-assign]
-    callers = [threading.Thread(target=lambda: Engine(loop).submit(PROMPTS[0], GREEDY).wait(30)) for _ in range(6)]
+    lm.run = watched
+    return names
+
+
+def test_a_core_loop_is_only_ever_stepped_by_one_thread() -> None:
+    """Six callers submitting and waiting at once: each step runs on one thread at a time (a waiting caller's
+    while no other steps, else the loop's), and every generation ends."""
+    loop, lm = S.stub(slots=4)
+    names = _watch_steps(lm)
+    done: list[bool] = []
+    callers = [threading.Thread(target=lambda: done.append(Engine(loop).submit(PROMPTS[0], GREEDY).wait(30)))
+               for _ in range(6)]
     for t in callers:
         t.start()
     for t in callers:
         t.join(60)
-    assert seen and all(name.startswith("pyrt-core-") for name in seen) and isinstance(loop, CoreLoop)
+    assert names and done == [True] * 6 and isinstance(loop, CoreLoop)
+
+
+def test_generate_steps_the_core_on_the_calling_thread_and_starts_none() -> None:
+    """pyrt.generate's steps run on its caller's thread (no handoff between threads per token)."""
+    import pyrt
+
+    loop, lm = S.stub(slots=4)
+    names = _watch_steps(lm)
+    before = {t.ident for t in threading.enumerate()}
+    results = pyrt.generate(loop, PROMPTS[:3], max_new_tokens=5, eos_ids=[])
+    assert [r.tokens for r in results] == [want(p, SamplingParams(max_new_tokens=5, eos_ids=())) for p in PROMPTS[:3]]
+    assert names and set(names) == {threading.current_thread().name}
+    assert not [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("pyrt-core-")]
+
+
+def test_a_caller_that_stops_stepping_with_work_left_hands_the_core_to_a_thread() -> None:
+    """A generation posted without waiting (an event loop's) goes on after the caller stepping the core has what
+    it waited for: a stepping thread takes over, and the posted one ends without anyone waiting on it."""
+    loop, lm = S.stub(slots=2)
+    names = _watch_steps(lm)
+    engine, longer = Engine(loop), SamplingParams(max_new_tokens=8, eos_ids=())
+    with engine.paused():
+        posted = engine.post(make_request(loop.conv, PROMPTS[1], longer))
+        short = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=2, eos_ids=()))
+    assert short.wait(30) and short.result is not None and not posted.done
+    for _ in range(3000):
+        if posted.done:
+            break
+        threading.Event().wait(0.01)  # nobody steps here: the core's own thread must finish it
+    assert posted.done and posted.result is not None and posted.result.tokens == want(PROMPTS[1], longer)
+    assert any(n.startswith("pyrt-core-") for n in names)

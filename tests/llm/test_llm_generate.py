@@ -200,3 +200,20 @@ def _has_ml_dtypes() -> bool:
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.export
+def test_a_script_that_never_closes_its_program_exits(llama: L.Exported) -> None:
+    """A Program left to the interpreter's shutdown: its engine core stops without starting a thread (a thread
+    started while the interpreter finalizes never runs, and waiting for it hung the exit)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (f"import pyrt, pyrt.llm\nprog = pyrt.Program({str(llama.path)!r})\n"
+              "pyrt.generate(prog, [[1, 2, 3]], max_new_tokens=3, eos_ids=[])\n"
+              "engine = pyrt.llm.Engine(prog)\nengine.submit([4, 5], max_new_tokens=2, eos_ids=[]).wait()\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], env=env, timeout=120, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pyrt.llm.outputs import GenerationResult, Update
-from pyrt.llm.stream import Generation, Outbox
+from pyrt.llm.stream import Generation, Outbox, wait_all
 from pyrt.llm.timings import Timings
 
 pytestmark = pytest.mark.timeout(30)  # a deleted wait spins or blocks forever: fail in seconds, not minutes
@@ -19,8 +19,13 @@ TIMINGS = Timings(1, 2, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class Posts(list[Any]):
+    """A core loop whose core another thread steps (``later``): a handle waiting on it never steps it itself."""
+
     def post(self, command: Any) -> None:
         self.append(command)
+
+    def run_until(self, ready: Any, deadline: float | None = None) -> bool:
+        return False
 
 
 def later(outbox: Outbox, *updates: Update, after_s: float = 0.05) -> threading.Thread:
@@ -66,3 +71,13 @@ def test_a_dropped_unfinished_handle_posts_its_cancellation() -> None:
     handle = Generation(posts, 4, (5,), Outbox())
     del handle
     assert [type(c).__name__ for c in posts] == ["Cancel"] and posts[0].seq_id == 4
+
+
+def test_wait_all_returns_once_every_handle_has_ended() -> None:
+    """Another thread steps the core: wait_all waits for each handle's last update."""
+    boxes = [Outbox(), Outbox()]
+    handles = [Generation(Posts(), i, (5,), box) for i, box in enumerate(boxes)]
+    for i, box in enumerate(boxes):
+        later(box, Update(i, accepted=True), Update(i, (7 + i,), result=GenerationResult([7 + i], "length", TIMINGS)))
+    wait_all(handles)
+    assert [h.done for h in handles] == [True, True] and [h.tokens for h in handles] == [[7], [8]]
