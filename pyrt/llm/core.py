@@ -168,6 +168,7 @@ class EngineCore:
         self._step_replies: list[Sink] = []
         self._stopped = False
         self.failures = 0
+        self._runs = self._runs_made()  # the program's runs of the method when the core last ran it
 
     # -- the one entry ----------------------------------------------------------------------------
     def step(self, commands: Sequence[Command] = ()) -> list[tuple[Sink, Any]]:
@@ -331,6 +332,8 @@ class EngineCore:
 
     # -- a step -----------------------------------------------------------------------------------
     def _run_step(self) -> int:
+        if self._runs_made() != self._runs:  # a run not the core's may have written any slot: forget them all
+            self.slots.forget()
         self.scheduler.admit()
         feeds = self.scheduler.schedule(self._draft())
         if feeds:
@@ -340,7 +343,15 @@ class EngineCore:
                 self._deliver(self.scheduler.fail(feeds, exc))
             else:
                 self._deliver(self.scheduler.update(feeds, outcomes))
+            finally:
+                self._runs = self._runs_made()
         return len(feeds)
+
+    def _runs_made(self) -> int | None:
+        """The program's runs of the method so far (:meth:`pyrt.Program.runs`; None for a program that does not
+        count them)."""
+        runs = getattr(self.program, "runs", None)
+        return runs(self.conv.method) if callable(runs) else None
 
     def _draft(self) -> dict[int, Proposal]:
         """This step's guesses, by sequence id, each sequence's room filled (:func:`pyrt.llm.drafting.fill`); a

@@ -91,6 +91,10 @@ class SlotTable:
         """The token ids ``slot``'s cache holds at positions 0, 1, ... (as its last holder gave it back)."""
         return self._memory[slot]
 
+    def forget(self) -> None:
+        """Every slot's memory is dropped (something else may have written the caches: a run not the core's)."""
+        self._memory = [()] * self.size
+
     def give_back(self, front: int | None, slot: int, written: Sequence[int] = ()) -> None:
         """``slot``, which a generation of ``front`` held, is free again (for that front's reservation, if any);
         ``written``: the ids its cache holds now at positions 0, 1, ... (nothing remembered: none)."""

@@ -242,3 +242,32 @@ def test_the_slot_table_compares_tokens_and_takes_the_least_recently_used_among_
     assert table.take(None, [8]) == 2 and table.reusable(2, [8]) == 0
     table.give_back(None, 0)  # nothing remembered
     assert table.remembered(0) == () and table.reusable(0, [1, 2, 3]) == 0
+
+
+class Counted(S.StubLM):
+    """The stub, counting its runs as :meth:`pyrt.Program.runs` does (from any caller)."""
+
+    made = 0
+
+    def run(self, *inputs: Any, method: str = "forward") -> Any:  # type: ignore[override]
+        self.made += 1
+        return super().run(*inputs, method=method)
+
+    def runs(self, method: str = "forward") -> int:
+        return self.made
+
+
+def test_a_run_the_core_did_not_make_makes_it_forget_every_slot() -> None:
+    from pyrt.llm.core import EngineCore
+
+    conv = S.convention(slots=2)
+    lm = Counted(conv)
+    loop = CoreLoop(EngineCore(lm, conv))
+    engine = Engine(loop)
+    prompt = list(range(5, 25))
+    assert run(engine, prompt).cached_tokens == 0 and run(engine, prompt).cached_tokens == len(prompt) - 1
+    slot = next(s for s in range(2) if loop.core.slots.remembered(s))
+    lm.run(np.array([9, 9]), np.array([slot, slot]), np.array([0, 1]), np.array([1]), np.arange(32))  # a caller's
+    result = run(engine, prompt)
+    assert result.cached_tokens == 0 and result.tokens == want(prompt)
+    check_memory(loop, lm)

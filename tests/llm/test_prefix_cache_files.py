@@ -80,3 +80,15 @@ def test_a_one_sequence_file_starts_from_what_its_slot_holds() -> None:
         again = pyrt.generate(prog, follow, max_new_tokens=4, eos_ids=[])
     assert first.tokens == archs.greedy(model, BASE, 4) and again.tokens == archs.greedy(model, follow, 4)
     assert again.cached_tokens == len(BASE) + 3  # the last new token was never fed
+
+
+def test_a_run_of_the_program_outside_the_engine_makes_it_forget_what_slots_hold(llama: Any) -> None:
+    model = archs.causal_lm("llama")
+    pyrt.generate(llama, BASE, max_new_tokens=2, eos_ids=[])
+    assert pyrt.generate(llama, BASE, max_new_tokens=2, eos_ids=[]).cached_tokens == len(BASE) - 1
+    runs = llama.runs()
+    for slot in range(L.SLOTS):  # a caller's own run writes position 0.. of every slot
+        llama.run(np.array([9, 9, 9]), np.array([slot] * 3), np.array([0, 1, 2]), np.array([2]), np.arange(32))
+    assert llama.runs() == runs + L.SLOTS
+    again = pyrt.generate(llama, BASE, max_new_tokens=4, eos_ids=[])
+    assert again.cached_tokens == 0 and again.tokens == archs.greedy(model, BASE, 4)
