@@ -1,9 +1,10 @@
 """Prefix caching: forward passes and time to first token with and without it, one thread.
 
 Model: a random-init ``transformers`` Llama (``--size small``: hidden 256, 4 layers, vocab 2048; ``tiny``: the test
-config, hidden 32, 2 layers; ``pyrt/testing/archs.py``'s, with CONTEXT positions), exported once with ``decoder_to_pte(builder="portable",
-max_batch_size=8, max_tokens_per_step=CHUNK)`` and loaded twice: one Program generates with prefix caching, the
-other without (``prefix_caching=False``), each with its own KV-cache slots. Every run with caching must give the
+config, hidden 32, 2 layers; ``pyrt/testing/archs.py``'s, with CONTEXT positions), exported once with
+``decoder_to_pte(builder="portable", max_batch_size=8, max_tokens_per_step=CHUNK)`` and loaded twice: one
+Program generates with prefix caching, the other without (``prefix_caching=False``), each with its own KV-cache
+slots. Every run with caching must give the
 tokens of the run without (greedy). Passes: the target's forward calls (``Engine.stats()["steps"]``);
 prefill passes: those before the generation's first token (a turn's passes less one per later new token).
 

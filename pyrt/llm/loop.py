@@ -64,7 +64,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    given = {"draft_tokens": draft_tokens, "prefix_caching": prefix_caching}
+    given: dict[str, Any] = {"draft_tokens": draft_tokens, "prefix_caching": prefix_caching}
     config = GenerationConfig(method=method, draft=draft, **{k: v for k, v in given.items() if v is not None})
     conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)

@@ -17,8 +17,8 @@ import pyrt
 from pyrt.errors import InputError
 from pyrt.llm import Engine, SamplingParams
 from pyrt.llm.config import GenerationConfig
-from pyrt.llm.stepping import CoreLoop
 from pyrt.llm.slots import SlotTable
+from pyrt.llm.stepping import CoreLoop
 from tests.fixtures import stub_llm as S
 
 GREEDY = SamplingParams(max_new_tokens=6, eos_ids=())
