@@ -53,11 +53,12 @@ def test_a_conversation_prefills_only_its_newest_turn_and_gives_the_same_tokens(
     loop, lm = S.stub(slots=2, tokens_per_step=8)
     off_loop, _ = S.stub(slots=2, tokens_per_step=8)
     engine, plain = Engine(loop), Engine(off_loop, prefix_caching=False)
-    history = list(SYSTEM)
+    history, asked, found = list(SYSTEM), 0, 0
     for turn in range(3):
         history += [30 + turn, 31 + turn, 32 + turn]  # the user's message
         calls = len(lm.calls)
         result, without = run(engine, history, params), run(plain, history, params)
+        asked, found = asked + len(history), found + result.cached_tokens
         assert result.tokens == without.tokens == want(history, params), turn
         assert without.cached_tokens == 0
         if turn:  # the slot holds the last turn's prompt and every new token but the last (never fed)
@@ -65,7 +66,7 @@ def test_a_conversation_prefills_only_its_newest_turn_and_gives_the_same_tokens(
             assert sum(lm.calls[calls:]) == 4 + len(result.tokens) - 1  # 4 prompt tokens, then one per step
         history += result.tokens
     stats = engine.stats()
-    assert stats["prefix_cache_hits"] > 0 and stats["prefix_cache_queries"] > stats["prefix_cache_hits"]
+    assert (stats["prefix_cache_queries"], stats["prefix_cache_hits"]) == (asked, found) and found > 0
     assert plain.stats()["prefix_cache_queries"] == 0
     check_memory(loop, lm)
 
