@@ -64,7 +64,7 @@ def pyrt_side(path: Path, prompt: list[int], new: int) -> Any:
     prog = pyrt.Program(path)
 
     def run() -> tuple[list[int], float, float]:
-        out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[])
+        out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[], prefix_caching=False)
         return out.tokens, out.timings.prefill_ms, out.timings.decode_tokens_per_s
 
     return run
@@ -168,9 +168,9 @@ def batch_rows(name: str, size: str, batches: list[int], prompt_len: int, new: i
 
     def one_call(b: int) -> tuple[float, list[list[int]]]:
         t0 = time.perf_counter()
-        pyrt.generate(prog, prompts[:b], max_new_tokens=1, eos_ids=[])
+        pyrt.generate(prog, prompts[:b], max_new_tokens=1, eos_ids=[], prefix_caching=False)
         t1 = time.perf_counter()
-        results = pyrt.generate(prog, prompts[:b], max_new_tokens=new, eos_ids=[])
+        results = pyrt.generate(prog, prompts[:b], max_new_tokens=new, eos_ids=[], prefix_caching=False)
         t2 = time.perf_counter()
         return b * (new - 1) / ((t2 - t1) - (t1 - t0)), [r.tokens for r in results]
 
@@ -186,7 +186,7 @@ def batch_rows(name: str, size: str, batches: list[int], prompt_len: int, new: i
         return (time.perf_counter() - t0) * 10
 
     def solo(b: int) -> float:
-        done = [pyrt.generate(prog, p, max_new_tokens=new, eos_ids=[]) for p in prompts[:b]]
+        done = [pyrt.generate(prog, p, max_new_tokens=new, eos_ids=[], prefix_caching=False) for p in prompts[:b]]
         return sum(len(r.tokens) - 1 for r in done) / sum(r.timings.decode_ms / 1e3 for r in done)
 
     pyrt.generate(prog, prompts[:2], max_new_tokens=4, eos_ids=[])  # warm up

@@ -84,7 +84,7 @@ def offline(path: Path, prompts: list[list[int]], new: int) -> tuple[float, list
     with pyrt.Program(path, kernels="numpy") as prog:
         pyrt.generate(prog, prompts[:2], max_new_tokens=4, eos_ids=[])  # warm
         start = time.perf_counter()
-        results = pyrt.generate(prog, prompts, max_new_tokens=new, eos_ids=[])
+        results = pyrt.generate(prog, prompts, max_new_tokens=new, eos_ids=[], prefix_caching=False)
         wall = time.perf_counter() - start
     ttft = statistics.median(r.timings.ttft_ms for r in results)
     return sum(len(r.tokens) for r in results) / wall, [list(r.tokens) for r in results], ttft

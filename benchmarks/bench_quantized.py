@@ -101,7 +101,7 @@ def speed(path: Path, prompt: list[int], new: int, samples: int) -> tuple[float,
 
     ours, theirs = [], []
     for k in range(samples + 1):  # the first round warms up
-        out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[])
+        out = pyrt.generate(prog, prompt, max_new_tokens=new, eos_ids=[], prefix_caching=False)
         et_tokens, et_rate = executorch()
         if k:
             ours.append(out.timings.decode_tokens_per_s)

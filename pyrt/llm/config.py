@@ -38,13 +38,16 @@ class GenerationConfig:
     devices by the engine that uses it), its :class:`pyrt.Program`, or a drafter object
     (:class:`pyrt.llm.Drafter`). ``draft_tokens``: the most tokens one sequence guesses per step.
     ``max_queued``: generations that may wait for a KV-cache slot beyond the slots free now (None: no
-    bound); past it a submission is a :class:`pyrt.errors.QueueFullError`.
+    bound); past it a submission is a :class:`pyrt.errors.QueueFullError`. ``prefix_caching``: a generation
+    takes the free KV-cache slot whose cache holds the longest prefix of its prompt and prefills only the
+    rest (:mod:`pyrt.llm.slots`; the same tokens as without).
     """
 
     method: str = "forward"
     draft: Any = None
     draft_tokens: int = 4
     max_queued: int | None = None
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or not self.method:
@@ -54,6 +57,8 @@ class GenerationConfig:
         if self.max_queued is not None and not is_int(self.max_queued, low=0):
             raise InputError(f"max_queued={self.max_queued!r} must be an int >= 0 or None (no bound)",
                              field="max_queued")
+        if not isinstance(self.prefix_caching, bool):
+            raise InputError(f"prefix_caching={self.prefix_caching!r} must be a bool", field="prefix_caching")
 
     @property
     def draft_path(self) -> str | None:

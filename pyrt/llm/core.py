@@ -57,7 +57,10 @@ class FrontEnd:
     ``drafter``: its draft (None: none), asked for its generations' guesses on the core's thread;
     ``draft_tokens``: the most a sequence guesses per step; ``max_queued``: its queue bound (None: none);
     ``reserve``: slots to set aside for it at its first submission (0: it uses the shared ones);
-    ``transient``: it goes (its reservation and draft released) when its last generation ends.
+    ``transient``: it goes (its reservation and draft released) when its last generation ends;
+    ``prefix_caching``: its generations take the free slot holding the longest prefix of their prompt and
+    feed from there (:mod:`pyrt.llm.slots`; not those asking for ``prompt_logprobs``, which need every
+    prompt position's logits: they feed the whole prompt again).
     """
 
     id: int
@@ -66,6 +69,7 @@ class FrontEnd:
     max_queued: int | None = None
     reserve: int = 0
     transient: bool = False
+    prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,8 @@ class Snapshot(NamedTuple):
     failures: int = 0  # unexpected failures of a step (bugs), each ending the generations it held
     fronts: tuple[tuple[int, int, int], ...] = ()  # (front end, queued, running)
     stopped: bool = False
+    prefix_cache_queries: int = 0  # prompt tokens of generations that looked for a cached prefix
+    prefix_cache_hits: int = 0  # of those, the tokens found in a slot (not fed)
 
 
 @dataclass
@@ -162,6 +168,7 @@ class EngineCore:
         self._step_replies: list[Sink] = []
         self._stopped = False
         self.failures = 0
+        self._runs = self._runs_made()  # the program's runs of the method when the core last ran it
 
     # -- the one entry ----------------------------------------------------------------------------
     def step(self, commands: Sequence[Command] = ()) -> list[tuple[Sink, Any]]:
@@ -225,7 +232,8 @@ class EngineCore:
             per_front[self._front_of[seq.id]][1] += 1
         return Snapshot(c.steps, c.tokens_generated, c.prompt_tokens, len(sched.running), len(sched.waiting),
                         self.slots.free, tuple(sorted(c.occupancy.items())), c.drafted, c.accepted, c.passes,
-                        self.failures, tuple((f, q, r) for f, (q, r) in sorted(per_front.items())), self._stopped)
+                        self.failures, tuple((f, q, r) for f, (q, r) in sorted(per_front.items())), self._stopped,
+                        c.prefix_queries, c.prefix_hits)
 
     # -- commands ---------------------------------------------------------------------------------
     def _apply(self, command: Command) -> None:
@@ -253,7 +261,7 @@ class EngineCore:
 
     def _submit(self, command: Submit) -> None:
         spec = command.front
-        refusal = self._refusal(spec)
+        refusal = self._refusal(spec, [request.prompt for _, request, _, _ in command.items])
         front = self._fronts.get(spec.id)
         for seq_id, request, outbox, submitted in command.items:
             error = refusal or self._queue_full(spec)
@@ -261,7 +269,8 @@ class EngineCore:
                 self._out.append((outbox, Update(seq_id, error=error)))
                 continue
             front = front or self._fronts.setdefault(spec.id, _Front(spec))
-            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec))
+            reuses = spec.prefix_caching and request.params.prompt_logprobs is None
+            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec), reuses)
             self.scheduler.add(seq)
             self.runner.start(seq_id, request)
             self._outboxes[seq_id] = outbox
@@ -273,11 +282,13 @@ class EngineCore:
             if spec.transient and spec.drafter is not None:
                 spec.drafter.close()
 
-    def _refusal(self, spec: FrontEnd) -> Exception | None:
-        """Why every generation of this submission is refused (the program closed; no slot to reserve), or None."""
+    def _refusal(self, spec: FrontEnd, prompts: list[tuple[int, ...]]) -> Exception | None:
+        """Why every generation of this submission is refused (the program closed; no slot to reserve), or None;
+        a front end that caches prefixes reserves the slots holding its ``prompts``' longest prefixes."""
         if self._stopped:
             return ProgramClosedError(f"{self.source}: the program was closed")
-        if spec.reserve and spec.id not in self._fronts and not self.slots.reserve(spec.id, spec.reserve):
+        wanted = prompts if spec.prefix_caching else None
+        if spec.reserve and spec.id not in self._fronts and not self.slots.reserve(spec.id, spec.reserve, wanted):
             return BusyError(busy_message(self.source, self.conv.slots))
         return None
 
@@ -321,6 +332,8 @@ class EngineCore:
 
     # -- a step -----------------------------------------------------------------------------------
     def _run_step(self) -> int:
+        if self._runs_made() != self._runs:  # a run not the core's may have written any slot: forget them all
+            self.slots.forget()
         self.scheduler.admit()
         feeds = self.scheduler.schedule(self._draft())
         if feeds:
@@ -330,7 +343,15 @@ class EngineCore:
                 self._deliver(self.scheduler.fail(feeds, exc))
             else:
                 self._deliver(self.scheduler.update(feeds, outcomes))
+            finally:
+                self._runs = self._runs_made()
         return len(feeds)
+
+    def _runs_made(self) -> int | None:
+        """The program's runs of the method so far (:meth:`pyrt.Program.runs`; None for a program that does not
+        count them)."""
+        runs = getattr(self.program, "runs", None)
+        return runs(self.conv.method) if callable(runs) else None
 
     def _draft(self) -> dict[int, Proposal]:
         """This step's guesses, by sequence id, each sequence's room filled (:func:`pyrt.llm.drafting.fill`); a

@@ -37,7 +37,7 @@ from pyrt.llm.request import Request
 from pyrt.llm.runner import Runner
 from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token
 from pyrt.llm.scheduler import Feed
-from pyrt.llm.slots import SlotTable
+from pyrt.llm.slots import SlotTable, kept_prefix
 
 WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
 
@@ -178,17 +178,6 @@ def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         return greedy_token(scores), None
     probs = distribution(scores, params)
     return draw(probs, rng), probs
-
-
-def kept_prefix(written: Seq[int], context: Seq[int], limit: int) -> int:
-    """How many of ``written``'s first tokens equal ``context``'s, at most ``limit``.
-
-    >>> kept_prefix([1, 2, 3, 9], [1, 2, 3, 4, 5], 4), kept_prefix([1, 2], [1, 2, 3], 1)
-    (3, 1)
-    """
-    n = min(len(written), len(context), limit)
-    differ = np.flatnonzero(np.asarray(written[:n]) != np.asarray(context[:n]))
-    return int(differ[0]) if differ.size else n
 
 
 def check_pair(draft: Convention, target: Convention, draft_source: str, target_source: str) -> None:

@@ -61,6 +61,7 @@ class GenerationOptions(TypedDict, total=False):
     draft: Any
     draft_tokens: int
     max_queued: int | None
+    prefix_caching: bool
 
 
 class Engine:
@@ -100,7 +101,7 @@ class Engine:
         self.conv, self.program = self._core.conv, self._core.program
         drafter = make_drafter(config.draft, self._core)
         self._front = FrontEnd(self._core.new_id(), drafter, config.draft_tokens, config.max_queued, reserve,
-                               transient=bool(reserve))
+                               transient=bool(reserve), prefix_caching=config.prefix_caching)
         self._closer = weakref.finalize(self, self._core.post, CloseFront(self._front))
         if reserve:
             self._closer.detach()  # a transient front end: the core lets it go after its last generation
@@ -164,7 +165,9 @@ class Engine:
         """The core's counters (every front end's generations on this method): steps (forward calls of the target),
         generated and prompt tokens, queued and running, slots and free slots, sequences per step, unexpected step
         failures; speculative decoding's ``drafted`` and ``accepted`` guessed tokens, ``acceptance_rate`` and
-        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft); this
+        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft);
+        prefix caching's ``prefix_cache_queries`` (prompt tokens of generations that looked for a cached prefix)
+        and ``prefix_cache_hits`` (those found in a slot, not fed; ``prompt_tokens`` counts the fed ones); this
         engine's ``draft`` and ``draft_tokens``. A snapshot: the stepping thread publishes it after each step."""
         p = self._core.published
         return {"steps": p.steps, "tokens_generated": p.tokens_generated, "prompt_tokens": p.prompt_tokens,
@@ -172,7 +175,8 @@ class Engine:
                 "draft": self.draft, "draft_tokens": self.max_guesses, "drafted": p.drafted, "accepted": p.accepted,
                 "acceptance_rate": p.accepted / p.drafted if p.drafted else 0.0,
                 "tokens_per_pass": p.tokens_generated / p.passes if p.passes else 0.0,
-                "queued": p.queued, "free_slots": p.free_slots, "step_failures": p.failures}
+                "queued": p.queued, "free_slots": p.free_slots, "step_failures": p.failures,
+                "prefix_cache_queries": p.prefix_cache_queries, "prefix_cache_hits": p.prefix_cache_hits}
 
     # -- submitting (any thread) ------------------------------------------------------------------
     def submit(self, prompt_ids: Any, params: SamplingParams | None = None, **sampling: Any) -> Generation:

@@ -76,7 +76,8 @@ def generation_sweep(prog: Any, *, budgets: Sequence[Any] = (None,), batches: Se
 
 def _round(prog: Any, prompts: list[list[int]], new_tokens: int, method: str) -> list[GenerationResult]:
     """One round: the prompts generated together (one call; they share steps as the file's slots allow)."""
-    got: list[GenerationResult] = generate(prog, prompts, max_new_tokens=new_tokens, eos_ids=[], method=method)
+    got: list[GenerationResult] = generate(prog, prompts, max_new_tokens=new_tokens, eos_ids=[], method=method,
+                                           prefix_caching=False)  # each round prefills its prompts whole
     return got
 
 

@@ -33,7 +33,8 @@ from pyrt.llm.stream import Generation, wait_all
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
-             draft: Any = None, draft_tokens: int | None = None, **options: Any) -> Any:
+             draft: Any = None, draft_tokens: int | None = None, prefix_caching: bool | None = None,
+             **options: Any) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
 
     ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
@@ -52,7 +53,10 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default). Greedy tokens are
     exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
-    A file that returns the last position's logits only checks no guesses. ``options``: the other
+    A file that returns the last position's logits only checks no guesses. ``prefix_caching`` (None:
+    :class:`~pyrt.llm.config.GenerationConfig`'s default, on): each prompt takes the program's free KV-cache
+    slot holding the longest prefix of it (what earlier generations on the Program left) and prefills only the
+    rest (``GenerationResult.cached_tokens``); the tokens are the same. ``options``: the other
     :class:`pyrt.llm.SamplingParams` fields, for every prompt (``repetition_penalty``,
     ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, ``min_tokens``, ``min_p``,
     ``logprobs``, ``stop``, ``grammar``). Everything is checked before the first run: bad values are
@@ -60,8 +64,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    config = GenerationConfig(method=method, draft=draft) if draft_tokens is None else \
-        GenerationConfig(method=method, draft=draft, draft_tokens=draft_tokens)
+    given: dict[str, Any] = {"draft_tokens": draft_tokens, "prefix_caching": prefix_caching}
+    config = GenerationConfig(method=method, draft=draft, **{k: v for k, v in given.items() if v is not None})
     conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))

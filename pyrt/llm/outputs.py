@@ -15,7 +15,9 @@ class GenerationResult:
     """``tokens``: the new ids (an EOS that stopped generation included, as ``transformers`` does).
     ``passes``: the target's forward calls that gave it tokens; ``drafted`` / ``accepted``: the guessed
     tokens checked / kept (speculative decoding; 0 without a draft). ``logprobs``: a
-    :class:`pyrt.llm.processors.TokenLogprob` per new token when the parameters asked (else None)."""
+    :class:`pyrt.llm.processors.TokenLogprob` per new token when the parameters asked (else None).
+    ``cached_tokens``: the prompt's first tokens its KV-cache slot held already, not fed again (prefix caching;
+    0 without a match)."""
 
     tokens: list[int]
     finish_reason: FinishReason
@@ -26,6 +28,7 @@ class GenerationResult:
     accepted: int = 0
     logprobs: list[Any] | None = None
     prompt_logprobs: list[Any] | None = None  # per prompt token (the first None), when the parameters asked
+    cached_tokens: int = 0
 
     @property
     def cumulative_logprob(self) -> float | None:

@@ -58,7 +58,8 @@ class Sequence:
     """One generation inside a scheduler: its request, slot, tokens written to the cache, new tokens.
 
     ``front``: the front end that submitted it (its slots come from that front end's reservation, if it has one);
-    ``max_guesses``: the most tokens it may guess per step (0: no draft).
+    ``max_guesses``: the most tokens it may guess per step (0: no draft); ``reuses``: it takes the free slot whose
+    cache holds the longest prefix of its prompt and feeds from there (prefix caching).
     """
 
     id: int
@@ -66,9 +67,11 @@ class Sequence:
     clock: Clock = field(default_factory=Clock)
     front: int | None = None
     max_guesses: int = 0
+    reuses: bool = False
     new: list[int] = field(default_factory=list)
     slot: int | None = None
     fed: int = 0  # tokens of prompt + new written to the cache (and still valid there)
+    cached: int = 0  # prompt tokens its slot held already when it took it (not fed)
     passes: int = 0  # steps that gave it new tokens
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens the target kept
@@ -99,7 +102,8 @@ class Sequence:
         return GenerationResult(list(self.new), reason, self.clock.timings(len(self.prompt), len(self.new)),
                                 list(self.prompt), self.passes, self.drafted, self.accepted,
                                 list(self.logprobs) if params.logprobs is not None else None,
-                                list(self.prompt_logprobs) if params.prompt_logprobs is not None else None)
+                                list(self.prompt_logprobs) if params.prompt_logprobs is not None else None,
+                                self.cached)
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,8 @@ class Counters:
     passes: int = 0  # (sequence, step) pairs that gave new tokens: tokens_generated / passes is tokens per pass
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens kept
+    prefix_queries: int = 0  # prompt tokens of the sequences that looked for a cached prefix
+    prefix_hits: int = 0  # of those, the tokens their slots held already (not fed)
 
 
 class Scheduler:
@@ -172,14 +178,19 @@ class Scheduler:
 
     def admit(self) -> list[Sequence]:
         """Waiting sequences moved to running, first come first, each as a slot is free for it (a front end's
-        reservation, or the shared slots)."""
+        reservation, or the shared slots); one that ``reuses`` takes the slot holding the longest prefix of its
+        prompt and starts feeding after it."""
         admitted = []
         for seq in list(self.waiting):
-            slot = self.slots.take(seq.front)
+            slot = self.slots.take(seq.front, seq.prompt if seq.reuses else None)
             if slot is None:
                 continue
             self.waiting.remove(seq)
             seq.slot = slot
+            if seq.reuses:
+                seq.fed = seq.cached = self.slots.reusable(slot, seq.prompt)
+                self.counters.prefix_queries += len(seq.prompt)
+                self.counters.prefix_hits += seq.cached
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -323,8 +334,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if seq.slot is not None:
-            self.slots.give_back(seq.front, seq.slot)
+        if seq.slot is not None:  # its cache holds what it fed and kept (a step that failed kept nothing)
+            self.slots.give_back(seq.front, seq.slot, seq.context[:seq.fed])
             seq.slot = None
 
 

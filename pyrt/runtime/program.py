@@ -153,6 +153,7 @@ class Program:
         self._data: Any = None
         self._extensions: dict[str, Any] = {}
         self._extensions_lock = threading.Lock()
+        self._runs: dict[str, int] = {}  # method -> runs started (what pyrt.llm's prefix caching checks)
         check_graph_outputs(graph_outputs)
         if not isinstance(fold, bool):
             raise InputError(f"fold={fold!r} must be True (fold constant kernel calls at load) or False")
@@ -256,7 +257,13 @@ class Program:
         runner = self._runners.get(method)
         if runner is None:
             raise InputError(f"{self.source}: no method {method!r}; methods are {list(self._runners)}")
+        self._runs[method] = self._runs.get(method, 0) + 1
         return runner(inputs, stream)
+
+    def runs(self, method: str = "forward") -> int:
+        """How many runs of ``method`` were started on this Program (from any caller): ``pyrt.llm`` forgets what its
+        KV-cache slots hold when a run it did not make could have written them."""
+        return self._runs.get(method, 0)
 
     def __call__(self, *inputs: Any, stream: Any = None) -> Any:
         """``program(*inputs)`` runs ``forward``."""
@@ -264,6 +271,7 @@ class Program:
         runner = self._runners.get("forward")
         if runner is None:  # the error names the methods there are
             return self.run(*inputs, method="forward", stream=stream)
+        self._runs["forward"] = self._runs.get("forward", 0) + 1
         return runner(inputs, stream)
 
     def profile(self, *, device_time: bool = True) -> Profiler:

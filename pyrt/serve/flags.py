@@ -137,6 +137,10 @@ FLAGS: tuple[Flag, ...] = (
          "replica)", metavar="ngram|D.pte"),
     Flag(("--draft-tokens",), "generation.draft_tokens", "--draft: the most tokens a sequence guesses per step "
          "(default {default})", whole_argument(1), metavar="K"),
+    Flag(("--enable-prefix-caching",), "generation.prefix_caching", "a generation takes the free KV-cache slot "
+         "holding the longest prefix of its prompt and prefills only the rest (vLLM's automatic prefix caching; "
+         "--no-enable-prefix-caching: every prompt prefilled whole; default: on)",
+         action=argparse.BooleanOptionalAction),
     Flag(("--api-key",), "api_key", f"require 'Authorization: Bearer KEY' on /v1 and /v2/models (default "
          f"${API_KEY_ENV}; health stays open)", metavar="KEY"),
     Flag(("--ray-proxy",), "start.ray_proxy", "serve HTTP through Ray Serve's proxy actor instead of HAProxy "

@@ -13,6 +13,10 @@ Per model (names carry Ray's ``ray_`` prefix on the Prometheus endpoint):
   ``max_batch_size``: how full the batch was);
 - ``pyrt_serve_generated_tokens_total`` / ``pyrt_serve_prompt_tokens_total``: counters, new
   tokens sampled and prompt tokens prefilled;
+- prefix caching: ``pyrt_serve_prefix_cache_queries_total`` / ``pyrt_serve_prefix_cache_hits_total``
+  (counters, vLLM's ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` in pyrt's spelling: Ray
+  refuses ``:`` in a metric name): prompt tokens of generations that looked for a cached prefix, and
+  those found in a KV-cache slot (not prefilled);
 - speculative decoding (``pyrt serve --draft``): ``pyrt_serve_drafted_tokens_total`` /
   ``pyrt_serve_accepted_tokens_total`` (counters: guessed tokens checked / kept) and the gauges
   ``pyrt_serve_draft_acceptance_rate`` (accepted / drafted, since the replica started) and
@@ -54,6 +58,10 @@ class GenerationMetrics:
                                    OCCUPANCY_BOUNDARIES, tags, reg)
         self.generated = Counter("pyrt_serve_generated_tokens", "new tokens generated", tags, reg)
         self.prompt = Counter("pyrt_serve_prompt_tokens", "prompt tokens prefilled", tags, reg)
+        self.queries = Counter("pyrt_serve_prefix_cache_queries", "prompt tokens of generations that looked for a "
+                               "cached prefix", tags, reg)
+        self.hits = Counter("pyrt_serve_prefix_cache_hits", "prompt tokens found in a KV-cache slot (not prefilled)",
+                            tags, reg)
         self.drafted = Counter("pyrt_serve_drafted_tokens", "guessed tokens checked (speculative decoding)", tags, reg)
         self.accepted = Counter("pyrt_serve_accepted_tokens", "guessed tokens kept (speculative decoding)", tags, reg)
         self.acceptance = Gauge("pyrt_serve_draft_acceptance_rate", "accepted / drafted guessed tokens", tags, reg)
@@ -94,7 +102,7 @@ class GenerationMetrics:
         self.per_pass.set(stats["tokens_per_pass"], tags=tags)
         done = self._done.setdefault(model, {})
         counters = {"tokens_generated": self.generated, "prompt_tokens": self.prompt, "drafted": self.drafted,
-                    "accepted": self.accepted}
+                    "accepted": self.accepted, "prefix_cache_queries": self.queries, "prefix_cache_hits": self.hits}
         for key, counter in counters.items():  # incremented by what changed since the last flush
             if stats[key] > done.get(key, 0):
                 counter.inc(stats[key] - done.get(key, 0), tags=tags)

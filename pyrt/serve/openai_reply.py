@@ -129,7 +129,7 @@ class OpenAIReply:
                       for (job, _), (_, last) in zip(started, results, strict=True)]
             keep = best(scores, self.body.choices)
         choices = [self.choice(index, started[i][0], *results[i]) for index, i in enumerate(keep)]
-        usage = oa.Usage.of(len(self.prompt), sum(last.consumed for _, last in results))
+        usage = oa.Usage.of(len(self.prompt), sum(last.consumed for _, last in results), cached(started))
         return Response(self.completed(choices, usage).model_dump_json(), media_type=JSON)
 
     def chunk(self, choices: list[Any], usage: oa.Usage | None = None) -> oa.Chunk:
@@ -148,10 +148,17 @@ class OpenAIReply:
                 yield sse_of(self.chunk([first]), leave_out=leave_out)
         async for delta in merged(streams):
             consumed[delta.index] = delta.consumed
-            usage = oa.Usage.of(len(self.prompt), sum(consumed)) if body.continuous_usage else None
+            usage = oa.Usage.of(len(self.prompt), sum(consumed), cached(started)) if body.continuous_usage else None
             yield sse_of(self.chunk([self.chunk_choice(delta, started)], usage), leave_out=leave_out)
         if body.include_usage:
-            yield sse_of(self.chunk([], oa.Usage.of(len(self.prompt), sum(consumed))))
+            yield sse_of(self.chunk([], oa.Usage.of(len(self.prompt), sum(consumed), cached(started))))
 
     def error_event(self, exc: BaseException) -> bytes:
         return sse(json.dumps(openai_body(exc)).encode())
+
+
+def cached(started: Started) -> int:
+    """The usage's ``prompt_tokens_details.cached_tokens``: the most prompt tokens any of the request's sequences
+    found in a KV-cache slot (prefix caching; the prompt counts once), of those that ended."""
+    found = [job.generation.result.cached_tokens for job, _ in started if job.generation.result is not None]
+    return max(found, default=0)

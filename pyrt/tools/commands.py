@@ -273,7 +273,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     result = stream.result
     if args.json:
         out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
-               "timings": result.timings.as_dict()}
+               "timings": result.timings.as_dict(), "cached_tokens": result.cached_tokens}
         if args.draft is not None:
             out["speculation"] = {"draft": args.draft, "draft_tokens": args.draft_tokens, "passes": result.passes,
                                   "drafted": result.drafted, "accepted": result.accepted,
@@ -283,7 +283,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return EXIT_OK
     print()
-    print(f"finish: {result.finish_reason}; {result.timings}", file=sys.stderr)
+    print(f"finish: {result.finish_reason}; {result.timings}; {result.cached_tokens} of the prompt's tokens cached "
+          "(prefix caching)", file=sys.stderr)
     if args.draft is not None:
         print(f"draft {args.draft}: {result.tokens_per_pass:.2f} tokens per pass ({len(result.tokens)} tokens in "
               f"{result.passes} passes; {result.accepted} of {result.drafted} guessed tokens accepted)",

@@ -72,3 +72,10 @@ def test_a_bad_flag_value_is_argparse_s_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as caught:
         parsed(str(tmp_path / "m.pte"), "--draft-tokens", "0")
     assert caught.value.code == 2
+
+
+def test_prefix_caching_is_on_unless_turned_off_with_vllms_spelling(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.pte")
+    assert configs(parsed(path))[0].generation.prefix_caching is True
+    assert configs(parsed(path, "--enable-prefix-caching"))[0].generation.prefix_caching is True
+    assert configs(parsed(path, "--no-enable-prefix-caching"))[0].generation == GenerationConfig(prefix_caching=False)

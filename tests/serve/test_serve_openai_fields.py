@@ -127,6 +127,25 @@ def test_n_choices_each_with_its_own_seed_and_the_prompt_counted_once(client: An
     assert [c.index for c in chat.choices] == [0, 1]
 
 
+def test_usage_counts_the_prompt_tokens_a_kv_cache_slot_held(client: Any, prog: Any) -> None:
+    messages = [{"role": "system", "content": "answer in one word"}, {"role": "user", "content": "hello world"}]
+    args = {"model": NAME, "messages": messages, "max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    first, again = client.chat.completions.create(**args), client.chat.completions.create(**args)
+    size = first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == size - 1  # all but the last prompt token
+    assert again.choices[0].message.content == first.choices[0].message.content
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == size - 1
+    prompt = ids(PROMPT)
+    made = generate(prog, prompt, 3).tokens
+    client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    longer = [*prompt, *made[:2], (made[2] + 1) % archs.VOCAB]  # the slot holds prompt and made[:2]; then they differ
+    out = client.completions.create(model=NAME, prompt=longer, max_tokens=5, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.prompt_tokens_details.cached_tokens == len(prompt) + 2
+    assert out.choices[0].text == decode(generate(prog, longer, 5, prefix_caching=False).tokens)
+
+
 def test_best_of_keeps_the_highest_cumulative_logprob(client: Any, prog: Any) -> None:
     prompt = ids(PROMPT)
     runs = [generate(prog, prompt, 5, do_sample=True, temperature=2.0, seed=11 + i, logprobs=0) for i in range(4)]
@@ -284,5 +303,7 @@ def test_server_routes(served: S.Served) -> None:
     requests.post(f"{url}/v1/completions", json={"model": NAME, "prompt": PROMPT, "max_tokens": 2}, timeout=60)
     text = requests.get(f"{url}/metrics", timeout=30).text
     for metric in ("pyrt_serve_requests_total{model=\"gpt2\"}", "pyrt_serve_generated_tokens_total{model=\"gpt2\"}",
-                   "pyrt_serve_time_to_first_token_seconds_bucket", "pyrt_serve_tokens_per_pass{model=\"gpt2\"}"):
+                   "pyrt_serve_time_to_first_token_seconds_bucket", "pyrt_serve_tokens_per_pass{model=\"gpt2\"}",
+                   "pyrt_serve_prefix_cache_queries_total{model=\"gpt2\"}",
+                   "pyrt_serve_prefix_cache_hits_total{model=\"gpt2\"}"):
         assert metric in text, metric
