@@ -604,13 +604,14 @@ def test_a_caller_that_stops_stepping_with_work_left_hands_the_core_to_a_thread(
     loop, lm = S.stub(slots=2)
     names = _watch_steps(lm)
     engine, longer = Engine(loop), SamplingParams(max_new_tokens=8, eos_ids=())
-    with engine.paused():
-        posted = engine.post(make_request(loop.conv, PROMPTS[1], longer))
-        short = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=2, eos_ids=()))
-    assert short.wait(30) and short.result is not None and not posted.done
+    short, posted = engine.post_all([make_request(loop.conv, PROMPTS[0], SamplingParams(max_new_tokens=2, eos_ids=())),
+                                     make_request(loop.conv, PROMPTS[1], longer)], start=False)  # no thread yet
+    assert short.wait(30) and short.result is not None  # stepped here, both fed each step
     for _ in range(3000):
         if posted.done:
             break
         threading.Event().wait(0.01)  # nobody steps here: the core's own thread must finish it
     assert posted.done and posted.result is not None and posted.result.tokens == want(PROMPTS[1], longer)
-    assert any(n.startswith("pyrt-core-") for n in names)
+    here = names.count(threading.current_thread().name)  # the steps until the short one ended, then the thread's
+    assert here and names[:here] == [threading.current_thread().name] * here
+    assert names[here:] and all(n.startswith("pyrt-core-") for n in names[here:])
