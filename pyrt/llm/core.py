@@ -57,7 +57,8 @@ class FrontEnd:
     ``drafter``: its draft (None: none), asked for its generations' guesses on the core's thread;
     ``draft_tokens``: the most a sequence guesses per step; ``max_queued``: its queue bound (None: none);
     ``reserve``: slots to set aside for it at its first submission (0: it uses the shared ones);
-    ``transient``: it goes (its reservation and draft released) when its last generation ends.
+    ``transient``: it goes (its reservation and draft released) when its last generation ends; ``draft_tree``: its
+    guesses are a tree of ``draft_tokens`` (:mod:`pyrt.llm.tree`).
     """
 
     id: int
@@ -66,6 +67,7 @@ class FrontEnd:
     max_queued: int | None = None
     reserve: int = 0
     transient: bool = False
+    draft_tree: bool = False
 
 
 @dataclass(frozen=True)
@@ -344,8 +346,9 @@ class EngineCore:
         for front_id, group in by_drafter.items():
             drafter = self._fronts[front_id].spec.drafter
             assert drafter is not None  # only sequences of a front end with a draft may guess
-            queries = [(DraftQuery(seq.id, seq.prompt, tuple(seq.new), seq.request, self.runner.samplers[seq.id].rng),
-                        room) for seq, room in group]
+            tree = self._fronts[front_id].spec.draft_tree
+            queries = [(DraftQuery(seq.id, seq.prompt, tuple(seq.new), seq.request, self.runner.samplers[seq.id].rng,
+                                   tree), room) for seq, room in group]
             try:
                 made = drafter.propose(queries)
             except Exception as exc:  # a failed draft run ends the generations it carried, not the engine

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pyrt.errors import InputError
+from pyrt.errors import InputError, TreeUnsupportedError
 from pyrt.llm.config import GenerationConfig
 from pyrt.llm.core import CloseFront, FrontEnd, Pause, Resume, StepOnce, Submit
 from pyrt.llm.drafting import make_drafter
@@ -59,6 +59,7 @@ class GenerationOptions(TypedDict, total=False):
     method: str
     draft: Any
     draft_tokens: int
+    draft_tree: bool
     max_queued: int | None
 
 
@@ -97,9 +98,11 @@ class Engine:
         self.config = config
         self._core = core_loop(program, config.method)
         self.conv, self.program = self._core.conv, self._core.program
+        if config.draft_tree and not self.conv.tree:
+            raise TreeUnsupportedError(self.source)
         drafter = make_drafter(config.draft, self._core)
         self._front = FrontEnd(self._core.new_id(), drafter, config.draft_tokens, config.max_queued, reserve,
-                               transient=bool(reserve))
+                               transient=bool(reserve), draft_tree=config.draft_tree)
         self._closer = weakref.finalize(self, self._core.post, CloseFront(self._front))
         if reserve:
             self._closer.detach()  # a transient front end: the core lets it go after its last generation

@@ -33,7 +33,7 @@ from pyrt.llm.stream import Generation
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
-             draft: Any = None, draft_tokens: int | None = None, **options: Any) -> Any:
+             draft: Any = None, draft_tokens: int | None = None, draft_tree: bool | None = None, **options: Any) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
 
     ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
@@ -49,7 +49,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     prompt, iterating the new ids as they come. ``draft``: None, ``"ngram"`` (prompt lookup over each
     prompt and its output) or a :class:`pyrt.Program` of a smaller LLM file with this one's vocabulary,
     BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
-    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default). Greedy tokens are
+    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default); ``draft_tree``: the guesses
+    are a tree of ``draft_tokens`` grown from the draft's probabilities (a slot file that verifies trees; None: the config's default). Greedy tokens are
     exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
     A file that returns the last position's logits only checks no guesses. ``options``: the other
@@ -60,8 +61,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    config = GenerationConfig(method=method, draft=draft) if draft_tokens is None else \
-        GenerationConfig(method=method, draft=draft, draft_tokens=draft_tokens)
+    given = {name: v for name, v in (("draft_tokens", draft_tokens), ("draft_tree", draft_tree)) if v is not None}
+    config = GenerationConfig(method=method, draft=draft, **given)  # None: the config's default
     conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)
     seeds = _seeds(seed, len(prompts))

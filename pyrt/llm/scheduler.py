@@ -195,10 +195,8 @@ class Scheduler:
             if seq.new and budget > 0:
                 assert seq.slot is not None  # running sequences hold a slot
                 proposal = (proposals or {}).get(seq.id)
-                guesses = proposal.tokens[:rooms.get(seq.id, 0)] if proposal is not None else ()
-                if proposal is not None and guesses != proposal.tokens:
-                    probs = None if proposal.probs is None else proposal.probs[:len(guesses)]
-                    proposal = Proposal(guesses, probs)
+                proposal = None if proposal is None else proposal.head(rooms.get(seq.id, 0))
+                guesses = () if proposal is None else proposal.tokens
                 feeds.append(Feed(seq.id, seq.slot, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
                                   seq.request, tuple(seq.new), proposal if guesses else None))
                 budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)

@@ -1,0 +1,91 @@
+"""A tree of guesses grown best first from a draft's own probabilities (SpecExec's way), within a size.
+
+:class:`TreeGrower` keeps the candidates (a token under a node of the tree, scored by the draft's
+probability of the whole path to it: the product of its probabilities along the way) and adds the
+best one at a time; a node added is then expanded (the draft's distribution after its path offers
+its ``width`` most likely children). A tree of ``size`` nodes therefore holds the ``size`` paths
+the draft finds most likely, however deep or wide: a confident draft grows a long chain with few
+siblings, an unsure one a bushy tree. Siblings come in the order of their probability, the order
+:func:`pyrt.llm.tree_verify.verify_tree` tries them.
+
+>>> import numpy as np
+>>> g = TreeGrower(size=3, width=2)
+>>> g.offer(-1, np.array([0.1, 0.6, 0.3]))         # the root's children: 1 (0.6), 2 (0.3)
+>>> g.pop(), g.pop()                               # 1 first (0.6), then 2 (0.3) unless 1's children beat it
+(0, 1)
+>>> g.offer(0, np.array([0.9, 0.05, 0.05]))        # under 1: 0 with 0.6 * 0.9 = 0.54
+>>> g.pop(), g.proposal().tokens, g.proposal().parents
+(2, (1, 2, 0), (-1, -1, 0))
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyrt.llm.guesses import Proposal
+
+WIDTH = 6  # children a node offers at most (the issue's replay: 6 per node)
+
+
+@dataclass
+class TreeGrower:
+    """A best-first tree of at most ``size`` guesses, each node offering its ``width`` likeliest children, no path
+    deeper than ``max_depth``."""
+
+    size: int
+    width: int = WIDTH
+    max_depth: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # log-probability of each node's path under the draft
+    _heap: list[tuple[float, int, int, int]] = field(default_factory=list)  # (-score, order, parent, token)
+    _order: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tokens) >= self.size
+
+    def offer(self, node: int, probs: np.ndarray) -> None:
+        """``node``'s children (-1: the root's) from the draft's distribution ``probs`` after its path."""
+        depth = 1 if node < 0 else self.depths[node] + 1
+        if self.max_depth is not None and depth > self.max_depth:
+            return
+        base = 0.0 if node < 0 else self.scores[node]
+        probs = np.asarray(probs, np.float64)
+        best = np.argsort(-probs, kind="stable")[:self.width]
+        for token in best:
+            if probs[token] <= 0:
+                break
+            heapq.heappush(self._heap, (-(base + math.log(probs[token])), next(self._order), node, int(token)))
+
+    def pop(self) -> int | None:
+        """The best candidate added to the tree: its index (None: the tree is full or nothing is left)."""
+        if self.full or not self._heap:
+            return None
+        score, _, parent, token = heapq.heappop(self._heap)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.scores.append(-score)
+        return len(self.tokens) - 1
+
+    def path(self, node: int) -> tuple[int, ...]:
+        """The tokens from the root's first child down to ``node``."""
+        out = []
+        while node >= 0:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return tuple(reversed(out))
+
+    def proposal(self) -> Proposal:
+        """The tree as a proposal: its nodes in the order they were added (parents first, siblings by probability)."""
+        return Proposal(tuple(self.tokens), None, tuple(self.parents))
+
+
+__all__ = ["TreeGrower", "WIDTH"]
