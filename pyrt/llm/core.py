@@ -138,6 +138,7 @@ class Snapshot(NamedTuple):
     failures: int = 0  # unexpected failures of a step (bugs), each ending the generations it held
     fronts: tuple[tuple[int, int, int], ...] = ()  # (front end, queued, running)
     stopped: bool = False
+    checks: int = 0  # (sequence, step) pairs that checked guesses
 
 
 @dataclass
@@ -227,7 +228,8 @@ class EngineCore:
             per_front[self._front_of[seq.id]][1] += 1
         return Snapshot(c.steps, c.tokens_generated, c.prompt_tokens, len(sched.running), len(sched.waiting),
                         self.slots.free, tuple(sorted(c.occupancy.items())), c.drafted, c.accepted, c.passes,
-                        self.failures, tuple((f, q, r) for f, (q, r) in sorted(per_front.items())), self._stopped)
+                        self.failures, tuple((f, q, r) for f, (q, r) in sorted(per_front.items())), self._stopped,
+                        c.checks)
 
     # -- commands ---------------------------------------------------------------------------------
     def _apply(self, command: Command) -> None:

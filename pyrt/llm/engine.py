@@ -166,14 +166,18 @@ class Engine:
         """The core's counters (every front end's generations on this method): steps (forward calls of the target),
         generated and prompt tokens, queued and running, slots and free slots, sequences per step, unexpected step
         failures; speculative decoding's ``drafted`` and ``accepted`` guessed tokens, ``acceptance_rate`` and
-        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft); this
-        engine's ``draft`` and ``draft_tokens``. A snapshot: the stepping thread publishes it after each step."""
+        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft),
+        ``checks`` (sequence passes that checked guesses) and ``accepted_depth`` (guesses accepted per check: a
+        chain's accepted run, a tree's accepted path); this engine's ``draft``, ``draft_tokens`` (a tree's size with
+        ``draft_tree``) and ``draft_tree``. A snapshot: the stepping thread publishes it after each step."""
         p = self._core.published
         return {"steps": p.steps, "tokens_generated": p.tokens_generated, "prompt_tokens": p.prompt_tokens,
                 "running": p.running, "slots": self.slots, "occupancy": {str(k): v for k, v in p.occupancy},
                 "draft": self.draft, "draft_tokens": self.max_guesses, "drafted": p.drafted, "accepted": p.accepted,
                 "acceptance_rate": p.accepted / p.drafted if p.drafted else 0.0,
                 "tokens_per_pass": p.tokens_generated / p.passes if p.passes else 0.0,
+                "draft_tree": self.config.draft_tree, "checks": p.checks,
+                "accepted_depth": p.accepted / p.checks if p.checks else 0.0,
                 "queued": p.queued, "free_slots": p.free_slots, "step_failures": p.failures}
 
     # -- submitting (any thread) ------------------------------------------------------------------

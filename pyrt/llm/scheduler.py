@@ -149,6 +149,7 @@ class Counters:
     passes: int = 0  # (sequence, step) pairs that gave new tokens: tokens_generated / passes is tokens per pass
     drafted: int = 0  # guessed tokens checked
     accepted: int = 0  # guessed tokens kept
+    checks: int = 0  # (sequence, step) pairs that checked guesses: accepted / checks is the accepted depth
 
 
 class Scheduler:
@@ -257,6 +258,7 @@ class Scheduler:
                 seq.drafted, seq.accepted = seq.drafted + len(feed.guesses), seq.accepted + accepted
                 self.counters.drafted += len(feed.guesses)
                 self.counters.accepted += accepted
+                self.counters.checks += 1
             if outcome.tokens:
                 seq.passes += 1
                 self.counters.passes += 1

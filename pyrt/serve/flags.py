@@ -137,6 +137,8 @@ FLAGS: tuple[Flag, ...] = (
          "replica)", metavar="ngram|D.pte"),
     Flag(("--draft-tokens",), "generation.draft_tokens", "--draft: the most tokens a sequence guesses per step "
          "(default {default})", whole_argument(1), metavar="K"),
+    Flag(("--draft-tree",), "generation.draft_tree", "--draft: guess a tree of --draft-tokens tokens grown from the "
+         "draft's probabilities, verified in one pass (a slot file that verifies trees)", action="store_true"),
     Flag(("--api-key",), "api_key", f"require 'Authorization: Bearer KEY' on /v1 and /v2/models (default "
          f"${API_KEY_ENV}; health stays open)", metavar="KEY"),
     Flag(("--ray-proxy",), "start.ray_proxy", "serve HTTP through Ray Serve's proxy actor instead of HAProxy "

@@ -169,3 +169,25 @@ def test_a_tree_asked_of_a_file_that_cannot_verify_one_is_a_typed_error_naming_i
         GenerationConfig(draft_tree=True)
     with pytest.raises(InputError, match="draft_tree=1 must be True or False"):
         GenerationConfig(draft="ngram", draft_tree=1)
+
+
+def test_the_serve_command_line_takes_draft_tree() -> None:
+    import argparse
+
+    from pyrt.serve.flags import add_flags, configs
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    cfg, _ = configs(vars(parser.parse_args(["m.pte", "--draft", "ngram", "--draft-tree", "--draft-tokens", "32"])))
+    assert cfg.generation.draft_tree is True and cfg.generation.draft_tokens == 32
+    assert configs(vars(parser.parse_args(["m.pte", "--draft", "ngram"])))[0].generation.draft_tree is False
+    with pytest.raises(InputError, match="--draft-tree=True needs a draft"):
+        configs(vars(parser.parse_args(["m.pte", "--draft-tree"])))
+
+
+def test_the_generate_command_line_takes_draft_tree() -> None:
+    from pyrt.tools.cli_args import parser
+
+    args = parser().parse_args(["generate", "m.pte", "--prompt-ids", "1,2", "--draft", "ngram", "--draft-tree"])
+    assert args.draft_tree is True
+    assert parser().parse_args(["generate", "m.pte", "--prompt-ids", "1,2"]).draft_tree is None  # the default
