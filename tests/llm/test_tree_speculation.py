@@ -191,3 +191,86 @@ def test_the_generate_command_line_takes_draft_tree() -> None:
     args = parser().parse_args(["generate", "m.pte", "--prompt-ids", "1,2", "--draft", "ngram", "--draft-tree"])
     assert args.draft_tree is True
     assert parser().parse_args(["generate", "m.pte", "--prompt-ids", "1,2"]).draft_tree is None  # the default
+
+
+# -- engines: ends inside a path, cancel, a full cache ------------------------------------------------
+
+
+def self_draft(slots: int = 4, **kw: Any) -> Any:
+    """The target's own logits as a chain-layout draft: its likeliest child is always the target's argmax."""
+    return S.stub(slots=slots, tokens_per_step=64, **kw)[0]
+
+
+def test_eos_and_stop_sequences_inside_an_accepted_path_end_it_there() -> None:
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    full = want(prompt)
+    eos, pair = full[3], full[5:7]
+    llm, _ = T.stub(slots=2)
+    engine = Engine(llm, draft=self_draft(), draft_tokens=8, draft_tree=True)
+    ended = engine.submit(prompt, max_new_tokens=14, eos_ids=[eos])
+    stopped = engine.submit(prompt, max_new_tokens=14, eos_ids=(), stop=[pair])
+    while engine.pending:
+        engine.step()
+    assert ended.result is not None and ended.result.tokens == full[:full.index(eos) + 1]
+    at = next(i for i in range(len(full)) if full[i:i + 2] == pair) + 2
+    assert stopped.result is not None and (stopped.result.tokens, stopped.result.finish_reason) == (full[:at], "stop")
+    assert S.free_slots(llm) == 2
+
+
+def test_max_new_tokens_and_a_full_cache_inside_a_path_are_never_passed() -> None:
+    llm, lm = T.stub(slots=1, context=16)
+    engine = Engine(llm, draft=self_draft(1, context=16), draft_tokens=8, draft_tree=True)
+    conv = T.convention(slots=1, context=16)
+    capped = engine.submit([1, 2, 3], max_new_tokens=6, eos_ids=())
+    while engine.pending:
+        engine.step()
+    assert capped.result is not None and capped.result.tokens == want([1, 2, 3], SamplingParams(
+        max_new_tokens=6, eos_ids=()), conv) and capped.result.finish_reason == "length"
+    assert max(lm.windows) <= 16
+    full = engine.submit([1, 2, 3], eos_ids=())
+    full.wait()
+    assert full.result is not None and full.result.finish_reason == "cache_full"
+    assert full.result.tokens == want([1, 2, 3], SamplingParams(eos_ids=()), conv)
+    assert engine.stats()["checks"] > 0
+
+
+def test_sequences_join_and_leave_mid_run_and_cancel_frees_slots_and_rows() -> None:
+    llm, _ = T.stub(slots=3)
+    draft_loop, _ = S.stub(slots=2, salt=1, tokens_per_step=64)  # fewer draft slots: a third decodes without
+    engine = Engine(llm, draft=draft_loop, draft_tokens=6, draft_tree=True)
+    with engine.paused():
+        first = [engine.submit(p, GREEDY) for p in PROMPTS[:3]]
+        for _ in range(3):
+            engine.step()
+        late = [engine.submit(p, GREEDY) for p in PROMPTS[3:6]]
+        engine.cancel(first[1])
+        engine.step()
+        kept = first[1].result.tokens if first[1].result else None
+        assert kept is not None and kept == want(PROMPTS[1])[:len(kept)]
+    while engine.pending:
+        engine.step()
+    got = [s.result.tokens for s in first + late if s.result]
+    assert got[:1] + got[2:] == [want(p) for i, p in enumerate(PROMPTS[:6]) if i != 1]
+    assert S.free_slots(llm) == 3 and engine.drafter.slots.free == 2 and engine.stats()["drafted"] > 0
+    assert not llm.core.runner.maps and not engine.drafter.runner.maps  # every sequence's rows let go
+
+
+def test_a_tree_draft_file_keeps_its_own_rows_apart_too() -> None:
+    """A draft that itself verifies trees (rows of its own per sequence): growing a tree rolls its cache back and
+    forth between siblings' paths, and the target's tokens stay plain greedy's."""
+    llm, _ = T.stub(slots=2)
+    draft_loop, draft_lm = T.stub(slots=2, salt=0)
+    engine = Engine(llm, draft=draft_loop, draft_tokens=8, draft_tree=True)
+    assert run_all(engine, PROMPTS[:4]) == [want(p) for p in PROMPTS[:4]]
+    assert engine.stats()["accepted"] > 0 and len(draft_lm.calls) > 0
+
+
+def test_stats_report_the_tree_size_accepted_depth_and_tokens_per_pass() -> None:
+    llm, _ = T.stub(slots=2)
+    engine = Engine(llm, draft=self_draft(), draft_tokens=8, draft_tree=True)
+    run_all(engine, PROMPTS[:2])
+    stats = engine.stats()
+    assert stats["draft_tree"] is True and stats["draft_tokens"] == 8
+    assert stats["accepted_depth"] == pytest.approx(stats["accepted"] / stats["checks"]) and stats["accepted_depth"] >= 1
+    passes = stats["tokens_generated"] - stats["accepted"]  # each pass: its accepted path, then one token
+    assert stats["tokens_generated"] == 28 and stats["tokens_per_pass"] == pytest.approx(28 / passes)
