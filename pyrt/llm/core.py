@@ -265,7 +265,7 @@ class EngineCore:
                 self._out.append((outbox, Update(seq_id, error=error)))
                 continue
             front = front or self._fronts.setdefault(spec.id, _Front(spec))
-            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec))
+            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec), spec.draft_tree)
             self.scheduler.add(seq)
             self.runner.start(seq_id, request)
             self._outboxes[seq_id] = outbox

@@ -38,7 +38,7 @@ from pyrt.llm.runner import Runner
 from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token, probabilities
 from pyrt.llm.scheduler import Feed
 from pyrt.llm.slots import SlotTable
-from pyrt.llm.tree import TreeGrower
+from pyrt.llm.tree import Acceptance, TreeGrower
 
 WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
 
@@ -79,6 +79,8 @@ class DraftModel:
         self.slots = SlotTable(conv.slots, self.name)  # the draft's cache slots, this drafter's alone
         self._owned = owned
         self._places: dict[int, DraftSlot] = {}  # target sequence id -> its place in the draft
+        self.acceptance = Acceptance()  # what shapes its trees, measured on the trees the target checked
+        self._trees: dict[int, tuple[int, TreeGrower]] = {}  # target sequence id -> (its context then, last tree)
 
     def propose(self, rooms: Seq[tuple[DraftQuery, int]]) -> dict[int, Proposal]:
         """Up to ``room`` guesses per sequence, by sequence id (sequences left out guess nothing this step)."""
@@ -120,9 +122,17 @@ class DraftModel:
         every growing tree's best candidate and expands it, all of them in one call of the draft (each sequence's
         path fed from where its cache left the tree's last one)."""
         growers = []
+        rates = self.acceptance.rates()
         for item, row in trees:
+            before = self._trees.pop(item.query.id, None)
+            if before is not None:  # the tree checked last: where the target's tokens went through it
+                self.acceptance.observe(before[1], item.context[before[0]:])
             depth = self.conv.max_context_len - len(item.context)  # the deepest path the draft's cache holds
-            grower = TreeGrower(item.room, max_depth=max(depth, 1))
+            cap = item.query.request.params.max_new_tokens
+            if cap is not None:  # a longer path than the new tokens left (less the one after it) is cut
+                depth = min(depth, cap - len(item.query.new) - 1)
+            grower = TreeGrower(item.room, max_depth=max(depth, 1), rates=rates)
+            self._trees[item.query.id] = (len(item.context), grower)
             grower.offer(-1, draft_probs(row, item.query.request.params, item.query.history()))
             growers.append((item, grower))
         while True:
@@ -214,6 +224,7 @@ class DraftModel:
 
     def release(self, seq_id: int) -> None:
         """Sequence ``seq_id`` ended: its draft slot goes back to the draft's pool."""
+        self._trees.pop(seq_id, None)
         place = self._places.pop(seq_id, None)
         if place is not None:
             self.runner.end(seq_id)  # its rows of the draft's slot, on a draft file that verifies trees

@@ -66,6 +66,7 @@ class Sequence:
     clock: Clock = field(default_factory=Clock)
     front: int | None = None
     max_guesses: int = 0
+    tree: bool = False  # its guesses are a tree: max_new_tokens bounds their depth (the draft's), not their number
     new: list[int] = field(default_factory=list)
     slot: int | None = None
     fed: int = 0  # tokens of prompt + new written to the cache (and still valid there)
@@ -333,12 +334,15 @@ def guess_cap(seq: Sequence, conv: Convention) -> int:
     ``max_new_tokens`` less the tokens it has and the one the target adds after the guesses.
 
     A step that checks k guesses writes the last token and the guesses at ``next_position .. next_position + k``
-    and gives at most k + 1 new tokens.
+    and gives at most k + 1 new tokens. A tree of k guesses takes k + 1 rows of the slot too, but one path of it at
+    most is kept: its size is not bounded by ``max_new_tokens`` (its depth is, by the draft: a path that runs past
+    the cap is cut there, as any accepted run is).
     """
     room = conv.max_context_len - 1 - seq.next_position
     cap = seq.request.params.max_new_tokens
     if cap is not None:
-        room = min(room, cap - len(seq.new) - 1)
+        left = cap - len(seq.new) - 1
+        room = min(room, left) if not seq.tree or left <= 0 else room  # a tree: one path of it is kept at most
     return max(room, 0)
 
 

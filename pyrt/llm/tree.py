@@ -30,6 +30,7 @@ import numpy as np
 from pyrt.llm.guesses import Proposal
 
 WIDTH = 6  # children a node offers at most (the issue's replay: 6 per node)
+MIN_VISITS = 16  # checked nodes before the measured acceptance shapes a drafter's trees (before: its probabilities)
 
 
 @dataclass
@@ -44,6 +45,8 @@ class TreeGrower:
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # log-probability of each node's path under the draft
+    rates: np.ndarray | None = None  # per rank, the measured chance the target's token is that child (None: probs)
+    offered: dict[int, tuple[int, ...]] = field(default_factory=dict)  # node -> the children it offered, by rank
     _heap: list[tuple[float, int, int, int]] = field(default_factory=list)  # (-score, order, parent, token)
     _order: itertools.count = field(default_factory=itertools.count)
 
@@ -58,11 +61,11 @@ class TreeGrower:
             return
         base = 0.0 if node < 0 else self.scores[node]
         probs = np.asarray(probs, np.float64)
-        best = np.argsort(-probs, kind="stable")[:self.width]
-        for token in best:
-            if probs[token] <= 0:
-                break
-            heapq.heappush(self._heap, (-(base + math.log(probs[token])), next(self._order), node, int(token)))
+        best = [int(t) for t in np.argsort(-probs, kind="stable")[:self.width] if probs[t] > 0]
+        self.offered[node] = tuple(best)
+        for rank, token in enumerate(best):
+            chance = probs[token] if self.rates is None else self.rates[rank]
+            heapq.heappush(self._heap, (-(base + math.log(chance)), next(self._order), node, token))
 
     def pop(self) -> int | None:
         """The best candidate added to the tree: its index (None: the tree is full or nothing is left)."""
@@ -88,4 +91,35 @@ class TreeGrower:
         return Proposal(tuple(self.tokens), None, tuple(self.parents))
 
 
-__all__ = ["TreeGrower", "WIDTH"]
+class Acceptance:
+    """How often the target's token is a node's ``r``-th likeliest child under the draft (Sequoia's acceptance
+    vector), measured over the nodes the target's path reached in a drafter's checked trees: once measured, trees
+    are shaped by it (a child's score: the product of these chances along its path) rather than by the draft's
+    probabilities, which a draft can hold too flat or too sharp. Only the shape depends on it, never the tokens."""
+
+    def __init__(self, width: int = WIDTH) -> None:
+        self.hits = np.zeros(width)
+        self.visits = 0
+
+    def rates(self) -> np.ndarray | None:
+        """Per rank, the chance the target's token is that child (smoothed); None before :data:`MIN_VISITS`."""
+        return None if self.visits < MIN_VISITS else (self.hits + 0.5) / (self.visits + 1)
+
+    def observe(self, grown: TreeGrower, tokens: tuple[int, ...]) -> None:
+        """``tokens`` (the sequence's new tokens after the tree's root) walked down ``grown``: at each node that
+        offered children, a visit, and a hit at the rank of the target's token if it was offered."""
+        node = -1
+        for token in tokens:
+            offered = grown.offered.get(node)
+            if offered is None:
+                return
+            self.visits += 1
+            if token in offered:
+                self.hits[offered.index(token)] += 1
+            node = next((i for i, (t, p) in enumerate(zip(grown.tokens, grown.parents, strict=True))
+                         if p == node and t == token), -2)
+            if node == -2:
+                return
+
+
+__all__ = ["TreeGrower", "Acceptance", "WIDTH", "MIN_VISITS"]

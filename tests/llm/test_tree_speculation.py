@@ -274,3 +274,28 @@ def test_stats_report_the_tree_size_accepted_depth_and_tokens_per_pass() -> None
     assert stats["accepted_depth"] == pytest.approx(stats["accepted"] / stats["checks"]) and stats["accepted_depth"] >= 1
     passes = stats["tokens_generated"] - stats["accepted"]  # each pass: its accepted path, then one token
     assert stats["tokens_generated"] == 28 and stats["tokens_per_pass"] == pytest.approx(28 / passes)
+
+
+def test_measured_acceptance_shapes_trees_by_rank() -> None:
+    from pyrt.llm.tree import MIN_VISITS, Acceptance
+
+    grown = TreeGrower(size=3, width=2)
+    grown.offer(-1, np.array([0.0, 0.6, 0.4]))  # ranks: 1, 2
+    grown.pop()
+    grown.offer(0, np.array([0.5, 0.0, 0.5]))  # under 1: ranks 0, 2
+    acceptance = Acceptance(width=2)
+    acceptance.observe(grown, (1, 2, 7))  # rank 0 at the root, rank 1 under it; then a leaf: the walk ends
+    assert acceptance.visits == 2 and acceptance.hits.tolist() == [1, 1]
+    acceptance.observe(grown, (9,))  # a visit, no hit
+    assert acceptance.visits == 3 and acceptance.rates() is None  # too few to shape a tree yet
+    acceptance.visits = MIN_VISITS
+    acceptance.hits[:] = (MIN_VISITS - 1, 0)
+    rates = acceptance.rates()
+    assert rates is not None and rates[0] > 0.9 > 0.1 > rates[1]
+    deep = TreeGrower(size=3, width=2, rates=rates)  # a confident top child: a chain, not siblings
+    deep.offer(-1, np.array([0.0, 0.34, 0.33, 0.33]))
+    for node in range(2):
+        deep.pop()
+        deep.offer(node, np.array([0.0, 0.34, 0.33, 0.33]))
+    deep.pop()
+    assert deep.parents == [-1, 0, 1]
