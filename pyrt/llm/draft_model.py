@@ -140,7 +140,8 @@ class DraftModel:
             for item, grower in growers:
                 node = grower.pop()
                 added = added or node is not None
-                if node is not None and not grower.full and grower.depths[node] < (grower.max_depth or 0):
+                if node is not None and not grower.full and grower.depths[node] < (grower.max_depth or 0) \
+                        and grower.worth_expanding(node):
                     expand.append((item, grower, node))
             if not added:
                 break

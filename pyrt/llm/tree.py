@@ -30,7 +30,7 @@ import numpy as np
 from pyrt.llm.guesses import Proposal
 
 WIDTH = 6  # children a node offers at most (the issue's replay: 6 per node)
-MIN_VISITS = 16  # checked nodes before the measured acceptance shapes a drafter's trees (before: its probabilities)
+MIN_VISITS = 8  # checked nodes before the measured acceptance shapes a drafter's trees (before: its probabilities)
 
 
 @dataclass
@@ -77,6 +77,16 @@ class TreeGrower:
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
         self.scores.append(-score)
         return len(self.tokens) - 1
+
+    def worth_expanding(self, node: int) -> bool:
+        """Whether any child of ``node`` could still enter the tree: with measured rates, its best child's score
+        (``node``'s times the top rank's chance) must beat enough of the candidates already waiting (fewer than the
+        places left); a draft pass is saved where it cannot."""
+        if self.rates is None:
+            return not self.full
+        bound = self.scores[node] + math.log(self.rates[0])
+        better = sum(1 for entry in self._heap if -entry[0] >= bound)
+        return better < self.size - len(self.tokens)
 
     def path(self, node: int) -> tuple[int, ...]:
         """The tokens from the root's first child down to ``node``."""

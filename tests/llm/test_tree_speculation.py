@@ -291,7 +291,7 @@ def test_measured_acceptance_shapes_trees_by_rank() -> None:
     acceptance.visits = MIN_VISITS
     acceptance.hits[:] = (MIN_VISITS - 1, 0)
     rates = acceptance.rates()
-    assert rates is not None and rates[0] > 0.9 > 0.1 > rates[1]
+    assert rates is not None and rates[0] > 0.8 > 0.1 > rates[1]
     deep = TreeGrower(size=3, width=2, rates=rates)  # a confident top child: a chain, not siblings
     deep.offer(-1, np.array([0.0, 0.34, 0.33, 0.33]))
     for node in range(2):
@@ -299,3 +299,12 @@ def test_measured_acceptance_shapes_trees_by_rank() -> None:
         deep.offer(node, np.array([0.0, 0.34, 0.33, 0.33]))
     deep.pop()
     assert deep.parents == [-1, 0, 1]
+
+
+def test_a_node_whose_children_cannot_enter_the_tree_is_not_expanded() -> None:
+    g = TreeGrower(size=3, width=3, rates=np.array([0.5, 0.3, 0.2]))
+    g.offer(-1, np.array([0.5, 0.3, 0.2]))  # scores by rank: 0.5, 0.3, 0.2
+    first = g.pop()
+    assert first is not None and g.worth_expanding(first)  # its best child (0.25) beats the 0.2 one
+    second = g.pop()  # the 0.3 sibling: its best child (0.15) loses to the 0.2 one, and one place is left
+    assert second is not None and not g.worth_expanding(second)
