@@ -244,7 +244,8 @@ def tree_run(args: argparse.Namespace) -> tuple[list[list[str]], list[float]]:
                 stream = engine.submit(prompt, greedy)
                 stream.wait()
                 result = stream.result
-                assert result is not None and result.tokens == want, f"scale {scale}, {'tree' if tree else 'chain'} {k}: not greedy's"
+                what = f"tree {k}" if tree else f"chain k={k}"
+                assert result is not None and result.tokens == want, f"scale {scale}, {what}: not greedy's"
                 tokens, passes = tokens + len(result.tokens), passes + result.passes
             steps, draft_calls = engine.stats()["steps"], len(draft_program.calls)
             per_pass = tokens / passes

@@ -4,10 +4,11 @@
 last position's ``[batch, vocab]``, as ExecuTorch's llama export writes without full logits)
 with a KV cache kept in the program's state; or pyrt's slot layout (``decoder_to_pte(max_batch_size=B)``):
 ``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a
-cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; or the slot layout that verifies trees (files written
-now): ``forward(tokens [T], slots [T], positions [T], writes [T], rows [R], window [W], visible [T, W])``, where
-``writes`` is the cache row of its slot each token writes (its logical position stays ``positions``, for RoPE) and
-``visible[t, w]`` is 1 where token ``t`` reads row ``w`` of its slot (``Convention.tree``); plus constant methods
+cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; or the slot layout that
+verifies trees (files written now): ``forward(tokens [T], slots [T], positions [T], writes [T], rows [R],
+window [W], visible [T, W])``, where ``writes`` is the cache row of its slot each token writes (its logical
+position stays ``positions``, for RoPE) and ``visible[t, w]`` is 1 where token ``t`` reads row ``w`` of its slot
+(``Convention.tree``); plus constant methods
 (``get_max_seq_len``, ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
 Missing optional methods fall back as ExecuTorch's runner does (the context is the

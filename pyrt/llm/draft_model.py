@@ -160,7 +160,7 @@ class DraftModel:
         one per place on a one-sequence file); the draft's logits after each one's last token."""
         last: dict[int, np.ndarray] = {}
         while len(last) < len(paths):
-            budget, feeds = self.conv.tokens_per_step, []
+            budget, feeds = self.conv.tokens_per_step, list[Feed]()
             for place, tokens in paths:
                 if place.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
                     continue
@@ -173,7 +173,6 @@ class DraftModel:
                 if feed.logits:
                     last[feed.seq_id] = rows[-1]
         return [last[place.id] for place, _ in paths]
-        return {item.query.id: grower.proposal() for item, grower in growers}
 
     def _place(self, query: DraftQuery) -> DraftSlot | None:
         place = self._places.get(query.id)

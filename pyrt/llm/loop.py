@@ -49,9 +49,9 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     prompt, iterating the new ids as they come. ``draft``: None, ``"ngram"`` (prompt lookup over each
     prompt and its output) or a :class:`pyrt.Program` of a smaller LLM file with this one's vocabulary,
     BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
-    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default); ``draft_tree``: the guesses
-    are a tree of ``draft_tokens`` grown from the draft's probabilities (a slot file that verifies trees; None: the config's default). Greedy tokens are
-    exactly those without a draft; sampled ones have exactly
+    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default); ``draft_tree``: the
+    guesses are a tree of ``draft_tokens`` grown from the draft's probabilities (a slot file that verifies
+    trees; None: the config's default). Greedy tokens are exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
     A file that returns the last position's logits only checks no guesses. ``options``: the other
     :class:`pyrt.llm.SamplingParams` fields, for every prompt (``repetition_penalty``,
@@ -61,7 +61,8 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    given = {name: v for name, v in (("draft_tokens", draft_tokens), ("draft_tree", draft_tree)) if v is not None}
+    given: dict[str, Any] = {name: v for name, v in (("draft_tokens", draft_tokens), ("draft_tree", draft_tree))
+                             if v is not None}
     config = GenerationConfig(method=method, draft=draft, **given)  # None: the config's default
     conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)

@@ -50,7 +50,7 @@ def verify_tree(rows: np.ndarray, guesses: Seq[int], parents: Seq[int], params: 
         raise InputError(f"a tree of {len(guesses)} guesses ({len(parents)} parents) needs {len(guesses) + 1} "
                          f"logits rows, got {len(rows)}")
     children = children_of(parents)
-    node, path, tokens = -1, [], []
+    node, path, tokens = -1, list[int](), list[int]()
     while True:
         scores = process(rows[node + 1], params, history.then(tuple(tokens)))
         kids = children.get(node, [])
