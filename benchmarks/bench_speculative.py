@@ -35,10 +35,12 @@ pyrt's own). Each prompt alone (batch 1, the single user of a weight-streamed mo
 checked equal to transformers' greedy. Per configuration (a chain of k = 4; trees of 8, 16, 32, 64 grown best
 first): tokens per target pass, draft passes per target pass, and tokens/s of a model where a target pass costs
 ``--pass-cost-s`` (the weight transfer of a streamed model) and a draft pass ``--draft-cost-s`` (a resident
-draft): tokens / (target passes x pass cost + draft passes x draft cost). Goals: a tree of 32 gives at least
-1.4x the chain's tokens per pass with the ~54% draft, 1.2x with the ~74% one, and 1.2x its modelled tokens/s.
+draft): tokens / (target passes x pass cost + draft passes x draft cost). ``--int4``: the target's own INT4 copy
+(``decoder_to_pte(quantize="int4")``, portable kernels, SubSpec's idea) as a third draft. Goals: a tree of 32
+gives at least 1.4x the chain's tokens per pass with the ~54% draft, 1.2x with the ~74% one, and 1.2x its
+modelled tokens/s.
 
-    python benchmarks/bench_speculative.py --tree [--size small] [--new-tokens 48] [--prompts 8] [--no-write]
+    python benchmarks/bench_speculative.py --tree [--int4] [--size small] [--new-tokens 48] [--prompts 8] [--no-write]
 """
 
 from __future__ import annotations
@@ -213,7 +215,38 @@ TREE_SIZES = (8, 16, 32, 64)
 SCALES = (0.045, 0.09)  # perturbations of the target's matrices: about 74% and 54% greedy agreement (small)
 
 
-def tree_run(args: argparse.Namespace) -> tuple[list[list[str]], list[float]]:
+class Counting:
+    """A draft Program's runs counted (``calls``), as a target of its own for ``draft=`` (its own drafter each time)."""
+
+    def __init__(self, program: Any) -> None:
+        from pyrt.llm.program import engine_convention
+
+        self.program, self.source, self.calls = program, str(program.source), list[int]()
+        self.conv = engine_convention(program, "forward")
+
+    def run(self, *inputs: Any, method: str = "forward") -> Any:
+        self.calls.append(len(inputs[0]))
+        return self.program.run(*inputs, method=method)
+
+    def fresh(self) -> Any:
+        import types
+
+        self.calls = []
+        return types.SimpleNamespace(program=self, conv=self.conv, source=self.source)
+
+
+def int4_draft(target: Any, context: int, directory: Path) -> Counting:
+    """The target's own INT4 copy (``decoder_to_pte(quantize="int4")``, portable, 2 slots) as a draft file."""
+    import pyrt
+    from pyrt.export import decoder_to_pte
+
+    path = directory / "int4.pte"
+    decoder_to_pte(target, path, max_seq_len=context, builder="portable", max_batch_size=2, max_tokens_per_step=64,
+                   quantize="int4", progress=False)
+    return Counting(pyrt.Program(path))
+
+
+def tree_run(args: argparse.Namespace, directory: Path) -> tuple[list[list[str]], list[float]]:
     """Rows of the tree table (see the module docstring) and each draft's measured agreement."""
     import numpy as np
 
@@ -230,14 +263,22 @@ def tree_run(args: argparse.Namespace) -> tuple[list[list[str]], list[float]]:
     greedy = SamplingParams(max_new_tokens=args.new_tokens, eos_ids=())
     context = PROMPT_LEN + args.new_tokens + max(TREE_SIZES) + 1
     table, agreed = [], []
+    drafts: list[tuple[str, Any]] = []
     for scale in SCALES:
         draft = E.perturbed(target, scale)
         agreed.append(agreement(target, draft, prompts, wanted))
+        drafts.append((f"{agreed[-1]:.0%}", draft))
+    if args.int4:
+        drafts.append(("INT4 copy", int4_draft(target, context, directory)))
+    for label, draft in drafts:
         chain_rate = chain_tps = 0.0
         for k, tree in ((args.k, False), *((n, True) for n in TREE_SIZES)):
             llm, program = E.loop(target, slots=1, tokens_per_step=k + 1, max_seq_len=context)
-            drafter, draft_program = E.loop(draft, slots=1, tokens_per_step=64, max_seq_len=context, tree=False,
-                                            name="draft")
+            if isinstance(draft, Counting):
+                drafter, draft_program = draft.fresh(), draft
+            else:
+                drafter, draft_program = E.loop(draft, slots=1, tokens_per_step=64, max_seq_len=context, tree=False,
+                                                name="draft")
             engine = Engine(llm, draft=drafter, draft_tokens=k, draft_tree=tree)
             tokens = passes = 0
             for prompt, want in zip(prompts, wanted, strict=True):
@@ -245,14 +286,16 @@ def tree_run(args: argparse.Namespace) -> tuple[list[list[str]], list[float]]:
                 stream.wait()
                 result = stream.result
                 what = f"tree {k}" if tree else f"chain k={k}"
-                assert result is not None and result.tokens == want, f"scale {scale}, {what}: not greedy's"
+                assert result is not None and result.tokens == want, f"draft {label}, {what}: not greedy's"
                 tokens, passes = tokens + len(result.tokens), passes + result.passes
             steps, draft_calls = engine.stats()["steps"], len(draft_program.calls)
             per_pass = tokens / passes
             tps = tokens / (steps * args.pass_cost_s + draft_calls * args.draft_cost_s)
             if not tree:
                 chain_rate, chain_tps = per_pass, tps
-            table.append([f"{agreed[-1]:.0%}", f"tree {k}" if tree else f"chain k={k}", f"{per_pass:.2f}",
+            if not tree and isinstance(draft, Counting):
+                label = f"INT4 copy ({engine.stats()['acceptance_rate']:.0%} of chain guesses)"
+            table.append([label, f"tree {k}" if tree else f"chain k={k}", f"{per_pass:.2f}",
                           f"{per_pass / chain_rate:.2f}x", f"{engine.stats()['accepted_depth']:.2f}",
                           f"{draft_calls / steps:.1f}", f"{tps:.2f}", f"{tps / chain_tps:.2f}x"])
             engine.close()
@@ -265,7 +308,8 @@ def tree_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     args.new_tokens = args.new_tokens or 48
-    table, _ = tree_run(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        table, _ = tree_run(args, Path(tmp))
     head = ["draft agreement", "guesses", "tokens/pass", "vs chain", "accepted depth", "draft passes/pass",
             "modelled tok/s", "vs chain"]
     text = (f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers {transformers.__version__}; "
@@ -285,6 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="store_true", help="tree speculation against a chain (issue #44)")
     parser.add_argument("--prompts", type=int, default=8, help="--tree: prompts, each alone (default 8)")
+    parser.add_argument("--int4", action="store_true", help="--tree: the target's INT4 copy as a draft too")
     parser.add_argument("--pass-cost-s", type=float, default=0.25, help="--tree: a target pass's modelled cost")
     parser.add_argument("--draft-cost-s", type=float, default=0.005, help="--tree: a draft pass's modelled cost")
     parser.add_argument("--size", choices=["small", "tiny"], default="small")
