@@ -227,7 +227,7 @@ class DraftModel:
         self._trees.pop(seq_id, None)
         place = self._places.pop(seq_id, None)
         if place is not None:
-            self.runner.end(seq_id)  # its rows of the draft's slot, on a draft file that verifies trees
+            self.runner.end(seq_id)
             self.slots.give_back(None, place.slot)
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
-"""Cache rows inside a slot, for files that verify trees: each sequence's logical positions apart from its rows.
+"""Cache rows inside a slot, for files that verify trees: its sequence's logical positions apart from its rows.
 
 A slot file that verifies trees (:attr:`pyrt.llm.convention.Convention.tree`) takes, per token, the
 cache row of its slot it writes (``writes``) beside its logical (RoPE) position, and which rows of
 its slot it reads (``visible [T, W]``). Two siblings of a tree sit at one position but write two
-rows, and neither reads the other. :class:`RowMap` is one sequence's allocator: ``rows[p]`` is the
+rows, and neither reads the other. :class:`RowMap` is one slot's allocator: ``rows[p]`` is the
 row that holds its logical position ``p``; a feed from ``start`` drops what follows ``start``
 (those rows are free again) and takes the lowest free rows for its tokens; after verification
 :meth:`RowMap.keep` keeps the rows of the accepted tokens only, and the rejected ones are free for
@@ -34,7 +34,7 @@ from pyrt.errors import PyrtError
 
 
 class RowMap:
-    """One sequence's rows of its slot (``size`` rows): ``rows[p]`` holds its logical position ``p``."""
+    """One slot's rows (``size`` of them): ``rows[p]`` holds logical position ``p`` of the sequence in it."""
 
     def __init__(self, size: int, source: str = "") -> None:
         self.size, self.source = size, source

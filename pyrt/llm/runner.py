@@ -12,8 +12,10 @@ feed that asks for logits, the token :func:`pyrt.llm.sampling.sample` draws from
 guesses (a :class:`~pyrt.llm.scheduler.Proposal`) has a row for its last token and one per guess:
 :func:`pyrt.llm.verify.verify` keeps the guesses the target accepts and adds the token after them;
 the rejected guesses' tokens are not kept (the next step overwrites their cache positions).
-On a file that verifies trees (``conv.tree``) each sequence's cache rows are its own :class:`~pyrt.llm.rows.RowMap`
-(logical positions apart from rows, :mod:`pyrt.llm.rows`), and a feed whose proposal is a tree is checked by
+On a file that verifies trees (``conv.tree``) each slot's rows are a :class:`~pyrt.llm.rows.RowMap` (its
+sequence's logical positions apart from rows, :mod:`pyrt.llm.rows`; a sequence fed from position 0 lets go of
+every row its slot held, one fed from a later position keeps the rows of the positions before it, as a slot's
+cache does), and a feed whose proposal is a tree is checked by
 :func:`pyrt.llm.tree_verify.verify_tree`: the accepted path's rows stay, the others are free again.
 """
 
@@ -69,7 +71,7 @@ class Runner:
     def __init__(self, program: Any, conv: Convention) -> None:
         self.program, self.conv = program, conv
         self.samplers: dict[int, Sampler] = {}  # sequence id -> its sampler
-        self.maps: dict[int, RowMap] = {}  # sequence id -> its rows of its slot (files that verify trees)
+        self.maps: dict[int, RowMap] = {}  # slot -> the rows its sequence holds (files that verify trees)
 
     def start(self, seq_id: int, request: Request) -> Sampler:
         """Sequence ``seq_id`` joins: its sampler, seeded now."""
@@ -77,9 +79,8 @@ class Runner:
         return sampler
 
     def end(self, seq_id: int) -> None:
-        """Sequence ``seq_id`` ended: its sampler (and its rows, on a file that verifies trees) go."""
+        """Sequence ``seq_id`` ended: its sampler goes."""
         self.samplers.pop(seq_id, None)
-        self.maps.pop(seq_id, None)
 
     def run(self, feeds: Seq[Feed]) -> list[Outcome]:
         """One forward call for ``feeds``; each feed's outcome, in order."""
@@ -107,7 +108,7 @@ class Runner:
                 kept = list(range(before + accepted))
                 logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
             if self.conv.tree:
-                self.maps[feed.seq_id].keep(kept)
+                self.maps[feed.slot].keep(kept)
             out.append(Outcome(len(kept), chosen, logged, finished=sampler.chose(chosen)))
         return out
 
@@ -122,7 +123,7 @@ class Runner:
         """A step of a file that verifies trees: each feed's tokens at rows of its sequence's :class:`RowMap`."""
         placed, spans, used, rows = [], [], 0, 0
         for feed in feeds:
-            held = self.maps.setdefault(feed.seq_id, RowMap(self.conv.max_context_len, self.source))
+            held = self.maps.setdefault(feed.slot, RowMap(self.conv.max_context_len, self.source))
             writes = held.place(feed.start, len(feed.tokens))
             guess_parents = None if feed.proposal is None else feed.proposal.parents
             parents = feed_parents(len(feed.tokens), guess_parents, len(feed.guesses))

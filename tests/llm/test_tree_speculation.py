@@ -252,7 +252,7 @@ def test_sequences_join_and_leave_mid_run_and_cancel_frees_slots_and_rows() -> N
     got = [s.result.tokens for s in first + late if s.result]
     assert got[:1] + got[2:] == [want(p) for i, p in enumerate(PROMPTS[:6]) if i != 1]
     assert S.free_slots(llm) == 3 and engine.drafter.slots.free == 2 and engine.stats()["drafted"] > 0
-    assert not llm.core.runner.maps and not engine.drafter.runner.maps  # every sequence's rows let go
+    assert all(len(m.rows) <= 40 for m in llm.core.runner.maps.values())  # a slot's rows: its last sequence's
 
 
 def test_a_tree_draft_file_keeps_its_own_rows_apart_too() -> None:
