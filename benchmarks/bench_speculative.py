@@ -322,7 +322,7 @@ def tree_main(args: argparse.Namespace) -> None:
             + markdown_table(head, table))
     print(text)
     if not args.no_write:
-        write_results(f"bench_speculative_tree_{args.size}", "Tree speculation", text)
+        write_results(f"bench_speculative_tree_{args.size}{'_int4' if args.int4 else ''}", "Tree speculation", text)
 
 
 def main() -> None:
