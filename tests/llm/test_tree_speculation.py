@@ -309,3 +309,17 @@ def test_a_node_whose_children_cannot_enter_the_tree_is_not_expanded() -> None:
     assert first is not None and g.worth_expanding(first)  # its best child (0.25) beats the 0.2 one
     second = g.pop()  # the 0.3 sibling: its best child (0.15) loses to the 0.2 one, and one place is left
     assert second is not None and not g.worth_expanding(second)
+
+
+def test_a_trees_size_is_bounded_by_its_slots_rows_not_by_max_new_tokens() -> None:
+    from pyrt.llm import make_request
+    from pyrt.llm.scheduler import Sequence, guess_cap
+
+    conv = T.convention()
+    seq = Sequence(1, make_request(conv, [1, 2, 3], SamplingParams(max_new_tokens=4)), max_guesses=8)
+    seq.new = [5]
+    assert guess_cap(seq, conv) == 2  # a chain: at most the new tokens left, less the one after it
+    seq.tree = True
+    assert guess_cap(seq, conv) == S.CONTEXT - 1 - 3  # a tree: the rows left (one path of it is kept at most)
+    seq.new = [5, 6, 7, 8]
+    assert guess_cap(seq, conv) == 0
