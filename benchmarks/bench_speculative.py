@@ -25,6 +25,22 @@ is at least 2. The GPU part (the target's weights streamed from pinned host memo
 tokens/s at least 0.8 x tokens per pass) needs a GPU.
 
     python benchmarks/bench_speculative.py [--size small|tiny] [--k 4] [--samples 3] [--no-write]
+
+``--tree`` (issue #44): tree speculation against a chain at the same draft. The target (Llama ``--size``) and two
+drafts made by perturbing its weight matrices (each plus ``scale`` times its own spread of Gaussian noise) so
+that they agree with it on about 74% and 54% of its greedy tokens (measured and printed), as pyrt's slot module
+that verifies trees run eagerly as the engine's program (``tests/fixtures/eager_slots.py``: the module
+``decoder_to_pte(max_batch_size=...)`` exports; the engine, row allocation, tree growth and verification are
+pyrt's own). Each prompt alone (batch 1, the single user of a weight-streamed model), greedy; the tokens are
+checked equal to transformers' greedy. Per configuration (a chain of k = 4; trees of 8, 16, 32, 64 grown best
+first): tokens per target pass, draft passes per target pass, and tokens/s of a model where a target pass costs
+``--pass-cost-s`` (the weight transfer of a streamed model) and a draft pass ``--draft-cost-s`` (a resident
+draft): tokens / (target passes x pass cost + draft passes x draft cost). ``--int4``: the target's own INT4 copy
+(``decoder_to_pte(quantize="int4")``, portable kernels, SubSpec's idea) as a third draft. Goals: a tree of 32
+gives at least 1.4x the chain's tokens per pass with the ~54% draft, 1.2x with the ~74% one, and 1.2x its
+modelled tokens/s.
+
+    python benchmarks/bench_speculative.py --tree [--int4] [--size small] [--new-tokens 48] [--prompts 8] [--no-write]
 """
 
 from __future__ import annotations
@@ -195,8 +211,127 @@ def run(args: argparse.Namespace, directory: Path) -> tuple[list[list[str]], flo
     return table, agreed
 
 
+TREE_SIZES = (8, 16, 32, 64)
+SCALES = (0.045, 0.09)  # perturbations of the target's matrices: about 74% and 54% greedy agreement (small)
+
+
+class Counting:
+    """A draft Program's runs counted (``calls``), as a target of its own for ``draft=`` (its own drafter each time)."""
+
+    def __init__(self, program: Any) -> None:
+        from pyrt.llm.program import engine_convention
+
+        self.program, self.source, self.calls = program, str(program.source), list[int]()
+        self.conv = engine_convention(program, "forward")
+
+    def run(self, *inputs: Any, method: str = "forward") -> Any:
+        self.calls.append(len(inputs[0]))
+        return self.program.run(*inputs, method=method)
+
+    def fresh(self) -> Any:
+        import types
+
+        self.calls = []
+        return types.SimpleNamespace(program=self, conv=self.conv, source=self.source)
+
+
+def int4_draft(target: Any, context: int, directory: Path) -> Counting:
+    """The target's own INT4 copy (``decoder_to_pte(quantize="int4")``, portable, 2 slots) as a draft file."""
+    import pyrt
+    from pyrt.export import decoder_to_pte
+
+    path = directory / "int4.pte"
+    decoder_to_pte(target, path, max_seq_len=context, builder="portable", max_batch_size=2, max_tokens_per_step=64,
+                   quantize="int4", progress=False)
+    return Counting(pyrt.Program(path))
+
+
+def tree_run(args: argparse.Namespace, directory: Path) -> tuple[list[list[str]], list[float]]:
+    """Rows of the tree table (see the module docstring) and each draft's measured agreement."""
+    import numpy as np
+
+    from pyrt.llm import Engine, SamplingParams
+    from pyrt.testing import archs
+    from tests.fixtures import eager_slots as E
+
+    variant, layers = ("llm_small", 4) if args.size == "small" else ("llm", 2)
+    target = archs.causal_lm("llama", variant=variant, layers=layers)
+    vocab = target.config.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, vocab, PROMPT_LEN).tolist() for _ in range(args.prompts)]
+    wanted = continuations(target, prompts, args.new_tokens)
+    greedy = SamplingParams(max_new_tokens=args.new_tokens, eos_ids=())
+    context = PROMPT_LEN + args.new_tokens + max(TREE_SIZES) + 1
+    table, agreed = [], []
+    drafts: list[tuple[str, Any]] = []
+    for scale in SCALES:
+        draft = E.perturbed(target, scale)
+        agreed.append(agreement(target, draft, prompts, wanted))
+        drafts.append((f"{agreed[-1]:.0%}", draft))
+    if args.int4:
+        drafts.append(("INT4 copy", int4_draft(target, context, directory)))
+    for label, draft in drafts:
+        chain_rate = chain_tps = 0.0
+        for k, tree in ((args.k, False), *((n, True) for n in TREE_SIZES)):
+            llm, program = E.loop(target, slots=1, tokens_per_step=k + 1, max_seq_len=context)
+            if isinstance(draft, Counting):
+                drafter, draft_program = draft.fresh(), draft
+            else:
+                drafter, draft_program = E.loop(draft, slots=1, tokens_per_step=64, max_seq_len=context, tree=False,
+                                                name="draft")
+            engine = Engine(llm, draft=drafter, draft_tokens=k, draft_tree=tree)
+            tokens = passes = 0
+            for prompt, want in zip(prompts, wanted, strict=True):
+                stream = engine.submit(prompt, greedy)
+                stream.wait()
+                result = stream.result
+                what = f"tree {k}" if tree else f"chain k={k}"
+                assert result is not None and result.tokens == want, f"draft {label}, {what}: not greedy's"
+                tokens, passes = tokens + len(result.tokens), passes + result.passes
+            steps, draft_calls = engine.stats()["steps"], len(draft_program.calls)
+            per_pass = tokens / passes
+            tps = tokens / (steps * args.pass_cost_s + draft_calls * args.draft_cost_s)
+            if not tree:
+                chain_rate, chain_tps = per_pass, tps
+            if not tree and isinstance(draft, Counting):
+                label = f"INT4 copy ({engine.stats()['acceptance_rate']:.0%} of chain guesses)"
+            table.append([label, f"tree {k}" if tree else f"chain k={k}", f"{per_pass:.2f}",
+                          f"{per_pass / chain_rate:.2f}x", f"{engine.stats()['accepted_depth']:.2f}",
+                          f"{draft_calls / steps:.1f}", f"{tps:.2f}", f"{tps / chain_tps:.2f}x"])
+            engine.close()
+    return table, agreed
+
+
+def tree_main(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    args.new_tokens = args.new_tokens or 48
+    with tempfile.TemporaryDirectory() as tmp:
+        table, _ = tree_run(args, Path(tmp))
+    head = ["draft agreement", "guesses", "tokens/pass", "vs chain", "accepted depth", "draft passes/pass",
+            "modelled tok/s", "vs chain"]
+    text = (f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers {transformers.__version__}; "
+            f"threads 1)\n\nLlama {args.size} config target; drafts: the target with its matrices perturbed "
+            f"(scales {', '.join(map(str, SCALES))}; agreement: the share of the target's greedy tokens the draft's "
+            f"argmax gives); {args.prompts} random {PROMPT_LEN}-token prompts, each alone (batch 1), "
+            f"{args.new_tokens} new tokens greedy, equal to transformers' greedy on every row; pyrt's slot module that "
+            f"verifies trees run eagerly as the engine's program. Modelled tok/s: a target pass costs "
+            f"{args.pass_cost_s} s (a streamed weight pass), a draft pass {args.draft_cost_s} s (resident):\n\n"
+            + markdown_table(head, table))
+    print(text)
+    if not args.no_write:
+        write_results(f"bench_speculative_tree_{args.size}{'_int4' if args.int4 else ''}", "Tree speculation", text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", action="store_true", help="tree speculation against a chain (issue #44)")
+    parser.add_argument("--prompts", type=int, default=8, help="--tree: prompts, each alone (default 8)")
+    parser.add_argument("--int4", action="store_true", help="--tree: the target's INT4 copy as a draft too")
+    parser.add_argument("--pass-cost-s", type=float, default=0.25, help="--tree: a target pass's modelled cost")
+    parser.add_argument("--draft-cost-s", type=float, default=0.005, help="--tree: a draft pass's modelled cost")
     parser.add_argument("--size", choices=["small", "tiny"], default="small")
     parser.add_argument("--k", type=int, default=4, help="draft_tokens (default 4)")
     parser.add_argument("--new-tokens", type=int, help="default 64 (small), 24 (tiny: 64 positions)")
@@ -205,6 +340,9 @@ def main() -> None:
     parser.add_argument("--distill-steps", type=int, default=100)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.tree:
+        tree_main(args)
+        return
     args.new_tokens = args.new_tokens or (64 if args.size == "small" else 24)
     import torch
     import transformers

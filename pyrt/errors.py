@@ -51,6 +51,17 @@ class InputError(PyrtError, ValueError):
         return InputError(name + message[len(self.field):], field=name)
 
 
+class TreeUnsupportedError(InputError):
+    """``draft_tree=True`` asked of a file that cannot verify a tree of guesses (``source``: the file)."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(f"draft_tree=True: {source} cannot verify a tree of guesses (it takes no cache row and "
+                         "visible rows per token: a one-sequence file, or a slot file written before trees); export "
+                         "it again with max_batch_size > 1 (pyrt's slot layout), or guess a chain (draft_tree=False)",
+                         field="draft_tree")
+        self.source = source
+
+
 class ExecutionError(PyrtError, RuntimeError):
     """A kernel failed while a method ran; names the method, instruction and operator."""
 

@@ -8,7 +8,8 @@ carries the constant methods ExecuTorch's llama export writes (``get_max_seq_len
 read the same files.
 
 ``max_batch_size=B`` (B > 1) writes one file for B sequences at once: ``forward(tokens [T], slots [T],
-positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a KV cache of B slots
+positions [T], writes [T], rows [R], window [W], visible [T, W]) -> logits [R, vocab]`` over a KV cache of B slots
+(each token's cache row and the rows it reads beside its position: files that verify trees of guesses)
 (:mod:`pyrt.export._graph.slot_decoder`), where one step may prefill a new sequence's prompt while the
 others decode, with the weights stored once. ``get_max_batch_size`` and ``get_max_tokens_per_step``
 (the token budget of one step) say so in the file. A step returns up to ``max_tokens_per_step``

@@ -37,6 +37,9 @@ class GenerationConfig:
     ``"ngram"`` (prompt lookup), the path of a draft LLM file (opened fully resident on the target's
     devices by the engine that uses it), its :class:`pyrt.Program`, or a drafter object
     (:class:`pyrt.llm.Drafter`). ``draft_tokens``: the most tokens one sequence guesses per step.
+    ``draft_tree``: the guesses are a tree grown best first from the draft's probabilities (``draft_tokens`` its
+    size: the tokens one sequence has verified per pass, e.g. 32), checked in one pass; it needs a slot file that
+    verifies trees (written by ``decoder_to_pte(max_batch_size=...)`` now) and a draft.
     ``max_queued``: generations that may wait for a KV-cache slot beyond the slots free now (None: no
     bound); past it a submission is a :class:`pyrt.errors.QueueFullError`. ``prefix_caching``: a generation
     takes the free KV-cache slot whose cache holds the longest prefix of its prompt and prefills only the
@@ -46,6 +49,7 @@ class GenerationConfig:
     method: str = "forward"
     draft: Any = None
     draft_tokens: int = 4
+    draft_tree: bool = False
     max_queued: int | None = None
     prefix_caching: bool = True
 
@@ -54,6 +58,10 @@ class GenerationConfig:
             raise InputError(f"method={self.method!r} must be a method name", field="method")
         object.__setattr__(self, "draft", _draft(self.draft))
         checked_int(self.draft_tokens, "draft_tokens", low=1)
+        if not isinstance(self.draft_tree, bool):
+            raise InputError(f"draft_tree={self.draft_tree!r} must be True or False", field="draft_tree")
+        if self.draft_tree and self.draft is None:
+            raise InputError("draft_tree=True needs a draft (draft=None guesses nothing)", field="draft_tree")
         if self.max_queued is not None and not is_int(self.max_queued, low=0):
             raise InputError(f"max_queued={self.max_queued!r} must be an int >= 0 or None (no bound)",
                              field="max_queued")

@@ -4,7 +4,11 @@
 last position's ``[batch, vocab]``, as ExecuTorch's llama export writes without full logits)
 with a KV cache kept in the program's state; or pyrt's slot layout (``decoder_to_pte(max_batch_size=B)``):
 ``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` over a
-cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; plus constant methods
+cache of B slots, with ``get_max_batch_size`` and ``get_max_tokens_per_step``; or the slot layout that
+verifies trees (files written now): ``forward(tokens [T], slots [T], positions [T], writes [T], rows [R],
+window [W], visible [T, W])``, where ``writes`` is the cache row of its slot each token writes (its logical
+position stays ``positions``, for RoPE) and ``visible[t, w]`` is 1 where token ``t`` reads row ``w`` of its slot
+(``Convention.tree``); plus constant methods
 (``get_max_seq_len``, ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``get_n_layers``,
 ``use_kv_cache``, ``enable_dynamic_shape``) as ExecuTorch's llama export writes them.
 Missing optional methods fall back as ExecuTorch's runner does (the context is the
@@ -31,6 +35,7 @@ CONSTANT_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", 
                     "get_max_tokens_per_step")
 SINGLE, SLOTS = "single", "slots"  # the two layouts: one sequence per call; a flat list of tokens in slots
 SLOT_INPUTS = ("tokens", "slots", "positions", "rows", "window")
+TREE_INPUTS = ("tokens", "slots", "positions", "writes", "rows", "window", "visible")
 INT64 = int(ScalarType.LONG)
 
 
@@ -53,6 +58,7 @@ class Convention:
     layout: str = SINGLE  # SINGLE: forward(tokens [batch, seq], input_pos); SLOTS: tokens, slots, positions, rows
     slots: int = 1  # sequences the cache holds at once (max_batch_size); 1 for SINGLE files
     max_rows: int = 1  # the most logits rows one forward call returns (see the module docstring)
+    tree: bool = False  # a slot file that takes each token's cache row and visible rows: it verifies trees
 
     @property
     def tokens_per_step(self) -> int:
@@ -70,8 +76,9 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
     if plan is None:
         raise InputError(f"{program.source}: no method {method!r} (methods: {sorted(plans)}); "
                          "an LLM file needs forward(tokens, input_pos)")
-    slot_layout = len(plan.inputs) == len(SLOT_INPUTS)
-    tokens, pos, logits = _slot_signature(plan, where) if slot_layout else _signature(plan, where)
+    tree = len(plan.inputs) == len(TREE_INPUTS)
+    slot_layout = tree or len(plan.inputs) == len(SLOT_INPUTS)
+    tokens, pos, logits = _slot_signature(plan, where, tree) if slot_layout else _signature(plan, where)
     constants = {name: _constant(program, name) for name in CONSTANT_METHODS if name in plans}
     if constants.get("use_kv_cache") is False:
         raise InputError(f"{where}: use_kv_cache is False; pyrt generates with a KV cache only")
@@ -91,7 +98,7 @@ def read_convention(program: Any, method: str = "forward") -> Convention:
                       torch_io=int(plan.values[plan.outputs[0]].tensor.scalar_type) == ScalarType.BFLOAT16
                       and program.kernels != "numpy",
                       max_rows=tokens[1] if len(logits) == 3 and logits[1] == tokens[1] else 1)
-    return _with_slots(conv, logits[0], where) if slot_layout else conv
+    return replace(_with_slots(conv, logits[0], where), tree=tree) if slot_layout else conv
 
 
 def _with_slots(conv: Convention, rows: int, where: str) -> Convention:
@@ -136,18 +143,27 @@ def _signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int,
     return (batch, seq, dynamic), tuple(pos.sizes), tuple(outs[0].tensor.sizes)
 
 
-def _slot_signature(plan: Any, where: str) -> tuple[tuple[int, int, bool], tuple[int, ...], tuple[int, ...]]:
-    """((1, max tokens, dynamic), positions sizes, logits sizes) of forward(tokens, slots, positions, rows, window)."""
-    ins = [plan.values[i] for i in plan.inputs]
+def _slot_signature(plan: Any, where: str, tree: bool = False
+                    ) -> tuple[tuple[int, int, bool], tuple[int, ...], tuple[int, ...]]:
+    """((1, max tokens, dynamic), positions sizes, logits sizes) of forward(tokens, slots, positions, rows, window)
+    (``tree``: of forward(tokens, slots, positions, writes, rows, window, visible))."""
+    names = TREE_INPUTS if tree else SLOT_INPUTS
+    ins = dict(zip(names, (plan.values[i] for i in plan.inputs), strict=True))
     outs = [plan.values[i] for i in plan.outputs]
-    for name, v in zip(SLOT_INPUTS, ins, strict=True):
-        if v.kind != "Tensor" or int(v.tensor.scalar_type) != INT64 or len(v.tensor.sizes) != 1:
-            raise InputError(f"{where}: input {name} is not an int64 vector; the slot layout is forward(tokens [T], "
-                             "slots [T], positions [T], rows [R], window [W]) with int64 inputs")
-    tokens, slots, pos, rows, _ = (v.tensor for v in ins)
-    if not tokens.sizes == slots.sizes == pos.sizes:
+    layout = ("forward(tokens [T], slots [T], positions [T], writes [T], rows [R], window [W], visible [T, W])"
+              if tree else "forward(tokens [T], slots [T], positions [T], rows [R], window [W])")
+    for name, v in ins.items():
+        rank = 2 if name == "visible" else 1
+        if v.kind != "Tensor" or int(v.tensor.scalar_type) != INT64 or len(v.tensor.sizes) != rank:
+            raise InputError(f"{where}: input {name} is not an int64 tensor of rank {rank}; the slot layout is "
+                             f"{layout} with int64 inputs")
+    tokens, slots, pos, rows = (ins[n].tensor for n in ("tokens", "slots", "positions", "rows"))
+    same = [ins[n].tensor for n in ("writes",) if n in ins]
+    if not tokens.sizes == slots.sizes == pos.sizes or any(t.sizes != tokens.sizes for t in same):
         raise InputError(f"{where}: tokens {list(tokens.sizes)}, slots {list(slots.sizes)} and positions "
-                         f"{list(pos.sizes)} must have one size (one entry per token)")
+                         f"{list(pos.sizes)}{' and writes' if tree else ''} must have one size (one entry per token)")
+    if tree and ins["visible"].tensor.sizes[0] != tokens.sizes[0]:
+        raise InputError(f"{where}: visible has {ins['visible'].tensor.sizes[0]} rows, tokens {tokens.sizes[0]}")
     if len(outs) != 1 or outs[0].kind != "Tensor" or len(outs[0].tensor.sizes) != 2:
         raise InputError(f"{where}: the slot layout returns one logits tensor [rows, vocab]")
     if outs[0].tensor.sizes[0] != rows.sizes[0]:

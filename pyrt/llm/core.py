@@ -61,6 +61,7 @@ class FrontEnd:
     ``prefix_caching``: its generations take the free slot holding the longest prefix of their prompt and
     feed from there (:mod:`pyrt.llm.slots`; not those asking for ``prompt_logprobs``, which need every
     prompt position's logits: they feed the whole prompt again).
+    ``draft_tree``: its guesses are a tree of ``draft_tokens`` (:mod:`pyrt.llm.tree`).
     """
 
     id: int
@@ -70,6 +71,7 @@ class FrontEnd:
     reserve: int = 0
     transient: bool = False
     prefix_caching: bool = False
+    draft_tree: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Snapshot(NamedTuple):
     stopped: bool = False
     prefix_cache_queries: int = 0  # prompt tokens of generations that looked for a cached prefix
     prefix_cache_hits: int = 0  # of those, the tokens found in a slot (not fed)
+    checks: int = 0  # (sequence, step) pairs that checked guesses
 
 
 @dataclass
@@ -233,7 +236,7 @@ class EngineCore:
         return Snapshot(c.steps, c.tokens_generated, c.prompt_tokens, len(sched.running), len(sched.waiting),
                         self.slots.free, tuple(sorted(c.occupancy.items())), c.drafted, c.accepted, c.passes,
                         self.failures, tuple((f, q, r) for f, (q, r) in sorted(per_front.items())), self._stopped,
-                        c.prefix_queries, c.prefix_hits)
+                        c.prefix_queries, c.prefix_hits, c.checks)
 
     # -- commands ---------------------------------------------------------------------------------
     def _apply(self, command: Command) -> None:
@@ -270,7 +273,8 @@ class EngineCore:
                 continue
             front = front or self._fronts.setdefault(spec.id, _Front(spec))
             reuses = spec.prefix_caching and request.params.prompt_logprobs is None
-            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec), reuses)
+            seq = Seq(seq_id, request, Clock(submitted), spec.id, self._max_guesses(spec), reuses=reuses,
+                      tree=spec.draft_tree)
             self.scheduler.add(seq)
             self.runner.start(seq_id, request)
             self._outboxes[seq_id] = outbox
@@ -365,8 +369,9 @@ class EngineCore:
         for front_id, group in by_drafter.items():
             drafter = self._fronts[front_id].spec.drafter
             assert drafter is not None  # only sequences of a front end with a draft may guess
-            queries = [(DraftQuery(seq.id, seq.prompt, tuple(seq.new), seq.request, self.runner.samplers[seq.id].rng),
-                        room) for seq, room in group]
+            tree = self._fronts[front_id].spec.draft_tree
+            queries = [(DraftQuery(seq.id, seq.prompt, tuple(seq.new), seq.request, self.runner.samplers[seq.id].rng,
+                                   tree), room) for seq, room in group]
             try:
                 made = drafter.propose(queries)
             except Exception as exc:  # a failed draft run ends the generations it carried, not the engine

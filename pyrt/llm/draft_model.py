@@ -35,9 +35,10 @@ from pyrt.llm.params import SamplingParams
 from pyrt.llm.processors import History, process
 from pyrt.llm.request import Request
 from pyrt.llm.runner import Runner
-from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token
+from pyrt.llm.sampling import NOTHING, distribution, draw, greedy_token, probabilities
 from pyrt.llm.scheduler import Feed
 from pyrt.llm.slots import SlotTable, kept_prefix
+from pyrt.llm.tree import Acceptance, TreeGrower
 
 WIDTH = 2  # tokens a sequence feeds the draft per call once caught up (its catch-up after a check: 1 or 2)
 
@@ -78,6 +79,8 @@ class DraftModel:
         self.slots = SlotTable(conv.slots, self.name)  # the draft's cache slots, this drafter's alone
         self._owned = owned
         self._places: dict[int, DraftSlot] = {}  # target sequence id -> its place in the draft
+        self.acceptance = Acceptance()  # what shapes its trees, measured on the trees the target checked
+        self._trees: dict[int, tuple[int, TreeGrower]] = {}  # target sequence id -> (its context then, last tree)
 
     def propose(self, rooms: Seq[tuple[DraftQuery, int]]) -> dict[int, Proposal]:
         """Up to ``room`` guesses per sequence, by sequence id (sequences left out guess nothing this step)."""
@@ -91,7 +94,14 @@ class DraftModel:
                 items.append(_Guessing(query, place, room, context))
         if not items:
             return {}
-        work, rows = items, self._catch_up(items)
+        first = self._catch_up(items)
+        trees = [(item, row) for item, row in zip(items, first, strict=True) if item.query.tree]
+        grown = self._grow(trees) if trees else {}
+        chains = [(item, row) for item, row in zip(items, first, strict=True) if not item.query.tree]
+        if not chains:
+            return grown
+        items = [item for item, _ in chains]
+        work, rows = items, [row for _, row in chains]
         while True:
             for item, row in zip(work, rows, strict=True):
                 history = item.query.history().then(tuple(item.tokens))
@@ -104,7 +114,65 @@ class DraftModel:
                 break
             width = WIDTH if WIDTH * len(work) <= self.conv.tokens_per_step else 1  # slots <= the token budget
             rows = [r[-1] for r in self._run([self._tail(w.place, (*w.context, *w.tokens), width) for w in work])]
-        return {w.query.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None) for w in items}
+        return {**grown, **{w.query.id: Proposal(tuple(w.tokens), np.stack(w.probs) if w.probs else None)
+                            for w in items}}
+
+    def _grow(self, trees: list[tuple[_Guessing, np.ndarray]]) -> dict[int, Proposal]:
+        """A best-first tree per sequence (:class:`~pyrt.llm.tree.TreeGrower`) of ``room`` guesses: each round adds
+        every growing tree's best candidate and expands it, all of them in one call of the draft (each sequence's
+        path fed from where its cache left the tree's last one)."""
+        growers = []
+        rates = self.acceptance.rates()
+        for item, row in trees:
+            before = self._trees.pop(item.query.id, None)
+            if before is not None:  # the tree checked last: where the target's tokens went through it
+                self.acceptance.observe(before[1], item.context[before[0]:])
+            depth = self.conv.max_context_len - len(item.context)  # the deepest path the draft's cache holds
+            cap = item.query.request.params.max_new_tokens
+            if cap is not None:  # a longer path than the new tokens left (less the one after it) is cut
+                depth = min(depth, cap - len(item.query.new) - 1)
+            grower = TreeGrower(item.room, max_depth=max(depth, 1), rates=rates)
+            self._trees[item.query.id] = (len(item.context), grower)
+            grower.offer(-1, draft_probs(row, item.query.request.params, item.query.history()))
+            growers.append((item, grower))
+        while True:
+            expand, added = [], False
+            for item, grower in growers:
+                node = grower.pop()
+                added = added or node is not None
+                if node is not None and not grower.full and grower.depths[node] < (grower.max_depth or 0) \
+                        and grower.worth_expanding(node):
+                    expand.append((item, grower, node))
+            if not added:
+                break
+            paths = []
+            for item, grower, node in expand:
+                tokens = (*item.context, *grower.path(node))
+                del item.place.written[kept_prefix(item.place.written, tokens, len(tokens) - 1):]  # roll back
+                paths.append((item.place, tokens))
+            for (item, grower, node), row in zip(expand, self._feed_paths(paths), strict=True):
+                history = item.query.history().then(grower.path(node))
+                grower.offer(node, draft_probs(row, item.query.request.params, history))
+        return {item.query.id: grower.proposal() for item, grower in growers}
+
+    def _feed_paths(self, paths: list[tuple[DraftSlot, tuple[int, ...]]]) -> list[np.ndarray]:
+        """Each place's ``tokens`` fed from what it has written (as few calls as the draft's token budget allows,
+        one per place on a one-sequence file); the draft's logits after each one's last token."""
+        last: dict[int, np.ndarray] = {}
+        while len(last) < len(paths):
+            budget, feeds = self.conv.tokens_per_step, list[Feed]()
+            for place, tokens in paths:
+                if place.id in last or budget <= 0 or (feeds and self.conv.layout != SLOTS):
+                    continue
+                fed = min(place.fed, len(tokens) - 1)
+                chunk = tokens[fed:fed + budget]
+                feeds.append(Feed(place.id, place.slot, chunk, fed, int(fed + len(chunk) == len(tokens)),
+                                  place.request))
+                budget -= len(chunk)
+            for feed, rows in zip(feeds, self._run(feeds), strict=True):
+                if feed.logits:
+                    last[feed.seq_id] = rows[-1]
+        return [last[place.id] for place, _ in paths]
 
     def _place(self, query: DraftQuery) -> DraftSlot | None:
         place = self._places.get(query.id)
@@ -156,8 +224,10 @@ class DraftModel:
 
     def release(self, seq_id: int) -> None:
         """Sequence ``seq_id`` ended: its draft slot goes back to the draft's pool."""
+        self._trees.pop(seq_id, None)
         place = self._places.pop(seq_id, None)
         if place is not None:
+            self.runner.end(seq_id)
             self.slots.give_back(None, place.slot)
 
     def close(self) -> None:
@@ -178,6 +248,13 @@ def choose(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         return greedy_token(scores), None
     probs = distribution(scores, params)
     return draw(probs, rng), probs
+
+
+def draft_probs(row: np.ndarray, params: SamplingParams, history: History = NOTHING) -> np.ndarray:
+    """The draft's distribution after its logits ``row``, that a tree grows by: the request's after its logits
+    processors (temperature 1 for greedy requests, whose draft ranks by probability all the same)."""
+    scores = process(row, params, history)
+    return distribution(scores, params) if params.do_sample else probabilities(scores)
 
 
 def check_pair(draft: Convention, target: Convention, draft_source: str, target_source: str) -> None:

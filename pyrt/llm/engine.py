@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pyrt.errors import InputError
+from pyrt.errors import InputError, TreeUnsupportedError
 from pyrt.llm.config import GenerationConfig
 from pyrt.llm.core import CloseFront, FrontEnd, Pause, Resume, StepOnce, Submit
 from pyrt.llm.drafting import make_drafter
@@ -60,6 +60,7 @@ class GenerationOptions(TypedDict, total=False):
     method: str
     draft: Any
     draft_tokens: int
+    draft_tree: bool
     max_queued: int | None
     prefix_caching: bool
 
@@ -99,9 +100,12 @@ class Engine:
         self.config = config
         self._core = core_loop(program, config.method)
         self.conv, self.program = self._core.conv, self._core.program
+        if config.draft_tree and not self.conv.tree:
+            raise TreeUnsupportedError(self.source)
         drafter = make_drafter(config.draft, self._core)
         self._front = FrontEnd(self._core.new_id(), drafter, config.draft_tokens, config.max_queued, reserve,
-                               transient=bool(reserve), prefix_caching=config.prefix_caching)
+                               transient=bool(reserve), prefix_caching=config.prefix_caching,
+                               draft_tree=config.draft_tree)
         self._closer = weakref.finalize(self, self._core.post, CloseFront(self._front))
         if reserve:
             self._closer.detach()  # a transient front end: the core lets it go after its last generation
@@ -165,16 +169,20 @@ class Engine:
         """The core's counters (every front end's generations on this method): steps (forward calls of the target),
         generated and prompt tokens, queued and running, slots and free slots, sequences per step, unexpected step
         failures; speculative decoding's ``drafted`` and ``accepted`` guessed tokens, ``acceptance_rate`` and
-        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft);
-        prefix caching's ``prefix_cache_queries`` (prompt tokens of generations that looked for a cached prefix)
-        and ``prefix_cache_hits`` (those found in a slot, not fed; ``prompt_tokens`` counts the fed ones); this
-        engine's ``draft`` and ``draft_tokens``. A snapshot: the stepping thread publishes it after each step."""
+        ``tokens_per_pass`` (generated tokens per sequence per step that gave it tokens: 1.0 without a draft),
+        ``checks`` (sequence passes that checked guesses) and ``accepted_depth`` (guesses accepted per check: a
+        chain's accepted run, a tree's accepted path); prefix caching's ``prefix_cache_queries`` (prompt tokens of
+        generations that looked for a cached prefix) and ``prefix_cache_hits`` (those found in a slot, not fed;
+        ``prompt_tokens`` counts the fed ones); this engine's ``draft``, ``draft_tokens`` (a tree's size with
+        ``draft_tree``) and ``draft_tree``. A snapshot: the stepping thread publishes it after each step."""
         p = self._core.published
         return {"steps": p.steps, "tokens_generated": p.tokens_generated, "prompt_tokens": p.prompt_tokens,
                 "running": p.running, "slots": self.slots, "occupancy": {str(k): v for k, v in p.occupancy},
                 "draft": self.draft, "draft_tokens": self.max_guesses, "drafted": p.drafted, "accepted": p.accepted,
                 "acceptance_rate": p.accepted / p.drafted if p.drafted else 0.0,
                 "tokens_per_pass": p.tokens_generated / p.passes if p.passes else 0.0,
+                "draft_tree": self.config.draft_tree, "checks": p.checks,
+                "accepted_depth": p.accepted / p.checks if p.checks else 0.0,
                 "queued": p.queued, "free_slots": p.free_slots, "step_failures": p.failures,
                 "prefix_cache_queries": p.prefix_cache_queries, "prefix_cache_hits": p.prefix_cache_hits}
 

@@ -14,22 +14,36 @@ from pyrt.llm.request import Request
 @dataclass(frozen=True, eq=False)
 class Proposal:
     """A drafter's guesses for one sequence: the ``tokens`` it guesses follow the sequence's last one, and
-    ``probs`` (``[len(tokens), vocab]``) the distribution each was drawn from (None: chosen deterministically)."""
+    ``probs`` (``[len(tokens), vocab]``) the distribution each was drawn from (None: chosen deterministically).
+
+    ``parents``: a tree of guesses (None: a chain, each guess after the one before): ``parents[i]`` is the index of
+    guess ``i``'s parent among the guesses (before ``i``), -1 for the sequence's last token; a tree's guesses are
+    deterministic (``probs`` None), siblings in the order they are tried (:mod:`pyrt.llm.tree_verify`)."""
 
     tokens: tuple[int, ...]
     probs: np.ndarray | None = None
+    parents: tuple[int, ...] | None = None
+
+    def head(self, n: int) -> Proposal:
+        """The first ``n`` guesses (a tree's first ``n`` nodes are a tree: parents come first)."""
+        if n >= len(self.tokens):
+            return self
+        return Proposal(self.tokens[:n], None if self.probs is None else self.probs[:n],
+                        None if self.parents is None else self.parents[:n])
 
 
 @dataclass(frozen=True)
 class DraftQuery:
     """What a draft sees of one sequence it guesses for: its id, prompt, new tokens, request, and the random state
-    its target samples with (a sampling draft draws from it too, so that one seeded stream serves both)."""
+    its target samples with (a sampling draft draws from it too, so that one seeded stream serves both); ``tree``:
+    the room is a tree's size (:mod:`pyrt.llm.tree`)."""
 
     id: int
     prompt: tuple[int, ...]
     new: tuple[int, ...]
     request: Request
     rng: np.random.Generator
+    tree: bool = False  # its front end asks a tree of guesses (a drafter that cannot grow one guesses a chain)
 
     @property
     def context(self) -> tuple[int, ...]:
@@ -61,7 +75,9 @@ def fill(proposal: Proposal | None, last: int, room: int, vocab: int) -> Proposa
     probs = None if proposal is None else proposal.probs
     if probs is not None:
         probs = np.concatenate([probs, np.eye(vocab)[list(filler)]])
-    return Proposal((*tokens, *filler), probs)
+    parents = None if proposal is None or proposal.parents is None else (
+        *proposal.parents, *range(len(tokens) - 1, len(tokens) - 1 + extra))  # a chain after the last node
+    return Proposal((*tokens, *filler), probs, parents)
 
 
 __all__ = ["Proposal", "DraftQuery", "fill"]

@@ -33,8 +33,8 @@ from pyrt.llm.stream import Generation, wait_all
 def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: Any = None, eos_ids: Any = None, stream: bool = False, method: str = "forward",
-             draft: Any = None, draft_tokens: int | None = None, prefix_caching: bool | None = None,
-             **options: Any) -> Any:
+             draft: Any = None, draft_tokens: int | None = None, draft_tree: bool | None = None,
+             prefix_caching: bool | None = None, **options: Any) -> Any:
     """Generate after ``prompt_ids`` with a :class:`pyrt.Program` that follows ExecuTorch's LLM convention.
 
     ``prompt_ids``: one prompt (a sequence of ids), or a list of prompts, which share the program's
@@ -50,8 +50,9 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     prompt, iterating the new ids as they come. ``draft``: None, ``"ngram"`` (prompt lookup over each
     prompt and its output) or a :class:`pyrt.Program` of a smaller LLM file with this one's vocabulary,
     BOS and EOS ids (:func:`pyrt.llm.open_draft`); ``draft_tokens``: the most tokens guessed per
-    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default). Greedy tokens are
-    exactly those without a draft; sampled ones have exactly
+    sequence per step (None: :class:`~pyrt.llm.config.GenerationConfig`'s default); ``draft_tree``: the
+    guesses are a tree of ``draft_tokens`` grown from the draft's probabilities (a slot file that verifies
+    trees; None: the config's default). Greedy tokens are exactly those without a draft; sampled ones have exactly
     their distribution (a seed gives the same tokens run to run, not the same as without a draft).
     A file that returns the last position's logits only checks no guesses. ``prefix_caching`` (None:
     :class:`~pyrt.llm.config.GenerationConfig`'s default, on): each prompt takes the program's free KV-cache
@@ -64,7 +65,7 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
     """
     if not isinstance(stream, bool):
         raise InputError(f"stream={stream!r} must be a bool", field="stream")
-    given: dict[str, Any] = {"draft_tokens": draft_tokens, "prefix_caching": prefix_caching}
+    given: dict[str, Any] = {"draft_tokens": draft_tokens, "draft_tree": draft_tree, "prefix_caching": prefix_caching}
     config = GenerationConfig(method=method, draft=draft, **{k: v for k, v in given.items() if v is not None})
     conv = core_loop(program, method).conv
     prompts, single = _prompts(prompt_ids)

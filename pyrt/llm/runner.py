@@ -12,6 +12,11 @@ feed that asks for logits, the token :func:`pyrt.llm.sampling.sample` draws from
 guesses (a :class:`~pyrt.llm.scheduler.Proposal`) has a row for its last token and one per guess:
 :func:`pyrt.llm.verify.verify` keeps the guesses the target accepts and adds the token after them;
 the rejected guesses' tokens are not kept (the next step overwrites their cache positions).
+On a file that verifies trees (``conv.tree``) each slot's rows are a :class:`~pyrt.llm.rows.RowMap` (its
+sequence's logical positions apart from rows, :mod:`pyrt.llm.rows`; a sequence fed from position 0 lets go of
+every row its slot held, one fed from a later position keeps the rows of the positions before it, as a slot's
+cache does), and a feed whose proposal is a tree is checked by
+:func:`pyrt.llm.tree_verify.verify_tree`: the accepted path's rows stay, the others are free again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import numpy as np
 from pyrt.llm.convention import SLOTS, Convention
 from pyrt.llm.processors import History, TokenLogprob, process, token_logprobs
 from pyrt.llm.request import Request
+from pyrt.llm.rows import Placed, RowMap, feed_parents, tree_inputs
 from pyrt.llm.scheduler import Feed, Outcome
+from pyrt.llm.tree_verify import verify_tree
 from pyrt.llm.verify import verify
 
 WINDOW_STEP = 32
@@ -64,6 +71,7 @@ class Runner:
     def __init__(self, program: Any, conv: Convention) -> None:
         self.program, self.conv = program, conv
         self.samplers: dict[int, Sampler] = {}  # sequence id -> its sampler
+        self.maps: dict[int, RowMap] = {}  # slot -> the rows its sequence holds (files that verify trees)
 
     def start(self, seq_id: int, request: Request) -> Sampler:
         """Sequence ``seq_id`` joins: its sampler, seeded now."""
@@ -88,10 +96,20 @@ class Runner:
                 continue
             guesses, probs = feed.guesses, None if feed.proposal is None else feed.proposal.probs
             history = sampler.history(feed.request, feed.generated)
-            accepted, chosen = verify(logits, guesses, probs, params, sampler.rng, history)
-            logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
-            out.append(Outcome(len(feed.tokens) - len(guesses) + accepted, chosen, logged,
-                               finished=sampler.chose(chosen)))
+            before = len(feed.tokens) - len(guesses)
+            parents = None if feed.proposal is None else feed.proposal.parents
+            if parents is not None:
+                path, chosen = verify_tree(logits, guesses, parents, params, sampler.rng, history)
+                kept = [*range(before), *(before + i for i in path)]
+                logged = logprobs(logits[[0, *(1 + i for i in path)]], chosen, history, params) \
+                    if params.logprobs is not None else ()
+            else:
+                accepted, chosen = verify(logits, guesses, probs, params, sampler.rng, history)
+                kept = list(range(before + accepted))
+                logged = logprobs(logits, chosen, history, params) if params.logprobs is not None else ()
+            if self.conv.tree:
+                self.maps[feed.slot].keep(kept)
+            out.append(Outcome(len(kept), chosen, logged, finished=sampler.chose(chosen)))
         return out
 
     def logits(self, feeds: Seq[Feed]) -> list[np.ndarray]:
@@ -101,7 +119,29 @@ class Runner:
             return self._slots_step(feeds)
         return [self._single_step(feed) for feed in feeds]
 
+    def _tree_step(self, feeds: Seq[Feed]) -> list[np.ndarray]:
+        """A step of a file that verifies trees: each feed's tokens at rows of its sequence's :class:`RowMap`."""
+        placed, spans, used, rows = [], [], 0, 0
+        for feed in feeds:
+            held = self.maps.setdefault(feed.slot, RowMap(self.conv.max_context_len, self.source))
+            writes = held.place(feed.start, len(feed.tokens))
+            guess_parents = None if feed.proposal is None else feed.proposal.parents
+            parents = feed_parents(len(feed.tokens), guess_parents, len(feed.guesses))
+            placed.append(Placed(feed.slot, feed.start, feed.tokens, tuple(parents), tuple(held.rows[:feed.start]),
+                                 tuple(writes), feed.logits))
+            used = max(used, *held.rows)
+            spans.append((rows, rows + feed.logits))
+            rows += feed.logits
+        logits = self._run(tree_inputs(placed, window_size(used + 1, self.conv.max_context_len)))
+        return [logits[a:b] for a, b in spans]
+
+    @property
+    def source(self) -> str:
+        return str(getattr(self.program, "source", ""))
+
     def _slots_step(self, feeds: Seq[Feed]) -> list[np.ndarray]:
+        if self.conv.tree:
+            return self._tree_step(feeds)
         tokens: list[int] = []
         slots: list[int] = []
         positions: list[int] = []

@@ -68,6 +68,7 @@ class Sequence:
     front: int | None = None
     max_guesses: int = 0
     reuses: bool = False
+    tree: bool = False  # its guesses are a tree: max_new_tokens bounds their depth (the draft's), not their number
     new: list[int] = field(default_factory=list)
     slot: int | None = None
     fed: int = 0  # tokens of prompt + new written to the cache (and still valid there)
@@ -155,6 +156,7 @@ class Counters:
     accepted: int = 0  # guessed tokens kept
     prefix_queries: int = 0  # prompt tokens of the sequences that looked for a cached prefix
     prefix_hits: int = 0  # of those, the tokens their slots held already (not fed)
+    checks: int = 0  # (sequence, step) pairs that checked guesses: accepted / checks is the accepted depth
 
 
 class Scheduler:
@@ -206,10 +208,8 @@ class Scheduler:
             if seq.new and budget > 0:
                 assert seq.slot is not None  # running sequences hold a slot
                 proposal = (proposals or {}).get(seq.id)
-                guesses = proposal.tokens[:rooms.get(seq.id, 0)] if proposal is not None else ()
-                if proposal is not None and guesses != proposal.tokens:
-                    probs = None if proposal.probs is None else proposal.probs[:len(guesses)]
-                    proposal = Proposal(guesses, probs)
+                proposal = None if proposal is None else proposal.head(rooms.get(seq.id, 0))
+                guesses = () if proposal is None else proposal.tokens
                 feeds.append(Feed(seq.id, seq.slot, (seq.new[-1], *guesses), seq.next_position, 1 + len(guesses),
                                   seq.request, tuple(seq.new), proposal if guesses else None))
                 budget, rows = budget - 1 - len(guesses), rows - 1 - len(guesses)
@@ -270,6 +270,7 @@ class Scheduler:
                 seq.drafted, seq.accepted = seq.drafted + len(feed.guesses), seq.accepted + accepted
                 self.counters.drafted += len(feed.guesses)
                 self.counters.accepted += accepted
+                self.counters.checks += 1
             if outcome.tokens:
                 seq.passes += 1
                 self.counters.passes += 1
@@ -344,12 +345,15 @@ def guess_cap(seq: Sequence, conv: Convention) -> int:
     ``max_new_tokens`` less the tokens it has and the one the target adds after the guesses.
 
     A step that checks k guesses writes the last token and the guesses at ``next_position .. next_position + k``
-    and gives at most k + 1 new tokens.
+    and gives at most k + 1 new tokens. A tree of k guesses takes k + 1 rows of the slot too, but one path of it at
+    most is kept: its size is not bounded by ``max_new_tokens`` (its depth is, by the draft: a path that runs past
+    the cap is cut there, as any accepted run is).
     """
     room = conv.max_context_len - 1 - seq.next_position
     cap = seq.request.params.max_new_tokens
     if cap is not None:
-        room = min(room, cap - len(seq.new) - 1)
+        left = cap - len(seq.new) - 1
+        room = min(room, left) if not seq.tree or left <= 0 else room  # a tree: one path of it is kept at most
     return max(room, 0)
 
 

@@ -141,6 +141,8 @@ FLAGS: tuple[Flag, ...] = (
          "holding the longest prefix of its prompt and prefills only the rest (vLLM's automatic prefix caching; "
          "--no-enable-prefix-caching: every prompt prefilled whole; default: on)",
          action=argparse.BooleanOptionalAction),
+    Flag(("--draft-tree",), "generation.draft_tree", "--draft: guess a tree of --draft-tokens tokens grown from the "
+         "draft's probabilities, verified in one pass (a slot file that verifies trees)", action="store_true"),
     Flag(("--api-key",), "api_key", f"require 'Authorization: Bearer KEY' on /v1 and /v2/models (default "
          f"${API_KEY_ENV}; health stays open)", metavar="KEY"),
     Flag(("--ray-proxy",), "start.ray_proxy", "serve HTTP through Ray Serve's proxy actor instead of HAProxy "

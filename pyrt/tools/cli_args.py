@@ -265,4 +265,7 @@ def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    "the same tokens in fewer passes of the model")
     p.add_argument("--draft-tokens", type=_one_or_more, default=4, metavar="K",
                    help="--draft: the most tokens guessed per step (default 4)")
+    p.add_argument("--draft-tree", action="store_true", default=None,
+                   help="--draft: guess a tree of --draft-tokens tokens (e.g. 32) grown from the draft's "
+                   "probabilities, verified in one pass (a slot file written with --max-batch-size)")
     p.add_argument("--json", action="store_true", help="print JSON at the end instead of tokens as they come")

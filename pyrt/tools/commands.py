@@ -258,7 +258,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                           eos_ids=args.eos_ids, stream=True, method=args.method, draft=_draft(args, stack),
-                          draft_tokens=args.draft_tokens)
+                          draft_tokens=args.draft_tokens, draft_tree=args.draft_tree)
         shown, seen = "", []
         for token in stream:
             seen.append(token)
@@ -275,7 +275,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
                "timings": result.timings.as_dict(), "cached_tokens": result.cached_tokens}
         if args.draft is not None:
-            out["speculation"] = {"draft": args.draft, "draft_tokens": args.draft_tokens, "passes": result.passes,
+            out["speculation"] = {"draft": args.draft, "draft_tokens": args.draft_tokens,
+                                  "draft_tree": bool(args.draft_tree), "passes": result.passes,
                                   "drafted": result.drafted, "accepted": result.accepted,
                                   "tokens_per_pass": result.tokens_per_pass}
         if tokenizer is not None:

@@ -18,6 +18,7 @@ from pyrt.errors import BusyError, InputError
 from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
+from tests.fixtures.eager_slots import as_tree
 
 pytestmark = [pytest.mark.export]
 
@@ -206,8 +207,9 @@ def test_portable_slot_files_run_in_executorchs_own_runtime(kernels: str) -> Non
 
     with pyrt.Program(exported.path, kernels=kernels) as prog:
         for step in steps:
-            ours = np.asarray(prog.run(*(np.asarray(list(a), np.int64) for a in step)))
-            theirs = method.execute([torch.tensor(list(a)) for a in step])[0].numpy()
+            inputs = as_tree(step)  # files written now verify trees: each token's row and visible rows too
+            ours = np.asarray(prog.run(*inputs))
+            theirs = method.execute([torch.from_numpy(a) for a in inputs])[0].numpy()
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
             assert ours.shape == (len(step[3]), archs.VOCAB)
 
@@ -251,6 +253,8 @@ def test_tensorrt_rtx_builds_a_slot_file_as_one_engine_with_a_dynamic_token_coun
     info = pyrt.inspect(tmp_path / "m.pte")
     forward = next(m for m in info["methods"] if m["name"] == "forward")
     assert forward["instruction_counts"]["DelegateCall"] == 1
-    assert [s["shape"] for s in forward["input_specs"]] == [[8], [8], [8], [8], [24]]  # rows: up to the token budget
+    assert [s["shape"] for s in forward["input_specs"]] == [[8], [8], [8], [8], [8], [24], [8, 24]]  # tokens, slots,
+    # positions, writes, rows (up to the token budget), window, visible
     bindings = forward["delegates"][0]["tensorrt"]
-    assert bindings["inputs"][0] == "input_0" and summary.engines[0].inputs[0].shape == (-1,)  # tokens: dynamic
+    shapes = {tuple(i.shape) for i in summary.engines[0].inputs}
+    assert bindings["inputs"][0] == "input_0" and {(-1,), (-1, -1)} <= shapes  # tokens: dynamic; visible [T, W]

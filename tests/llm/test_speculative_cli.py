@@ -43,6 +43,17 @@ def test_generate_with_a_draft_prints_the_same_tokens_and_the_tokens_per_pass(ca
     assert data["draft_tokens"] == 4 and data["passes"] * data["tokens_per_pass"] == 12
 
 
+def test_generate_with_a_draft_tree_prints_the_same_tokens(capsys: Any) -> None:
+    target = L.batched("llama", "reference").path
+    plain = run(capsys, "generate", target, "--prompt-ids", ECHO, "--max-new-tokens", 12, "--eos-ids", "")
+    status, out, err = run(capsys, "generate", target, "--prompt-ids", ECHO, "--max-new-tokens", 12, "--eos-ids", "",
+                           "--draft", L.draft("llama"), "--draft-tree", "--draft-tokens", 8, "--json")
+    data = json.loads(out)
+    assert status == 0, err
+    assert " ".join(map(str, data["tokens"])) == plain[1].strip() and data["speculation"]["draft_tree"]
+    assert data["speculation"]["drafted"] > 0
+
+
 def test_a_bad_draft_is_named(capsys: Any, tmp_path: Any) -> None:
     target = L.batched("llama", "reference").path
     status, _, err = run(capsys, "generate", target, "--prompt-ids", "1,2", "--draft", tmp_path / "nope.pte")

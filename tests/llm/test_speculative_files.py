@@ -16,9 +16,11 @@ import torch
 
 import pyrt
 import pyrt.llm
+from pyrt.errors import TreeUnsupportedError
 from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
+from tests.fixtures.eager_slots import as_tree
 
 pytestmark = pytest.mark.export
 
@@ -97,15 +99,18 @@ def test_an_older_file_checks_guesses_in_its_spare_rows(tmp_path: Path, monkeypa
     from pyrt.export import decoder_to_pte
     from pyrt.export._graph import slot_decoder
 
-    real = slot_decoder.export
+    real, real_wrap = slot_decoder.export, slot_decoder.wrap
     monkeypatch.setattr(slot_decoder, "export", lambda module, tokens, seq: real(module, tokens, seq,
                                                                                  max_rows=module.max_batch_size))
+    monkeypatch.setattr(slot_decoder, "wrap", lambda model, seq, slots: real_wrap(model, seq, slots, tree=False))
     path = tmp_path / "old.pte"
     decoder_to_pte(archs.causal_lm("gpt2"), path, max_seq_len=L.MAX_SEQ_LEN, builder="portable",
                    max_batch_size=L.SLOTS, max_tokens_per_step=16, progress=False)
     wanted = want("gpt2")
     with pyrt.Program(path) as prog, pyrt.Program(path) as draft:
-        assert pyrt.llm.read_convention(prog).max_rows == L.SLOTS
+        assert pyrt.llm.read_convention(prog).max_rows == L.SLOTS and not pyrt.llm.read_convention(prog).tree
+        with pytest.raises(TreeUnsupportedError, match=f"draft_tree=True: {path} cannot verify a tree"):
+            pyrt.llm.Engine(prog, draft=draft, draft_tree=True)
         engine = pyrt.llm.Engine(prog, draft=draft, draft_tokens=8)
         assert engine.max_guesses == L.SLOTS - 1
         alone = pyrt.generate(prog, ECHO, max_new_tokens=NEW, eos_ids=[], draft=draft, draft_tokens=8)
@@ -123,8 +128,9 @@ def test_executorchs_runtime_returns_more_rows_than_slots() -> None:
     method = Runtime.get().load_program(str(exported.path)).load_method("forward")
     with pyrt.Program(exported.path) as prog:
         for step in steps:
-            ours = np.asarray(prog.run(*(np.asarray(list(a), np.int64) for a in step)))
-            theirs = method.execute([torch.tensor(list(a)) for a in step])[0].numpy()
+            inputs = as_tree(step)
+            ours = np.asarray(prog.run(*inputs))
+            theirs = method.execute([torch.from_numpy(a) for a in inputs])[0].numpy()
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
             assert ours.shape == (len(step[3]), archs.VOCAB) and len(step[3]) > L.SLOTS
 
@@ -172,6 +178,21 @@ def last_position_file(tmp_path: Path) -> Path:
     path.write_bytes(to_edge(program, constant_methods=constant_methods(model, L.MAX_SEQ_LEN, True))
                      .to_executorch().buffer)
     return path
+
+
+@pytest.mark.parametrize("builder", ["reference", "portable"])
+def test_greedy_with_a_tree_draft_equals_transformers_on_files_written_now(builder: str) -> None:
+    """Files written now verify trees: a tree of 12 guesses from the one-layer draft, alone and as a batch."""
+    exported = L.batched("llama", builder)
+    prompts, wanted = L.PROMPTS + [ECHO], want("llama")
+    with opened(exported.path, L.draft("llama")) as (prog, draft):
+        assert pyrt.llm.read_convention(prog).tree
+        alone = pyrt.generate(prog, ECHO, max_new_tokens=NEW, eos_ids=[], draft=draft, draft_tokens=12,
+                              draft_tree=True)
+        many = pyrt.generate(prog, prompts, max_new_tokens=NEW, eos_ids=[], draft=draft, draft_tokens=12,
+                             draft_tree=True)
+    assert alone.tokens == wanted[-1] and [r.tokens for r in many] == wanted
+    assert 0 < sum(r.accepted for r in many) < sum(r.drafted for r in many)
 
 
 def test_seeded_sampling_with_a_draft_file_is_the_same_run_to_run() -> None:

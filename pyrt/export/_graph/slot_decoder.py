@@ -1,5 +1,9 @@
 """Hugging Face causal LMs as one forward over a flat list of tokens, each with its KV-cache slot and position.
 
+Files written now take two inputs more (:class:`TreeSlotDecoderModule`, so that they verify trees of guesses):
+``forward(tokens, slots, positions, writes [T], rows, window, visible [T, W])``, each token's cache row apart
+from its position, and the rows it reads. What follows describes the older layout, where the row is the position.
+
 ``forward(tokens [T], slots [T], positions [T], rows [R], window [W]) -> logits [R, vocab]`` (int64
 inputs): token ``t`` of sequence ``slots[t]`` sits at ``positions[t]``; ``rows`` names the tokens whose
 logits come back (the last token each sequence fed this step, and for speculative decoding each guessed
@@ -109,15 +113,21 @@ class SlotDecoderModule(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                 window: torch.Tensor) -> torch.Tensor:
+        seen = window[None, :] <= positions[:, None]  # window's values, so W is an input of any engine that uses it
+        return self._step(tokens, slots, positions, positions, rows, window, seen)
+
+    def _step(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, writes: torch.Tensor,
+              rows: torch.Tensor, window: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """Tokens at their RoPE ``positions`` write cache rows ``writes`` of their slots and read the rows of the
+        first W where ``seen`` ([T, W] bool) is True."""
         heads = torch.arange(self.kv_heads, device=slots.device)
         starts = (slots[:, None] * self.kv_heads + heads[None, :]) * self.positions  # [T, kv]: each head's row 0
-        cache_rows = (starts + positions[:, None]).reshape(-1)
+        cache_rows = (starts + writes[:, None]).reshape(-1)
         reads = (starts[:, :, None] + window[None, None, :]).reshape(-1)
         width = window.shape[0]
         for i, layer in enumerate(self.layers):  # the buffers, as export lifted them
             layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
             layer.rows, layer.reads, layer.window = cache_rows, reads, width
-        seen = window[None, :] <= positions[:, None]  # window's values, so W is an input of any engine that uses it
         blocked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=positions.device)
         mask = torch.where(seen, torch.zeros((), dtype=self.dtype, device=positions.device), blocked)[:, None, None, :]
         args = {"input_ids": tokens[:, None], "position_ids": positions[:, None], "attention_mask": mask,
@@ -127,6 +137,18 @@ class SlotDecoderModule(torch.nn.Module):
             logits: torch.Tensor = self.model.get_output_embeddings()(hidden.index_select(0, rows))
             return logits
         return self.model(**args).logits[:, 0, :].index_select(0, rows)
+
+
+class TreeSlotDecoderModule(SlotDecoderModule):
+    """``forward(tokens, slots, positions, writes, rows, window, visible) -> logits [R, vocab]``: a slot file that
+    verifies trees. Token ``t`` sits at RoPE position ``positions[t]`` but writes row ``writes[t]`` of its slot (rows
+    are the host's to allocate: :mod:`pyrt.llm.rows`), and reads the rows ``w`` of its slot's first W where
+    ``visible[t, w]`` is nonzero (the rows its sequence accepted, its ancestors in the step's tree and itself): two
+    siblings at one position write two rows and never read each other."""
+
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+                writes: torch.Tensor, rows: torch.Tensor, window: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        return self._step(tokens, slots, positions, writes, rows, window, visible != 0)
 
 
 ATTENTION = "pyrt_slots"
@@ -197,10 +219,11 @@ def _head_gives_logits(model: Any) -> bool:
     return bool(full.shape == mine.shape and torch.equal(full, mine))
 
 
-def wrap(model: Any, max_seq_len: int, max_batch_size: int) -> torch.nn.Module:
-    """The slot-layout module; transformers' errors become ExportError."""
+def wrap(model: Any, max_seq_len: int, max_batch_size: int, tree: bool = True) -> torch.nn.Module:
+    """The slot-layout module (``tree``: the one that verifies trees, as files are written now; False: the older
+    layout, row = position); transformers' errors become ExportError."""
     try:
-        return SlotDecoderModule(model, max_seq_len, max_batch_size).eval()
+        return (TreeSlotDecoderModule if tree else SlotDecoderModule)(model, max_seq_len, max_batch_size).eval()
     except Exception as exc:  # transformers raises many types for models it cannot cache
         raise ExportError(f"wrapping {type(model).__name__} with a cache of {max_batch_size} slots failed: "
                           f"{type(exc).__name__}: {exc}") from exc
@@ -211,12 +234,15 @@ def export(module: torch.nn.Module, max_tokens: int, max_seq_len: int, max_rows:
     """torch.export the slot decoder: 1..``max_tokens`` tokens per step, 1..``max_rows`` logits rows (default
     ``max_tokens``: a row for every token, so a step can check every sequence's guesses), a window of
     1..``max_seq_len`` positions. (Files written before speculative decoding bound the rows by the slots.)"""
-    example = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 1]),
-               torch.arange(3))  # sizes >= 2: torch.export specializes sizes 0 and 1
-    tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
+    example: tuple[torch.Tensor, ...] = (torch.tensor([3, 4]), torch.tensor([0, 1]), torch.tensor([0, 1]),
+                                         torch.tensor([0, 1]), torch.arange(3))  # sizes >= 2: torch.export
+    tokens = torch.export.Dim("tokens", min=1, max=max_tokens)  # specializes sizes 0 and 1
     rows = torch.export.Dim("rows", min=1, max=max_tokens if max_rows is None else max_rows)
     window = torch.export.Dim("window", min=1, max=max_seq_len)
-    shapes = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows}, {0: window})
+    shapes: tuple[dict[int, Any], ...] = ({0: tokens}, {0: tokens}, {0: tokens}, {0: rows}, {0: window})
+    if isinstance(module, TreeSlotDecoderModule):  # ... writes [T] after positions, visible [T, W] last
+        example = (*example[:3], torch.tensor([0, 1]), *example[3:], torch.tensor([[1, 0, 0], [1, 1, 0]]))
+        shapes = (*shapes[:3], {0: tokens}, *shapes[3:], {0: tokens, 1: window})
     model = getattr(module, "model", None)
     try:
         with torch.no_grad(), _attention_of_slots(model) if model is not None else contextlib.nullcontext():
