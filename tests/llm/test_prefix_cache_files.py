@@ -16,6 +16,7 @@ from pyrt.llm import Engine, SamplingParams
 from pyrt.sim import simulated_gpus
 from pyrt.testing import archs
 from tests.fixtures import llm_models as L
+from tests.fixtures.eager_slots import as_tree
 
 pytestmark = [pytest.mark.export]
 
@@ -88,7 +89,7 @@ def test_a_run_of_the_program_outside_the_engine_makes_it_forget_what_slots_hold
     assert pyrt.generate(llama, BASE, max_new_tokens=2, eos_ids=[]).cached_tokens == len(BASE) - 1
     runs = llama.runs()
     for slot in range(L.SLOTS):  # a caller's own run writes position 0.. of every slot
-        llama.run(np.array([9, 9, 9]), np.array([slot] * 3), np.array([0, 1, 2]), np.array([2]), np.arange(32))
+        llama.run(*as_tree(([9, 9, 9], [slot] * 3, [0, 1, 2], [2], range(32))))
     assert llama.runs() == runs + L.SLOTS
     again = pyrt.generate(llama, BASE, max_new_tokens=4, eos_ids=[])
     assert again.cached_tokens == 0 and again.tokens == archs.greedy(model, BASE, 4)
