@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from pyrt.checks import checked_int, is_int
+from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export._engines.profiles import Bounds, check_profiles
 from pyrt.export._engines.progress import Progress
@@ -79,6 +80,7 @@ class ExportOptions:
     external_weights: bool
     profiles: tuple[dict[Any, Bounds], ...] | None
     quantize: wq.Scheme | None
+    max_engine_size: int | None = None  # bytes of weights per engine: cut at layer boundaries (None: no cut)
 
     def __post_init__(self) -> None:
         check_together(self)
@@ -88,8 +90,8 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
                  device: Any = DEFAULT_DEVICE, weight_streaming: Any = False, weight_streaming_budget: Any = None,
                  builder: Any = DEFAULT_BUILDER, dynamic_shapes: Any = None, compile_specs: Any = None,
                  progress: Any = None, writer: Any = DEFAULT_WRITER, external_weights: Any = False,
-                 profiles: Any = None, quantize: Any = None, group_size: Any = wq.DEFAULT_GROUP_SIZE
-                 ) -> ExportOptions:
+                 profiles: Any = None, quantize: Any = None, group_size: Any = wq.DEFAULT_GROUP_SIZE,
+                 max_engine_size: Any = None) -> ExportOptions:
     """Every ``to_pte`` option (the same names and defaults) checked once, before any work; the builder is found
     last (a missing TensorRT is an ExportError now, not after the slow steps)."""
     for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
@@ -113,6 +115,7 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
         external_weights=external_weights,
         profiles=check_profiles(profiles),
         quantize=check_quantize(quantize, group_size),
+        max_engine_size=check_engine_size(max_engine_size, "max_engine_size"),
         flavour=chosen if chosen == "reference" else resolve_flavour(chosen),
     )
 
@@ -147,6 +150,31 @@ def check_quantize(quantize: Any, group_size: Any) -> wq.Scheme | None:
         raise ExportError(f"group_size={group_size!r} must be a power of two >= {wq.MIN_GROUP_SIZE} "
                           f"(default {wq.DEFAULT_GROUP_SIZE})")
     return None if quantize is None else wq.Scheme(quantize, group_size)
+
+
+def check_engine_size(value: Any, source: str) -> int | None:
+    """``max_engine_size``: None (no cut), or the most weight bytes one engine holds: an int > 0 or a string
+    such as ``"2GiB"`` / ``"500MB"`` (the units of :func:`pyrt.device.budgets.parse_budget`).
+
+    >>> check_engine_size("2GiB", "--max-engine-size"), check_engine_size(4096, "max_engine_size")
+    (2147483648, 4096)
+    >>> check_engine_size("abc", "--max-engine-size")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: --max-engine-size='abc' is not a size such as 2GiB, 500MB or a byte count > 0
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ExportError(f"{source}={value!r} is a {type(value).__name__}; pass a size such as 2GiB or a byte "
+                          "count > 0")
+    try:
+        spec = parse_budget(value, source=source)
+    except BudgetError:
+        spec = None
+    if spec is None or spec.kind != "bytes" or not isinstance(spec.value, int) or spec.value < 1:
+        raise ExportError(f"{source}={value!r} is not a size such as 2GiB, 500MB or a byte count > 0")
+    return spec.value
 
 
 def check_budget(value: Any, source: str) -> int:

@@ -1,0 +1,198 @@
+"""Layer-group engines (``max_engine_size``): a decoder cut at layer boundaries into the fewest engines whose
+weights fit, each group's KV cache its own engine's state, the hidden state passed engine to engine on the device;
+tokens equal to the one-engine file and to transformers. Bad sizes are typed errors before any work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("executorch")
+
+import pyrt  # noqa: E402
+from pyrt.errors import ExportError  # noqa: E402
+from pyrt.export import decoder_to_pte  # noqa: E402
+from pyrt.export._graph.layer_groups import EngineSizeWarning, plan_groups  # noqa: E402
+from pyrt.export.engine_size import (  # noqa: E402
+    BUILD_FACTOR,
+    IMPORT_BYTES,
+    MARGIN,
+    choose_engine_size,
+    estimated_peak,
+)
+from pyrt.export.options import check_engine_size  # noqa: E402
+from pyrt.pte_reader import PteFile  # noqa: E402
+from pyrt.sim import simulated_gpus  # noqa: E402
+from pyrt.testing import archs  # noqa: E402
+from pyrt.tools.cli import main  # noqa: E402
+
+LAYERS = 4
+SEQ = 32
+PROMPT = [5, 6, 7, 8, 9]
+NEW = 10
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], list(range(20, 40)), [3], [30, 31, 32]]
+
+
+# -- the cut, on numbers ---------------------------------------------------------------------------------------
+
+
+def test_items_pack_in_order_into_the_fewest_groups() -> None:
+    layers = [(f"layer {k}", 10) for k in range(6)]
+    assert plan_groups([*layers, ("head", 5)], 30) == [[0, 1, 2], [3, 4, 5], [6]]  # the head alone
+    assert plan_groups([*layers, ("head", 5)], 35) == [[0, 1, 2], [3, 4, 5, 6]]  # the head with the last layers
+    assert plan_groups([*layers, ("head", 5)], 1000) == [[0, 1, 2, 3, 4, 5, 6]]
+    assert plan_groups([*layers, ("head", 5)], 10) == [[0], [1], [2], [3], [4], [5], [6]]
+
+
+def test_a_layer_bigger_than_the_size_is_an_engine_of_its_own_with_a_warning_naming_it() -> None:
+    with pytest.warns(EngineSizeWarning, match=r"layer 1 has 50 bytes of weights, more than max_engine_size=20"):
+        assert plan_groups([("layer 0", 10), ("layer 1", 50), ("layer 2", 10), ("head", 5)], 20) == \
+            [[0], [1], [2, 3]]
+
+
+@pytest.mark.parametrize(("text", "size"), [("2GiB", 2 << 30), ("500MB", 500 * 10**6), ("1.5KiB", 1536),
+                                            (4096, 4096), ("4096", 4096)])
+def test_sizes_parse_once(text: Any, size: int) -> None:
+    assert check_engine_size(text, "--max-engine-size") == size
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0", "-1", "abc", "50%", "auto", "", True, 1.5, [1]])
+def test_bad_sizes_are_typed_errors_naming_the_value(bad: Any) -> None:
+    with pytest.raises(ExportError, match=r"^max_engine_size=.* (is not a size|pass a size)"):
+        check_engine_size(bad, "max_engine_size")
+
+
+def test_without_a_size_one_engine_when_its_estimated_peak_fits_else_the_groups_that_fit() -> None:
+    fits = choose_engine_size(None, weight_bytes=1 << 30, available=16 << 30)
+    assert fits.limit is None and fits.reason.startswith("one engine: its estimated peak")
+    big = choose_engine_size(None, weight_bytes=13 << 30, available=24 << 30)
+    assert big.limit is not None and big.reason.startswith("layer groups of at most")
+    assert estimated_peak(big.limit) <= MARGIN * (24 << 30) < estimated_peak(13 << 30)
+    assert big.limit == int((int(MARGIN * (24 << 30)) - IMPORT_BYTES) / BUILD_FACTOR)
+    asked = choose_engine_size(1 << 20, weight_bytes=13 << 30, available=24 << 30)
+    assert asked.limit == 1 << 20 and "asked for" in asked.reason
+
+
+def test_bad_sizes_are_refused_before_any_work(tmp_path: Path, capsys: Any) -> None:
+    model = archs.causal_lm("llama")
+    for bad in (0, -1, "abc"):
+        with pytest.raises(ExportError, match="max_engine_size"):
+            decoder_to_pte(model, tmp_path / "x.pte", max_seq_len=SEQ, builder="reference", max_engine_size=bad)
+    with pytest.raises(ExportError, match="builder='portable' builds none"):
+        decoder_to_pte(model, tmp_path / "x.pte", max_seq_len=SEQ, builder="portable", max_engine_size="1MiB")
+    assert not list(tmp_path.iterdir())
+    for bad in ("0", "-1", "abc"):
+        status = main(["export", str(tmp_path), "-o", str(tmp_path / "m.pte"), f"--max-engine-size={bad}"])
+        err = capsys.readouterr().err
+        assert status == 2 and f"--max-engine-size={bad!r} is not a size" in err, err
+
+
+# -- exports --------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _model() -> Any:
+    return archs.causal_lm("llama", layers=LAYERS)
+
+
+@functools.cache
+def _layer_bytes() -> int:
+    layer = _model().model.layers[0]
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+@functools.cache
+def _export(tmp: Path, groups_of: int | None, max_batch_size: int = 1) -> tuple[Path, Any]:
+    """The test Llama exported (reference engines) with engines of about ``groups_of`` layers (None: one)."""
+    path = tmp / f"llama-{groups_of}-b{max_batch_size}.pte"
+    size = None if groups_of is None else groups_of * _layer_bytes() + _layer_bytes() // 2
+    slots = {} if max_batch_size == 1 else {"max_batch_size": max_batch_size, "max_tokens_per_step": 16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineSizeWarning)
+        summary = decoder_to_pte(_model(), path, max_seq_len=SEQ, builder="reference", route="pyrt",
+                                 progress=False, max_engine_size=size if size is not None else 1 << 40, **slots)
+    return path, summary
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("groups")
+
+
+@contextlib.contextmanager
+def opened(path: Path) -> Iterator[Any]:
+    with simulated_gpus(1), pyrt.Program(path) as prog:
+        yield prog
+
+
+def _delegate_copies(path: Path) -> list[str]:
+    """The plan's instructions in order, as ``D`` (a delegate) and the et_copy kernels' names, nothing else."""
+    plan = PteFile.open(path).program.method("forward")
+    ops = [o.name for o in plan.operators]
+    out = []
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            kind = type(ins).__name__
+            if kind == "DelegateCall":
+                out.append("D")
+            elif kind == "KernelCall" and ops[ins.op_index].startswith("et_copy::"):
+                out.append(ops[ins.op_index])
+    return out
+
+
+@pytest.mark.export
+@pytest.mark.parametrize("groups_of", [1, 2, 3])
+def test_groups_hold_whole_layers_and_give_transformers_tokens(tmp: Path, groups_of: int) -> None:
+    path, summary = _export(tmp, groups_of)
+    layers = [e.layers for e in summary.engines]
+    # layer 0 also carries the embedding (as big as the head); the head (final norm + LM head) joins the last
+    # group, since it fits: each group holds at most groups_of + 1/2 layers' weights
+    assert layers == {1: ["0", "1", "2", "3+head"], 2: ["0-1", "2-3+head"], 3: ["0-2", "3+head"]}[groups_of]
+    assert "asked for" in summary.grouping
+    assert all(e.weight_bytes > 0 for e in summary.engines)
+    want = archs.greedy(_model(), PROMPT, NEW)
+    with opened(path) as prog:
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
+    # the hidden state goes from engine to engine on the device: no copy between consecutive delegates
+    plan = _delegate_copies(path)
+    between = plan[plan.index("D"):len(plan) - plan[::-1].index("D")]
+    assert between.count("D") == len(summary.engines) and "et_copy::_d2h_copy" not in between
+
+
+@pytest.mark.export
+def test_one_engine_and_groups_give_the_same_tokens(tmp: Path) -> None:
+    one, summary = _export(tmp, None)
+    assert len(summary.engines) == 1 and summary.engines[0].layers == "0-3+head"
+    grouped, _ = _export(tmp, 2)
+    with opened(one) as prog:
+        want = pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens
+    with opened(grouped) as prog:
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
+
+
+@pytest.mark.export
+def test_batched_slots_in_groups_equal_their_solo_transformers_runs(tmp: Path) -> None:
+    path, summary = _export(tmp, 1, max_batch_size=4)
+    assert len(summary.engines) == 4
+    want = [archs.greedy(_model(), p, NEW) for p in PROMPTS]
+    with opened(path) as prog:
+        results = pyrt.generate(prog, PROMPTS, max_new_tokens=NEW, eos_ids=[])  # 5 prompts, 4 slots
+        assert [r.tokens for r in results] == want
+
+
+@pytest.mark.export
+def test_without_a_size_the_summary_says_why_one_engine(tmp_path: Path) -> None:
+    summary = decoder_to_pte(archs.causal_lm("llama"), tmp_path / "m.pte", max_seq_len=SEQ, builder="reference",
+                             progress=False)
+    assert len(summary.engines) == 1 and summary.engines[0].layers == ""
+    assert summary.grouping.startswith("one engine")
+    assert f"engines: {summary.grouping}" in str(summary)
