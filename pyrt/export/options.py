@@ -31,6 +31,7 @@ from pyrt.export._engines.profiles import Bounds, check_profiles
 from pyrt.export._engines.progress import Progress
 from pyrt.export._tensorrt.flavour import resolve_flavour
 from pyrt.format import weight_quant as wq
+from pyrt.format.layer_groups import SPEC_LAYERS, SPEC_WEIGHT_BYTES
 
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference")
 PORTABLE = "portable"  # decoder_to_pte's builder of files without engines (ExecuTorch's portable kernels)
@@ -370,12 +371,16 @@ def node_op_names(target: Any) -> tuple[str, str] | None:
 
 
 def delegate_compile_specs(device: str, budget: int | None, extra: tuple[tuple[str, bytes], ...] = (),
-                           quantization: str = "") -> list[tuple[str, bytes]]:
+                           quantization: str = "", layers: str = "", weight_bytes: int = 0
+                           ) -> list[tuple[str, bytes]]:
     """An engine delegate's compile specs, in order: ``target_device``, its budget when set, its weight
-    quantization (:data:`pyrt.format.weight_quant.SPEC_KEY`) when quantized, then ``extra``."""
+    quantization (:data:`pyrt.format.weight_quant.SPEC_KEY`) when quantized, its layer group's layers and weight
+    bytes (:data:`SPEC_LAYERS`, :data:`SPEC_WEIGHT_BYTES`) when cut by ``max_engine_size``, then ``extra``."""
     specs = [(SPEC_DEVICE, device.encode("ascii"))]
     if budget is not None:
         specs.append((SPEC_BUDGET, str(budget).encode("ascii")))
     if quantization:
         specs.append((wq.SPEC_KEY, quantization.encode("ascii")))
+    if layers:
+        specs += [(SPEC_LAYERS, layers.encode("ascii")), (SPEC_WEIGHT_BYTES, str(weight_bytes).encode("ascii"))]
     return specs + [(k, bytes(v)) for k, v in extra]

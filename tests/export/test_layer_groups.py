@@ -196,3 +196,44 @@ def test_without_a_size_the_summary_says_why_one_engine(tmp_path: Path) -> None:
     assert len(summary.engines) == 1 and summary.engines[0].layers == ""
     assert summary.grouping.startswith("one engine")
     assert f"engines: {summary.grouping}" in str(summary)
+
+
+@pytest.mark.export
+def test_inspect_shows_each_groups_layers_weight_bytes_and_device(tmp: Path, capsys: Any) -> None:
+    path, summary = _export(tmp, 2)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    for engine in summary.engines:
+        assert engine.weight_bytes > 0
+        line = f"layer group: layers {engine.layers}, {_kib(engine.weight_bytes)} of weights, on cuda:0"
+        assert line in out, out
+    assert out.count("layer group: layers") == len(summary.engines) == 2
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+@pytest.mark.export
+@pytest.mark.parametrize(("route", "quantize"), [("upstream", None), ("pyrt", "int8")])
+def test_both_routes_and_quantized_groups_give_transformers_tokens(tmp_path: Path, route: str,
+                                                                   quantize: str | None) -> None:
+    path = tmp_path / "m.pte"
+    summary = decoder_to_pte(_model(), path, max_seq_len=SEQ, builder="reference", route=route, progress=False,
+                             max_engine_size=2 * _layer_bytes() + _layer_bytes() // 2, quantize=quantize)
+    assert summary.route == route and [e.layers for e in summary.engines] == ["0-1", "2-3+head"]
+    if quantize:
+        assert all(e.quantization is not None and e.quantization.layers for e in summary.engines)
+    with opened(path) as prog:
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
+                                                                                                 NEW)
+
+
+@pytest.mark.export
+def test_tensorrt_rtx_builds_a_group_per_engine(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx")
+    summary = decoder_to_pte(_model(), tmp_path / "m.pte", max_seq_len=SEQ, builder="tensorrt_rtx", route="pyrt",
+                             progress=False, max_engine_size=2 * _layer_bytes() + _layer_bytes() // 2)
+    assert [(e.flavour, e.layers) for e in summary.engines] == [("tensorrt_rtx", "0-1"), ("tensorrt_rtx", "2-3+head")]
+    specs = [d.compile_specs for d in PteFile.open(tmp_path / "m.pte").program.method("forward").delegates]
+    assert [{c.key: c.text() for c in s}["layers"] for s in specs] == ["0-1", "2-3+head"]

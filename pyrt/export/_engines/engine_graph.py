@@ -356,7 +356,9 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
     infos = [opt.PartitionInfo(index, f"engine_{index}", part.ops) for index, (part, _) in enumerate(parts)]
     for info, (part, built) in zip(infos, parts, strict=True):
         index = info.index
-        spec = engine_spec(built, part, options.device(info), options.budget(info))
+        layers = "" if groups is None else groups.groups[groups.node_group[part.nodes[-1]]].layers
+        spec = replace(engine_spec(built, part, options.device(info), options.budget(info)), layers=layers,
+                       weight_bytes=_weight_bytes(part) if layers else 0)
         attr = f"_pyrt_engine_{index}"
         gm.register_buffer(attr, store.tensor(built.record), persistent=False)
         part.inputs = [remap.get(a, a) for a in part.inputs]
@@ -364,7 +366,6 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
         built.record.spec = spec
         built.record.extra["quantization"] = built.quantization
         bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
-        layers = "" if groups is None else groups.groups[groups.node_group[part.nodes[-1]]].layers
         summaries.append(replace(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded),
                                  layers=layers, weight_bytes=_weight_bytes(part)))
     options.device.check_all_used(infos)
