@@ -134,19 +134,38 @@ def opened(path: Path) -> Iterator[Any]:
         yield prog
 
 
-def _delegate_copies(path: Path) -> list[str]:
-    """The plan's instructions in order, as ``D`` (a delegate) and the et_copy kernels' names, nothing else."""
+def _plan(path: Path) -> tuple[list[list[int]], list[tuple[str, list[int]]], Any]:
+    """(each delegate call's values, the et_copy / copy_ kernels (name, args) in order, the method's plan)."""
     plan = PteFile.open(path).program.method("forward")
     ops = [o.name for o in plan.operators]
-    out = []
+    delegates, copies = [], []
     for chain in plan.chains:
         for ins in chain.instructions:
             kind = type(ins).__name__
             if kind == "DelegateCall":
-                out.append("D")
-            elif kind == "KernelCall" and ops[ins.op_index].startswith("et_copy::"):
-                out.append(ops[ins.op_index])
-    return out
+                delegates.append(list(ins.args))
+            elif kind == "KernelCall" and ops[ins.op_index] in ("et_copy::_h2d_copy", "et_copy::_d2h_copy",
+                                                                 "aten::copy_"):
+                copies.append((ops[ins.op_index], list(ins.args)))
+    return delegates, copies, plan
+
+
+def check_state_and_hidden_stay_on_device(path: Path, groups: int, layers: int = LAYERS) -> None:
+    """No host round trip between the groups: every host -> device copy reads a method input and every device ->
+    host copy writes a method output; each KV-cache buffer (a ``copy_`` write-back's destination) is read by one
+    delegate only, two per layer of its group."""
+    delegates, copies, plan = _plan(path)
+    assert len(delegates) == groups
+    for name, args in copies:
+        if name == "et_copy::_h2d_copy":
+            assert args[0] in plan.inputs, (name, args)
+        elif name == "et_copy::_d2h_copy":
+            assert args[-1] in plan.outputs, (name, args)
+    state = {args[0] for name, args in copies if name == "aten::copy_"}
+    assert len(state) == 2 * layers  # a key and a value cache per layer
+    readers = {v: [i for i, d in enumerate(delegates) if v in d] for v in state}
+    assert all(len(r) == 1 for r in readers.values()), readers
+    assert {r[0] for r in readers.values()} == set(range(groups)) - ({groups - 1} if groups > layers else set())
 
 
 @pytest.mark.export
@@ -162,10 +181,7 @@ def test_groups_hold_whole_layers_and_give_transformers_tokens(tmp: Path, groups
     want = archs.greedy(_model(), PROMPT, NEW)
     with opened(path) as prog:
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
-    # the hidden state goes from engine to engine on the device: no copy between consecutive delegates
-    plan = _delegate_copies(path)
-    between = plan[plan.index("D"):len(plan) - plan[::-1].index("D")]
-    assert between.count("D") == len(summary.engines) and "et_copy::_d2h_copy" not in between
+    check_state_and_hidden_stay_on_device(path, len(summary.engines))
 
 
 @pytest.mark.export
@@ -187,6 +203,7 @@ def test_batched_slots_in_groups_equal_their_solo_transformers_runs(tmp: Path) -
     with opened(path) as prog:
         results = pyrt.generate(prog, PROMPTS, max_new_tokens=NEW, eos_ids=[])  # 5 prompts, 4 slots
         assert [r.tokens for r in results] == want
+    check_state_and_hidden_stay_on_device(path, 4)
 
 
 @pytest.mark.export
