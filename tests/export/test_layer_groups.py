@@ -254,3 +254,24 @@ def test_tensorrt_rtx_builds_a_group_per_engine(tmp_path: Path) -> None:
     assert [(e.flavour, e.layers) for e in summary.engines] == [("tensorrt_rtx", "0-1"), ("tensorrt_rtx", "2-3+head")]
     specs = [d.compile_specs for d in PteFile.open(tmp_path / "m.pte").program.method("forward").delegates]
     assert [{c.key: c.text() for c in s}["layers"] for s in specs] == ["0-1", "2-3+head"]
+
+
+@pytest.mark.export
+def test_budgets_split_across_the_groups_and_tokens_stay(tmp_path: Path) -> None:
+    path = tmp_path / "ws.pte"
+    summary = decoder_to_pte(_model(), path, max_seq_len=SEQ, builder="reference", route="pyrt", progress=False,
+                             max_engine_size=2 * _layer_bytes() + _layer_bytes() // 2, weight_streaming=True,
+                             weight_streaming_budget=4096)
+    assert [(e.layers, e.weight_streaming_budget) for e in summary.engines] == [("0-1", 4096), ("2-3+head", 4096)]
+    want = archs.greedy(_model(), PROMPT, NEW)
+    with simulated_gpus(1), pyrt.Program(path) as prog:
+        assert [(w.budget, w.source) for w in prog.weight_streaming] == [(4096, "baked")] * 2
+        total = sum(w.streamable_bytes for w in prog.weight_streaming) // 2
+        prog.set_budget(total)  # one total for the program, split by the groups' streamable sizes
+        budgets = [w.budget for w in prog.weight_streaming]
+        assert sum(budgets) == total and all(0 < b < w.streamable_bytes
+                                             for b, w in zip(budgets, prog.weight_streaming, strict=True))
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
+    with simulated_gpus(1), pyrt.Program(path, budget="fit") as prog:
+        assert {w.source for w in prog.weight_streaming} == {"fit"} and len(prog.weight_streaming) == 2
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
