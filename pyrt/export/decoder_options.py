@@ -16,7 +16,7 @@ on the meta device, before the weights load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +27,15 @@ from pyrt.export._engines.progress import Progress
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import portable_quant
 from pyrt.export.engine_size import available_host_bytes, choose_engine_size
-from pyrt.export.options import DECODER_BUILDERS, PORTABLE, ExportOptions, check_quantize, make_options
+from pyrt.export.options import (
+    DECODER_BUILDERS,
+    PORTABLE,
+    ExportOptions,
+    check_devices,
+    check_engine_size,
+    check_quantize,
+    make_options,
+)
 from pyrt.format.weight_quant import Scheme
 
 ROUTES = ("auto", "upstream", "pyrt")
@@ -76,12 +84,13 @@ def decoder_options(model: Any, *, max_seq_len: Any, builder: Any, batch_size: A
             raise ExportError(f"max_engine_size={max_engine_size!r} applies to engines; builder='portable' builds none")
         scheme = portable_scheme(model, cast, quantize, group_size)
     else:  # to_pte's own checks (device, budgets, builder: a missing TensorRT is found now) before the slow steps
+        size = choose_engine_size(check_engine_size(max_engine_size, "max_engine_size"),
+                                  weight_bytes=weight_bytes(model, cast), available=available_host_bytes(),
+                                  devices=len(check_devices(device, "device")))
         export = make_options(device=device, weight_streaming=weight_streaming, builder=builder, progress=bars,
                               weight_streaming_budget=weight_streaming_budget, quantize=quantize,
-                              group_size=group_size, max_engine_size=max_engine_size)
-        size = choose_engine_size(export.max_engine_size, weight_bytes=weight_bytes(model, cast),
-                                  available=available_host_bytes())
-        export, grouping = replace(export, max_engine_size=size.limit), size.reason
+                              group_size=group_size, max_engine_size=size.limit)
+        grouping = size.reason
         scheme = export.quantize
     return DecoderOptions(max_seq_len=int(max_seq_len), batch_size=int(batch_size), max_batch_size=int(max_batch_size),
                           tokens_per_step=slots, dtype=cast, dynamic_prefill=dynamic_prefill, route=route,

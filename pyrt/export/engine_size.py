@@ -49,11 +49,24 @@ def estimated_peak(weight_bytes: int) -> int:
     return IMPORT_BYTES + int(BUILD_FACTOR * weight_bytes)
 
 
-def choose_engine_size(asked: int | None, *, weight_bytes: int, available: int | None) -> EngineSize:
+def choose_engine_size(asked: int | None, *, weight_bytes: int, available: int | None, devices: int = 1
+                       ) -> EngineSize:
     """``asked`` (checked already) when given; else one engine when :func:`estimated_peak` fits ``MARGIN`` of
-    ``available``, else the largest engine size whose estimate fits (at least :data:`MIN_AUTO_SIZE`)."""
+    ``available``, else the largest engine size whose estimate fits (at least :data:`MIN_AUTO_SIZE`). Over
+    ``devices`` > 1 GPUs, at most a ``1/devices`` share of the weights, so every GPU can get a group."""
     if asked is not None:
         return EngineSize(asked, f"max_engine_size={_size(asked)} asked for")
+    chosen = _for_host(weight_bytes, available)
+    if devices <= 1:
+        return chosen
+    share = -(-weight_bytes // devices)
+    if chosen.limit is not None and chosen.limit <= share:
+        return chosen
+    return EngineSize(share, f"layer groups of at most {_size(share)}: a 1/{devices} share of the weights, one or "
+                             f"more groups per GPU ({chosen.reason})")
+
+
+def _for_host(weight_bytes: int, available: int | None) -> EngineSize:
     peak = estimated_peak(weight_bytes)
     if available is None:
         return EngineSize(None, f"one engine: the host's available memory is unknown (estimated peak {_size(peak)})")

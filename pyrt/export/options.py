@@ -82,6 +82,7 @@ class ExportOptions:
     profiles: tuple[dict[Any, Bounds], ...] | None
     quantize: wq.Scheme | None
     max_engine_size: int | None = None  # bytes of weights per engine: cut at layer boundaries (None: no cut)
+    devices: tuple[str, ...] = ()  # device=[...]: the layer groups spread over these in order (():  ``device``)
 
     def __post_init__(self) -> None:
         check_together(self)
@@ -102,11 +103,13 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
     for name in names:
         check_op_exists(name)
     chosen = check_choice(builder, BUILDERS, "builder")
+    devices = check_devices(device, "device")
     return ExportOptions(
         builder=chosen,
         forced_fallback=names,
         min_block_size=checked_int(min_block_size, "min_block_size", low=1, error=ExportError),
-        device=PerPartition(device, "device", normalize_device),
+        device=PerPartition(devices[0] if devices else device, "device", normalize_device),
+        devices=devices if len(devices) > 1 else (),
         budget=PerPartition(weight_streaming_budget, "weight_streaming_budget", check_optional_budget, missing=None),
         weight_streaming=weight_streaming,
         extra_specs=normalize_compile_specs(compile_specs),
@@ -123,6 +126,9 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
 
 def check_together(options: ExportOptions) -> None:
     """The rules between options, all here (each option alone is checked where :func:`make_options` reads it)."""
+    if options.devices and options.max_engine_size is None:
+        raise ExportError(f"device={list(options.devices)} spreads layer groups over the GPUs: give max_engine_size "
+                          "(decoder_to_pte chooses one itself)")
     if options.budget.given and any(key == SPEC_BUDGET for key, _ in options.extra_specs):
         raise ExportError("weight_streaming_budget was given both as an argument and as a raw compile spec; "
                           "pass it once")
@@ -194,6 +200,34 @@ def parse_budget_spec(raw: Any, source: str) -> int:
     if not isinstance(text, str) or not _DECIMAL_RE.match(text):
         raise BudgetError(f"{source}={raw!r} is not an ASCII decimal byte count")
     return check_budget(int(text), source)
+
+
+def check_devices(value: Any, source: str) -> tuple[str, ...]:
+    """``device`` as a list (a list or tuple, or ``"cuda:0,cuda:1"``): each normalized, none twice; ``()`` when
+    ``value`` is one device, a mapping or a callable (:class:`PerPartition` reads those).
+
+    >>> check_devices("cuda:0,cuda:1", "--device"), check_devices([1, "cuda:0"], "device"), check_devices(0, "d")
+    (('cuda:0', 'cuda:1'), ('cuda:1', 'cuda:0'), ())
+    >>> check_devices("cuda:0,0", "--device")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: --device='cuda:0,0' lists cuda:0 twice
+    """
+    if isinstance(value, str) and "," in value:
+        items: list[Any] = [int(v) if v.strip().isdigit() else v for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return ()
+    if not items:
+        raise ExportError(f"{source}={value!r} lists no device")
+    devices: list[str] = []
+    for i, item in enumerate(items):
+        device = normalize_device(item, f"{source}[{i}]")
+        if device in devices:
+            raise ExportError(f"{source}={value!r} lists {device} twice")
+        devices.append(device)
+    return tuple(devices)
 
 
 def normalize_device(value: Any, source: str) -> str:

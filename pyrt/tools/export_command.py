@@ -91,7 +91,8 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     p.add_argument("--weight-streaming", action="store_true", help="build engines whose weights can stream")
     p.add_argument("--budget", type=_bytes, metavar="SIZE", help="weight-streaming budget baked per engine, e.g. "
                                                                  "2GiB (needs --weight-streaming)")
-    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"the engines' CUDA device (default {DEFAULT_DEVICE})")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"the engines' CUDA device (default {DEFAULT_DEVICE}); a list (cuda:0,cuda:1) spreads the layer groups over those GPUs in order, balanced by weight bytes")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="DIR", help="keep this tokenizer folder's files beside the .pte "
                                                         "(default: the checkpoint's own)")

@@ -275,3 +275,40 @@ def test_budgets_split_across_the_groups_and_tokens_stay(tmp_path: Path) -> None
     with simulated_gpus(1), pyrt.Program(path, budget="fit") as prog:
         assert {w.source for w in prog.weight_streaming} == {"fit"} and len(prog.weight_streaming) == 2
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == want
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    (["cuda:0", "cuda:0"], "lists cuda:0 twice"), ("cuda:0,0", "lists cuda:0 twice"),
+    ("cuda:0,cpu", r"device\[1\]='cpu' is not a CUDA device"), ([], "lists no device")])
+def test_bad_device_lists_are_typed_errors_before_any_work(tmp_path: Path, device: Any, message: str) -> None:
+    with pytest.raises(ExportError, match=message):
+        decoder_to_pte(archs.causal_lm("llama"), tmp_path / "x.pte", max_seq_len=SEQ, builder="reference",
+                       device=device)
+    assert not list(tmp_path.iterdir())
+
+
+def test_to_pte_spreads_groups_only_with_a_size(tmp_path: Path) -> None:
+    from pyrt.export import to_pte
+
+    with pytest.raises(ExportError, match="give max_engine_size"):
+        to_pte(torch.nn.Linear(2, 2), tmp_path / "x.pte", (torch.randn(1, 2),), builder="reference",
+               device="cuda:0,cuda:1")
+
+
+@pytest.mark.export
+def test_groups_spread_over_two_gpus_in_order_and_give_transformers_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "two.pte"
+    summary = decoder_to_pte(_model(), path, max_seq_len=SEQ, builder="reference", route="pyrt", progress=False,
+                             device="cuda:0,cuda:1")
+    assert "1/2 share of the weights" in summary.grouping
+    devices = [e.device for e in summary.engines]
+    assert devices == sorted(devices) and set(devices) == {"cuda:0", "cuda:1"}  # in order, both used
+    first = sum(e.weight_bytes for e in summary.engines if e.device == "cuda:0")
+    second = sum(e.weight_bytes for e in summary.engines if e.device == "cuda:1")
+    assert abs(first - second) <= max(e.weight_bytes for e in summary.engines)  # balanced to within a group
+    specs = [{c.key: c.text() for c in d.compile_specs}
+             for d in PteFile.open(path).program.method("forward").delegates]
+    assert [s["target_device"] for s in specs] == devices
+    with simulated_gpus(2), pyrt.Program(path) as prog:
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
+                                                                                                 NEW)

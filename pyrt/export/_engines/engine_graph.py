@@ -26,7 +26,7 @@ from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
-from pyrt.export._graph.layer_groups import GroupPlan, cut, split
+from pyrt.export._graph.layer_groups import GroupPlan, cut, split, spread
 from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
@@ -354,10 +354,13 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
     summaries = []
     remap: dict[fx.Node, fx.Node] = {}
     infos = [opt.PartitionInfo(index, f"engine_{index}", part.ops) for index, (part, _) in enumerate(parts)]
+    spread_over = [] if groups is None or not options.devices else spread(groups.groups, options.devices)
     for info, (part, built) in zip(infos, parts, strict=True):
         index = info.index
-        layers = "" if groups is None else groups.groups[groups.node_group[part.nodes[-1]]].layers
-        spec = replace(engine_spec(built, part, options.device(info), options.budget(info)), layers=layers,
+        group = None if groups is None else groups.node_group[part.nodes[-1]]
+        layers = "" if groups is None or group is None else groups.groups[group].layers
+        device = spread_over[group] if spread_over and group is not None else options.device(info)
+        spec = replace(engine_spec(built, part, device, options.budget(info)), layers=layers,
                        weight_bytes=_weight_bytes(part) if layers else 0)
         attr = f"_pyrt_engine_{index}"
         gm.register_buffer(attr, store.tensor(built.record), persistent=False)
@@ -368,7 +371,8 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
         bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
         summaries.append(replace(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded),
                                  layers=layers, weight_bytes=_weight_bytes(part)))
-    options.device.check_all_used(infos)
+    if not spread_over:
+        options.device.check_all_used(infos)
     options.budget.check_all_used(infos)
     finish(gm)
     return summaries

@@ -160,6 +160,22 @@ def cut(gm: fx.GraphModule, limit: int, state_inputs: Collection[str] = ()) -> G
     return GroupPlan(tuple(groups), {n: group_of_item[i] for n, i in items.items()})
 
 
+def spread(groups: tuple[Group, ...], devices: tuple[str, ...]) -> list[str]:
+    """Each group's device: the groups in order over ``devices`` in order, balanced by weight bytes (a group goes
+    to the device whose share of the total its middle byte falls in).
+
+    >>> spread(tuple(Group(i, i, i, False, 10) for i in range(5)), ("cuda:0", "cuda:1"))
+    ['cuda:0', 'cuda:0', 'cuda:1', 'cuda:1', 'cuda:1']
+    """
+    total = sum(g.weight_bytes for g in groups) or 1
+    out, before = [], 0
+    for g in groups:
+        middle = before + g.weight_bytes / 2
+        out.append(devices[min(len(devices) - 1, int(middle * len(devices) / total))])
+        before += g.weight_bytes
+    return out
+
+
 def split(partitions: list[list[fx.Node]], plan: GroupPlan) -> list[list[fx.Node]]:
     """Each partition cut into its groups' parts (graph order kept inside each part)."""
     out: list[list[fx.Node]] = []
@@ -172,4 +188,4 @@ def split(partitions: list[list[fx.Node]], plan: GroupPlan) -> list[list[fx.Node
 
 
 __all__ = ["EngineSizeWarning", "Group", "GroupPlan", "HEAD", "cut", "layer_of", "node_items", "plan_groups",
-           "split"]
+           "split", "spread"]
