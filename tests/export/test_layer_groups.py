@@ -314,3 +314,23 @@ def test_groups_spread_over_two_gpus_in_order_and_give_transformers_tokens(tmp_p
     with simulated_gpus(2), pyrt.Program(path) as prog:
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
                                                                                                  NEW)
+
+
+@pytest.mark.export
+def test_pyrt_export_cuts_a_checkpoint_and_json_says_why(tmp_path: Path, capsys: Any) -> None:
+    import json
+
+    checkpoint = tmp_path / "llama"
+    _model().save_pretrained(checkpoint, max_shard_size="60KB")
+    out = tmp_path / "m.pte"
+    size = 2 * _layer_bytes() + _layer_bytes() // 2
+    status = main(["export", str(checkpoint), "-o", str(out), "--builder", "reference", "--max-seq-len", str(SEQ),
+                   "--max-engine-size", str(size), "--no-progress", "--json"])
+    assert status == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["grouping"] == f"max_engine_size={size / 1024:.1f} KiB asked for"
+    assert [e["layers"] for e in data["engines"]] == ["0-1", "2-3+head"] and all(e["weight_bytes"] > 0
+                                                                               for e in data["engines"])
+    with opened(out) as prog:
+        assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
+                                                                                                 NEW)
