@@ -35,7 +35,7 @@ EXAMPLES = """examples:
   pyrt export ./Llama-3.2-1B -o llama.pte --max-seq-len 4096 --max-batch-size 8 --weight-streaming
   pyrt export ./qwen2 -o qwen.pte --dtype float16 --builder tensorrt_rtx --budget 2GiB
   pyrt export ./qwen2 -o qwen-int4.pte --quantize int4 --group-size 64 --weight-streaming
-  pyrt export ./Llama-2-7b -o llama7b.pte --dtype float16 --max-engine-size 1GiB   layer groups of at most 1 GiB
+  pyrt export ./Llama-2-7b -o l7.pte --max-engine-size 1GiB        engines of at most 1 GiB of weights
   pyrt export prog.pt2 -o prog.pte                                  a torch.export.save'd program
   pyrt generate llama.pte --prompt "Hello"                         the tokenizer is found beside the file"""
 
@@ -92,7 +92,8 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     p.add_argument("--budget", type=_bytes, metavar="SIZE", help="weight-streaming budget baked per engine, e.g. "
                                                                  "2GiB (needs --weight-streaming)")
     p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help=f"the engines' CUDA device (default {DEFAULT_DEVICE}); a list (cuda:0,cuda:1) spreads the layer groups over those GPUs in order, balanced by weight bytes")
+                   help=f"the engines' CUDA device (default {DEFAULT_DEVICE}); a list (cuda:0,cuda:1) spreads "
+                        "the layer groups over those GPUs in order, balanced by weight bytes")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="DIR", help="keep this tokenizer folder's files beside the .pte "
                                                         "(default: the checkpoint's own)")
