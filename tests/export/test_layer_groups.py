@@ -334,3 +334,18 @@ def test_pyrt_export_cuts_a_checkpoint_and_json_says_why(tmp_path: Path, capsys:
     with opened(out) as prog:
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
                                                                                                  NEW)
+
+
+@pytest.mark.export
+@pytest.mark.parametrize("draft", ["ngram", "itself"])
+def test_speculative_decoding_on_groups_gives_transformers_tokens(tmp: Path, draft: str) -> None:
+    path, _ = _export(tmp, 1, max_batch_size=4)
+    echo = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9]  # repeats itself: prompt lookup has something to guess from
+    want = [archs.greedy(_model(), p, NEW) for p in [*PROMPTS[:3], echo]]
+    with simulated_gpus(1), pyrt.Program(path) as prog, pyrt.Program(path) as other:
+        guess: Any = other if draft == "itself" else draft
+        results = pyrt.generate(prog, [*PROMPTS[:3], echo], max_new_tokens=NEW, eos_ids=[], draft=guess,
+                                draft_tokens=4)
+    assert [r.tokens for r in results] == want and sum(r.drafted for r in results) > 0
+    if draft == "itself":
+        assert all(r.accepted == r.drafted for r in results)
