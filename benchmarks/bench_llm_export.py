@@ -8,6 +8,9 @@ fresh process. Then, each in a fresh process pinned to one CPU and one thread
 
 * ``pyrt``: ``pyrt export CKPT -o m.pte --builder tensorrt_rtx --weight-streaming --max-seq-len 1024
   --max-batch-size 4`` (the command line's ``main``, in process), one engine of every weight;
+* ``groups``: the same with ``--max-engine-size SIZE`` (``--max-engine-size``, default 64MiB): layer-group
+  engines, each built, streamed into the .pte and released before the next; its table compares the anonymous
+  peak (RssAnon of the process tree, sampled every 20 ms) across depths at that one size;
 * ``floor``: no pyrt, no torch.export, no ONNX: a TensorRT-RTX network whose constants are the
   checkpoint's own memory-mapped tensors (each weight a matrix product on an input, reduced and
   summed), built with weight streaming by ``build_serialized_network_to_stream`` to a file: what
@@ -20,6 +23,7 @@ checkpoint's bytes on both routes; "beyond the checkpoint" subtracts them.
 
     python benchmarks/bench_llm_export.py                          # 24 and 48 layers (hidden 1024), 24 x 2048
     python benchmarks/bench_llm_export.py --configs 24x1024 --no-write
+    python benchmarks/bench_llm_export.py --configs 12x512 48x512 --routes pyrt groups --max-engine-size 64MiB
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from _common import markdown_table, peak_rss_mib, reset_peak, rss_mib, run_json, stream_build, write_results
 
 CONFIGS = ("24x1024", "48x1024", "24x2048")  # layers x hidden
-ROUTES = ("pyrt", "floor")
+ROUTES = ("pyrt", "floor", "groups")
+DEFAULT_ROUTES = ("pyrt", "floor")
+DEFAULT_ENGINE_SIZE = "64MiB"
 EXPORT_ARGS = ["--builder", "tensorrt_rtx", "--weight-streaming", "--max-seq-len", "1024", "--max-batch-size", "4"]
 SHARD = "2GB"
 
@@ -67,7 +74,55 @@ def child_checkpoint(config: str, out: str) -> dict:
             "shards": len(list(Path(out).glob("*.safetensors")))}
 
 
-def child_pyrt(ckpt: str, out: str) -> dict:
+class AnonPeak:
+    """The highest RssAnon (anonymous resident memory: not the checkpoint's file-backed pages) of this process
+    and its children, sampled every ``every`` seconds on a thread, from /proc."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        self.every, self.peak, self._stop = every, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, sum(_anon_bytes(pid) for pid in _tree(os.getpid())))
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo.extend(int(c) for c in task.read_text().split())
+            except OSError:
+                pass
+    return out
+
+
+def _anon_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def child_pyrt(ckpt: str, out: str, engine_size: str | None = None) -> dict:
     import executorch.exir  # noqa: F401  (what export imports lazily, loaded before the base)
     import onnxscript  # noqa: F401
     import tensorrt_rtx
@@ -84,17 +139,21 @@ def child_pyrt(ckpt: str, out: str) -> dict:
     logging.getLogger("pyrt.export").addHandler(builds)
     logging.getLogger("pyrt.export").setLevel(logging.INFO)
     base, reset = rss_mib(), reset_peak()
+    anon_base = _anon_bytes(os.getpid())
     start = time.perf_counter()
     summary = Path(out).with_suffix(".json")
-    with open(summary, "w") as fh, _stdout_to(fh):
-        status = main(["export", ckpt, "-o", out, *EXPORT_ARGS, "--no-progress", "--json"])
+    sized = [] if engine_size is None else ["--max-engine-size", engine_size]
+    with open(summary, "w") as fh, _stdout_to(fh), AnonPeak() as anon:
+        status = main(["export", ckpt, "-o", out, *EXPORT_ARGS, *sized, "--no-progress", "--json"])
     wall = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"pyrt export exited {status}")
     data = json.loads(summary.read_text())
-    return {"route": "pyrt", "engine": max(e["size"] for e in data["engines"]), "file_size": data["file_size"],
-            "wall_s": wall, "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": data["stages"],
-            "build_s": sum(builds.seconds)}
+    return {"route": "pyrt" if engine_size is None else "groups", "engine": max(e["size"] for e in data["engines"]),
+            "engines": len(data["engines"]), "file_size": data["file_size"], "wall_s": wall,
+            "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": data["stages"],
+            "build_s": sum(builds.seconds), "anon_peak": anon.peak, "anon_base": anon_base,
+            "grouping": data.get("grouping", "")}
 
 
 class _BuildTimes(logging.Handler):
@@ -168,6 +227,21 @@ def table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
+def anon_table(rows: list[dict]) -> str:
+    """Anonymous peaks of the ``pyrt`` / ``groups`` rows, each against the shallowest config's of its route."""
+    head = ["config", "route", "engines", "largest engine", "wall time", "peak RSS", "anonymous peak",
+            "vs the shallowest"]
+    body = []
+    for route in ("pyrt", "groups"):
+        mine = [r for r in rows if r["route"] == route and r.get("anon_peak")]
+        for r in mine:
+            first = mine[0]["anon_peak"]
+            body.append([r["config"], route, str(r["engines"]), f"{r['engine'] / (1 << 20):,.0f} MiB",
+                         f"{r['wall_s']:.0f} s", f"{r['peak_mib']:,.0f} MiB",
+                         f"{r['anon_peak'] / (1 << 20):,.0f} MiB", f"{r['anon_peak'] / first:.2f}x"])
+    return markdown_table(head, body)
+
+
 def stages_table(rows: list[dict]) -> str:
     names = ("load", "export", "build", "write")
     head = ["config", *names, "peak in: " + " / ".join(names)]
@@ -179,15 +253,15 @@ def stages_table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
-def _run(config: str, routes: list[str], tmp: Path) -> list[dict]:
+def _run(config: str, routes: list[str], tmp: Path, engine_size: str) -> list[dict]:
     ckpt = tmp / f"llama-{config}"
     made = run_json([sys.executable, __file__, "--child", "checkpoint", "--config", config, "--out", str(ckpt)],
                     f"checkpoint {config}")
     rows = []
     for route in routes:
         out = tmp / f"{config}-{route}.pte"
-        row = run_json([sys.executable, __file__, "--child", route, "--ckpt", str(ckpt), "--out", str(out)],
-                       f"{route} {config}")
+        row = run_json([sys.executable, __file__, "--child", route, "--ckpt", str(ckpt), "--out", str(out),
+                        "--max-engine-size", engine_size], f"{route} {config}")
         rows.append({"config": config, "params": made["params"], "ckpt_bytes": made["bytes"], **row})
         print(json.dumps(rows[-1]), flush=True)
         for leftover in (out, out.with_suffix(".json"), out.with_suffix(".tokenizer")):
@@ -199,7 +273,9 @@ def _run(config: str, routes: list[str], tmp: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="LAYERSxHIDDEN, e.g. 24x1024")
-    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
+    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(DEFAULT_ROUTES))
+    parser.add_argument("--max-engine-size", default=DEFAULT_ENGINE_SIZE, metavar="SIZE",
+                        help=f"the groups route's --max-engine-size (default {DEFAULT_ENGINE_SIZE})")
     parser.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=("checkpoint", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -209,15 +285,18 @@ def main() -> None:
     if args.child:
         _pin()
         result = (child_checkpoint(args.config, args.out) if args.child == "checkpoint"
-                  else child_pyrt(args.ckpt, args.out) if args.child == "pyrt" else child_floor(args.ckpt, args.out))
+                  else child_pyrt(args.ckpt, args.out) if args.child == "pyrt"
+                  else child_pyrt(args.ckpt, args.out, args.max_engine_size) if args.child == "groups"
+                  else child_floor(args.ckpt, args.out))
         print(json.dumps(result))
         return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-llm-export-", dir=os.environ.get("BENCH_TMP")) as tmp:
         for config in args.configs:
-            rows.extend(_run(config, args.routes, Path(tmp)))
+            rows.extend(_run(config, args.routes, Path(tmp), args.max_engine_size))
     flags = "" if args.configs == list(CONFIGS) else f" --configs {' '.join(args.configs)}"
-    flags += "" if args.routes == list(ROUTES) else f" --routes {' '.join(args.routes)}"
+    flags += "" if args.routes == list(DEFAULT_ROUTES) else f" --routes {' '.join(args.routes)}"
+    flags += f" --max-engine-size {args.max_engine_size}" if "groups" in args.routes else ""
     text = (f"### LLM export from a sharded checkpoint: `pyrt export` vs TensorRT-RTX alone\n\n"
             f"Command: `PYTHONPATH=$PWD python benchmarks/bench_llm_export.py{flags}` (x86_64, {os.cpu_count()} CPUs; "
             f"{time.strftime('%Y-%m-%d')}; each route one fresh process pinned to one CPU and one thread; random "
@@ -225,6 +304,9 @@ def main() -> None:
             f"`pyrt export CKPT -o m.pte {' '.join(EXPORT_ARGS)}`). Base = RSS with everything imported, before a "
             "weight is read; growth = `ru_maxrss` - base; \"beyond the checkpoint\" = growth less the checkpoint's "
             "bytes (its pages are in RSS once read, on both routes).\n\n" + table(rows)
+            + "\n\nAnonymous memory (RssAnon of the process tree, sampled every 20 ms; the checkpoint's pages are "
+            "file-backed and not in it), one engine (`pyrt`) against layer groups (`groups`: `--max-engine-size "
+            f"{args.max_engine_size}`):\n\n" + anon_table(rows)
             + "\n\nStages of `pyrt export` (wall time; the highest RSS in each):\n\n" + stages_table(rows))
     print(text)
     if not args.no_write:

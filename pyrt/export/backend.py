@@ -105,7 +105,8 @@ class TensorRTPartitioner(Partitioner):
 
 def compile_specs_for(spec: EngineSpec, extra: tuple[tuple[str, bytes], ...] = ()) -> list[CompileSpec]:
     """``target_device`` from the engine's own device, then its budget, then extra raw specs."""
-    return [CompileSpec(k, v) for k, v in delegate_compile_specs(spec.device, spec.budget, extra, spec.quantization)]
+    return [CompileSpec(k, v) for k, v in delegate_compile_specs(spec.device, spec.budget, extra, spec.quantization,
+                                                                   spec.layers, spec.weight_bytes)]
 
 
 class TensorRTBackend(BackendDetails):

@@ -60,6 +60,7 @@ def checkpoint_to_pte(
     progress: bool | None = None,
     quantize: str | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
+    max_engine_size: int | str | None = None,
 ) -> ExportSummary:
     """Export the causal LM in ``directory`` (``config.json``, ``*.safetensors``) to ``path``.
 
@@ -67,7 +68,7 @@ def checkpoint_to_pte(
     ``dtype``: "float16", "bfloat16" or "float32" (default: the dtype the weights are stored in;
     another dtype converts them, a copy in memory). ``tokenizer``: True keeps the directory's tokenizer
     files (if any) in ``m.tokenizer/`` beside the .pte, a folder keeps that folder's instead, False none.
-    The other options (``quantize`` and ``group_size`` included) mean what they mean for
+    The other options (``quantize``, ``group_size`` and ``max_engine_size`` included) mean what they mean for
     :func:`pyrt.export.decoder_to_pte`; they are checked once, against the model the config describes (on the
     meta device, in the dtype the weights load in), before the weights load.
     """
@@ -84,7 +85,7 @@ def checkpoint_to_pte(
                 max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step, dtype=None,
                 dynamic_prefill=True, route="pyrt", bos_id=None, eos_ids=None, weight_streaming=weight_streaming,
                 weight_streaming_budget=weight_streaming_budget, device=device, progress=bars, quantize=quantize,
-                group_size=group_size)
+                group_size=group_size, max_engine_size=max_engine_size)
             target = _target(path)
             sources = _tokenizer_sources(files, tokenizer)
         with TokenizerCopy(sources, tokenizer_dir(target)) as copy:

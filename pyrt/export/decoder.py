@@ -82,6 +82,7 @@ def decoder_to_pte(
     eos_ids: Any = None,
     progress: bool | Progress | None = None,
     quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE,
+    max_engine_size: int | str | None = None,
 ) -> ExportSummary:
     """Export a causal LM with a static KV cache of ``max_seq_len`` positions; returns the summary.
 
@@ -100,6 +101,10 @@ def decoder_to_pte(
     together; default ``max(max_batch_size, min(max_seq_len, 256))``).
     ``quantize`` / ``group_size``: weight-only INT8 / INT4 linear layers, LM head included, as for ``to_pte``;
     portable files dequantize with ExecuTorch's quantized kernels (:mod:`pyrt.export._graph.portable_quant`).
+    ``max_engine_size``: the most weight bytes of one engine (an int, or ``"2GiB"``): the decoder is cut at layer
+    boundaries into the fewest engines that fit (:mod:`pyrt.export._graph.layer_groups`); None: one engine when
+    the export's estimated peak fits the host's available memory, else the fewest groups that do
+    (:mod:`pyrt.export.engine_size`; ``summary.grouping`` says which and why).
     """
     started = time.perf_counter()
     options = decoder_options(
@@ -107,7 +112,7 @@ def decoder_to_pte(
         max_tokens_per_step=max_tokens_per_step, dtype=dtype, dynamic_prefill=dynamic_prefill, route=route,
         bos_id=bos_id, eos_ids=eos_ids, weight_streaming=weight_streaming,
         weight_streaming_budget=weight_streaming_budget, device=device, progress=progress, quantize=quantize,
-        group_size=group_size)
+        group_size=group_size, max_engine_size=max_engine_size)
     return replace(write_decoder(model, path, options), seconds=time.perf_counter() - started)
 
 
@@ -129,7 +134,7 @@ def write_decoder(model: Any, path: str | Path, options: DecoderOptions) -> Expo
         summary = replace(_portable(program, path, methods, started, bars), quantization=quantized)
     else:
         summary = write_pte(program, path, options.export, constant_methods=methods)
-    return replace(summary, route=chosen, route_reason=reason, constant_methods=methods,
+    return replace(summary, route=chosen, route_reason=reason, constant_methods=methods, grouping=options.grouping,
                    seconds=time.perf_counter() - started)
 
 

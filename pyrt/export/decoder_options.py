@@ -26,7 +26,16 @@ from pyrt.errors import ExportError
 from pyrt.export._engines.progress import Progress
 from pyrt.export._graph import hf_decoder as wrap
 from pyrt.export._graph import portable_quant
-from pyrt.export.options import DECODER_BUILDERS, PORTABLE, ExportOptions, check_quantize, make_options
+from pyrt.export.engine_size import available_host_bytes, choose_engine_size
+from pyrt.export.options import (
+    DECODER_BUILDERS,
+    PORTABLE,
+    ExportOptions,
+    check_devices,
+    check_engine_size,
+    check_quantize,
+    make_options,
+)
 from pyrt.format.weight_quant import Scheme
 
 ROUTES = ("auto", "upstream", "pyrt")
@@ -39,7 +48,9 @@ class DecoderOptions:
     """``decoder_to_pte``'s options, checked. ``dtype``: the dtype to cast the model to (None: keep its own).
     ``tokens_per_step``: a slot file's token budget of one step (None: a one-sequence file, ``max_batch_size``
     1). ``quantize``: the export's one quantization plan (``export.quantize`` itself when engines are built).
-    ``export``: ``to_pte``'s options for the file's engines (None: a portable file, which has none)."""
+    ``export``: ``to_pte``'s options for the file's engines (None: a portable file, which has none); its
+    ``max_engine_size`` is the one asked for, else the one :func:`~pyrt.export.engine_size.choose_engine_size`
+    chose from the host's memory, and ``grouping`` says why."""
 
     max_seq_len: int
     batch_size: int
@@ -53,12 +64,13 @@ class DecoderOptions:
     quantize: Scheme | None
     progress: Progress
     export: ExportOptions | None
+    grouping: str = ""  # why the engines are one or layer groups (:mod:`pyrt.export.engine_size`); "": portable
 
 
 def decoder_options(model: Any, *, max_seq_len: Any, builder: Any, batch_size: Any, max_batch_size: Any,
                     max_tokens_per_step: Any, dtype: Any, dynamic_prefill: Any, route: Any, bos_id: Any, eos_ids: Any,
                     weight_streaming: Any, weight_streaming_budget: Any, device: Any, progress: Any, quantize: Any,
-                    group_size: Any) -> DecoderOptions:
+                    group_size: Any, max_engine_size: Any = None) -> DecoderOptions:
     """Every ``decoder_to_pte`` option checked once against ``model`` (its config and weights' dtype: a model on
     the meta device does), in ``decoder_to_pte``'s order: the decoder's own, the slot layout, the quantization
     plan, then ``to_pte``'s. ``bos_id`` / ``eos_ids`` are checked where the model's own are read (they need its
@@ -66,17 +78,34 @@ def decoder_options(model: Any, *, max_seq_len: Any, builder: Any, batch_size: A
     bars = Progress.of(progress)
     cast = check_decoder(model, max_seq_len, builder, batch_size, dtype, dynamic_prefill, route)
     slots = check_slots(max_batch_size, max_tokens_per_step, max_seq_len, batch_size, dynamic_prefill, route)
-    export = None
+    export, grouping = None, ""
     if builder == PORTABLE:
+        if max_engine_size is not None:
+            raise ExportError(f"max_engine_size={max_engine_size!r} applies to engines; builder='portable' builds none")
         scheme = portable_scheme(model, cast, quantize, group_size)
     else:  # to_pte's own checks (device, budgets, builder: a missing TensorRT is found now) before the slow steps
+        size = choose_engine_size(check_engine_size(max_engine_size, "max_engine_size"),
+                                  weight_bytes=weight_bytes(model, cast), available=available_host_bytes(),
+                                  devices=len(check_devices(device, "device")))
         export = make_options(device=device, weight_streaming=weight_streaming, builder=builder, progress=bars,
                               weight_streaming_budget=weight_streaming_budget, quantize=quantize,
-                              group_size=group_size)
+                              group_size=group_size, max_engine_size=size.limit)
+        grouping = size.reason
         scheme = export.quantize
     return DecoderOptions(max_seq_len=int(max_seq_len), batch_size=int(batch_size), max_batch_size=int(max_batch_size),
                           tokens_per_step=slots, dtype=cast, dynamic_prefill=dynamic_prefill, route=route,
-                          bos_id=bos_id, eos_ids=eos_ids, quantize=scheme, progress=bars, export=export)
+                          bos_id=bos_id, eos_ids=eos_ids, quantize=scheme, progress=bars, export=export,
+                          grouping=grouping)
+
+
+def weight_bytes(model: Any, cast: torch.dtype | None) -> int:
+    """The bytes of ``model``'s parameters and buffers once cast to ``cast`` (a meta-device model's too)."""
+    total = 0
+    for t in (*model.parameters(), *model.buffers()):
+        size = torch.empty((), dtype=cast).element_size() if cast is not None and t.is_floating_point() \
+            else t.element_size()
+        total += t.numel() * size
+    return total
 
 
 def portable_scheme(model: Any, cast: Any, quantize: Any, group_size: Any) -> Scheme | None:

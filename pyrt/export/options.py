@@ -25,11 +25,13 @@ from types import ModuleType
 from typing import Any
 
 from pyrt.checks import checked_int, is_int
+from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export._engines.profiles import Bounds, check_profiles
 from pyrt.export._engines.progress import Progress
 from pyrt.export._tensorrt.flavour import resolve_flavour
 from pyrt.format import weight_quant as wq
+from pyrt.format.layer_groups import SPEC_LAYERS, SPEC_WEIGHT_BYTES
 
 BUILDERS = ("auto", "tensorrt", "tensorrt_rtx", "reference")
 PORTABLE = "portable"  # decoder_to_pte's builder of files without engines (ExecuTorch's portable kernels)
@@ -79,6 +81,8 @@ class ExportOptions:
     external_weights: bool
     profiles: tuple[dict[Any, Bounds], ...] | None
     quantize: wq.Scheme | None
+    max_engine_size: int | None = None  # bytes of weights per engine: cut at layer boundaries (None: no cut)
+    devices: tuple[str, ...] = ()  # device=[...]: the layer groups spread over these in order (():  ``device``)
 
     def __post_init__(self) -> None:
         check_together(self)
@@ -88,8 +92,8 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
                  device: Any = DEFAULT_DEVICE, weight_streaming: Any = False, weight_streaming_budget: Any = None,
                  builder: Any = DEFAULT_BUILDER, dynamic_shapes: Any = None, compile_specs: Any = None,
                  progress: Any = None, writer: Any = DEFAULT_WRITER, external_weights: Any = False,
-                 profiles: Any = None, quantize: Any = None, group_size: Any = wq.DEFAULT_GROUP_SIZE
-                 ) -> ExportOptions:
+                 profiles: Any = None, quantize: Any = None, group_size: Any = wq.DEFAULT_GROUP_SIZE,
+                 max_engine_size: Any = None) -> ExportOptions:
     """Every ``to_pte`` option (the same names and defaults) checked once, before any work; the builder is found
     last (a missing TensorRT is an ExportError now, not after the slow steps)."""
     for name, flag in (("weight_streaming", weight_streaming), ("external_weights", external_weights)):
@@ -99,11 +103,13 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
     for name in names:
         check_op_exists(name)
     chosen = check_choice(builder, BUILDERS, "builder")
+    devices = check_devices(device, "device")
     return ExportOptions(
         builder=chosen,
         forced_fallback=names,
         min_block_size=checked_int(min_block_size, "min_block_size", low=1, error=ExportError),
-        device=PerPartition(device, "device", normalize_device),
+        device=PerPartition(devices[0] if devices else device, "device", normalize_device),
+        devices=devices if len(devices) > 1 else (),
         budget=PerPartition(weight_streaming_budget, "weight_streaming_budget", check_optional_budget, missing=None),
         weight_streaming=weight_streaming,
         extra_specs=normalize_compile_specs(compile_specs),
@@ -113,12 +119,16 @@ def make_options(*, torch_executed_ops: Any = (), min_block_size: Any = DEFAULT_
         external_weights=external_weights,
         profiles=check_profiles(profiles),
         quantize=check_quantize(quantize, group_size),
+        max_engine_size=check_engine_size(max_engine_size, "max_engine_size"),
         flavour=chosen if chosen == "reference" else resolve_flavour(chosen),
     )
 
 
 def check_together(options: ExportOptions) -> None:
     """The rules between options, all here (each option alone is checked where :func:`make_options` reads it)."""
+    if options.devices and options.max_engine_size is None:
+        raise ExportError(f"device={list(options.devices)} spreads layer groups over the GPUs: give max_engine_size "
+                          "(decoder_to_pte chooses one itself)")
     if options.budget.given and any(key == SPEC_BUDGET for key, _ in options.extra_specs):
         raise ExportError("weight_streaming_budget was given both as an argument and as a raw compile spec; "
                           "pass it once")
@@ -149,6 +159,31 @@ def check_quantize(quantize: Any, group_size: Any) -> wq.Scheme | None:
     return None if quantize is None else wq.Scheme(quantize, group_size)
 
 
+def check_engine_size(value: Any, source: str) -> int | None:
+    """``max_engine_size``: None (no cut), or the most weight bytes one engine holds: an int > 0 or a string
+    such as ``"2GiB"`` / ``"500MB"`` (the units of :func:`pyrt.device.budgets.parse_budget`).
+
+    >>> check_engine_size("2GiB", "--max-engine-size"), check_engine_size(4096, "max_engine_size")
+    (2147483648, 4096)
+    >>> check_engine_size("abc", "--max-engine-size")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: --max-engine-size='abc' is not a size such as 2GiB, 500MB or a byte count > 0
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ExportError(f"{source}={value!r} is a {type(value).__name__}; pass a size such as 2GiB or a byte "
+                          "count > 0")
+    try:
+        spec = parse_budget(value, source=source)
+    except BudgetError:
+        spec = None
+    if spec is None or spec.kind != "bytes" or not isinstance(spec.value, int) or spec.value < 1:
+        raise ExportError(f"{source}={value!r} is not a size such as 2GiB, 500MB or a byte count > 0")
+    return spec.value
+
+
 def check_budget(value: Any, source: str) -> int:
     """A weight-streaming budget in bytes: an int in [0, 2**63]; bool is refused."""
     if not is_int(value):
@@ -165,6 +200,34 @@ def parse_budget_spec(raw: Any, source: str) -> int:
     if not isinstance(text, str) or not _DECIMAL_RE.match(text):
         raise BudgetError(f"{source}={raw!r} is not an ASCII decimal byte count")
     return check_budget(int(text), source)
+
+
+def check_devices(value: Any, source: str) -> tuple[str, ...]:
+    """``device`` as a list (a list or tuple, or ``"cuda:0,cuda:1"``): each normalized, none twice; ``()`` when
+    ``value`` is one device, a mapping or a callable (:class:`PerPartition` reads those).
+
+    >>> check_devices("cuda:0,cuda:1", "--device"), check_devices([1, "cuda:0"], "device"), check_devices(0, "d")
+    (('cuda:0', 'cuda:1'), ('cuda:1', 'cuda:0'), ())
+    >>> check_devices("cuda:0,0", "--device")
+    Traceback (most recent call last):
+    ...
+    pyrt.errors.ExportError: --device='cuda:0,0' lists cuda:0 twice
+    """
+    if isinstance(value, str) and "," in value:
+        items: list[Any] = [int(v) if v.strip().isdigit() else v for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return ()
+    if not items:
+        raise ExportError(f"{source}={value!r} lists no device")
+    devices: list[str] = []
+    for i, item in enumerate(items):
+        device = normalize_device(item, f"{source}[{i}]")
+        if device in devices:
+            raise ExportError(f"{source}={value!r} lists {device} twice")
+        devices.append(device)
+    return tuple(devices)
 
 
 def normalize_device(value: Any, source: str) -> str:
@@ -342,12 +405,16 @@ def node_op_names(target: Any) -> tuple[str, str] | None:
 
 
 def delegate_compile_specs(device: str, budget: int | None, extra: tuple[tuple[str, bytes], ...] = (),
-                           quantization: str = "") -> list[tuple[str, bytes]]:
+                           quantization: str = "", layers: str = "", weight_bytes: int = 0
+                           ) -> list[tuple[str, bytes]]:
     """An engine delegate's compile specs, in order: ``target_device``, its budget when set, its weight
-    quantization (:data:`pyrt.format.weight_quant.SPEC_KEY`) when quantized, then ``extra``."""
+    quantization (:data:`pyrt.format.weight_quant.SPEC_KEY`) when quantized, its layer group's layers and weight
+    bytes (:data:`SPEC_LAYERS`, :data:`SPEC_WEIGHT_BYTES`) when cut by ``max_engine_size``, then ``extra``."""
     specs = [(SPEC_DEVICE, device.encode("ascii"))]
     if budget is not None:
         specs.append((SPEC_BUDGET, str(budget).encode("ascii")))
     if quantization:
         specs.append((wq.SPEC_KEY, quantization.encode("ascii")))
+    if layers:
+        specs += [(SPEC_LAYERS, layers.encode("ascii")), (SPEC_WEIGHT_BYTES, str(weight_bytes).encode("ascii"))]
     return specs + [(k, bytes(v)) for k, v in extra]

@@ -119,6 +119,8 @@ class EngineSummary:
     # shape the program plans them at (ExecuTorch's DYNAMIC_BOUND)
     bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
     quantization: QuantSummary | None = None  # to_pte(quantize=...): what the engine's linear layers became
+    layers: str = ""  # max_engine_size: the decoder layers this engine holds ("0-3", "4-7+head"; "": no cut)
+    weight_bytes: int = 0  # bytes of the weights its partition carried (before quantization)
 
     @classmethod
     def of(cls, name: str, record: EngineRecord, spec: EngineSpec, ops: tuple[str, ...], source: str,
@@ -153,6 +155,7 @@ class ExportSummary:
     quantization: QuantSummary | None = None  # quantize=...: every engine's (or the portable program's) layers
     stages: tuple[StageRecord, ...] = ()  # checkpoint_to_pte: time and memory of load, export, build, write
     tokenizer: str | None = None  # checkpoint_to_pte: the tokenizer folder kept beside the .pte
+    grouping: str = ""  # decoder_to_pte: one engine or layer groups, and why (pyrt.export.engine_size)
 
     def __str__(self) -> str:
         lines = [f"{self.path}: {_size(self.file_size)}, {len(self.engines)} engine(s), builder {self.builder}, "
@@ -161,8 +164,9 @@ class ExportSummary:
             lines.append(f"external weights: {self.data_path}: {_size(self.data_size)}")
         for e in self.engines:
             budget = "" if e.weight_streaming_budget is None else f", budget {_size(e.weight_streaming_budget)}"
+            layers = f", layers {e.layers}, {_size(e.weight_bytes)} of weights" if e.layers else ""
             lines.append(f"  {e.name}: {_size(e.size)} on {e.device} ({e.flavour}, {len(e.ops)} op kinds, "
-                         f"{len(e.inputs)} in / {len(e.outputs)} out{budget})")
+                         f"{len(e.inputs)} in / {len(e.outputs)} out{budget}{layers})")
             lines.extend(f"    {out}: data-dependent shape, planned at its bound {list(shape)}"
                          for out, shape in e.bounded_outputs)
             if e.quantization is not None:
@@ -172,6 +176,8 @@ class ExportSummary:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items())) or "none"
         lines.append(f"fallback ops (run in ExecuTorch): {ops}")
         lines.extend(f"  {op}: {why}" for op, why in sorted(self.fallback_reasons.items()))
+        if self.grouping:
+            lines.append(f"engines: {self.grouping}")
         if self.route:
             lines.append(f"decoder route: {self.route}" + (f" ({self.route_reason})" if self.route_reason else ""))
         if self.constant_methods:

@@ -21,19 +21,21 @@ from typing import Any
 
 from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
-from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE
+from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE, check_engine_size
 from pyrt.format import weight_quant as wq
 from pyrt.serve.arguments import whole_argument
 from pyrt.tools.terminal import EXIT_OK
 
 DTYPES = ("float16", "bfloat16", "float32")
 # Options that only a checkpoint directory takes (a .pt2 program keeps the shapes it was exported with).
-LLM_OPTIONS = ("max_seq_len", "max_batch_size", "max_tokens_per_step", "dtype", "quantize", "group_size")
+LLM_OPTIONS = ("max_seq_len", "max_batch_size", "max_tokens_per_step", "dtype", "quantize", "group_size",
+               "max_engine_size")
 EXAMPLES = """examples:
   pyrt export ./Llama-3.2-1B -o llama.pte                          the model's dtype, TensorRT (else -RTX)
   pyrt export ./Llama-3.2-1B -o llama.pte --max-seq-len 4096 --max-batch-size 8 --weight-streaming
   pyrt export ./qwen2 -o qwen.pte --dtype float16 --builder tensorrt_rtx --budget 2GiB
   pyrt export ./qwen2 -o qwen-int4.pte --quantize int4 --group-size 64 --weight-streaming
+  pyrt export ./Llama-2-7b -o l7.pte --max-engine-size 1GiB        engines of at most 1 GiB of weights
   pyrt export prog.pt2 -o prog.pte                                  a torch.export.save'd program
   pyrt generate llama.pte --prompt "Hello"                         the tokenizer is found beside the file"""
 
@@ -48,6 +50,14 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: export bakes a byte count per engine (e.g. 2GiB); "
                                          "shares and auto are chosen at load: pyrt generate --budget 50%")
     return int(spec.value or 0)
+
+
+def _engine_size(text: str) -> int:
+    """``--max-engine-size``: the most weight bytes of one engine (checked once, here)."""
+    try:
+        return check_engine_size(text, "--max-engine-size") or 0
+    except ExportError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -71,13 +81,19 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     llm.add_argument("--group-size", type=whole_argument(1), metavar="G",
                      help=f"with --quantize: input features per scale (a power of two >= {wq.MIN_GROUP_SIZE}; "
                           f"default {wq.DEFAULT_GROUP_SIZE})")
+    llm.add_argument("--max-engine-size", type=_engine_size, metavar="SIZE",
+                     help="cut the decoder at layer boundaries into the fewest engines whose weights each fit SIZE "
+                          "(e.g. 2GiB); default: one engine when its build fits the host's available memory, else "
+                          "the fewest groups that fit")
     p.add_argument("--builder", choices=DECODER_BUILDERS, default=DEFAULT_BUILDER,
                    help="engine builder: auto (tensorrt, else tensorrt_rtx), tensorrt, tensorrt_rtx, reference "
                         "(pyrt's simulated GPU), portable (no engines: ExecuTorch's portable kernels)")
     p.add_argument("--weight-streaming", action="store_true", help="build engines whose weights can stream")
     p.add_argument("--budget", type=_bytes, metavar="SIZE", help="weight-streaming budget baked per engine, e.g. "
                                                                  "2GiB (needs --weight-streaming)")
-    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"the engines' CUDA device (default {DEFAULT_DEVICE})")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"the engines' CUDA device (default {DEFAULT_DEVICE}); a list (cuda:0,cuda:1) spreads "
+                        "the layer groups over those GPUs in order, balanced by weight bytes")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="DIR", help="keep this tokenizer folder's files beside the .pte "
                                                         "(default: the checkpoint's own)")
@@ -132,6 +148,8 @@ def _as_json(summary: Any) -> dict[str, Any]:
             "seconds": summary.seconds, "tokenizer": summary.tokenizer,
             "engines": [{"name": e.name, "size": e.size, "flavour": e.flavour, "device": e.device,
                          "streamable_weights": e.streamable_weights, "route": e.route,
-                         "build_seconds": e.build_seconds} for e in summary.engines],
+                         "build_seconds": e.build_seconds, "layers": e.layers, "weight_bytes": e.weight_bytes}
+                        for e in summary.engines],
+            "grouping": summary.grouping,
             "fallback_ops": summary.fallback_ops, "constant_methods": summary.constant_methods,
             "stages": [r.as_dict() for r in summary.stages]}

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from pyrt.errors import BlobFormatError, PteFormatError, PyrtError
+from pyrt.format import layer_groups
 from pyrt.format.ptd_reader import FILE_IDENTIFIER as PTD_IDENTIFIER
 from pyrt.format.ptd_reader import DataSource, ExternalData, PtdFile
 from pyrt.format.trt_blob import BACKEND_ID, parse_blob
@@ -274,6 +275,9 @@ def format_report(info: dict[str, Any]) -> str:
             lines.append(f"  delegate {i}: {d['id']} ({d['location']} {d['index']}, {format_size(d['size'])})")
             for k, v in d["compile_specs"].items():
                 lines.append(f"    spec {k} = {v}")
+            group = layer_groups.describe(d["compile_specs"], format_size)
+            if group:
+                lines.append(f"    {group}")
             trt = d["tensorrt"]
             if trt:
                 lines.append(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from pyrt.export._files.engine_store import EngineStore
 from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
+from pyrt.export._graph.layer_groups import GroupPlan, cut, split, spread
 from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
@@ -137,9 +139,10 @@ class _Planner:
     """
 
     def __init__(self, gm: fx.GraphModule, builder: Builder, options: ExportOptions, store: EngineStore,
-                 forced: dict[fx.Node, str], state_inputs: frozenset[str] = frozenset()) -> None:
+                 forced: dict[fx.Node, str], state_inputs: frozenset[str] = frozenset(),
+                 groups: GroupPlan | None = None) -> None:
         self.gm, self.builder, self.options, self.store = gm, builder, options, store
-        self.forced, self.state_inputs = forced, state_inputs
+        self.forced, self.state_inputs, self.groups = forced, state_inputs, groups
         self.blocked: dict[fx.Node, str] = {}
         self.built: dict[tuple[str, ...], tuple[Extracted, Built]] = {}
         self.probes: dict[Any, bool] = {}
@@ -157,6 +160,8 @@ class _Planner:
         """
         while True:
             groups = propose(self.gm, self.supported, self.options.min_block_size)
+            if self.groups is not None:  # max_engine_size: each partition cut at its layer groups' boundaries
+                groups = [g for g in split(groups, self.groups) if has_runtime_input(g)]
             try:
                 parts = [self._extract(g) for g in groups]
             except UnknownSize as exc:
@@ -268,12 +273,13 @@ def _partition_and_build(gm: fx.GraphModule, builder: Builder, options: ExportOp
                          forced: dict[fx.Node, str] | None = None, state_inputs: frozenset[str] = frozenset()
                          ) -> tuple[list[EngineSummary], dict[str, str]]:
     gm.graph.eliminate_dead_code()
-    planner = _Planner(gm, builder, options, store, forced or {}, state_inputs)
+    groups = None if options.max_engine_size is None else cut(gm, options.max_engine_size, state_inputs)
+    planner = _Planner(gm, builder, options, store, forced or {}, state_inputs, groups)
     parts = planner.run()
     reasons = planner.reasons(parts)
     for op, why in reasons.items():
         log.info("fallback %s: %s", op, why)
-    return _install_engines(gm, parts, options, store), reasons
+    return _install_engines(gm, parts, options, store, groups), reasons
 
 
 def _short(text: str, limit: int = 240) -> str:
@@ -344,13 +350,18 @@ def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, 
 
 
 def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], options: ExportOptions,
-                     store: EngineStore) -> list[EngineSummary]:
+                     store: EngineStore, groups: GroupPlan | None = None) -> list[EngineSummary]:
     summaries = []
     remap: dict[fx.Node, fx.Node] = {}
     infos = [opt.PartitionInfo(index, f"engine_{index}", part.ops) for index, (part, _) in enumerate(parts)]
+    spread_over = [] if groups is None or not options.devices else spread(groups.groups, options.devices)
     for info, (part, built) in zip(infos, parts, strict=True):
         index = info.index
-        spec = engine_spec(built, part, options.device(info), options.budget(info))
+        group = None if groups is None else groups.node_group[part.nodes[-1]]
+        layers = "" if groups is None or group is None else groups.groups[group].layers
+        device = spread_over[group] if spread_over and group is not None else options.device(info)
+        spec = replace(engine_spec(built, part, device, options.budget(info)), layers=layers,
+                       weight_bytes=_weight_bytes(part) if layers else 0)
         attr = f"_pyrt_engine_{index}"
         gm.register_buffer(attr, store.tensor(built.record), persistent=False)
         part.inputs = [remap.get(a, a) for a in part.inputs]
@@ -358,11 +369,18 @@ def _install_engines(gm: fx.GraphModule, parts: list[tuple[Extracted, Built]], o
         built.record.spec = spec
         built.record.extra["quantization"] = built.quantization
         bounded = bounded_outputs(spec, [o.meta["val"] for o in part.outputs])
-        summaries.append(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded))
-    options.device.check_all_used(infos)
+        summaries.append(replace(EngineSummary.of(info.name, built.record, spec, part.ops, "built", bounded),
+                                 layers=layers, weight_bytes=_weight_bytes(part)))
+    if not spread_over:
+        options.device.check_all_used(infos)
     options.budget.check_all_used(infos)
     finish(gm)
     return summaries
+
+
+def _weight_bytes(part: Extracted) -> int:
+    """Bytes of the weights the partition's engine carries (before any quantization)."""
+    return sum(b.numel() * b.element_size() for b in part.module.buffers())
 
 
 def engine_spec(built: Built, part: Extracted, device: str, budget: int | None) -> EngineSpec:

@@ -50,6 +50,8 @@ class EngineSpec:
     target_platform: str | None = None
     data_dependent: dict[str, int] = field(default_factory=dict)  # unbacked symbol -> upper bound
     quantization: str = ""  # the engine's weight quantization (pyrt.format.weight_quant.SpecInfo JSON), or ""
+    layers: str = ""  # max_engine_size: the decoder layers of the engine's group ("0-3", "4-7+head"), or ""
+    weight_bytes: int = 0  # with ``layers``: the bytes of the group's weights (before quantization)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -66,6 +68,8 @@ class EngineSpec:
             doc["data_dependent"] = dict(self.data_dependent)
         if self.quantization:
             doc["quantization"] = self.quantization
+        if self.layers:
+            doc["layers"], doc["weight_bytes"] = self.layers, self.weight_bytes
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -84,6 +88,7 @@ class EngineSpec:
                 serialized_metadata=doc["serialized_metadata"], target_platform=doc["target_platform"],
                 data_dependent={str(k): int(v) for k, v in doc.get("data_dependent", {}).items()},
                 quantization=str(doc.get("quantization", "")),
+                layers=str(doc.get("layers", "")), weight_bytes=int(doc.get("weight_bytes", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ExportError(f"pyrt::execute_engine spec is malformed ({exc}): {text[:200]!r}") from None

@@ -212,7 +212,8 @@ def program_table(d: Delegated, segments: list[tuple[int, int]], extra: tuple[tu
     def container(spec: TreeSpec) -> str:
         return str(tree_flatten(torch.utils._pytree.tree_unflatten([0] * spec.num_leaves, spec))[1].to_str())
 
-    specs = delegate_compile_specs(d.spec.device, d.spec.budget, extra, d.spec.quantization)
+    specs = delegate_compile_specs(d.spec.device, d.spec.budget, extra, d.spec.quantization, d.spec.layers,
+                                   d.spec.weight_bytes)
     delegate = Table(3, [(0, "str", BACKEND_ID), (1, "table", Table(2, [(0, "i8", 1), (1, "u32", 1)])),
                          (2, "tables", [Table(2, [(0, "str", k), (1, "[u8]", v)]) for k, v in specs])])
     plan = Table(10, [

@@ -46,6 +46,7 @@ class StateOnDevice:
 
     def __call__(self, gm: fx.GraphModule) -> Any:
         self.moved.extend(move_state_to_device(gm))
+        skip_host_hops(gm)
         return self.then(gm)
 
 
@@ -75,6 +76,34 @@ def move_state_to_device(gm: fx.GraphModule) -> list[str]:
         gm.recompile()
         log.info("kept %d mutable buffer(s) in device memory: %s", len(moved), ", ".join(moved))
     return moved
+
+
+def skip_host_hops(gm: fx.GraphModule) -> int:
+    """A delegate's output that only other delegates read, on another GPU (layer groups spread over GPUs), goes
+    to them as it is: ExecuTorch's device -> host -> device copies are dropped, and the runtime copies it device to
+    device, ordered on both devices' streams (a peer copy, else through host memory: pyrt.runtime.delegate_steps).
+    Returns how many host hops went."""
+    from executorch.exir.delegate import executorch_call_delegate
+
+    h2d, d2h = _copy_ops()
+    hops = 0
+    for node in [n for n in gm.graph.nodes if n.op == "call_function" and n.target == h2d]:
+        back = node.args[0]
+        if not (isinstance(back, fx.Node) and back.op == "call_function" and back.target == d2h):
+            continue
+        source = back.args[0]
+        if _delegate_device(source) is None or not node.users or \
+                any(u.target is not executorch_call_delegate for u in node.users):
+            continue
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+        if not back.users:
+            gm.graph.erase_node(back)
+        hops += 1
+    if hops:
+        gm.recompile()
+        log.info("%d value(s) go from delegate to delegate across GPUs without a host copy", hops)
+    return hops
 
 
 def _copy_ops() -> tuple[Any, Any]:
