@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if watchdog is not None:
             watchdog.close()
+        if owner is not None:
+            lifetime.forget(owner)  # its processes are ended (the watchdog ends what is left, and forgets too)
     if not finished:  # a thread is stuck in a Ray that is gone: Ray's exit handlers would wait on it too
         sys.stdout.flush()
         sys.stderr.flush()
@@ -103,11 +105,15 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
                     num_gpus=sim if not where.address else None, metrics_port=where.metrics_port,
                     ray_proxy=where.ray_proxy, owner=owner, read_timeout_s=cfg.read_timeout_s,
                     request_timeout_s=cfg.request_timeout_s)
+        if owner is not None:
+            lifetime.record(owner)  # what a later pyrt serve may end if this one and its watchdog are killed
         # after ray.init, whose own SIGTERM handler exits; SIGINT too, whatever this process inherited (a job
         # started with `cmd &` in a script has SIGINT ignored, and Python then installs no KeyboardInterrupt)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         deploy(app, app_name=cfg.app_name, path=cfg.path)
+        if owner is not None:
+            lifetime.record(owner)  # the replicas too (the watchdog records them again every few seconds)
         url = f"http://{where.host}:{where.port}"
         openai = f", OpenAI API at {url}/v1" if cfg.tokenizer else ""
         _say(f"pyrt serve: {cfg.path} at {url}/v2{openai} ({cfg.replicas} replica(s), HTTP via {via}); Ctrl-C or "

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pyrt.serve import ingress
+from pyrt.serve import ingress, lifetime
 from tests.fixtures.serve import build, wait_for
 from tests.fixtures.serve_process import ROOT, Server, listeners, port_free, spawn_marked
 
@@ -158,8 +158,16 @@ def test_after_sigkill_its_watchdog_ends_its_ray(server: Any) -> None:
 @pytest.mark.slow
 def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: Path) -> None:
     """pyrt serve and its watchdog both SIGKILLed: the next pyrt serve (here one given a bad file) ends the leftovers
-    and says so."""
+    its run-state file records, and says so; a process carrying the mark that it did not record is left alone."""
     s = server()
+    # Ray's own processes may end by themselves once their raylet is gone (how soon depends on the machine's
+    # load); a process that does not stands beside them, as HAProxy in its own process group does, recorded by the
+    # watchdog (it records its owner's processes every few seconds)
+    stubborn = spawn_marked(s.owner)
+    runs = lifetime.runs_dir()
+    assert runs is not None
+    record = runs / (s.owner.replace(":", "-") + lifetime.RUN_SUFFIX)
+    wait_for(lambda: record.exists() and f"\n{stubborn.pid} " in record.read_text(), 60, "the stand-in recorded")
     watchdogs = []  # the watchdog carries no mark: found by its command line
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
@@ -173,9 +181,7 @@ def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: 
     s.proc.kill()
     s.proc.wait()
     assert s.marked()
-    # Ray's own processes may end by themselves once their raylet is gone (how soon depends on the machine's
-    # load); a process that does not stands beside them, as HAProxy in its own process group does
-    stubborn = spawn_marked(s.owner)
+    decoy = spawn_marked(s.owner)  # the mark alone: not recorded, so not ended
     bad = tmp_path / "bad.pte"
     bad.write_bytes(b"not a program")
     done = subprocess.run([sys.executable, "-m", "pyrt", "serve", str(bad)], capture_output=True, text=True,
@@ -185,4 +191,7 @@ def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: 
     named = re.search(r"left by an earlier pyrt serve \(pid ([\d, ]+)\)", done.stderr)
     assert named is not None and str(s.proc.pid) in named.group(1).split(", "), done.stderr
     assert f"({stubborn.pid})" in done.stderr and stubborn.wait(30) == -signal.SIGKILL, done.stderr
+    assert f"({decoy.pid})" not in done.stderr and decoy.poll() is None
+    decoy.kill()
+    decoy.wait()
     assert_nothing_left(s)
