@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pyrt.errors import InputError, PyrtError
+from pyrt.errors import InputError
 from pyrt.format.companions import find_tokenizer
 from pyrt.format.method_io import flatten, method_inputs
 from pyrt.llm.drafting import open_draft
@@ -27,6 +27,7 @@ from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
+from pyrt.serve.text import load_tokenizer
 from pyrt.tools import export_command
 from pyrt.tools.bench import (
     check_plot_support,
@@ -220,7 +221,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace) -> Any:
-    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded."""
+    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded
+    (:func:`pyrt.serve.text.load_tokenizer`: what is wrong with the folder, on one line)."""
     if args.tokenizer is None:
         if args.prompt is None:
             return None
@@ -228,16 +230,7 @@ def _tokenizer(args: argparse.Namespace) -> Any:
         if args.tokenizer is None:
             raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer; pyrt export keeps the "
                              "checkpoint's beside the .pte as M.tokenizer/, and none is there); or pass --prompt-ids")
-    if not os.path.isdir(args.tokenizer):
-        raise InputError(f"--tokenizer {args.tokenizer!r} is not a directory")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise PyrtError("--tokenizer needs transformers: pip install transformers") from None
-    try:
-        return AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--tokenizer {args.tokenizer!r}: {exc}") from None
+    return load_tokenizer(args.tokenizer)
 
 
 def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
@@ -251,6 +244,8 @@ def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.path):  # named before the tokenizer, which is looked for beside it
+        raise InputError(f"{args.path}: no such file" if not os.path.exists(args.path) else f"{args.path}: not a file")
     tokenizer = _tokenizer(args)
     ids = args.prompt_ids if args.prompt is None else list(tokenizer(args.prompt)["input_ids"])
     with contextlib.ExitStack() as stack:
