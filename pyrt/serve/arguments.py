@@ -12,21 +12,26 @@ import math
 from collections.abc import Callable
 
 
-def whole_argument(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low`` (the usage error says which bound).
+def whole_argument(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (and <= ``high``; the usage error says which bounds).
 
-    >>> whole_argument(1)("3")
-    3
+    >>> whole_argument(1)("3"), whole_argument(1, 65535)("65535")
+    (3, 65535)
     """
+    wanted = f">= {low}" if high is None else f"from {low} to {high}"
+
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
             n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        if n < low or (high is not None and n > high):
+            raise argparse.ArgumentTypeError(f"expected a whole number {wanted}, got {text!r}")
         return n
     return parse
+
+
+PORT = whole_argument(1, 65535)  # a TCP port
 
 
 def float_argument(wanted: str, ok: Callable[[float], bool]) -> Callable[[str], float]:

@@ -29,6 +29,7 @@ from typing import Any
 from pyrt.serve import lifetime
 from pyrt.serve.config import ServeConfig, StartOptions
 from pyrt.serve.flags import add_flags, configs
+from pyrt.serve.preflight import check_before_ray
 
 EXAMPLES = """examples:
   pyrt serve model.pte                               one replica on one GPU, http://127.0.0.1:8000/v2
@@ -68,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
     # Ray Serve's option schema uses a Pydantic 1 idiom (extra keywords on Field) that Pydantic 2 warns about at
     # import: 18 lines of third-party noise, from that one module, on every start. pyrt's own warnings still show.
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
+    cfg, where = configs(vars(args))
+    lifetime.end_orphans(_say)  # first: what a killed pyrt serve left may hold the port
+    check_before_ray(cfg, where)  # a port in use, a bad tokenizer: named now, not after Ray's start
     from pyrt.serve.app import deployment, simulated_from_env  # extra: serve
 
-    cfg, where = configs(vars(args))
-    lifetime.end_orphans(_say)
     sim = simulated_from_env()
     app = deployment(cfg, simulated_gpus=sim)
     owner = None if where.address else lifetime.owner_token()  # marks the processes of the Ray started here

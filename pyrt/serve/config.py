@@ -28,6 +28,7 @@ from pyrt.errors import InputError
 from pyrt.llm.config import GenerationConfig
 
 API_KEY_ENV = "PYRT_API_KEY"
+PORT_END = 1 << 16  # TCP ports are 1 to 65535
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,9 @@ class StartOptions:
     ray_proxy: bool = False
 
     def __post_init__(self) -> None:
-        checked_int(self.port, "port", low=1)
+        checked_int(self.port, "port", low=1, end=PORT_END)
         if self.metrics_port is not None:
-            checked_int(self.metrics_port, "metrics_port", low=1)
+            checked_int(self.metrics_port, "metrics_port", low=1, end=PORT_END)
 
 
 def api_key_from_env() -> str | None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from pyrt.errors import InputError
 from pyrt.format.companions import find_tokenizer
 from pyrt.llm.config import GenerationConfig
-from pyrt.serve.arguments import number_argument, seconds_argument, whole_argument
+from pyrt.serve.arguments import PORT, number_argument, seconds_argument, whole_argument
 from pyrt.serve.config import API_KEY_ENV, ServeConfig, StartOptions, api_key_from_env
 from pyrt.streaming import budget_argument
 
@@ -124,12 +124,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--read-timeout-s",), "read_timeout_s", "a client must send its request (headers and body) within R s, "
          "else 408 (default {default})", seconds_argument, metavar="R"),
     Flag(("--host",), "start.host", "HTTP host (default {default}; 0.0.0.0 for every interface)"),
-    Flag(("--port",), "start.port", "HTTP port (default {default})", whole_argument(1)),
+    Flag(("--port",), "start.port", "HTTP port (default {default})", PORT),
     Flag(("--address",), "start.address", "join a running Ray cluster: auto or ray://HOST:PORT (default: start "
          "one)"),
     Flag(("--metrics-port",), "start.metrics_port", "Prometheus port of a Ray this command starts (Ray binds it on "
          "every interface; GET /metrics on the API port, which listens on --host, has the replica's own)",
-         whole_argument(1)),
+         PORT),
     Flag(("--tokenizer",), "tokenizer", "a local Hugging Face tokenizer directory: text in and out on the generate "
          "routes, and OpenAI's /v1 API (default: the one pyrt export kept beside the file)", metavar="DIR"),
     Flag(("--draft",), "generation.draft", "speculative decoding of the generating models: guess tokens by prompt "
