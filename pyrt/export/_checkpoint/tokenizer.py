@@ -78,16 +78,7 @@ class TokenizerCopy:
         """Swap the staged copy into place (replacing an older one); returns the target (None: no files, and an
         older folder at the target removed)."""
         if not self.files:
-            if self.target.is_dir() and not self.target.is_symlink():
-                old = Path(tempfile.mkdtemp(prefix=engine_dir_prefix(), dir=self.target.parent)) / "old"
-                try:
-                    os.replace(self.target, old)
-                except OSError as exc:
-                    raise ExportError(f"cannot remove the older tokenizer folder {str(self.target)!r} (this export "
-                                      f"keeps none): {exc.strerror or exc}") from None
-                finally:
-                    self._drop(old.parent)
-                log.warning("removed the older tokenizer folder %s: this export keeps no tokenizer", self.target)
+            self._remove_older()
             return None
         if self.stage is None:
             raise ExportError("TokenizerCopy.commit() outside its with block")
@@ -106,6 +97,20 @@ class TokenizerCopy:
         if old is not None:
             self._drop(old.parent)
         return self.target
+
+    def _remove_older(self) -> None:
+        """An export that keeps no tokenizer: the older folder at the target goes (moved aside, then deleted)."""
+        if not self.target.is_dir() or self.target.is_symlink():
+            return
+        aside = Path(tempfile.mkdtemp(prefix=engine_dir_prefix(), dir=self.target.parent))
+        try:
+            os.replace(self.target, aside / "old")
+        except OSError as exc:
+            raise ExportError(f"cannot remove the older tokenizer folder {str(self.target)!r} (this export keeps "
+                              f"none): {exc.strerror or exc}") from None
+        finally:
+            self._drop(aside)
+        log.warning("removed the older tokenizer folder %s: this export keeps no tokenizer", self.target)
 
     def __exit__(self, *exc: Any) -> None:
         self._drop(self.stage)
