@@ -54,8 +54,10 @@ from pydantic import (
     model_validator,
 )
 
+from pyrt.checks import is_number
 from pyrt.errors import InputError
 from pyrt.llm import SamplingParams
+from pyrt.llm.params import TEMPERATURE_WANTED
 from pyrt.serve.validation import Bad, Body, StopStrings
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
@@ -136,9 +138,9 @@ class OpenAIRequest(Body):
     @field_validator("temperature")
     @classmethod
     def _greedy_at_zero(cls, value: float | None) -> float | None:
-        """OpenAI's range starts at 0, which means greedy here; SamplingParams bounds a sampling temperature."""
-        if value is not None and value < 0:
-            raise Bad(" must be >= 0 (0: greedy)")
+        """OpenAI's range starts at 0, which means greedy (SamplingParams' rule and message: one for every route)."""
+        if value is not None and not is_number(value, low=0):
+            raise Bad(f" must be {TEMPERATURE_WANTED}")
         return value
 
     @field_validator("n")

@@ -23,7 +23,7 @@ from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE
 from pyrt.format import weight_quant as wq
-from pyrt.serve.arguments import whole_argument
+from pyrt.serve.arguments import needs, whole_argument
 from pyrt.tools.terminal import EXIT_OK
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -84,6 +84,7 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     tok.add_argument("--no-tokenizer", action="store_true", help="keep no tokenizer beside the .pte")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines with -v)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    needs(p, ("group_size", "quantize"), ("budget", "weight_streaming"), ("max_tokens_per_step", "max_batch_size"))
     return p
 
 

@@ -45,3 +45,36 @@ def test_transformers_many_lines_become_one(capsys: Any, tmp_path: Path) -> None
     (broken / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
     status, err = run(capsys, "generate", pte, "--prompt", "hi", "--tokenizer", broken)
     assert status == 1 and f"--tokenizer '{broken}' could not be loaded: " in one_line(err)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--group-size", "64"], "--group-size needs --quantize"),
+    (["--budget", "1GiB"], "--budget needs --weight-streaming"),
+    (["--max-tokens-per-step", "8"], "--max-tokens-per-step needs --max-batch-size"),
+])
+def test_export_flags_that_need_another_are_refused_without_it(capsys: Any, tmp_path: Path, flags: list[str],
+                                                               message: str) -> None:
+    status, err = run(capsys, "export", tmp_path, "-o", tmp_path / "m.pte", *flags)
+    assert status == 2 and f"pyrt export: error: {message}" in err and not (tmp_path / "m.pte").exists()
+
+
+@pytest.mark.parametrize(("flags", "warned"), [
+    (["--temperature", "0.8"], "--temperature 0.8 without --sample: decoding is greedy and does not use it"),
+    (["--top-k", "5", "--seed", "3"], "--top-k 5, --seed 3 without --sample: decoding is greedy and does not use them"),
+    (["--draft-tokens", "3"], "--draft-tokens 3 without --draft: no tokens are guessed"),
+])
+def test_generation_options_without_the_flag_they_need_are_warned_about_by_name(
+        capsys: Any, tmp_path: Path, flags: list[str], warned: str) -> None:
+    pte = tmp_path / "m.pte"
+    pte.write_bytes(b"not a program: the warning comes first")
+    status, err = run(capsys, "generate", pte, "--prompt-ids", "1,2", *flags)
+    assert status == 1 and err.startswith(f"pyrt: warning: {warned}"), err
+
+
+def test_sampling_options_with_sample_and_temperature_0_are_not_warned_about(capsys: Any, tmp_path: Path) -> None:
+    pte = tmp_path / "m.pte"
+    pte.write_bytes(b"not a program")
+    for flags in (["--sample", "--temperature", "0.8"], ["--temperature", "0"], ["--draft", "ngram", "--draft-tokens",
+                                                                                  "3"]):
+        status, err = run(capsys, "generate", pte, "--prompt-ids", "1,2", *flags)
+        assert status == 1 and "warning" not in err, (flags, err)
