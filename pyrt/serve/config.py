@@ -48,7 +48,8 @@ class ServeConfig:
     :attr:`max_queued_requests`; ``request_timeout_s``: an infer request not answered within that
     many seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send
     its request within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``generation``: what the
+    directory) turns on the text and OpenAI routes (``chat_template``: a Jinja file that replaces the tokenizer's
+    chat template, as vLLM's ``--chat-template``); ``api_key`` guards them. ``generation``: what the
     engines of the generating models take (speculative decoding's ``draft`` and ``draft_tokens``, the
     queue bound ``max_queued``; each model's ``method`` is its own). The devices a replica runs on are
     not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory (simulated GPUs)
@@ -70,6 +71,7 @@ class ServeConfig:
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
     tokenizer: str | None = None
+    chat_template: str | None = None
     api_key: str | None = field(default=None, repr=False)
     request_timeout_s: float | None = None
     read_timeout_s: float = 30.0
@@ -117,6 +119,14 @@ class ServeConfig:
                 raise InputError(f"tokenizer={os.fspath(self.tokenizer)!r}: not a directory (a local Hugging Face "
                                  "tokenizer: tokenizer.json, tokenizer_config.json)", field="tokenizer")
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
+        if self.chat_template is not None:
+            if self.tokenizer is None:
+                raise InputError("chat_template: needs a tokenizer (the chat routes are OpenAI's, which need one)",
+                                 field="chat_template")
+            if not Path(self.chat_template).is_file():
+                raise InputError(f"chat_template={os.fspath(self.chat_template)!r}: no such file (a Jinja chat "
+                                 "template)", field="chat_template")
+            object.__setattr__(self, "chat_template", str(Path(self.chat_template).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InputError("api_key: expected a non-empty string", field="api_key")
         if not isinstance(self.generation, GenerationConfig):

@@ -99,9 +99,9 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag(("path",), "path", "the .pte file"),
-    Flag(("--name",), "name", "model name (default: the file's stem; org/Model ids too) and more names clients may "
-         "use for it (vLLM's --served-model-name a b); methods serve as NAME.METHOD", nargs="+", metavar="NAME",
-         rest="aliases"),
+    Flag(("--name", "--served-model-name"), "name", "model name (default: the file's stem; org/Model ids too) and "
+         "more names clients may use for it (as vLLM's --served-model-name a b); methods serve as NAME.METHOD",
+         nargs="+", metavar="NAME", rest="aliases"),
     Flag(("--replicas",), "replicas", "replicas, each with its own Program (default {default})", whole_argument(1)),
     Flag(("--gpus-per-replica",), "gpus_per_replica", "GPUs Ray assigns each replica (default: 1 when the program "
          "has TensorRT delegates, else 0)", number_argument),
@@ -132,6 +132,8 @@ FLAGS: tuple[Flag, ...] = (
          PORT),
     Flag(("--tokenizer",), "tokenizer", "a local Hugging Face tokenizer directory: text in and out on the generate "
          "routes, and OpenAI's /v1 API (default: the one pyrt export kept beside the file)", metavar="DIR"),
+    Flag(("--chat-template",), "chat_template", "a Jinja chat template file that replaces the tokenizer's own "
+         "(as vLLM's --chat-template)", metavar="FILE"),
     Flag(("--draft",), "generation.draft", "speculative decoding of the generating models: guess tokens by prompt "
          "lookup (ngram) or with a smaller LLM file of the same vocabulary (loaded fully resident on each "
          "replica)", metavar="ngram|D.pte"),

@@ -26,7 +26,7 @@ import socket
 
 from pyrt.errors import InputError, PyrtError
 from pyrt.serve.config import ServeConfig, StartOptions
-from pyrt.serve.text import load_tokenizer
+from pyrt.serve.text import load_tokenizer, read_chat_template
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> None:
@@ -62,3 +62,5 @@ def check_before_ray(cfg: ServeConfig, where: StartOptions) -> None:
         check_port("0.0.0.0", where.metrics_port, "--metrics-port")  # Ray binds it on every interface
     if cfg.tokenizer:
         load_tokenizer(cfg.tokenizer)
+    if cfg.chat_template:
+        read_chat_template(cfg.chat_template)

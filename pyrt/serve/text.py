@@ -54,6 +54,15 @@ def load_tokenizer(directory: str, flag: str = "--tokenizer") -> Any:
         raise InputError(f"{flag} {directory!r} could not be loaded: {type(exc).__name__}: {said}") from None
 
 
+def read_chat_template(path: str) -> str:
+    """The text of a chat template file (InputError naming ``--chat-template`` when it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--chat-template {path!r}: cannot be read ({getattr(exc, 'strerror', None) or exc})") \
+            from None
+
+
 def tokenizer_class(path: Path, transformers: Any) -> Any:
     """The class ``AutoTokenizer`` would pick for ``path`` (``tokenizer_config.json``'s ``tokenizer_class``)."""
     try:

@@ -78,3 +78,16 @@ def test_sampling_options_with_sample_and_temperature_0_are_not_warned_about(cap
                                                                                   "3"]):
         status, err = run(capsys, "generate", pte, "--prompt-ids", "1,2", *flags)
         assert status == 1 and "warning" not in err, (flags, err)
+
+
+def test_vllm_s_export_names_fill_the_same_options(capsys: Any, tmp_path: Path) -> None:
+    from pyrt.tools.cli_args import parser
+    from pyrt.tools.export_command import _decoder_options
+
+    args = parser().parse_args(["export", str(tmp_path), "-o", "m.pte", "--max-model-len", "64", "--max-num-seqs",
+                                "4", "--quantization", "int4", "--group-size", "32", "--dtype", "half"])
+    assert _decoder_options(args) == {"max_seq_len": 64, "max_batch_size": 4, "quantize": "int4", "group_size": 32,
+                                      "dtype": "float16"}
+    for vllm, ours in (("auto", None), ("float", "float32"), ("bfloat16", "bfloat16")):
+        args = parser().parse_args(["export", str(tmp_path), "-o", "m.pte", "--dtype", vllm])
+        assert _decoder_options(args).get("dtype") == ours
