@@ -23,6 +23,7 @@ from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE
 from pyrt.format import weight_quant as wq
+from pyrt.logs import third_party_quiet
 from pyrt.serve.arguments import needs, whole_argument
 from pyrt.tools.terminal import EXIT_OK
 
@@ -95,7 +96,18 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export ``args.source``; prints the summary (stages with their time and memory)."""
+    """Export ``args.source``; prints the summary (stages with their time and memory). The libraries it imports and
+    calls (torch, torchao, transformers, ExecuTorch) keep their chatter to themselves unless ``--verbose``
+    (:func:`pyrt.logs.third_party_quiet`: torchao's extensions that fail to load, torch's pytree notes, ...)."""
+    if importlib.util.find_spec("torch") is not None:  # torch sets its loggers' levels as it imports: before
+        import torch  # noqa: F401  # extra: export
+    with third_party_quiet():
+        summary = _export(args)
+    print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> Any:
     progress = False if args.no_progress else None
     common = dict(builder=args.builder, weight_streaming=args.weight_streaming, weight_streaming_budget=args.budget,
                   device=args.device, progress=progress)
@@ -116,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
         from pyrt.export.pt2 import pt2_to_pte  # extra: export (torch)
 
         summary = pt2_to_pte(args.source, args.output, tokenizer=args.tokenizer, **common)
-    print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
-    return EXIT_OK
+    return summary
 
 
 def _needs(*modules: str) -> None:

@@ -91,3 +91,18 @@ def test_vllm_s_export_names_fill_the_same_options(capsys: Any, tmp_path: Path) 
     for vllm, ours in (("auto", None), ("float", "float32"), ("bfloat16", "bfloat16")):
         args = parser().parse_args(["export", str(tmp_path), "-o", "m.pte", "--dtype", vllm])
         assert _decoder_options(args).get("dtype") == ours
+
+
+def test_other_libraries_warnings_are_not_labelled_pyrt_s(capsys: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import warnings
+
+    import pyrt
+    from pyrt.tools.terminal import warnings_to_stderr
+
+    with caplog.at_level(logging.DEBUG, logger="pyrt.third_party"), warnings_to_stderr():
+        warnings.warn_explicit("read_text is deprecated", DeprecationWarning, "/site-packages/lib/thing.py", 3)
+        warnings.warn_explicit("a pyrt warning", UserWarning, pyrt.__file__, 1)
+    err = capsys.readouterr().err
+    assert err == "pyrt: warning: a pyrt warning\n"
+    assert "thing.py:3: DeprecationWarning: read_text is deprecated" in caplog.text  # shown with --verbose
