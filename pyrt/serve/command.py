@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -92,6 +93,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def started_line(cfg: ServeConfig, where: StartOptions, via: str) -> str:
+    """What ``pyrt serve`` says once it serves: where, the replicas, the draft, how HTTP reaches them.
+
+    >>> from pyrt.llm.config import GenerationConfig
+    >>> line = started_line(ServeConfig("m.pte", generation=GenerationConfig(draft="ngram")), StartOptions(), "HAProxy")
+    >>> line.split(" (", 1)[1]
+    '1 replica(s), draft ngram guessing up to 4 tokens, HTTP via HAProxy); Ctrl-C or SIGTERM drains and stops'
+    """
+    url = f"http://{where.host}:{where.port}"
+    openai = f", OpenAI API at {url}/v1" if cfg.tokenizer else ""
+    draft = cfg.generation.draft
+    drafting = f", draft {draft} guessing up to {cfg.generation.draft_tokens} tokens" if draft is not None else ""
+    return (f"pyrt serve: {cfg.path} at {url}/v2{openai} ({cfg.replicas} replica(s){drafting}, HTTP via {via}); "
+            "Ctrl-C or SIGTERM drains and stops")
+
+
 def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, owner: str | None) -> bool:
     """Serve until stopped; False when the stop had to abandon a step (:func:`pyrt.serve.lifetime.shutdown`)."""
     import ray  # extra: serve
@@ -102,11 +119,12 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
 
     stop = threading.Event()
     previous = signal.getsignal(signal.SIGTERM)
+    verbose = logging.getLogger("pyrt").isEnabledFor(logging.DEBUG)  # --verbose, PYRT_LOG=debug: Ray's lines too
     try:
         via = start(address=where.address, host=where.host, port=where.port,
                     num_gpus=sim if not where.address else None, metrics_port=where.metrics_port,
                     ray_proxy=where.ray_proxy, owner=owner, read_timeout_s=cfg.read_timeout_s,
-                    request_timeout_s=cfg.request_timeout_s)
+                    request_timeout_s=cfg.request_timeout_s, verbose=verbose)
         if owner is not None:
             lifetime.record(owner)  # what a later pyrt serve may end if this one and its watchdog are killed
         # after ray.init, whose own SIGTERM handler exits; SIGINT too, whatever this process inherited (a job
@@ -116,10 +134,7 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
         deploy(app, app_name=cfg.app_name, path=cfg.path)
         if owner is not None:
             lifetime.record(owner)  # the replicas too (the watchdog records them again every few seconds)
-        url = f"http://{where.host}:{where.port}"
-        openai = f", OpenAI API at {url}/v1" if cfg.tokenizer else ""
-        _say(f"pyrt serve: {cfg.path} at {url}/v2{openai} ({cfg.replicas} replica(s), HTTP via {via}); Ctrl-C or "
-             "SIGTERM drains and stops")
+        _say(started_line(cfg, where, via))
         _wait_for_stop(stop)
         _say("pyrt serve: draining requests in flight")
     finally:
@@ -131,7 +146,12 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
                 serve.delete(cfg.app_name)
             serve.shutdown()
 
-        finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
+        # Ray prints the errors its raylet pushes to stdout ("Task ServeController.graceful_shutdown failed ...
+        # killed by ray.kill", every clean stop: Serve kills its controller mid-task); pyrt serve's own lines go to
+        # stderr, so a stop's stdout is Ray's alone, shown with --verbose
+        with open(os.devnull, "w") if not verbose else contextlib.nullcontext(sys.stdout) as out, \
+                contextlib.redirect_stdout(out):
+            finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     return finished

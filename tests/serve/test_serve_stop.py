@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pyrt.serve import ingress, lifetime
-from tests.fixtures.serve import build, wait_for
+from tests.fixtures.serve import build, free_port, wait_for
 from tests.fixtures.serve_process import ROOT, Server, listeners, port_free, spawn_marked
 
 pytest.importorskip("ray.serve")
@@ -184,7 +184,8 @@ def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: 
     decoy = spawn_marked(s.owner)  # the mark alone: not recorded, so not ended
     bad = tmp_path / "bad.pte"
     bad.write_bytes(b"not a program")
-    done = subprocess.run([sys.executable, "-m", "pyrt", "serve", str(bad)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "pyrt", "serve", str(bad), "--port", str(free_port())],
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 1
     # the earlier servers it names: this test's, and on a loaded machine one whose own watchdog is still at work
@@ -195,3 +196,14 @@ def test_the_next_pyrt_serve_ends_what_a_killed_one_left(server: Any, tmp_path: 
     decoy.kill()
     decoy.wait()
     assert_nothing_left(s)
+
+
+def test_a_clean_start_and_stop_log_only_pyrt_s_lines(server: Any) -> None:
+    """Ray's and Serve's INFO lines, colours and a stop's "graceful_shutdown failed" stay out of a redirected log
+    (issue 46); --verbose shows Ray's own lines."""
+    s = server()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.wait_exit() == 0
+    lines = [line for line in s.output().splitlines() if line.strip()]
+    assert "\x1b[" not in s.output() and not any("graceful_shutdown" in line for line in lines), s.output()
+    assert all(line.startswith("pyrt serve: ") for line in lines), s.output()
