@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from ray.serve.config import BackpressureConfig
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
 from pyrt.serve import ingress, lifetime
-from pyrt.serve.config import ServeConfig
+from pyrt.serve.config import LOOPBACK_HOSTS, RAY_LOOPBACK_ENV, ServeConfig
 from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import Devices, PyrtReplica
@@ -130,6 +131,8 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
             _start_serve(host, port)
             return "the cluster's Serve ingress"
         kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
+        if host in LOOPBACK_HOSTS and all(os.environ.get(k) == v for k, v in RAY_LOOPBACK_ENV.items()):
+            kwargs["_node_ip_address"] = "127.0.0.1"  # every process of this Ray on the loopback (pyrt serve's)
         if metrics_port is not None:
             kwargs["_metrics_export_port"] = metrics_port
         guard = tempfile.mkdtemp(prefix="pyrt-serve-")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrt.serve import lifetime
-from pyrt.serve.config import ServeConfig, StartOptions
+from pyrt.serve.config import RAY_LOOPBACK_ENV, ServeConfig, StartOptions
 from pyrt.serve.flags import add_flags, configs
 from pyrt.serve.preflight import check_before_ray
 
@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, where = configs(vars(args))
     lifetime.end_orphans(_say)  # first: what a killed pyrt serve left may hold the port
     check_before_ray(cfg, where)  # a port in use, a bad tokenizer: named now, not after Ray's start
+    if where.loopback and not where.address:
+        os.environ.update(RAY_LOOPBACK_ENV)  # before Ray is imported: nothing of its Ray listens beyond the loopback
     from pyrt.serve.app import deployment, simulated_from_env  # extra: serve
 
     sim = simulated_from_env()

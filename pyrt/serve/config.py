@@ -29,6 +29,11 @@ from pyrt.llm.config import GenerationConfig
 
 API_KEY_ENV = "PYRT_API_KEY"
 PORT_END = 1 << 16  # TCP ports are 1 to 65535
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Ray 2.x: set as Ray is imported, its node IP is the loopback's, and a node started with _node_ip_address
+# 127.0.0.1 has every process listen there (GCS, raylet, agents, workers); without it Ray listens on every
+# interface whatever --host says
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,11 @@ class StartOptions:
     port: int = 8000
     metrics_port: int | None = None
     ray_proxy: bool = False
+
+    @property
+    def loopback(self) -> bool:
+        """Whether HTTP listens on the loopback only: then so does everything a local Ray started here runs."""
+        return self.host in LOOPBACK_HOSTS
 
     def __post_init__(self) -> None:
         checked_int(self.port, "port", low=1, end=PORT_END)
