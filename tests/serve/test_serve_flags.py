@@ -72,32 +72,3 @@ def test_a_bad_flag_value_is_argparse_s_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as caught:
         parsed(str(tmp_path / "m.pte"), "--draft-tokens", "0")
     assert caught.value.code == 2
-
-
-def test_vllm_s_names_fill_the_same_fields(tmp_path: Path) -> None:
-    path = str(tmp_path / "m.pte")
-    cfg, _ = configs(parsed(path, "--served-model-name", "org/M", "small"))
-    assert (cfg.name, cfg.aliases) == ("org/M", ("small",))
-    template = tmp_path / "chat.jinja"
-    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    cfg, _ = configs(parsed(path, "--tokenizer", str(tmp_path), "--chat-template", str(template)))
-    assert cfg.chat_template == str(template)
-    with pytest.raises(InputError, match="--chat-template: needs a tokenizer"):
-        configs(parsed(str(tmp_path / "elsewhere" / "m.pte"), "--chat-template", str(template)))
-    with pytest.raises(InputError, match="--chat-template='nowhere.jinja': no such file"):
-        configs(parsed(path, "--tokenizer", str(tmp_path), "--chat-template", "nowhere.jinja"))
-
-
-def test_a_chat_template_file_replaces_the_tokenizer_s(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    from pyrt.serve.tokenization import Tokenization
-    from tests.fixtures import llm_serve as S
-
-    template = tmp_path / "chat.jinja"
-    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }};{% endfor %}")
-    texts = Tokenization(str(S.tokenizer_dir()), str(template))
-    try:
-        tok: Any = texts.tokenizer
-        assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[user] hi;"
-    finally:
-        texts.close()
