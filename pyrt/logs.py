@@ -101,7 +101,9 @@ def _third_party_loggers() -> list[logging.Logger]:
     return [lg for lg in loggers if lg.name in THIRD_PARTY or lg.level != logging.NOTSET]
 
 
-def _warning_to_log(show: Any) -> Any:
+def warning_to_log(show: Any) -> Any:
+    """A ``warnings.showwarning`` that shows pyrt's own warnings with ``show`` and sends every other library's
+    to the ``pyrt.third_party`` logger at DEBUG (shown with ``--verbose``, never as pyrt's)."""
     def showwarning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
                     line: str | None = None) -> None:
         if filename.startswith(_PACKAGE) or category.__module__.split(".")[0] == "pyrt":
@@ -158,7 +160,7 @@ def third_party_quiet() -> Iterator[None]:
         return
     saved = [(lg, lg.level) for lg in _third_party_loggers()]
     with warnings.catch_warnings(), _root_guarded(show=False):
-        warnings.showwarning = _warning_to_log(warnings.showwarning)
+        warnings.showwarning = warning_to_log(warnings.showwarning)
         for lg, _ in saved:
             lg.setLevel(logging.ERROR)
         try:

@@ -210,12 +210,18 @@ class CudaDriver:
             raise DeviceError(f"cuMemFreeAsync failed with {self.error_name(result[0])}")
 
 
+CPU_EXPORT = ("a file of TensorRT engines (pyrt export's default builder) needs a GPU: for a machine without one, "
+              "export with --builder portable (ExecuTorch's CPU kernels, no engines) or --builder reference (pyrt's "
+              "reference engines, which run on simulated GPUs)")
+
+
 def _simulation_hint() -> str:
-    """Where no GPU is, how to run reference-engine programs on simulated ones (``import pyrt`` reads the variable)."""
+    """Where no GPU is, what runs without one: a CPU export, and reference-engine programs on simulated GPUs
+    (``import pyrt`` reads the variable)."""
     value = os.environ.get("PYRT_SIMULATED_GPUS", "").strip()
     if value and not value.isdigit():
         return f"; PYRT_SIMULATED_GPUS={value!r} is not a whole number of GPUs, so none are simulated"
     if value:
         return ""
-    return ("; to run programs of reference engines without a GPU, set PYRT_SIMULATED_GPUS=1 before pyrt is "
+    return (f"; {CPU_EXPORT}; to run programs of reference engines, set PYRT_SIMULATED_GPUS=1 before pyrt is "
             "imported, or run inside pyrt.sim.simulated_gpus(1)")

@@ -41,6 +41,8 @@ from pyrt.format.companions import tokenizer_dir
 from pyrt.format.weight_quant import DEFAULT_GROUP_SIZE
 
 log = logging.getLogger("pyrt.export")
+# the route checkpoint_to_pte takes, not one its caller asked for (the summary's route line says so)
+CHECKPOINT_ROUTE = "pyrt export of a checkpoint directory takes pyrt's wrapper"
 DEFAULT_MAX_SEQ_LEN = 2048  # the cache length when neither the caller nor a smaller model limit says otherwise
 
 
@@ -96,8 +98,9 @@ def checkpoint_to_pte(
             kept = copy.commit()
     finally:
         stages = meter.close()
+    why = CHECKPOINT_ROUTE if summary.route_reason == decoder.ASKED else summary.route_reason  # route="pyrt" above
     return replace(summary, stages=tuple(stages), tokenizer=None if kept is None else str(kept),
-                   seconds=time.perf_counter() - started)
+                   seconds=time.perf_counter() - started, route_reason=why)
 
 
 def _dtype(dtype: str | None, files: CheckpointFiles) -> torch.dtype:

@@ -199,6 +199,9 @@ def _token_id(value: Any, vocab: int, name: str) -> int:
     return int(value)
 
 
+ASKED = "asked for"  # the route reason when the caller named the route
+
+
 def _slot_program(model: Any, max_seq_len: int, max_batch_size: int, max_tokens: int
                   ) -> tuple[torch.export.ExportedProgram, str, str]:
     """(exported program, route, why) of a file of ``max_batch_size`` slots (pyrt's wrapper: the only route)."""
@@ -212,12 +215,12 @@ def _program(model: Any, route: str, batch_size: int, max_seq_len: int, dynamic:
     """(exported program, route taken, why): "auto" tries upstream, then pyrt's wrapper."""
     if route == "pyrt":
         module = wrap.wrap("pyrt", model, max_seq_len, batch_size)
-        return wrap.export(module, "pyrt", batch_size, max_seq_len, dynamic), "pyrt", "asked for"
+        return wrap.export(module, "pyrt", batch_size, max_seq_len, dynamic), "pyrt", ASKED
     try:
         module = wrap.wrap("upstream", model, max_seq_len, batch_size)
         program = wrap.export(module, "upstream", batch_size, max_seq_len, dynamic)
         _check_bounded(decompose(program))  # decomposing fails in torch 2.13 (issue #22); to_pte redoes it
-        return program, "upstream", "asked for" if route == "upstream" else "the upstream route worked"
+        return program, "upstream", ASKED if route == "upstream" else "the upstream route worked"
     except ExportError as exc:
         if route == "upstream":
             raise

@@ -40,6 +40,8 @@ class SamplingParams:
     ``do_sample``: False is greedy (``transformers``' ``do_sample=False``); True draws from the softmax
     of the logits divided by ``temperature``, cut to the ``top_k`` most likely ids and to the smallest
     set whose probability reaches ``top_p`` (None: no cut), with ``numpy.random.default_rng(seed)``.
+    ``temperature`` 0 is greedy, whatever ``do_sample`` says (as vLLM and OpenAI's servers take it;
+    the params then read ``do_sample=False, temperature=1.0``).
     ``eos_ids``: ids that end the generation (None: the program's ``get_eos_ids``; ``()``: none).
     ``stop``: token-id sequences that end it when its new tokens end with one. ``seed``: any signed
     or unsigned 64-bit int; a negative one draws as its two's-complement bits (``seed % 2**64``,
@@ -87,7 +89,9 @@ class SamplingParams:
             self._set("max_new_tokens", whole(self.max_new_tokens, "max_new_tokens", low=1))
         if not isinstance(self.do_sample, bool):
             raise InputError(f"do_sample={self.do_sample!r} must be a bool", field="do_sample")
-        self._set("temperature", temperature(self.temperature, "temperature"))
+        heat = sampling_temperature(self.temperature, "temperature")
+        self._set("do_sample", self.do_sample and heat > 0)  # 0: greedy
+        self._set("temperature", heat or 1.0)
         if self.top_k is not None:
             self._set("top_k", whole(self.top_k, "top_k", low=1))
         if self.top_p is not None:
@@ -163,6 +167,16 @@ def biases(value: Any, field: str) -> tuple[tuple[int, float], ...]:
             raise InputError(f"{field}[{key}]={bias!r} must be a number in [-100, 100]", field=field)
         out[int(key)] = float(bias)
     return tuple(sorted(out.items()))
+
+
+TEMPERATURE_WANTED = "a finite number >= 0 (0: greedy)"
+
+
+def sampling_temperature(value: Any, field: str = "temperature") -> float:
+    """A sampling temperature: a finite number >= 0, 0 meaning greedy (every caller's one message for the rest)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"{field}={value!r} must be {TEMPERATURE_WANTED}", field=field)
+    return float(value)
 
 
 def temperature(value: Any, field: str) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from ray.serve.config import BackpressureConfig
 from pyrt.errors import PyrtError
 from pyrt.pte_reader import PteFile
 from pyrt.serve import ingress, lifetime
-from pyrt.serve.config import ServeConfig
+from pyrt.serve.config import LOOPBACK_HOSTS, RAY_LOOPBACK_ENV, ServeConfig
 from pyrt.serve.limits import RETRY_AFTER_S
 from pyrt.serve.protocol import models_of
 from pyrt.serve.replica import Devices, PyrtReplica
@@ -108,7 +109,8 @@ def _backpressure(cfg: ServeConfig, ongoing: int) -> dict[str, Any]:
 
 def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 8000, num_cpus: int | None = None,
           num_gpus: int | None = None, metrics_port: int | None = None, ray_proxy: bool = False,
-          owner: str | None = None, read_timeout_s: float | None = None, request_timeout_s: float | None = None) -> str:
+          owner: str | None = None, read_timeout_s: float | None = None, request_timeout_s: float | None = None,
+          verbose: bool = False) -> str:
     """Start (or join, with ``address``: "auto" or "ray://HOST:PORT") Ray, then Serve's HTTP ingress on ``port``.
 
     A Ray started here serves HTTP through HAProxy straight to the replicas (:mod:`pyrt.serve.ingress`,
@@ -117,15 +119,20 @@ def start(*, address: str | None = None, host: str = "127.0.0.1", port: int = 80
     with ``ray_proxy``; a joined cluster keeps its own setting. Every process of a Ray started here
     carries ``owner`` (:mod:`pyrt.serve.lifetime`; default: this process), and a start whose node timed out
     in Ray's fixed 30 s (a loaded machine) is ended and made again (:func:`pyrt.serve.lifetime.start_ray`).
-    Returns which serves HTTP.
+    Ray's and Serve's own lines below ERROR show only when ``verbose``. Returns which serves HTTP.
     """
+    quiet = logging.INFO if verbose else logging.ERROR  # Ray's lines ("Started a local Ray", its token note)
+    for name in ("ray", "ray.serve"):
+        logging.getLogger(name).setLevel(quiet)
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": quiet}
         if address:
             ray.init(address=address, **kwargs)
             _start_serve(host, port)
             return "the cluster's Serve ingress"
         kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
+        if host in LOOPBACK_HOSTS and all(os.environ.get(k) == v for k, v in RAY_LOOPBACK_ENV.items()):
+            kwargs["_node_ip_address"] = "127.0.0.1"  # every process of this Ray on the loopback (pyrt serve's)
         if metrics_port is not None:
             kwargs["_metrics_export_port"] = metrics_port
         guard = tempfile.mkdtemp(prefix="pyrt-serve-")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -27,8 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrt.serve import lifetime
-from pyrt.serve.config import ServeConfig, StartOptions
+from pyrt.serve.config import RAY_LOOPBACK_ENV, ServeConfig, StartOptions
 from pyrt.serve.flags import add_flags, configs
+from pyrt.serve.preflight import check_before_ray
 
 EXAMPLES = """examples:
   pyrt serve model.pte                               one replica on one GPU, http://127.0.0.1:8000/v2
@@ -68,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
     # Ray Serve's option schema uses a Pydantic 1 idiom (extra keywords on Field) that Pydantic 2 warns about at
     # import: 18 lines of third-party noise, from that one module, on every start. pyrt's own warnings still show.
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.serve\._private\.config")
+    cfg, where = configs(vars(args))
+    lifetime.end_orphans(_say)  # first: what a killed pyrt serve left may hold the port
+    check_before_ray(cfg, where)  # a port in use, a bad tokenizer: named now, not after Ray's start
+    if where.loopback and not where.address:
+        os.environ.update(RAY_LOOPBACK_ENV)  # before Ray is imported: nothing of its Ray listens beyond the loopback
     from pyrt.serve.app import deployment, simulated_from_env  # extra: serve
 
-    cfg, where = configs(vars(args))
-    lifetime.end_orphans(_say)
     sim = simulated_from_env()
     app = deployment(cfg, simulated_gpus=sim)
     owner = None if where.address else lifetime.owner_token()  # marks the processes of the Ray started here
@@ -81,11 +86,29 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if watchdog is not None:
             watchdog.close()
+        if owner is not None:
+            lifetime.forget(owner)  # its processes are ended (the watchdog ends what is left, and forgets too)
     if not finished:  # a thread is stuck in a Ray that is gone: Ray's exit handlers would wait on it too
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def started_line(cfg: ServeConfig, where: StartOptions, via: str) -> str:
+    """What ``pyrt serve`` says once it serves: where, the replicas, the draft, how HTTP reaches them.
+
+    >>> from pyrt.llm.config import GenerationConfig
+    >>> line = started_line(ServeConfig("m.pte", generation=GenerationConfig(draft="ngram")), StartOptions(), "HAProxy")
+    >>> line.split(" (", 1)[1]
+    '1 replica(s), draft ngram guessing up to 4 tokens, HTTP via HAProxy); Ctrl-C or SIGTERM drains and stops'
+    """
+    url = f"http://{where.host}:{where.port}"
+    openai = f", OpenAI API at {url}/v1" if cfg.tokenizer else ""
+    draft = cfg.generation.draft
+    drafting = f", draft {draft} guessing up to {cfg.generation.draft_tokens} tokens" if draft is not None else ""
+    return (f"pyrt serve: {cfg.path} at {url}/v2{openai} ({cfg.replicas} replica(s){drafting}, HTTP via {via}); "
+            "Ctrl-C or SIGTERM drains and stops")
 
 
 def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, owner: str | None) -> bool:
@@ -98,20 +121,22 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
 
     stop = threading.Event()
     previous = signal.getsignal(signal.SIGTERM)
+    verbose = logging.getLogger("pyrt").isEnabledFor(logging.DEBUG)  # --verbose, PYRT_LOG=debug: Ray's lines too
     try:
         via = start(address=where.address, host=where.host, port=where.port,
                     num_gpus=sim if not where.address else None, metrics_port=where.metrics_port,
                     ray_proxy=where.ray_proxy, owner=owner, read_timeout_s=cfg.read_timeout_s,
-                    request_timeout_s=cfg.request_timeout_s)
+                    request_timeout_s=cfg.request_timeout_s, verbose=verbose)
+        if owner is not None:
+            lifetime.record(owner)  # what a later pyrt serve may end if this one and its watchdog are killed
         # after ray.init, whose own SIGTERM handler exits; SIGINT too, whatever this process inherited (a job
         # started with `cmd &` in a script has SIGINT ignored, and Python then installs no KeyboardInterrupt)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         deploy(app, app_name=cfg.app_name, path=cfg.path)
-        url = f"http://{where.host}:{where.port}"
-        openai = f", OpenAI API at {url}/v1" if cfg.tokenizer else ""
-        _say(f"pyrt serve: {cfg.path} at {url}/v2{openai} ({cfg.replicas} replica(s), HTTP via {via}); Ctrl-C or "
-             "SIGTERM drains and stops")
+        if owner is not None:
+            lifetime.record(owner)  # the replicas too (the watchdog records them again every few seconds)
+        _say(started_line(cfg, where, via))
         _wait_for_stop(stop)
         _say("pyrt serve: draining requests in flight")
     finally:
@@ -123,7 +148,12 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
                 serve.delete(cfg.app_name)
             serve.shutdown()
 
-        finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
+        # Ray prints the errors its raylet pushes to stdout ("Task ServeController.graceful_shutdown failed ...
+        # killed by ray.kill", every clean stop: Serve kills its controller mid-task); pyrt serve's own lines go to
+        # stderr, so a stop's stdout is Ray's alone, shown with --verbose
+        with open(os.devnull, "w") if not verbose else contextlib.nullcontext(sys.stdout) as out, \
+                contextlib.redirect_stdout(out):
+            finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     return finished

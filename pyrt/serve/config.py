@@ -28,6 +28,12 @@ from pyrt.errors import InputError
 from pyrt.llm.config import GenerationConfig
 
 API_KEY_ENV = "PYRT_API_KEY"
+PORT_END = 1 << 16  # TCP ports are 1 to 65535
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Ray 2.x: set as Ray is imported, its node IP is the loopback's, and a node started with _node_ip_address
+# 127.0.0.1 has every process listen there (GCS, raylet, agents, workers); without it Ray listens on every
+# interface whatever --host says
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,8 @@ class ServeConfig:
     :attr:`max_queued_requests`; ``request_timeout_s``: an infer request not answered within that
     many seconds of its arrival gets 504 (None: no limit); ``read_timeout_s``: a client must send
     its request within that many seconds (408 after). ``tokenizer`` (a local Hugging Face tokenizer
-    directory) turns on the text and OpenAI routes; ``api_key`` guards them. ``generation``: what the
+    directory) turns on the text and OpenAI routes (``chat_template``: a Jinja file that replaces the tokenizer's
+    chat template, as vLLM's ``--chat-template``); ``api_key`` guards them. ``generation``: what the
     engines of the generating models take (speculative decoding's ``draft`` and ``draft_tokens``, the
     queue bound ``max_queued``; each model's ``method`` is its own). The devices a replica runs on are
     not part of its config: :func:`pyrt.serve.app.deployment` binds a devices factory (simulated GPUs)
@@ -69,6 +76,7 @@ class ServeConfig:
     app_name: str = "pyrt"
     inline_run_ms: float = 2.0
     tokenizer: str | None = None
+    chat_template: str | None = None
     api_key: str | None = field(default=None, repr=False)
     request_timeout_s: float | None = None
     read_timeout_s: float = 30.0
@@ -116,6 +124,14 @@ class ServeConfig:
                 raise InputError(f"tokenizer={os.fspath(self.tokenizer)!r}: not a directory (a local Hugging Face "
                                  "tokenizer: tokenizer.json, tokenizer_config.json)", field="tokenizer")
             object.__setattr__(self, "tokenizer", str(Path(self.tokenizer).resolve()))
+        if self.chat_template is not None:
+            if self.tokenizer is None:
+                raise InputError("chat_template: needs a tokenizer (the chat routes are OpenAI's, which need one)",
+                                 field="chat_template")
+            if not Path(self.chat_template).is_file():
+                raise InputError(f"chat_template={os.fspath(self.chat_template)!r}: no such file (a Jinja chat "
+                                 "template)", field="chat_template")
+            object.__setattr__(self, "chat_template", str(Path(self.chat_template).resolve()))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise InputError("api_key: expected a non-empty string", field="api_key")
         if not isinstance(self.generation, GenerationConfig):
@@ -151,10 +167,15 @@ class StartOptions:
     metrics_port: int | None = None
     ray_proxy: bool = False
 
+    @property
+    def loopback(self) -> bool:
+        """Whether HTTP listens on the loopback only: then so does everything a local Ray started here runs."""
+        return self.host in LOOPBACK_HOSTS
+
     def __post_init__(self) -> None:
-        checked_int(self.port, "port", low=1)
+        checked_int(self.port, "port", low=1, end=PORT_END)
         if self.metrics_port is not None:
-            checked_int(self.metrics_port, "metrics_port", low=1)
+            checked_int(self.metrics_port, "metrics_port", low=1, end=PORT_END)
 
 
 def api_key_from_env() -> str | None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from pyrt.errors import InputError
 from pyrt.format.companions import find_tokenizer
 from pyrt.llm.config import GenerationConfig
-from pyrt.serve.arguments import number_argument, seconds_argument, whole_argument
+from pyrt.serve.arguments import PORT, number_argument, seconds_argument, whole_argument
 from pyrt.serve.config import API_KEY_ENV, ServeConfig, StartOptions, api_key_from_env
 from pyrt.streaming import budget_argument
 
@@ -99,9 +99,9 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag(("path",), "path", "the .pte file"),
-    Flag(("--name",), "name", "model name (default: the file's stem; org/Model ids too) and more names clients may "
-         "use for it (vLLM's --served-model-name a b); methods serve as NAME.METHOD", nargs="+", metavar="NAME",
-         rest="aliases"),
+    Flag(("--name", "--served-model-name"), "name", "model name (default: the file's stem; org/Model ids too) and "
+         "more names clients may use for it (as vLLM's --served-model-name a b); methods serve as NAME.METHOD",
+         nargs="+", metavar="NAME", rest="aliases"),
     Flag(("--replicas",), "replicas", "replicas, each with its own Program (default {default})", whole_argument(1)),
     Flag(("--gpus-per-replica",), "gpus_per_replica", "GPUs Ray assigns each replica (default: 1 when the program "
          "has TensorRT delegates, else 0)", number_argument),
@@ -124,14 +124,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--read-timeout-s",), "read_timeout_s", "a client must send its request (headers and body) within R s, "
          "else 408 (default {default})", seconds_argument, metavar="R"),
     Flag(("--host",), "start.host", "HTTP host (default {default}; 0.0.0.0 for every interface)"),
-    Flag(("--port",), "start.port", "HTTP port (default {default})", whole_argument(1)),
+    Flag(("--port",), "start.port", "HTTP port (default {default})", PORT),
     Flag(("--address",), "start.address", "join a running Ray cluster: auto or ray://HOST:PORT (default: start "
          "one)"),
     Flag(("--metrics-port",), "start.metrics_port", "Prometheus port of a Ray this command starts (Ray binds it on "
          "every interface; GET /metrics on the API port, which listens on --host, has the replica's own)",
-         whole_argument(1)),
+         PORT),
     Flag(("--tokenizer",), "tokenizer", "a local Hugging Face tokenizer directory: text in and out on the generate "
          "routes, and OpenAI's /v1 API (default: the one pyrt export kept beside the file)", metavar="DIR"),
+    Flag(("--chat-template",), "chat_template", "a Jinja chat template file that replaces the tokenizer's own "
+         "(as vLLM's --chat-template)", metavar="FILE"),
     Flag(("--draft",), "generation.draft", "speculative decoding of the generating models: guess tokens by prompt "
          "lookup (ngram) or with a smaller LLM file of the same vocabulary (loaded fully resident on each "
          "replica)", metavar="ngram|D.pte"),

@@ -140,9 +140,9 @@ class GenerationCall:
         named = adapter.model(request)
         host = None if named is None else self._found(named, adapter)
         body = parse(adapter.body, await self.read_body(request))
-        return host or self._found(str(adapter.model(request, body)), adapter), body
+        return host or self._found(adapter.model(request, body), adapter), body
 
-    def _found(self, name: str, adapter: Adapter) -> EngineHost:
+    def _found(self, name: str | None, adapter: Adapter) -> EngineHost:
         host = self.models.host(name, adapter.list_names)
         self.metrics.request(host.model)
         return host

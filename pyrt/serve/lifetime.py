@@ -13,8 +13,11 @@ id and start time, so a reused pid is never taken for it). Then:
 - a watchdog (``python -m pyrt.serve.lifetime TOKEN``, in a session of its own, deaf to
   SIGINT and SIGTERM) ends the marked processes when ``pyrt serve`` dies without stopping
   (SIGKILL, the OOM killer): it waits for its end of a pipe to close;
-- each ``pyrt serve`` first ends the processes of an earlier one whose owner is gone
-  (:func:`end_orphans`), saying so;
+- each ``pyrt serve`` records its Ray's processes (pid and start time) in a run-state file of
+  this user's (:func:`record`, :func:`runs_dir`; refreshed by the watchdog, removed at a normal
+  stop), and first ends the processes an earlier one recorded whose owner is gone
+  (:func:`end_orphans`), saying so: only those whose pid, start time and mark all still match,
+  never a process found by its mark alone (the mark is inherited by whatever they start);
 - and a start of Ray whose node timed out in Ray's own fixed wait (a loaded machine) leaves
   nothing either: what it started is ended before Ray is started again (:func:`start_ray`).
 
@@ -30,17 +33,23 @@ True
 from __future__ import annotations
 
 import os
+import select
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 OWNER_ENV = "PYRT_SERVE_OWNER"
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
+RECORD_S = 2.0  # how often the watchdog records its owner's processes again
+RUN_SUFFIX = ".run"
 HEAD = "gcs_server"  # a local Ray's GCS: once it no longer listens (it stops at SIGTERM), nothing can be drained
 
 
@@ -159,9 +168,83 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def end_orphans(say: Callable[[str], None]) -> list[Marked]:
-    """End the marked processes whose owner is gone (an earlier ``pyrt serve`` killed outright), saying so."""
-    orphans = [p for p in marked() if not alive(p.owner)]
+def runs_dir() -> Path | None:
+    """This user's folder of run-state files (created 0700; None when it cannot be trusted: not a folder of this
+    user's, or open to others): ``$XDG_RUNTIME_DIR/pyrt-serve``, else ``pyrt-serve-UID`` in the temp folder."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    folder = Path(base) / ("pyrt-serve" if os.environ.get("XDG_RUNTIME_DIR") else f"pyrt-serve-{os.getuid()}")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return folder
+
+
+def _run_file(owner: str, runs: Path) -> Path:
+    return runs / (owner.replace(":", "-") + RUN_SUFFIX)
+
+
+def record(owner: str, runs: Path | None = None) -> Path | None:
+    """Write ``owner``'s run-state file: its token, then ``PID START`` of each process it marked (None: no folder
+    to keep it in). Written whole (a rename), so a reader sees one snapshot or the one before."""
+    runs = runs_dir() if runs is None else runs
+    if runs is None:
+        return None
+    lines = [owner] + [f"{p.pid} {_start_time(p.pid)}" for p in marked(owner)]
+    target = _run_file(owner, runs)
+    part = target.with_suffix(f".{os.getpid()}.part")
+    try:
+        part.write_text("\n".join(lines) + "\n", encoding="ascii")
+        os.replace(part, target)
+    except OSError:
+        return None
+    return target
+
+
+def forget(owner: str, runs: Path | None = None) -> None:
+    """Remove ``owner``'s run-state file (its processes have been ended)."""
+    runs = runs_dir() if runs is None else runs
+    if runs is not None:
+        _run_file(owner, runs).unlink(missing_ok=True)
+
+
+def _recorded(path: Path) -> tuple[str, list[tuple[int, str]]] | None:
+    """A run-state file's owner and (pid, start time) pairs; None for a file that is not one."""
+    try:
+        owner, *rows = path.read_text(encoding="ascii").split("\n")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    pairs = [(int(pid), start) for pid, _, start in (r.partition(" ") for r in rows) if pid.isdigit() and start]
+    return (owner, pairs) if ":" in owner else None
+
+
+def _mine(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def end_orphans(say: Callable[[str], None], runs: Path | None = None) -> list[Marked]:
+    """End what an earlier ``pyrt serve`` of this user recorded (:func:`record`) and left when it was killed
+    outright (its owner gone, its watchdog too), saying so. A process is ended only when its pid, start time
+    (a reused pid has another) and mark still match the record, and it is this user's."""
+    runs = runs_dir() if runs is None else runs
+    if runs is None:
+        return []
+    orphans: list[Marked] = []
+    for path in sorted(runs.glob("*" + RUN_SUFFIX)):
+        found = _recorded(path)
+        if found is None or alive(found[0]):
+            continue
+        owner, pairs = found
+        orphans += [Marked(pid, owner, _name(pid)) for pid, start in pairs
+                    if pid != os.getpid() and _start_time(pid) == start and not _gone(pid) and _mine(pid)
+                    and _owner(pid) == owner]
+        path.unlink(missing_ok=True)
     if orphans:
         owners = sorted({p.owner.partition(":")[0] for p in orphans})
         say(f"pyrt serve: ending {len(orphans)} processes left by an earlier pyrt serve (pid {', '.join(owners)}) "
@@ -245,14 +328,18 @@ def start_ray(init: Callable[[], T], started: Callable[[], list[Marked]], say: C
 
 
 def _watch(owner: str) -> None:
-    """The watchdog's body: wait until the pipe closes (its owner stopped or died), then end what is left."""
+    """The watchdog's body: until the pipe closes (its owner stopped or died), record its owner's processes every
+    :data:`RECORD_S` (replicas start and restart); then end what is left and forget the record."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
+        while not select.select([sys.stdin], [], [], RECORD_S)[0]:
+            record(owner)
         sys.stdin.buffer.read()
     except OSError:
         pass
     end(marked(owner))  # its owner has ended them already when it stopped normally
+    forget(owner)
 
 
 if __name__ == "__main__":

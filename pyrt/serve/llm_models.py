@@ -55,9 +55,15 @@ class LlmModels:
         """Every name of a model that generates (aliases too), sorted."""
         return sorted([*self.hosts, *(a for a, m in self.aliases.items() if m in self.hosts)])
 
-    def host(self, name: str, list_names: bool) -> EngineHost:
-        """``name``'s engine host (an alias's model's); else 404 naming the model (``list_names``: listing the
-        names that generate; else pointing to ``GET /v1/models``)."""
+    def host(self, name: str | None, list_names: bool) -> EngineHost:
+        """``name``'s engine host (an alias's model's; None: the one model that generates, as vLLM serves its one
+        model to a request that names none); else 404 naming the model (``list_names``: listing the names that
+        generate; else pointing to ``GET /v1/models``), or 400 when no name is given and several models generate."""
+        if name is None:
+            if len(self.hosts) == 1:
+                return next(iter(self.hosts.values()))
+            raise ApiError(f"model: a model name is required: {len(self.hosts)} models generate here "
+                           f"({', '.join(sorted(self.hosts)) or 'none'})", 400, param="model")
         host = self.hosts.get(self.canonical(name))
         if host is not None:
             return host

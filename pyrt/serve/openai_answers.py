@@ -81,16 +81,25 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
-def completion_logprobs(items: Sequence[Any], token_text: TokenText, offset: int) -> CompletionLogprobs:
+def completion_logprobs(items: Sequence[Any], token_text: TokenText, offset: int, echo: str = "",
+                        echoed: int = 0) -> CompletionLogprobs:
     """Completions' shape of ``items`` (:class:`pyrt.llm.processors.TokenLogprob`, or None for a token without
     one: the first prompt token of ``echo``), the first token's text at character ``offset``. ``top_logprobs``: the
-    alternatives asked for, and the chosen token (as vLLM and OpenAI give it)."""
+    alternatives asked for, and the chosen token (as vLLM and OpenAI give it).
+
+    With ``echo``, the first ``echoed`` items are the prompt's, whose text ``echo`` is: their offsets are where
+    their texts are in it (:func:`echo_offsets`: a token the text leaves out, as the BOS, takes no characters),
+    and the tokens after them start at ``offset + len(echo)``."""
     out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
-    for token, item in items:
-        text, _ = token_text(token)
-        out.tokens.append(text)
-        out.text_offset.append(offset)
+    texts = [token_text(token)[0] for token, _ in items]
+    starts = [offset + at for at in echo_offsets(texts[:echoed], echo)] if echoed else []
+    offset += len(echo) if echoed else 0
+    for text in texts[len(starts):]:
+        starts.append(offset)
         offset += len(text)
+    for (_, item), text, start in zip(items, texts, starts, strict=True):
+        out.tokens.append(text)
+        out.text_offset.append(start)
         if item is None:
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
@@ -101,6 +110,22 @@ def completion_logprobs(items: Sequence[Any], token_text: TokenText, offset: int
             top.setdefault(token_text(t)[0], finite(lp))
         top.setdefault(text, finite(item.logprob))
         out.top_logprobs.append(top)
+    return out
+
+
+def echo_offsets(texts: Sequence[str], echo: str) -> list[int]:
+    """Where each of a prompt's token texts starts in its echoed text: at the next character, or one further (a
+    SentencePiece token's text drops the space before it); one that is not there (a special token the text leaves
+    out) takes no characters.
+
+    >>> echo_offsets(["<|bos|>", "Once", " upon", "a"], "Once upon a")
+    [0, 0, 4, 10]
+    """
+    out, at = [], 0
+    for text in texts:
+        found = echo.find(text, at, at + len(text) + 1) if text else -1
+        out.append(at if found < 0 else found)
+        at = at if found < 0 else found + len(text)
     return out
 
 

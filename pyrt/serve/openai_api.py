@@ -54,8 +54,11 @@ from pydantic import (
     model_validator,
 )
 
+from pyrt.checks import is_number
 from pyrt.errors import InputError
 from pyrt.llm import SamplingParams
+from pyrt.llm.params import TEMPERATURE_WANTED
+from pyrt.serve.structured import GUIDED
 from pyrt.serve.validation import Bad, Body, StopStrings
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
@@ -101,7 +104,7 @@ class StreamOptions(Body):
 class OpenAIRequest(Body):
     """What completions and chat completions share."""
 
-    model: str = Field(None, validate_default=True)  # refused when missing
+    model: str | None = None  # None: the one model the server generates with (as vLLM)
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
@@ -125,20 +128,24 @@ class OpenAIRequest(Body):
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     response_format: dict[str, Any] | None = None
+    guided_json: Any = None  # vLLM's structured-output fields (pyrt.serve.structured.GUIDED)
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     @field_validator("model", mode="before")
     @classmethod
-    def _model(cls, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise Bad(": a model name is required (GET /v1/models lists them)")
+    def _model(cls, value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value):
+            raise Bad(" must be a model name (GET /v1/models lists them), or left out when one model is served")
         return value
 
     @field_validator("temperature")
     @classmethod
     def _greedy_at_zero(cls, value: float | None) -> float | None:
-        """OpenAI's range starts at 0, which means greedy here; SamplingParams bounds a sampling temperature."""
-        if value is not None and value < 0:
-            raise Bad(" must be >= 0 (0: greedy)")
+        """OpenAI's range starts at 0, which means greedy (SamplingParams' rule and message: one for every route)."""
+        if value is not None and not is_number(value, low=0):
+            raise Bad(f" must be {TEMPERATURE_WANTED}")
         return value
 
     @field_validator("n")
@@ -186,6 +193,11 @@ class OpenAIRequest(Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def guided(self) -> dict[str, Any]:
+        """vLLM's ``guided_*`` fields: name -> value (None: not given)."""
+        return {name: getattr(self, name) for name in GUIDED}
 
     @property
     def continuous_usage(self) -> bool:

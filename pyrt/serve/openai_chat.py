@@ -44,7 +44,7 @@ class ChatAdapter(OpenAIAdapter):
             if not body.tools:
                 raise ApiError("tool_choice needs tools", param="tool_choice")
             return grammars.tool_call(body.tools, body.tool_choice, body.parallel_tool_calls)
-        return grammars.response_format(body.response_format)
+        return grammars.requested(body.response_format, body.guided)
 
     def reply(self, body: ChatRequest, model: str, prompt: list[Any]) -> ChatReply:
         return ChatReply(body, model, prompt, self.texts, logprobs=body.logprobs is True)

@@ -4,7 +4,7 @@
 compiles the grammar of ``response_format``, and makes a :class:`CompletionReply`: ``text``
 choices (after the prompt with ``echo``), and completions' log-probabilities (``logprobs: N``;
 with ``echo``, the prompt's tokens first, the first without one), whose ``text_offset`` counts
-characters from the start of the choice's text.
+characters from the start of the choice's text (a prompt token the echoed text leaves out, as the BOS, takes none).
 """
 
 from __future__ import annotations
@@ -55,8 +55,11 @@ class CompletionReply(OpenAIReply):
 
     def logprobs_of(self, prompt_pairs: Sequence[tuple[int, Any]], items: list[Any],
                     offset: int) -> oa.CompletionLogprobs | None:
+        """Log-probabilities of the prompt's tokens (echoed: their offsets are in the echoed text) and ``items``."""
         pairs = [*prompt_pairs, *((i.token, i) for i in items)]
-        return oa.completion_logprobs(pairs, self.token_text, offset) if self.logprobs else None
+        echo = self.echo if prompt_pairs else ""
+        return oa.completion_logprobs(pairs, self.token_text, offset, echo, len(prompt_pairs)) if self.logprobs \
+            else None
 
     def choice(self, index: int, job: Job, got: list[Piece], last: Piece) -> oa.CompletionChoice:
         pairs = self.prompt_pairs(job)

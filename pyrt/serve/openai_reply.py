@@ -60,7 +60,7 @@ class OpenAIAdapter:
 
     def grammar(self, body: Any, vocab: int) -> Any:
         """The grammar ``body`` asks for (None: none), compiled for a vocabulary of ``vocab`` tokens."""
-        return self.texts.grammars(vocab).response_format(body.response_format)
+        return self.texts.grammars(vocab).requested(body.response_format, body.guided)
 
     async def params(self, body: OpenAIRequest, host: EngineHost) -> list[MakeParams]:
         """Each sequence's parameters: the request's, sequence i with seed + i (its own random stream)."""

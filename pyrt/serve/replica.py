@@ -88,7 +88,7 @@ class PyrtReplica:
         for info in self.models.values():
             self.metrics.budgets(info.name, [w for w in self.program.weight_streaming if w.method == info.method])
         self.inference = Inference(cfg, self.program, self.models, self.runs, self.metrics)
-        self.texts = Tokenization(cfg.tokenizer)
+        self.texts = Tokenization(cfg.tokenizer, cfg.chat_template)
         self.llm = LlmModels(self.program, {n: i.method for n, i in self.models.items()}, cfg.generation,
                              self.aliases, self.metrics)
         self.generation = GenerationCall(self.llm, self.texts, self.metrics, self._body)

@@ -4,8 +4,10 @@
 ``GET /version`` (``{"version"}``), ``POST /tokenize`` (``{"prompt"}`` or ``{"messages"}`` through
 the chat template; ``add_special_tokens``, ``return_token_strs``, chat's ``add_generation_prompt``,
 ``continue_final_message``, ``chat_template_kwargs``, ``tools``; answers ``{"count", "max_model_len",
-"tokens", "token_strs"}``), ``POST /detokenize`` (``{"tokens"}`` -> ``{"prompt"}``), ``GET
-/metrics`` (the replica's counters in Prometheus' text format, :mod:`pyrt.serve.twin_metrics`).
+"tokens", "token_strs"}``, ``token_strs`` the tokens' vocabulary pieces as vLLM gives them:
+``convert_ids_to_tokens``, ``Ġworld`` for a byte-level BPE's " world"), ``POST /detokenize``
+(``{"tokens"}`` -> ``{"prompt"}``), ``GET /metrics`` (the replica's counters in Prometheus' text format,
+:mod:`pyrt.serve.twin_metrics`).
 ``model`` is optional in the tokenizing bodies (default: the first model that generates).
 Tokenizing runs off the event loop; failures are OpenAI errors.
 """
@@ -95,8 +97,8 @@ class ServerRoutes:
             ids = await self._ids(body)
         except Exception as exc:  # answered, never raised: the replica keeps serving
             return openai_response(exc)
-        texts = self.texts.token_texts
-        strs = [texts(t)[0] for t in ids] if body.return_token_strs and texts is not None else None
+        tokenizer: Any = self.texts.tokenizer  # there is one: _context refused the request otherwise
+        strs = list(tokenizer.convert_ids_to_tokens(ids)) if body.return_token_strs else None  # vLLM's pieces
         return JSONResponse({"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": strs})
 
     async def _ids(self, body: TokenizeRequest) -> list[int]:

@@ -7,6 +7,9 @@ second, at the first request that needs it) and compiles what a request asks int
 - ``response_format`` ``{"type": "json_object"}``: any JSON object; ``{"type": "json_schema",
   "json_schema": {"name", "schema", "strict"}}``: JSON valid against the schema (OpenAI's shapes);
   ``{"type": "text"}``: nothing;
+- vLLM's extra fields (one at most, and not with ``response_format``): ``guided_json`` (a schema, or its
+  JSON text), ``guided_regex`` (text matching the regular expression), ``guided_choice`` (exactly one of
+  the strings), ``guided_grammar`` (a Lark grammar, llguidance's dialect, as vLLM's guidance backend takes);
 - ``tools`` with ``tool_choice`` ``"required"``: a JSON array of one or more ``{"name", "parameters"}``
   calls of the given functions (each call's ``parameters`` valid against that function's schema),
   or a named function (``{"type": "function", "function": {"name"}}``): that function's arguments.
@@ -29,6 +32,7 @@ import numpy as np
 
 from pyrt.errors import InputError, PyrtError
 
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's structured-output fields
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: a model cannot spin on whitespace
 
 
@@ -106,11 +110,56 @@ class Grammars:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore
         except (ValueError, TypeError) as exc:
             raise InputError(f"{what}: not a JSON schema: {exc}", field=what) from None
+        return self._compiled(grammar, what)
+
+    def _compiled(self, grammar: str, what: str) -> Grammar:
+        import llguidance  # extra: serve
+
         tokenizer = self._tokenizer()
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error and not error.startswith("WARNING"):
-            raise InputError(f"{what}: the schema cannot be compiled: {error}", field=what)
+            raise InputError(f"{what}: the grammar cannot be compiled: {error}", field=what)
         return Grammar(tokenizer, grammar, self.vocab, what)
+
+    def requested(self, response_format: dict[str, Any] | None, guided: dict[str, Any]) -> Grammar | None:
+        """What a request asks for: ``response_format``, or one of vLLM's ``guided_*`` fields (``guided``: name ->
+        value, None where not given); InputError naming them when it asks for more than one."""
+        asked = [name for name, value in guided.items() if value is not None]
+        if response_format not in (None, {"type": "text"}):
+            asked.insert(0, "response_format")
+        if len(asked) > 1:
+            raise InputError(f"{', '.join(asked)}: give one of them (each asks for a structured output)",
+                             field=asked[1])
+        if asked and asked[0] != "response_format":
+            return self.guided(asked[0], guided[asked[0]])
+        return self.response_format(response_format)
+
+    def guided(self, name: str, value: Any) -> Grammar:
+        """vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` (:data:`GUIDED`)."""
+        import llguidance  # extra: serve
+
+        matcher: Any = llguidance.LLMatcher
+        if name == "guided_json":
+            schema = value
+            if isinstance(value, str):
+                try:
+                    schema = json.loads(value)
+                except ValueError as exc:
+                    raise InputError(f"guided_json: not JSON: {exc}", field=name) from None
+            if not isinstance(schema, dict):
+                raise InputError("guided_json must be a JSON schema (an object, or its JSON text)", field=name)
+            return self.schema(schema, name)
+        if name == "guided_choice":
+            if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+                raise InputError("guided_choice must be a list of non-empty strings", field=name)
+            return self._compiled(matcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, value))), name)
+        if name not in ("guided_regex", "guided_grammar") or not isinstance(value, str) or not value:
+            raise InputError(f"{name} must be a non-empty string", field=name)
+        try:
+            grammar = matcher.grammar_from_regex(value) if name == "guided_regex" else matcher.grammar_from_lark(value)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{name}: {exc}", field=name) from None
+        return self._compiled(grammar, name)
 
     def response_format(self, value: dict[str, Any] | None) -> Grammar | None:
         """OpenAI's ``response_format``: None for text."""

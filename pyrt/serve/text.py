@@ -24,27 +24,43 @@ from pyrt.errors import InputError, PyrtError
 REPLACEMENT = "\ufffd"  # what a decoder gives for bytes that are not (yet) a whole UTF-8 character
 
 
-def load_tokenizer(directory: str) -> Any:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def load_tokenizer(directory: str, flag: str = "--tokenizer") -> Any:
     """The tokenizer in ``directory`` as ``AutoTokenizer.from_pretrained(directory, local_files_only=True)`` loads it.
 
     The class ``tokenizer_config.json`` names is imported from ``transformers`` by that name:
     ``AutoTokenizer``'s module imports torch (its model configurations) and a replica of a
     numpy-kernel program would pay for torch to read a tokenizer. A directory that names no
-    class goes through ``AutoTokenizer`` itself. InputError naming the directory when it cannot load.
+    class goes through ``AutoTokenizer`` itself. InputError naming the directory (given with ``flag``) and the
+    reason on one line when it cannot load: not a folder, no tokenizer file in it, what transformers says.
     """
     path = Path(directory)
     if not path.is_dir():
-        raise InputError(f"tokenizer {directory!r} is not a directory (a local Hugging Face tokenizer: "
+        raise InputError(f"{flag} {directory!r} is not a directory (a local Hugging Face tokenizer: "
                          "tokenizer.json, tokenizer_config.json)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"{flag} {directory!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
     try:
         import transformers
     except ImportError:
-        raise PyrtError("--tokenizer needs transformers: pip install transformers") from None
+        raise PyrtError(f"{flag} needs transformers: pip install transformers") from None
     cls = tokenizer_class(path, transformers)
     try:
         return cls.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a directory it cannot read
-        raise InputError(f"tokenizer {directory!r} could not be loaded: {type(exc).__name__}: {exc}") from None
+        said = " ".join(str(exc).split())  # one line: transformers' messages run over several
+        raise InputError(f"{flag} {directory!r} could not be loaded: {type(exc).__name__}: {said}") from None
+
+
+def read_chat_template(path: str) -> str:
+    """The text of a chat template file (InputError naming ``--chat-template`` when it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--chat-template {path!r}: cannot be read ({getattr(exc, 'strerror', None) or exc})") \
+            from None
 
 
 def tokenizer_class(path: Path, transformers: Any) -> Any:

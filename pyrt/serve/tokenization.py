@@ -20,7 +20,7 @@ from pyrt.checks import is_int
 from pyrt.errors import InputError
 from pyrt.serve.failures import ApiError
 from pyrt.serve.structured import Grammars
-from pyrt.serve.text import TextStream, load_tokenizer
+from pyrt.serve.text import TextStream, load_tokenizer, read_chat_template
 from pyrt.serve.tokens import TokenTexts, generation_defaults, most_chars
 
 TOKENIZE_THREADS = 2  # tokenizing and chat templates run here, off the event loop
@@ -43,10 +43,13 @@ def template_options(add_generation_prompt: bool, continue_final_message: bool,
 
 
 class Tokenization:
-    """The tokenizer in ``directory`` (None: the server has none) and the threads it runs on (until :meth:`close`)."""
+    """The tokenizer in ``directory`` (None: the server has none; ``chat_template``: a Jinja file that replaces its
+    chat template) and the threads it runs on (until :meth:`close`)."""
 
-    def __init__(self, directory: str | None) -> None:
+    def __init__(self, directory: str | None, chat_template: str | None = None) -> None:
         self.tokenizer = load_tokenizer(directory) if directory else None
+        if self.tokenizer is not None and chat_template is not None:
+            self.tokenizer.chat_template = read_chat_template(chat_template)
         self.defaults = generation_defaults(directory)  # generation_config.json's sampling defaults
         self.token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
         self.most_chars = most_chars(self.tokenizer) if self.tokenizer is not None else 1

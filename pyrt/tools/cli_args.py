@@ -11,8 +11,9 @@ import argparse
 from typing import Any
 
 from pyrt._version import __version__
+from pyrt.llm.config import GenerationConfig
 from pyrt.serve import command as serve_command
-from pyrt.serve.arguments import float_argument, whole_argument
+from pyrt.serve.arguments import Parser, float_argument, whole_argument
 from pyrt.streaming import budget_argument
 from pyrt.tools import export_command
 from pyrt.tools.inputs import parse_shape_arg
@@ -121,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``pyrt`` parser: global options and the inspect, run, bench, profile, serve, generate and export
     subcommands."""
     common, load, inputs = _common(), _load(), _inputs()
-    parser = argparse.ArgumentParser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
+    parser = Parser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
                                      description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
                                                  "delegates.")
     parser.add_argument("--version", action="version", version=f"pyrt {__version__}")
@@ -255,17 +256,17 @@ def _add_generate(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="cap on new tokens (default: until EOS or a full cache)")
     p.add_argument("--budget", type=_budget, help="weight-streaming budget, as for run")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=_float, default=1.0, help="sampling temperature (default 1)")
-    p.add_argument("--top-k", type=_one_or_more, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=_float, help="sample within this probability mass")
-    p.add_argument("--seed", type=_count, help="seed of the sampler")
+    p.add_argument("--temperature", type=_float, help="with --sample: sampling temperature (default 1; 0: greedy)")
+    p.add_argument("--top-k", type=_one_or_more, help="with --sample: sample among the k most likely tokens")
+    p.add_argument("--top-p", type=_float, help="with --sample: sample within this probability mass")
+    p.add_argument("--seed", type=_count, help="with --sample: seed of the sampler")
     p.add_argument("--eos-ids", type=_ids, metavar="2,3", help="stop ids (default: the file's get_eos_ids)")
     p.add_argument("--draft", metavar="ngram|D.pte", help="speculative decoding: guess tokens by prompt lookup "
                    "(ngram) or with a smaller LLM file (same vocabulary, BOS and EOS; loaded fully resident); "
                    "the same tokens in fewer passes of the model")
-    p.add_argument("--draft-tokens", type=_one_or_more, default=4, metavar="K",
-                   help="--draft: the most tokens guessed per step (default 4)")
+    p.add_argument("--draft-tokens", type=_one_or_more, metavar="K",
+                   help=f"with --draft: the most tokens guessed per step (default {GenerationConfig.draft_tokens})")
     p.add_argument("--draft-tree", action="store_true", default=None,
-                   help="--draft: guess a tree of --draft-tokens tokens (e.g. 32) grown from the draft's "
+                   help="with --draft: guess a tree of --draft-tokens tokens (e.g. 32) grown from the draft's "
                    "probabilities, verified in one pass (a slot file written with --max-batch-size)")
     p.add_argument("--json", action="store_true", help="print JSON at the end instead of tokens as they come")

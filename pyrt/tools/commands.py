@@ -18,15 +18,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pyrt.errors import InputError, PyrtError
+from pyrt.errors import InputError
 from pyrt.format.companions import find_tokenizer
 from pyrt.format.method_io import flatten, method_inputs
+from pyrt.llm.config import GenerationConfig
 from pyrt.llm.drafting import open_draft
 from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, host_to_device_bandwidth, plot_generation
 from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
 from pyrt.serve import command as serve_command
+from pyrt.serve.text import load_tokenizer
 from pyrt.tools import export_command
 from pyrt.tools.bench import (
     check_plot_support,
@@ -220,7 +222,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace) -> Any:
-    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded."""
+    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded
+    (:func:`pyrt.serve.text.load_tokenizer`: what is wrong with the folder, on one line)."""
     if args.tokenizer is None:
         if args.prompt is None:
             return None
@@ -228,16 +231,7 @@ def _tokenizer(args: argparse.Namespace) -> Any:
         if args.tokenizer is None:
             raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer; pyrt export keeps the "
                              "checkpoint's beside the .pte as M.tokenizer/, and none is there); or pass --prompt-ids")
-    if not os.path.isdir(args.tokenizer):
-        raise InputError(f"--tokenizer {args.tokenizer!r} is not a directory")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise PyrtError("--tokenizer needs transformers: pip install transformers") from None
-    try:
-        return AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--tokenizer {args.tokenizer!r}: {exc}") from None
+    return load_tokenizer(args.tokenizer)
 
 
 def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
@@ -250,13 +244,36 @@ def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
                                           kernels=args.kernels))
 
 
+SAMPLING = ("temperature", "top_k", "top_p", "seed")  # generate's options that only --sample uses
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling options given (those not given keep :func:`pyrt.generate`'s defaults); given without
+    ``--sample`` (greedy decoding uses none of them) or ``--draft-tokens`` / ``--draft-tree`` without ``--draft``, warned about by
+    name, as transformers' ``generate`` warns of a ``temperature`` it will not use."""
+    given = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
+    unused = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
+              if not args.sample and not (name == "temperature" and value == 0)]
+    if unused:
+        say("warning", f"{', '.join(unused)} without --sample: decoding is greedy and does not use "
+                       f"{'them' if len(unused) > 1 else 'it'} (add --sample to sample)")
+    drafting = [shown for shown, value in ((f"--draft-tokens {args.draft_tokens}", args.draft_tokens),
+                                           ("--draft-tree", args.draft_tree)) if value is not None]
+    if drafting and args.draft is None:
+        say("warning", f"{', '.join(drafting)} without --draft: no tokens are guessed (add --draft ngram or "
+                       "--draft D.pte)")
+    return given
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.path):  # named before the tokenizer, which is looked for beside it
+        raise InputError(f"{args.path}: no such file" if not os.path.exists(args.path) else f"{args.path}: not a file")
+    sampling = _sampling(args)
     tokenizer = _tokenizer(args)
     ids = args.prompt_ids if args.prompt is None else list(tokenizer(args.prompt)["input_ids"])
     with contextlib.ExitStack() as stack:
         prog = stack.enter_context(_program(args, args.budget))
-        stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample, **sampling,
                           eos_ids=args.eos_ids, stream=True, method=args.method, draft=_draft(args, stack),
                           draft_tokens=args.draft_tokens, draft_tree=args.draft_tree)
         shown, seen = "", []
@@ -275,8 +292,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
                "timings": result.timings.as_dict(), "cached_tokens": result.cached_tokens}
         if args.draft is not None:
-            out["speculation"] = {"draft": args.draft, "draft_tokens": args.draft_tokens,
-                                  "draft_tree": bool(args.draft_tree), "passes": result.passes,
+            k = args.draft_tokens or GenerationConfig.draft_tokens
+            out["speculation"] = {"draft": args.draft, "draft_tokens": k, "draft_tree": bool(args.draft_tree),
+                                  "passes": result.passes,
                                   "drafted": result.drafted, "accepted": result.accepted,
                                   "tokens_per_pass": result.tokens_per_pass}
         if tokenizer is not None:

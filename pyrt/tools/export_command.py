@@ -23,10 +23,13 @@ from pyrt.device.budgets import parse_budget
 from pyrt.errors import BudgetError, ExportError
 from pyrt.export.options import DECODER_BUILDERS, DEFAULT_BUILDER, DEFAULT_DEVICE, check_engine_size
 from pyrt.format import weight_quant as wq
-from pyrt.serve.arguments import whole_argument
+from pyrt.logs import third_party_quiet
+from pyrt.serve.arguments import needs, whole_argument
 from pyrt.tools.terminal import EXIT_OK
 
 DTYPES = ("float16", "bfloat16", "float32")
+# vLLM's --dtype names: auto keeps the stored dtype (no --dtype), half and float are float16 and float32
+DTYPE_ALIASES = {"auto": None, "half": "float16", "float": "float32"}
 # Options that only a checkpoint directory takes (a .pt2 program keeps the shapes it was exported with).
 LLM_OPTIONS = ("max_seq_len", "max_batch_size", "max_tokens_per_step", "dtype", "quantize", "group_size",
                "max_engine_size")
@@ -69,15 +72,19 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     p.add_argument("source", metavar="DIR|PT2", help="a checkpoint directory, or a .pt2 file")
     p.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="the .pte to write (replaced atomically)")
     llm = p.add_argument_group("checkpoint directories")
-    llm.add_argument("--max-seq-len", type=whole_argument(2), metavar="N",
-                     help="KV-cache positions (default: the model's limit, at most 2048)")
-    llm.add_argument("--max-batch-size", type=whole_argument(1), metavar="B",
-                     help="sequences served at once, each in its own KV-cache slot (default 1)")
+    llm.add_argument("--max-seq-len", "--max-model-len", type=whole_argument(2), metavar="N", dest="max_seq_len",
+                     help="KV-cache positions (default: the model's limit, at most 2048; vLLM's --max-model-len)")
+    llm.add_argument("--max-batch-size", "--max-num-seqs", type=whole_argument(1), metavar="B", dest="max_batch_size",
+                     help="sequences served at once, each in its own KV-cache slot (default 1; vLLM's "
+                          "--max-num-seqs)")
     llm.add_argument("--max-tokens-per-step", type=whole_argument(1), metavar="T",
                      help="with --max-batch-size > 1: most tokens one step takes (default max(B, min(N, 256)))")
-    llm.add_argument("--dtype", choices=DTYPES, help="weights' dtype (default: as stored; another converts, a copy)")
-    llm.add_argument("--quantize", choices=tuple(wq.SCHEMES), help="weight-only INT8 / INT4 linear layers (symmetric, "
-                                                              "per group of --group-size input features)")
+    llm.add_argument("--dtype", choices=DTYPES + tuple(DTYPE_ALIASES),
+                     help="weights' dtype (default, or auto: as stored; another converts, a copy; half and float: "
+                          "vLLM's names of float16 and float32)")
+    llm.add_argument("--quantize", "--quantization", choices=tuple(wq.SCHEMES), dest="quantize",
+                     help="weight-only INT8 / INT4 linear layers (symmetric, per group of --group-size input "
+                          "features; vLLM's --quantization)")
     llm.add_argument("--group-size", type=whole_argument(1), metavar="G",
                      help=f"with --quantize: input features per scale (a power of two >= {wq.MIN_GROUP_SIZE}; "
                           f"default {wq.DEFAULT_GROUP_SIZE})")
@@ -100,11 +107,23 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse
     tok.add_argument("--no-tokenizer", action="store_true", help="keep no tokenizer beside the .pte")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines with -v)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    needs(p, ("group_size", "quantize"), ("budget", "weight_streaming"), ("max_tokens_per_step", "max_batch_size"))
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export ``args.source``; prints the summary (stages with their time and memory)."""
+    """Export ``args.source``; prints the summary (stages with their time and memory). The libraries it imports and
+    calls (torch, torchao, transformers, ExecuTorch) keep their chatter to themselves unless ``--verbose``
+    (:func:`pyrt.logs.third_party_quiet`: torchao's extensions that fail to load, torch's pytree notes, ...)."""
+    if importlib.util.find_spec("torch") is not None:  # torch sets its loggers' levels as it imports: before
+        import torch  # noqa: F401  # extra: export
+    with third_party_quiet():
+        summary = _export(args)
+    print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> Any:
     progress = False if args.no_progress else None
     common = dict(builder=args.builder, weight_streaming=args.weight_streaming, weight_streaming_budget=args.budget,
                   device=args.device, progress=progress)
@@ -125,8 +144,7 @@ def run(args: argparse.Namespace) -> int:
         from pyrt.export.pt2 import pt2_to_pte  # extra: export (torch)
 
         summary = pt2_to_pte(args.source, args.output, tokenizer=args.tokenizer, **common)
-    print(json.dumps(_as_json(summary), indent=2) if args.json else summary)
-    return EXIT_OK
+    return summary
 
 
 def _needs(*modules: str) -> None:
@@ -140,6 +158,7 @@ def _needs(*modules: str) -> None:
 def _decoder_options(args: argparse.Namespace) -> dict[str, Any]:
     """The checkpoint-only flags as ``checkpoint_to_pte`` keywords (those not given keep its defaults)."""
     options = {name: getattr(args, name) for name in LLM_OPTIONS}
+    options["dtype"] = DTYPE_ALIASES.get(options["dtype"], options["dtype"])
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from pyrt.logs import warning_to_log
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
 
@@ -31,9 +33,11 @@ def say(kind: str, message: str) -> None:
 
 @contextlib.contextmanager
 def warnings_to_stderr() -> Iterator[None]:
+    """pyrt's own warnings as ``pyrt: warning: ...``; other libraries' to the ``pyrt.third_party`` log (shown with
+    ``--verbose``), never labelled pyrt's (:func:`pyrt.logs.warning_to_log`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("default")
-        warnings.showwarning = lambda message, *a, **k: say("warning", str(message))
+        warnings.showwarning = warning_to_log(lambda message, *a, **k: say("warning", str(message)))
         yield
 
 

@@ -613,7 +613,8 @@ def test_closing_releases_device_memory(sim) -> None:
 
 
 def test_real_tensorrt_rtx_engine_bytes_are_refused_by_the_fake(sim, rtx_engine_bytes: bytes) -> None:
-    with pytest.raises(EngineError, match="deserializes only pyrt reference engines.*a serialized TensorRT engine"):
+    with pytest.raises(EngineError, match="deserializes only pyrt reference engines.*a serialized TensorRT engine.*"
+                                          "export with --builder portable or --builder reference"):
         TensorRTEngine.load(memoryview(rtx_engine_bytes), device=0, io_bindings=LINEAR.bindings)
 
 

@@ -43,6 +43,13 @@ def test_generate_prints_the_greedy_tokens_then_the_timings(llama: L.Exported, c
     assert "finish: length" in err and "decode" in err and "tokens/s" in err
 
 
+def test_generate_with_sample_and_temperature_0_is_greedy(llama: L.Exported, capsys: Any) -> None:
+    status, out, err = run(capsys, "generate", llama.path, "--prompt-ids", ",".join(map(str, L.PROMPT)),
+                           "--max-new-tokens", L.NEW_TOKENS, "--eos-ids", "", "--sample", "--temperature", "0")
+    assert status == 0 and "warning" not in err, err
+    assert [int(t) for t in out.split()] == llama.want
+
+
 def test_generate_json_with_sampling_matches_the_api(llama: L.Exported, capsys: Any) -> None:
     args = ["--sample", "--temperature", "1.5", "--top-k", "20", "--top-p", "0.9", "--seed", "4"]
     status, out, err = run(capsys, "generate", llama.path, "--prompt-ids", "5,6,7", "--max-new-tokens", 8,

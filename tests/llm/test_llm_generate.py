@@ -125,7 +125,7 @@ def test_probabilities_follow_transformers_warpers() -> None:
     ({"prompt_ids": "hello"}, "must be a sequence of token ids"),
     ({"max_new_tokens": 45}, "max_new_tokens=45 goes past the cache: a 5-token prompt leaves room for 44"),
     ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int >= 1"),
-    ({"temperature": 0.0, "do_sample": True}, "temperature=0.0 must be a finite number > 0"),
+    ({"temperature": -0.5, "do_sample": True}, r"temperature=-0.5 must be a finite number >= 0 \(0: greedy\)"),
     ({"top_k": 0}, "top_k=0 must be an int >= 1"),
     ({"top_p": 1.5}, r"top_p=1.5 must be a number in \(0, 1\]"),
     ({"seed": -(2**63) - 1}, "seed=-9223372036854775809 must be an int >= -9223372036854775808"),

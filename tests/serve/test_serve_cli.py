@@ -34,7 +34,8 @@ def _env(gpus: int | None = None) -> dict[str, str]:
 def test_a_file_that_cannot_load_is_an_error_naming_it(tmp_path: Path) -> None:
     bad = tmp_path / "broken.pte"
     bad.write_bytes(b"not a program at all")
-    done = subprocess.run([*COMMAND, str(bad)], env=_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*COMMAND, str(bad), "--port", str(free_port())], env=_env(), capture_output=True, text=True,
+                          timeout=120)  # a free port: one in use is refused before the file is read
     assert done.returncode == 1 and str(bad) in done.stderr, done.stderr
     assert "deprecated" not in done.stderr.lower(), done.stderr  # Ray Serve's Pydantic warnings stay out of sight
     usage = subprocess.run([*COMMAND, str(bad), "--replicas", "0"], env=_env(), capture_output=True, text=True,

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -41,22 +42,64 @@ def test_marked_processes_that_ignore_sigterm_are_ended_with_sigkill(owner: str)
             p.wait()
 
 
-def test_orphans_of_a_dead_owner_are_ended_and_named_and_a_live_owner_s_are_not(owner: str) -> None:
+def _dead_owner() -> str:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead_owner = f"{gone.pid}:{lifetime.owner_token(os.getpid()).split(':')[1]}"  # its pid, not its start time
-    assert not lifetime.alive(dead_owner)
-    orphan, kept = spawn_marked(dead_owner), spawn_marked(owner)
+    token = f"{gone.pid}:{lifetime.owner_token(os.getpid()).split(':')[1]}"  # its pid, not its start time
+    assert not lifetime.alive(token)
+    return token
+
+
+def _write_record(runs: Path, owner: str, rows: list[str]) -> Path:
+    path = runs / (owner.replace(":", "-") + lifetime.RUN_SUFFIX)
+    path.write_text("\n".join([owner, *rows]) + "\n", encoding="ascii")
+    return path
+
+
+def test_recorded_orphans_of_a_dead_owner_are_ended_and_named_and_a_live_owner_s_are_not(owner: str,
+                                                                                          tmp_path: Path) -> None:
+    dead = _dead_owner()
+    orphan, kept = spawn_marked(dead), spawn_marked(owner)
     said: list[str] = []
     try:
-        ended = lifetime.end_orphans(said.append)
-        assert orphan.pid in {p.pid for p in ended} and kept.pid not in {p.pid for p in ended}
+        dead_record = _write_record(tmp_path, dead, [f"{orphan.pid} {lifetime._start_time(orphan.pid)}"])
+        live_record = lifetime.record(owner, tmp_path)
+        assert live_record is not None and f"{kept.pid} " in live_record.read_text()
+        ended = lifetime.end_orphans(said.append, tmp_path)
+        assert [p.pid for p in ended] == [orphan.pid]
         assert orphan.wait(60) == -9 and kept.poll() is None
-        assert f"(pid {gone.pid})" in said[0] and f"({orphan.pid})" in said[0]
+        assert f"(pid {dead.split(':')[0]})" in said[0] and f"({orphan.pid})" in said[0]
+        assert not dead_record.exists() and live_record.exists()  # a dead owner's record is done with
+        lifetime.forget(owner, tmp_path)
+        assert not live_record.exists()
     finally:
         for p in (orphan, kept):
             p.kill()
             p.wait()
+
+
+def test_a_decoy_with_the_mark_of_a_dead_owner_survives_a_start(tmp_path: Path) -> None:
+    """The mark alone proves nothing (any process can carry it; whatever a replica starts inherits it): a process
+    not recorded, or recorded with another start time (a reused pid), or marked for another owner, is left alone."""
+    dead = _dead_owner()
+    decoy, reused, other = spawn_marked(dead), spawn_marked(dead), spawn_marked(_dead_owner())
+    said: list[str] = []
+    try:
+        _write_record(tmp_path, dead, [f"{reused.pid} 1", f"{other.pid} {lifetime._start_time(other.pid)}"])
+        assert lifetime.end_orphans(said.append, tmp_path) == [] and said == []
+        assert [p.poll() for p in (decoy, reused, other)] == [None, None, None]
+    finally:
+        for p in (decoy, reused, other):
+            p.kill()
+            p.wait()
+
+
+def test_the_run_state_folder_is_this_user_s_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    runs = lifetime.runs_dir()
+    assert runs == tmp_path / "pyrt-serve" and (runs.stat().st_mode & 0o777) == 0o700
+    runs.chmod(0o755)  # open to others: not trusted, nothing recorded or ended from it
+    assert lifetime.runs_dir() is None and lifetime.record(lifetime.owner_token()) is None
 
 
 def test_the_watchdog_ends_its_owner_s_processes_when_its_pipe_closes(owner: str) -> None:
@@ -70,6 +113,23 @@ def test_the_watchdog_ends_its_owner_s_processes_when_its_pipe_closes(owner: str
         proc.kill()
         proc.wait()
     wait_for(lambda: not lifetime.marked(owner), 30, "nothing marked left")
+
+
+def test_the_watchdog_records_its_owner_s_processes_and_forgets_them_when_it_ends(
+        owner: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    record = tmp_path / "pyrt-serve" / (owner.replace(":", "-") + lifetime.RUN_SUFFIX)
+    proc = spawn_marked(owner)
+    try:
+        pipe = lifetime.start_watchdog(owner)
+        assert pipe is not None
+        wait_for(lambda: record.exists() and f"{proc.pid} " in record.read_text(), 60, "the watchdog's record")
+        pipe.close()
+        assert proc.wait(60) == -9
+        wait_for(lambda: not record.exists(), 30, "the record forgotten")
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _marked_sleeper(owner: str) -> subprocess.Popen[bytes]:

@@ -232,7 +232,7 @@ def test_stop_strings_cut_the_text_before_them(replica: Any, prog: Any) -> None:
 
 
 BAD = [
-    ("/v1/completions", {"prompt": "hello"}, 400, "model"),
+    ("/v1/completions", {"model": "", "prompt": "hello"}, 400, "model"),
     ("/v1/completions", {"model": "nope", "prompt": "hello"}, 404, "model"),
     ("/v1/completions", {"model": NAME, "prompt": "hello", "n": 0}, 400, "n"),
     ("/v1/completions", {"model": NAME, "prompt": "hello", "temperature": -1}, 400, "temperature"),
@@ -275,10 +275,23 @@ def test_bad_requests_are_openai_errors_naming_the_field(replica: Any, path: str
     assert error["type"] == "invalid_request_error" and (param is None or param.split("[")[0] in error["message"])
 
 
+def test_a_request_without_a_model_is_the_one_model_s_as_vllm_serves_it(replica: Any) -> None:
+    body = {"prompt": "hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, got = run(replica, "POST", "/v1/completions", body)
+    assert status == 200 and got["model"] == NAME, got
+    assert got["choices"][0]["text"] == run(replica, "POST", "/v1/completions", {**body, "model": NAME})[1][
+        "choices"][0]["text"]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert run(replica, "POST", "/v1/chat/completions", chat)[0] == 200
+    do_sample_at_0 = {"input_ids": [5, 6], "max_tokens": 4, "eos_ids": [], "do_sample": True, "temperature": 0}
+    greedy = run(replica, "POST", f"/v2/models/{NAME}/generate", {**do_sample_at_0, "do_sample": False})[1]
+    assert run(replica, "POST", f"/v2/models/{NAME}/generate", do_sample_at_0)[1]["token_ids"] == greedy["token_ids"]
+
+
 def test_bad_generate_requests_name_the_field(replica: Any) -> None:
     cases = [({"text_input": "hi", "input_ids": [5]}, "text_input"), ({"input_ids": [5], "colour": 1}, "colour"),
              ({"input_ids": [5], "max_tokens": 2, "parameters": {"max_tokens": 3}}, "max_tokens"),
-             ({"input_ids": [5], "parameters": {"do_sample": True, "temperature": 0}}, "temperature"),
+             ({"input_ids": [5], "parameters": {"do_sample": True, "temperature": -1.0}}, "temperature"),
              ({"input_ids": [5, 500]}, "input_ids[1]=500"), ({"input_ids": [5], "max_tokens": 100}, "max_tokens=100")]
     for body, named in cases:
         status, reply = run(replica, "POST", f"/v2/models/{NAME}/generate", body)

@@ -96,6 +96,34 @@ def test_the_summary_has_each_stage_with_its_memory(checkpoint: Path, tmp_path: 
 
 
 @pytest.mark.export
+def test_the_route_line_says_why_without_claiming_it_was_asked_for(checkpoint: Path, tmp_path: Path,
+                                                                    capsys: Any) -> None:
+    status, text, err = run(capsys, "export", checkpoint, "-o", tmp_path / "m.pte", "--builder", "reference",
+                            "--max-seq-len", 16, "--no-progress")
+    assert status == 0, err
+    assert "decoder route: pyrt (pyrt export of a checkpoint directory takes pyrt's wrapper)" in text, text
+    assert "asked for" not in text
+
+
+@pytest.mark.export
+def test_other_libraries_chatter_is_kept_out_of_sight_without_verbose(checkpoint: Path, tmp_path: Path) -> None:
+    """A fresh process, as a user's: torch, torchao, transformers and ExecuTorch are imported and called by the
+    export (torchao's extensions that fail to load, torch's pytree notes, deprecations were printed, some as
+    ``pyrt: warning:``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("PYRT_LOG", None)
+    done = subprocess.run([sys.executable, "-m", "pyrt", "export", str(checkpoint), "-o", str(tmp_path / "m.pte"),
+                           "--builder", "reference", "--max-seq-len", "16", "--no-progress"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "decoder route" in done.stdout
+
+
+@pytest.mark.export
 def test_a_quantized_export_generates_what_its_dequantized_model_does(checkpoint: Path, tmp_path: Path,
                                                                      one_gpu: None, capsys: Any) -> None:
     from tests.fixtures import quant as Q

@@ -144,7 +144,8 @@ class FakeRuntime:
             self._error(
                 f"IRuntime::deserializeCudaEngine: the fake TensorRT runtime deserializes only pyrt "
                 f"reference engines ({MAGIC.decode()}); these {view.nbytes} bytes start with {head!r} "
-                f"({kind}); real engines need a real GPU and TensorRT"
+                f"({kind}); real engines need a real GPU and TensorRT (for a machine without one, export with "
+                f"--builder portable or --builder reference)"
             )
             return None
         device = self._trt.driver.current_device()
