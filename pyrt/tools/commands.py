@@ -249,8 +249,8 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed")  # generate's options that 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling options given (those not given keep :func:`pyrt.generate`'s defaults); given without
-    ``--sample`` (greedy decoding uses none of them) or ``--draft-tokens`` / ``--draft-tree`` without ``--draft``, warned about by
-    name, as transformers' ``generate`` warns of a ``temperature`` it will not use."""
+    ``--sample`` (greedy decoding uses none of them) or ``--draft-tokens`` / ``--draft-tree`` without ``--draft``,
+    warned about by name, as transformers' ``generate`` warns of a ``temperature`` it will not use."""
     given = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
     unused = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
               if not args.sample and not (name == "temperature" and value == 0)]
