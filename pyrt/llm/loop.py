@@ -86,17 +86,16 @@ def generate(program: Any, prompt_ids: Any, *, max_new_tokens: int | None, do_sa
         return streams[0] if single else streams
     streams = engine.post_all(requests, start=False)
     wait_all(streams)  # stepped on this thread (when no other steps the core)
-    results = [finish(s) for s in streams]  # the first refusal (a BusyError) or run failure raised
+    results = [ended(s) for s in streams]  # the first refusal (a BusyError) or run failure raised
     return results[0] if single else results
 
 
-def finish(generation: Generation) -> GenerationResult:
-    """Run ``generation`` to its end (stepping its engine); its result, or the run failure raised."""
-    generation.wait()
+def ended(generation: Generation) -> GenerationResult:
+    """An ended ``generation``'s result, or its run failure (or refusal) raised."""
     if generation.error is not None:
         raise generation.error
     result = generation.result
-    assert result is not None  # wait() returns once it ended
+    assert result is not None  # it ended: a result or an error
     return result
 
 
@@ -117,4 +116,4 @@ def _seeds(seed: Any, count: int) -> list[Any]:
     return [seed] * count
 
 
-__all__ = ["generate", "Generation", "GenerationResult", "finish"]
+__all__ = ["generate", "Generation", "GenerationResult", "ended"]

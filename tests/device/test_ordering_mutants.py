@@ -86,6 +86,13 @@ EXEMPT = {
         "the metrics thread's pause between flushes (a threading.Event), not a CUDA event",
     "pyrt/llm/gen_bench.py: torch.cuda.synchronize()":
         "the host-link bandwidth measurement's clock reads (torch, real GPUs only): timing, orders no result",
+    "pyrt/serve/command.py: lifetime.record(owner)  # what a later pyrt serve may end if this one and its watchdog "
+    "are killed": "writes pyrt serve's run-state file (the processes a later run may end), not an event; "
+    "tests/serve/test_serve_stop.py::test_the_next_pyrt_serve_ends_what_a_killed_one_left needs it",
+    "pyrt/serve/command.py: lifetime.record(owner)  # the replicas too (the watchdog records them again every few "
+    "seconds)": "writes pyrt serve's run-state file again once the replicas run, not an event",
+    "pyrt/serve/lifetime.py: record(owner)": "the watchdog refreshing the run-state file, not an event; "
+    "tests/serve/test_serve_lifetime.py::test_the_watchdog_records_its_owner_s_processes_... needs it",
     "pyrt/runtime/device_context.py: self._keep = []":
         "drops the host copies after their copies' events were waited for: deleting it holds memory longer, "
         "it orders nothing",
