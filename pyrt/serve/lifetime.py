@@ -304,9 +304,10 @@ def start_ray(init: Callable[[], T], started: Callable[[], list[Marked]], say: C
     out, after ending what the try left running (``started()``: the processes it marked).
 
     Ray gives a new node's raylet a fixed 30 s to register with the GCS (a local variable in Ray 2.60's
-    ``Node.__init__``, no setting reaches it; the raylet first waits for its agents, Python processes that
-    take longer than that to import on 2 cores at load 15+), then raises, and the GCS, agents and reaper it
-    started go on running. Only that error is tried again, and only where processes can be found
+    ``Node.__init__``), and the raylet itself gives its dashboard agent a fixed 15 s to write its port files
+    (``NodeManager::WaitForDashboardAgentPorts``; it aborts after that, and ``RAY_agent_register_timeout_ms``
+    does not reach it: measured). That agent is a Python process that imports every dashboard module, slower
+    than that on 2 cores at load 15+. Ray then raises, and the GCS, agents and reaper it started go on running. Only that error is tried again, and only where processes can be found
     (``/proc``); any other error, and the last try's, is raised as it is.
 
     >>> start_ray(lambda: "up", list, print)
