@@ -51,8 +51,8 @@ from pyrt.tools.terminal import (
 
 
 def _simulated(stack: contextlib.ExitStack) -> None:
-    """``$PYRT_SIMULATED_GPUS`` simulated GPUs for the command; :mod:`pyrt.sim` is imported only when it is set
-    (a tenth of ``pyrt generate``'s start-up otherwise: ``benchmarks/bench_generate_startup.py``)."""
+    """``$PYRT_SIMULATED_GPUS`` simulated GPUs for the command; :mod:`pyrt.sim` (its fake CUDA and TensorRT) is
+    imported only when it is set (``benchmarks/bench_generate_startup.py``)."""
     if not os.environ.get("PYRT_SIMULATED_GPUS", "").strip():
         return
     from pyrt.sim import gpus_from_environment, simulated_gpus
