@@ -119,3 +119,30 @@ def test_cli_run_and_inspect_of_a_trt_only_program_import_neither(programs: dict
     assert heavy == [] and "outputs" in json.loads(out)
     heavy, out = _imported_by_cli("inspect", str(programs["trt_only"]))
     assert heavy == [] and "TensorRTBackend" in out
+
+
+# What `pyrt generate` of a file that needs no torch must not import: the heavy libraries but transformers (the
+# tokenizer), Ray and the server's libraries, and pyrt's modules for other commands (the server's, the exporter's,
+# the bench's, the simulated GPU's).
+NOT_FOR_GENERATE = tuple(h for h in HEAVY if h != "transformers") + (
+    "ray", "starlette", "fastapi", "uvicorn", "pyrt.sim", "pyrt.export", "pyrt.serve.command", "pyrt.serve.flags",
+    "pyrt.serve.config", "pyrt.tools.commands", "pyrt.tools.bench", "pyrt.tools.report", "pyrt.tools.export_command")
+
+
+@pytest.mark.export
+def test_cli_generate_imports_what_generating_needs_and_no_more(tmp_path: Path) -> None:
+    """``pyrt generate`` is mostly start-up (``benchmarks/bench_generate_startup.py``): a portable file run with
+    numpy kernels and a transformers tokenizer imports none of :data:`NOT_FOR_GENERATE`, and prints what
+    transformers' greedy ``generate`` does."""
+    from tests.fixtures import llm_models as L
+
+    llama = L.exported("llama", "portable")
+    tokenizer = L.word_tokenizer(tmp_path / "tok")
+    done = _child("", "-X", "importtime", "-m", "pyrt", "generate", str(llama.path), "--kernels", "numpy",
+                  "--tokenizer", str(tokenizer), "--prompt", " ".join(f"w{i}" for i in L.PROMPT),
+                  "--max-new-tokens", "8", "--eos-ids", "", env={"PYRT_SIMULATED_GPUS": ""})
+    names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "pyrt.tools.generate_command" in names and "transformers" in names  # the probe sees the command's imports
+    unwanted = sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in NOT_FOR_GENERATE))
+    assert unwanted == []
+    assert done.stdout.split() == [f"w{i}" for i in llama.want[:8]]

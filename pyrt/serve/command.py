@@ -81,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
     app = deployment(cfg, simulated_gpus=sim)
     owner = None if where.address else lifetime.owner_token()  # marks the processes of the Ray started here
     watchdog = lifetime.start_watchdog(owner) if owner else None
+    verbose = logging.getLogger("pyrt").isEnabledFor(logging.DEBUG)  # --verbose, PYRT_LOG=debug: Ray's lines too
     try:
-        finished = _serve(cfg, where, app, sim, owner)
+        with ray_output(verbose):
+            finished = _serve(cfg, where, app, sim, owner, verbose)
     finally:
         if watchdog is not None:
             watchdog.close()
@@ -111,7 +113,27 @@ def started_line(cfg: ServeConfig, where: StartOptions, via: str) -> str:
             "Ctrl-C or SIGTERM drains and stops")
 
 
-def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, owner: str | None) -> bool:
+def ray_output(verbose: bool) -> contextlib.AbstractContextManager[Any]:
+    """Where the lines Ray's driver prints go while ``pyrt serve`` runs.
+
+    Ray's driver prints what its raylet pushes ("(raylet) ..." lines: a worker that died, the memory
+    monitor, a stop's "Task ServeController.graceful_shutdown failed ... killed by ray.kill", every clean
+    stop) to ``sys.stdout``, coloured (``ray/_private/worker.py``: ``listen_error_messages``,
+    ``print_to_stdstream``, ``print_worker_logs``). pyrt serve's own lines go to stderr, so stdout is
+    Ray's alone: sent to /dev/null unless ``verbose``; with ``verbose`` and a stdout that is no terminal,
+    Ray's colours are off (``RAY_COLOR_PREFIX=0``, read as each line prints) unless the user set it.
+    """
+    stack = contextlib.ExitStack()
+    if not verbose:
+        stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+    elif not sys.stdout.isatty() and "RAY_COLOR_PREFIX" not in os.environ:
+        os.environ["RAY_COLOR_PREFIX"] = "0"
+        stack.callback(os.environ.pop, "RAY_COLOR_PREFIX", None)
+    return stack
+
+
+def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, owner: str | None,
+           verbose: bool) -> bool:
     """Serve until stopped; False when the stop had to abandon a step (:func:`pyrt.serve.lifetime.shutdown`)."""
     import ray  # extra: serve
     from ray import serve  # extra: serve
@@ -121,7 +143,6 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
 
     stop = threading.Event()
     previous = signal.getsignal(signal.SIGTERM)
-    verbose = logging.getLogger("pyrt").isEnabledFor(logging.DEBUG)  # --verbose, PYRT_LOG=debug: Ray's lines too
     try:
         via = start(address=where.address, host=where.host, port=where.port,
                     num_gpus=sim if not where.address else None, metrics_port=where.metrics_port,
@@ -148,12 +169,7 @@ def _serve(cfg: ServeConfig, where: StartOptions, app: Any, sim: int | None, own
                 serve.delete(cfg.app_name)
             serve.shutdown()
 
-        # Ray prints the errors its raylet pushes to stdout ("Task ServeController.graceful_shutdown failed ...
-        # killed by ray.kill", every clean stop: Serve kills its controller mid-task); pyrt serve's own lines go to
-        # stderr, so a stop's stdout is Ray's alone, shown with --verbose
-        with open(os.devnull, "w") if not verbose else contextlib.nullcontext(sys.stdout) as out, \
-                contextlib.redirect_stdout(out):
-            finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
+        finished = lifetime.shutdown(drain, ray.shutdown, owner, GRACEFUL_SHUTDOWN_S + 30, _say)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     return finished

@@ -28,18 +28,17 @@ messages and exit statuses :mod:`pyrt.tools.terminal`; this module runs one comm
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyrt.errors import PyrtError
 from pyrt.logs import configure as configure_logging
 from pyrt.logs import reset as reset_logging
-from pyrt.sim import gpus_from_environment, simulated_gpus
 from pyrt.tools.cli_args import parser
-from pyrt.tools.commands import COMMANDS
 from pyrt.tools.terminal import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -52,9 +51,31 @@ from pyrt.tools.terminal import (
 
 
 def _simulated(stack: contextlib.ExitStack) -> None:
+    """``$PYRT_SIMULATED_GPUS`` simulated GPUs for the command; :mod:`pyrt.sim` (its fake CUDA and TensorRT) is
+    imported only when it is set (``benchmarks/bench_generate_startup.py``)."""
+    if not os.environ.get("PYRT_SIMULATED_GPUS", "").strip():
+        return
+    from pyrt.sim import gpus_from_environment, simulated_gpus
+
     count = gpus_from_environment()
     if count is not None:
         stack.enter_context(simulated_gpus(count))
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The subcommand's function, its module imported only now: ``pyrt generate`` imports neither the
+    server's, the exporter's nor the bench's modules (its start-up is mostly imports)."""
+    if name == "generate":
+        from pyrt.tools.generate_command import run
+    elif name == "serve":
+        from pyrt.serve.command import run
+    elif name == "export":
+        from pyrt.tools.export_command import run
+    else:
+        from pyrt.tools.commands import COMMANDS
+
+        return COMMANDS[name]
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(os.environ.get("PYRT_DEBUG"))
     try:
         try:
-            args = parser().parse_args(argv)
+            args = parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
         except SystemExit as exc:  # --help and --version (0), usage errors (2)
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE if exc.code else EXIT_OK
         debug = debug or getattr(args, "debug", False)
@@ -71,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(getattr(args, "verbose", False))
             stack.enter_context(warnings_to_stderr())
             _simulated(stack)
-            status: int = COMMANDS[args.command](args)
+            status: int = _command(args.command)(args)
             sys.stdout.flush()
         return status
     except BrokenPipeError:

@@ -8,14 +8,13 @@ the subcommand (:data:`pyrt.tools.commands.COMMANDS`).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyrt._version import __version__
 from pyrt.llm.config import GenerationConfig
-from pyrt.serve import command as serve_command
 from pyrt.serve.arguments import Parser, float_argument, whole_argument
 from pyrt.streaming import budget_argument
-from pyrt.tools import export_command
 from pyrt.tools.inputs import parse_shape_arg
 
 _FMT = argparse.RawDescriptionHelpFormatter
@@ -118,23 +117,51 @@ _seconds = float_argument("a number of seconds > 0", lambda x: x > 0)
 _bandwidth_gbps = float_argument("a bandwidth in GB/s > 0", lambda x: x > 0)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``pyrt`` parser: global options and the inspect, run, bench, profile, serve, generate and export
-    subcommands."""
+    subcommands. Given the command line ``argv`` that names a subcommand, only that one's options are built
+    (the others by name alone): the server's and the exporter's flags come from their modules, which
+    ``pyrt generate`` need not import. ``argv`` None (or naming none: ``pyrt --help``) builds them all."""
     common, load, inputs = _common(), _load(), _inputs()
     parser = Parser(prog="pyrt", parents=[common], formatter_class=_FMT, epilog=_EXAMPLES["pyrt"],
                                      description="Run, time and inspect ExecuTorch .pte programs with TensorRT "
                                                  "delegates.")
     parser.add_argument("--version", action="version", version=f"pyrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_inspect(sub, common)
-    _add_run(sub, [common, load, inputs])
-    _add_bench(sub, [common, load, inputs])
-    _add_profile(sub, [common, load, inputs])
-    serve_command.add_parser(sub, [common])
-    _add_generate(sub, [common, load])
-    export_command.add_parser(sub, [common])
+    adders: dict[str, Callable[[], Any]] = {
+        "inspect": lambda: _add_inspect(sub, common),
+        "run": lambda: _add_run(sub, [common, load, inputs]),
+        "bench": lambda: _add_bench(sub, [common, load, inputs]),
+        "profile": lambda: _add_profile(sub, [common, load, inputs]),
+        "serve": lambda: _add_serve(sub, [common]),
+        "generate": lambda: _add_generate(sub, [common, load]),
+        "export": lambda: _add_export(sub, [common]),
+    }
+    chosen = _chosen(argv, adders)
+    for name, add in adders.items():
+        if chosen in (None, name):
+            add()
+        else:  # never parsed with: the name keeps argparse's list of choices whole
+            sub.add_parser(name, add_help=False)
     return parser
+
+
+def _chosen(argv: Sequence[str] | None, names: Iterable[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word not an option (no global option takes a value)."""
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    return first if first in set(names) else None
+
+
+def _add_serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    from pyrt.serve.command import add_parser
+
+    add_parser(sub, parents)
+
+
+def _add_export(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    from pyrt.tools.export_command import add_parser
+
+    add_parser(sub, parents)
 
 
 def _common() -> argparse.ArgumentParser:

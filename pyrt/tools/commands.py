@@ -1,15 +1,14 @@
-"""The ``pyrt`` subcommands (inspect, run, bench, profile, generate) and the steps they share:
-reading inputs, opening the program, printing results. Each takes the parsed arguments
-(:mod:`pyrt.tools.cli_args`) and returns the exit status; :data:`COMMANDS` maps names to them.
-``generate`` and ``bench --generate`` call :mod:`pyrt.llm`: tokens are printed as they come,
-then the timings (to stderr, so stdout stays the generated tokens or text); ``serve`` is
-:func:`pyrt.serve.command.run`, ``export`` :func:`pyrt.tools.export_command.run`.
+"""The ``pyrt`` subcommands inspect, run, bench and profile and the steps they share: reading inputs,
+opening the program, printing results. Each takes the parsed arguments (:mod:`pyrt.tools.cli_args`)
+and returns the exit status; :data:`COMMANDS` maps names to them. ``bench --generate`` calls
+:mod:`pyrt.llm`; ``generate`` is :func:`pyrt.tools.generate_command.run`, ``serve``
+:func:`pyrt.serve.command.run`, ``export`` :func:`pyrt.tools.export_command.run` (each imported by
+:mod:`pyrt.tools.cli` only for its own command).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -18,18 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pyrt.errors import InputError
-from pyrt.format.companions import find_tokenizer
 from pyrt.format.method_io import flatten, method_inputs
-from pyrt.llm.config import GenerationConfig
-from pyrt.llm.drafting import open_draft
 from pyrt.llm.gen_bench import format_generation_rows, generation_sweep, host_to_device_bandwidth, plot_generation
-from pyrt.llm.loop import generate
 from pyrt.pte_reader import PteFile
 from pyrt.runtime.program import Program
-from pyrt.serve import command as serve_command
-from pyrt.serve.text import load_tokenizer
-from pyrt.tools import export_command
 from pyrt.tools.bench import (
     check_plot_support,
     device_names,
@@ -40,6 +31,7 @@ from pyrt.tools.bench import (
     sweep,
 )
 from pyrt.tools.draw import to_dot, write_graph
+from pyrt.tools.generate_command import open_program
 from pyrt.tools.inputs import assemble, load_files, parse_shapes, summarize
 from pyrt.tools.report import format_report, format_size, inspect
 from pyrt.tools.terminal import EXIT_OK, progress_bar, say
@@ -66,11 +58,6 @@ def _inputs(args: argparse.Namespace, *, random_default: bool) -> tuple[list[Any
             item["seed"] = args.seed
         described.append(item)
     return values, described
-
-
-def _program(args: argparse.Namespace, budget: Any = None) -> Any:
-    return Program(args.path, data=args.data, budget=budget, device_map=dict(args.device_map) or None,
-                   trt=args.trt, kernels=args.kernels)
 
 
 def _engines(prog: Any) -> list[dict[str, Any]]:
@@ -122,7 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     values, described = _inputs(args, random_default=False)
-    with _program(args, args.budget) as prog:
+    with open_program(args, args.budget) as prog:
         t0 = time.perf_counter()
         result = prog.run(*values, method=args.method)
         seconds = time.perf_counter() - t0
@@ -178,7 +165,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_support()
     values, described = _inputs(args, random_default=True)
-    with _program(args) as prog:
+    with open_program(args) as prog:
         devices = sorted({w.device for w in prog.weight_streaming})
         rows = sweep(prog, values, method=args.method, budgets=budgets or [None], warmup=args.warmup,
                      iters=args.iters, seconds=args.seconds, progress=progress_bar(not args.no_progress))
@@ -203,7 +190,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     values, described = _inputs(args, random_default=True)
-    with _program(args, args.budget) as prog:
+    with open_program(args, args.budget) as prog:
         for _ in range(args.warmup):
             prog.run(*values, method=args.method)
         with prog.profile(device_time=not args.no_device_time) as prof:
@@ -218,96 +205,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         _print_json({**summary, "method": args.method, "inputs": described})
     else:
         print(text)
-    return EXIT_OK
-
-
-def _tokenizer(args: argparse.Namespace) -> Any:
-    """``--tokenizer``, else (for ``--prompt``) the one kept beside the file (:func:`find_tokenizer`), loaded
-    (:func:`pyrt.serve.text.load_tokenizer`: what is wrong with the folder, on one line)."""
-    if args.tokenizer is None:
-        if args.prompt is None:
-            return None
-        args.tokenizer = find_tokenizer(args.path)
-        if args.tokenizer is None:
-            raise InputError("--prompt needs --tokenizer DIR (a local Hugging Face tokenizer; pyrt export keeps the "
-                             "checkpoint's beside the .pte as M.tokenizer/, and none is there); or pass --prompt-ids")
-    return load_tokenizer(args.tokenizer)
-
-
-def _draft(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
-    """``--draft``: None, "ngram", or the draft file's Program (fully resident, closed with ``stack``)."""
-    if args.draft is None or args.draft == "ngram":
-        return args.draft
-    if not os.path.isfile(args.draft):
-        raise InputError(f"--draft {args.draft!r} is neither \"ngram\" nor a file")
-    return stack.enter_context(open_draft(args.draft, device_map=dict(args.device_map) or None, trt=args.trt,
-                                          kernels=args.kernels))
-
-
-SAMPLING = ("temperature", "top_k", "top_p", "seed")  # generate's options that only --sample uses
-
-
-def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    """The sampling options given (those not given keep :func:`pyrt.generate`'s defaults); given without
-    ``--sample`` (greedy decoding uses none of them) or ``--draft-tokens`` / ``--draft-tree`` without ``--draft``,
-    warned about by name, as transformers' ``generate`` warns of a ``temperature`` it will not use."""
-    given = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
-    unused = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
-              if not args.sample and not (name == "temperature" and value == 0)]
-    if unused:
-        say("warning", f"{', '.join(unused)} without --sample: decoding is greedy and does not use "
-                       f"{'them' if len(unused) > 1 else 'it'} (add --sample to sample)")
-    drafting = [shown for shown, value in ((f"--draft-tokens {args.draft_tokens}", args.draft_tokens),
-                                           ("--draft-tree", args.draft_tree)) if value is not None]
-    if drafting and args.draft is None:
-        say("warning", f"{', '.join(drafting)} without --draft: no tokens are guessed (add --draft ngram or "
-                       "--draft D.pte)")
-    return given
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    if not os.path.isfile(args.path):  # named before the tokenizer, which is looked for beside it
-        raise InputError(f"{args.path}: no such file" if not os.path.exists(args.path) else f"{args.path}: not a file")
-    sampling = _sampling(args)
-    tokenizer = _tokenizer(args)
-    ids = args.prompt_ids if args.prompt is None else list(tokenizer(args.prompt)["input_ids"])
-    with contextlib.ExitStack() as stack:
-        prog = stack.enter_context(_program(args, args.budget))
-        stream = generate(prog, ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample, **sampling,
-                          eos_ids=args.eos_ids, stream=True, method=args.method, draft=_draft(args, stack),
-                          draft_tokens=args.draft_tokens, draft_tree=args.draft_tree)
-        shown, seen = "", []
-        for token in stream:
-            seen.append(token)
-            if args.json:
-                continue
-            if tokenizer is None:
-                print(token, end=" ", flush=True)
-            else:  # decode everything so far: a token's text can depend on its neighbours
-                text = tokenizer.decode(seen, skip_special_tokens=True)
-                print(text[len(shown):], end="", flush=True)
-                shown = text
-    result = stream.result
-    if args.json:
-        out = {"prompt_ids": ids, "tokens": result.tokens, "finish_reason": result.finish_reason,
-               "timings": result.timings.as_dict(), "cached_tokens": result.cached_tokens}
-        if args.draft is not None:
-            k = args.draft_tokens or GenerationConfig.draft_tokens
-            out["speculation"] = {"draft": args.draft, "draft_tokens": k, "draft_tree": bool(args.draft_tree),
-                                  "passes": result.passes,
-                                  "drafted": result.drafted, "accepted": result.accepted,
-                                  "tokens_per_pass": result.tokens_per_pass}
-        if tokenizer is not None:
-            out["text"] = tokenizer.decode(result.tokens, skip_special_tokens=True)
-        print(json.dumps(out, indent=2))
-        return EXIT_OK
-    print()
-    print(f"finish: {result.finish_reason}; {result.timings}; {result.cached_tokens} of the prompt's tokens cached "
-          "(prefix caching)", file=sys.stderr)
-    if args.draft is not None:
-        print(f"draft {args.draft}: {result.tokens_per_pass:.2f} tokens per pass ({len(result.tokens)} tokens in "
-              f"{result.passes} passes; {result.accepted} of {result.drafted} guessed tokens accepted)",
-              file=sys.stderr)
     return EXIT_OK
 
 
@@ -340,6 +237,5 @@ def _bench_generation(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile, "serve": serve_command.run,
-    "generate": _cmd_generate, "export": export_command.run,
+    "inspect": _cmd_inspect, "run": _cmd_run, "bench": _cmd_bench, "profile": _cmd_profile,
 }

@@ -10,7 +10,6 @@ import pytest
 
 import pyrt
 from pyrt.sim import simulated_gpus
-from pyrt.testing import archs
 from pyrt.tools.cli import main
 from tests.fixtures import llm_models as L
 
@@ -63,20 +62,8 @@ def test_generate_json_with_sampling_matches_the_api(llama: L.Exported, capsys: 
     assert set(data["timings"]) >= {"prefill_ms", "ttft_ms", "decode_tokens_per_s"}
 
 
-def _tokenizer(path: Path) -> Path:
-    """A word-level Hugging Face tokenizer over ``w0`` .. ``w99`` (built here, no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(archs.VOCAB)} | {"<unk>": archs.VOCAB}  # the model never emits <unk>
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)
-    return path
-
-
 def test_generate_text_with_a_local_tokenizer(llama: L.Exported, capsys: Any, tmp_path: Path) -> None:
-    directory = _tokenizer(tmp_path / "tok")
+    directory = L.word_tokenizer(tmp_path / "tok")
     prompt = " ".join(f"w{i}" for i in L.PROMPT)
     status, out, err = run(capsys, "generate", llama.path, "--prompt", prompt, "--tokenizer", directory,
                            "--max-new-tokens", L.NEW_TOKENS, "--eos-ids", "")
