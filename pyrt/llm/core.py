@@ -60,7 +60,8 @@ class FrontEnd:
     ``transient``: it goes (its reservation and draft released) when its last generation ends;
     ``prefix_caching``: its generations take the free slot holding the longest prefix of their prompt and
     feed from there (:mod:`pyrt.llm.slots`; not those asking for ``prompt_logprobs``, which need every
-    prompt position's logits: they feed the whole prompt again).
+    prompt position's logits: they feed the whole prompt again), and get the positions a running generation's slot
+    holds of it copied into theirs (:meth:`pyrt.llm.scheduler.Scheduler.catch_up`, where the program can).
     ``draft_tree``: its guesses are a tree of ``draft_tokens`` (:mod:`pyrt.llm.tree`).
     """
 

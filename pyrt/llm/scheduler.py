@@ -18,6 +18,13 @@ sequence may guess this step (at most its ``max_guesses``; within what its cache
 decoding tokens, with up to half the rest kept for prompt chunks; shared out evenly); a drafter's
 :class:`Proposal` for a sequence then rides on its feed after its last token, one logits row each.
 
+Prefix caching across running generations (where the program can copy cache positions between slots,
+``copies``): :meth:`~Scheduler.catch_up` brings each prefilling sequence that ``reuses`` up to the longest
+prefix of its prompt another running sequence has written and kept (a :class:`Copy` the core has run before
+the step), and :meth:`~Scheduler.waits` holds back the prompt chunks of one whose next positions a sequence
+admitted before it is still prefilling with the same tokens (the earliest never waits, so someone always
+feeds), so that users of one system prompt at once prefill it once.
+
 >>> from pyrt.llm.params import SamplingParams
 >>> from pyrt.llm.request import make_request
 >>> from pyrt.llm.slots import SlotTable
