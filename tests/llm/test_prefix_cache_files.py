@@ -131,3 +131,17 @@ def test_users_of_one_prompt_at_once_copy_a_running_slots_positions_and_equal_tr
         assert cancelled[0].finish_reason == "cancelled"
         for i, result in enumerate(cancelled[1:], 1):
             assert result.tokens == archs.greedy(model, [*BASE, 40 + i, 7], 4), i
+
+
+def test_copying_state_rows_names_a_run_outside_the_caches_and_counts_the_tensors_it_copied_in() -> None:
+    from pyrt.errors import InputError
+
+    exported = L.batched("llama", "portable")
+    with pyrt.Program(exported.path) as prog:
+        size = L.SLOTS * 2 * (L.MAX_SEQ_LEN + 1)  # slots x kv heads x rows: the test Llama's caches
+        assert size in prog.state_sizes()
+        with pytest.raises(InputError, match="outside 392 rows"):
+            prog.copy_state_rows("forward", size, [(size - 1, 0, 2)])
+        assert prog.copy_state_rows("forward", size, [(0, 49, 3)]) == 4  # 2 layers' keys and values
+        assert prog.copy_state_rows("forward", size + 1, [(0, 49, 3)]) == 0
+        assert prog.runs() == 0  # a copy is not a run
