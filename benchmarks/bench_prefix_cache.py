@@ -169,8 +169,9 @@ def main() -> None:
         c, streamable = streamed_users(model, Path(tmp) / "streamed.pte", args.pass_s, rng, vocab)
     text = (f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers {transformers.__version__}; "
             f"threads 1)\n\nLlama {args.size} config, portable kernels, {SLOTS} slots, {CHUNK} tokens per step, "
-            f"greedy; every run with caching gave the tokens of the run without. (c): prefill passes x {PASS_S} s, "
-            "a weight-streamed pass of a 70B int4 model (modelled from the measured passes, not run).\n\n"
+            f"greedy; every run with caching gave the tokens of the run without. (c) columns of (a) and (b): "
+            f"prefill passes x {PASS_S} s, a weight-streamed pass of a 70B int4 model (modelled from the measured "
+            "passes); the (c) table: (b) run on the simulated GPU with streamed weights (measured).\n\n"
             f"(a) multi-turn chat ({SYSTEM}-token system prompt, {USER}-token messages, {REPLY}-token replies):\n\n"
             + markdown_table(["turn", "prompt", "cached", "prefill passes off", "prefill passes on", "TTFT ms off",
                               "TTFT ms on", "TTFT off / on", "(c) streamed prefill s off / on"], a)
