@@ -15,10 +15,15 @@ prefill passes: those before the generation's first token (a turn's passes less 
 * (b) 8 users sharing a 1,000-token system prompt, each with its own 40-token question, 16 new tokens:
   one after another (each its own ``pyrt.generate``) and at once (one ``pyrt.generate`` of the 8); passes,
   prompt tokens fed, mean TTFT (goal: at least 3x fewer prefill passes in all);
+  at once, a user whose prefix another is still prefilling waits for it and has the positions copied from
+  its slot (``pyrt.llm.kv_copy``) instead of prefilling them too;
 * (c) on a GPU streaming its weights every pass costs a whole pass over the weights (issue 45: about 0.7 s for
-  a 70B int4 model at 25 GB/s): the prefill time of (a) and (b) modelled as prefill passes x 0.7 s.
+  a 70B int4 model at 25 GB/s): the prefill time of (a) and (b) modelled as prefill passes x 0.7 s; and (b) run
+  on the simulated GPU (``builder="reference"``, ``weight_streaming=True``, budget 0: every pass streams all the
+  streamable weights, at a rate that makes a pass cost ``--pass-s`` seconds, ``stream_bytes_per_second`` of the
+  fake TensorRT), measured.
 
-    python benchmarks/bench_prefix_cache.py [--size small|tiny] [--no-write]
+    python benchmarks/bench_prefix_cache.py [--size small|tiny] [--pass-s 0.1] [--no-write]
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ def chat(progs: dict[bool, Any], rng: Any, vocab: int) -> list[list[str]]:
     return rows
 
 
-def users(progs: dict[bool, Any], rng: Any, vocab: int) -> list[list[str]]:
+def users(progs: dict[bool, Any], rng: Any, vocab: int, streamed: bool = False) -> list[list[str]]:
     import pyrt
     from pyrt.llm.stepping import core_loop
 
@@ -101,15 +106,38 @@ def users(progs: dict[bool, Any], rng: Any, vocab: int) -> list[list[str]]:
                             "cached": sum(o.cached_tokens for o in outs)}
         assert got[True]["tokens"] == got[False]["tokens"], f"{how}: tokens differ with caching"
         on, off = got[True], got[False]
-        rows.append([how, str(on["cached"]), f"{off['fed']} / {on['fed']}", f"{off['prefill']} / {on['prefill']}",
-                     f"{off['prefill'] / max(on['prefill'], 1):.1f}x", f"{off['ttft']:.0f} / {on['ttft']:.0f}",
-                     f"{off['prefill'] * PASS_S:.1f} / {on['prefill'] * PASS_S:.1f}"])
+        row = [how, str(on["cached"]), f"{off['fed']} / {on['fed']}", f"{off['prefill']} / {on['prefill']}",
+               f"{off['prefill'] / max(on['prefill'], 1):.1f}x", f"{off['ttft']:.0f} / {on['ttft']:.0f}"]
+        if streamed:
+            row.append(f"{off['ttft'] / on['ttft']:.1f}x")
+        else:
+            row.append(f"{off['prefill'] * PASS_S:.1f} / {on['prefill'] * PASS_S:.1f}")
+        rows.append(row)
     return rows
+
+
+def streamed_users(model: Any, path: Path, pass_s: float, rng: Any, vocab: int) -> tuple[list[list[str]], int]:
+    """(b) on the simulated GPU with every pass streaming the weights (``pass_s`` seconds a pass)."""
+    import pyrt
+    from pyrt.export import decoder_to_pte
+    from pyrt.sim import simulated_gpus
+
+    decoder_to_pte(model, path, max_seq_len=CONTEXT, builder="reference", max_batch_size=SLOTS,
+                   max_tokens_per_step=CHUNK, weight_streaming=True, progress=False)
+    with simulated_gpus(1) as sim, pyrt.Program(path, budget=0) as cached, pyrt.Program(path, budget=0) as plain:
+        streamable = sum(info.streamable_bytes for info in cached.weight_streaming)  # per Program
+        assert streamable > 0 and all(info.budget == 0 for info in cached.weight_streaming)
+        progs = {True: cached, False: plain}
+        for prog in progs.values():  # warm up
+            pyrt.generate(prog, [5, 6, 7], max_new_tokens=2, eos_ids=[], prefix_caching=False)
+        sim.tensorrt.stream_bytes_per_second = streamable / pass_s
+        return users(progs, rng, vocab, streamed=True), streamable
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=["small", "tiny"], default="small")
+    parser.add_argument("--pass-s", type=float, default=0.1, help="(c): seconds one streamed pass costs")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     import numpy as np
@@ -138,17 +166,24 @@ def main() -> None:
             rng = np.random.default_rng(0)
             a = chat(progs, rng, vocab)
             b = users(progs, rng, vocab)
+        c, streamable = streamed_users(model, Path(tmp) / "streamed.pte", args.pass_s, rng, vocab)
     text = (f"`{command_line()}` ({machine()}; torch {torch.__version__}, transformers {transformers.__version__}; "
             f"threads 1)\n\nLlama {args.size} config, portable kernels, {SLOTS} slots, {CHUNK} tokens per step, "
-            f"greedy; every run with caching gave the tokens of the run without. (c): prefill passes x {PASS_S} s, "
-            "a weight-streamed pass of a 70B int4 model (modelled from the measured passes, not run).\n\n"
+            f"greedy; every run with caching gave the tokens of the run without. (c) columns of (a) and (b): "
+            f"prefill passes x {PASS_S} s, a weight-streamed pass of a 70B int4 model (modelled from the measured "
+            "passes); the (c) table: (b) run on the simulated GPU with streamed weights (measured).\n\n"
             f"(a) multi-turn chat ({SYSTEM}-token system prompt, {USER}-token messages, {REPLY}-token replies):\n\n"
             + markdown_table(["turn", "prompt", "cached", "prefill passes off", "prefill passes on", "TTFT ms off",
                               "TTFT ms on", "TTFT off / on", "(c) streamed prefill s off / on"], a)
             + f"\n\n(b) {USERS} users, a {SHARED}-token shared system prompt, {QUESTION}-token questions, "
             f"{ANSWER} new tokens (off / on):\n\n"
             + markdown_table(["how", "cached", "prompt tokens fed", "prefill passes", "fewer", "mean TTFT ms",
-                              "(c) streamed prefill s"], b))
+                              "(c) streamed prefill s"], b)
+            + f"\n\n(c) (b) run on the simulated GPU: reference engines, weights streamed every pass ({streamable} "
+            f"streamable bytes, budget 0, streamed at a rate that makes a pass cost {args.pass_s} s), measured "
+            "(off / on):\n\n"
+            + markdown_table(["how", "cached", "prompt tokens fed", "prefill passes", "fewer", "mean TTFT ms",
+                              "TTFT off / on"], c))
     print(text)
     if not args.no_write:
         write_results(f"bench_prefix_cache_{args.size}", "Prefix caching", text)

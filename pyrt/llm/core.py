@@ -60,7 +60,8 @@ class FrontEnd:
     ``transient``: it goes (its reservation and draft released) when its last generation ends;
     ``prefix_caching``: its generations take the free slot holding the longest prefix of their prompt and
     feed from there (:mod:`pyrt.llm.slots`; not those asking for ``prompt_logprobs``, which need every
-    prompt position's logits: they feed the whole prompt again).
+    prompt position's logits: they feed the whole prompt again), and get the positions a running generation's slot
+    holds of it copied into theirs (:meth:`pyrt.llm.scheduler.Scheduler.catch_up`, where the program can).
     ``draft_tree``: its guesses are a tree of ``draft_tokens`` (:mod:`pyrt.llm.tree`).
     """
 
@@ -161,8 +162,8 @@ class EngineCore:
         self.program, self.conv = program, conv
         self.source = str(getattr(program, "source", "")) if source is None else source
         self.slots = SlotTable(conv.slots, self.source)
-        self.scheduler = Scheduler(conv, self.slots, now)
         self.runner = Runner(program, conv)
+        self.scheduler = Scheduler(conv, self.slots, now, copies=self.runner.copies)
         self._fronts: dict[int, _Front] = {}
         self._outboxes: dict[int, Sink] = {}  # each live generation's
         self._front_of: dict[int, int] = {}  # each live generation's front end
@@ -339,6 +340,12 @@ class EngineCore:
         if self._runs_made() != self._runs:  # a run not the core's may have written any slot: forget them all
             self.slots.forget()
         self.scheduler.admit()
+        copies = self.scheduler.catch_up()  # positions running generations hold, copied instead of prefilled
+        if copies:
+            try:
+                self.runner.copy(copies)
+            except Exception as exc:  # a failed copy ends the generations it was for, not the engine
+                self._deliver(self.scheduler.copy_failed(copies, exc))
         feeds = self.scheduler.schedule(self._draft())
         if feeds:
             try:

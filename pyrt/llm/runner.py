@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from pyrt.llm.convention import SLOTS, Convention
+from pyrt.llm.kv_copy import KvCopier
 from pyrt.llm.processors import History, TokenLogprob, process, token_logprobs
 from pyrt.llm.request import Request
 from pyrt.llm.rows import Placed, RowMap, feed_parents, tree_inputs
-from pyrt.llm.scheduler import Feed, Outcome
+from pyrt.llm.scheduler import Copy, Feed, Outcome
 from pyrt.llm.tree_verify import verify_tree
 from pyrt.llm.verify import verify
 
@@ -72,6 +73,27 @@ class Runner:
         self.program, self.conv = program, conv
         self.samplers: dict[int, Sampler] = {}  # sequence id -> its sampler
         self.maps: dict[int, RowMap] = {}  # slot -> the rows its sequence holds (files that verify trees)
+        self.copier = KvCopier(program, conv)
+
+    @property
+    def copies(self) -> bool:
+        """Whether the program's caches can be copied between slots (:mod:`pyrt.llm.kv_copy`)."""
+        return self.copier.supported
+
+    def copy(self, copies: Seq[Copy]) -> None:
+        """Each copy's positions from its source slot to its sequence's, in order, before this step's run. On a file
+        that verifies trees the source's rows are those its :class:`RowMap` holds for the positions, the
+        destination's the lowest free rows of its slot's map (placed as a feed's would be)."""
+        for c in copies:
+            src_rows: Seq[int] = range(c.start, c.end)
+            dst_rows: Seq[int] = src_rows
+            if self.conv.tree:
+                held = self.maps.get(c.src)
+                if held is not None and len(held.rows) >= c.end:
+                    src_rows = held.rows[c.start:c.end]
+                mine = self.maps.setdefault(c.dst, RowMap(self.conv.max_context_len, self.source))
+                dst_rows = mine.place(c.start, c.end - c.start)
+            self.copier.copy(c.src, c.dst, src_rows, dst_rows)
 
     def start(self, seq_id: int, request: Request) -> Sampler:
         """Sequence ``seq_id`` joins: its sampler, seeded now."""

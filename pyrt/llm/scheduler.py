@@ -18,6 +18,13 @@ sequence may guess this step (at most its ``max_guesses``; within what its cache
 decoding tokens, with up to half the rest kept for prompt chunks; shared out evenly); a drafter's
 :class:`Proposal` for a sequence then rides on its feed after its last token, one logits row each.
 
+Prefix caching across running generations (where the program can copy cache positions between slots,
+``copies``): :meth:`~Scheduler.catch_up` brings each prefilling sequence that ``reuses`` up to the longest
+prefix of its prompt another running sequence has written and kept (a :class:`Copy` the core has run before
+the step), and :meth:`~Scheduler.waits` holds back the prompt chunks of one whose next positions a sequence
+admitted before it is still prefilling with the same tokens (the earliest never waits, so someone always
+feeds), so that users of one system prompt at once prefill it once.
+
 >>> from pyrt.llm.params import SamplingParams
 >>> from pyrt.llm.request import make_request
 >>> from pyrt.llm.slots import SlotTable
@@ -46,10 +53,10 @@ from pyrt.llm.guesses import Proposal
 from pyrt.llm.outputs import FinishReason, GenerationResult, Update
 from pyrt.llm.processors import TokenLogprob
 from pyrt.llm.request import Request
-from pyrt.llm.slots import SlotTable
+from pyrt.llm.slots import SlotTable, kept_prefix
 from pyrt.llm.timings import Clock
 
-__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Counters", "finish_reason", "guess_cap",
+__all__ = ["Scheduler", "Sequence", "Feed", "Outcome", "Copy", "Counters", "finish_reason", "guess_cap",
            "share_out"]
 
 
@@ -145,6 +152,18 @@ class Outcome:
     finished: bool = False
 
 
+@dataclass(frozen=True)
+class Copy:
+    """Positions ``start .. end - 1`` of slot ``src`` (written and kept by the running generation there) copied to
+    slot ``dst`` of generation ``seq_id``, before the step that reads them (:meth:`Scheduler.catch_up`)."""
+
+    seq_id: int
+    src: int
+    dst: int
+    start: int
+    end: int
+
+
 @dataclass
 class Counters:
     steps: int = 0
@@ -162,8 +181,10 @@ class Counters:
 class Scheduler:
     """Waiting and running generations on ``conv``'s program, holding KV-cache slots taken from ``slots``."""
 
-    def __init__(self, conv: Convention, slots: SlotTable, now: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, conv: Convention, slots: SlotTable, now: Callable[[], float] = time.perf_counter,
+                 copies: bool = False) -> None:
         self.conv, self.slots, self.now = conv, slots, now
+        self.copies = copies  # the program copies cache positions between slots (pyrt.llm.kv_copy)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.by_id: dict[int, Sequence] = {}  # every waiting or running sequence
@@ -196,6 +217,56 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def catch_up(self) -> list[Copy]:
+        """Copies that bring each prefilling sequence that ``reuses`` up to the longest prefix of its prompt a running
+        sequence's slot holds written and kept (positions before its ``fed``: never one being written), in admission
+        order (a copy may read what an earlier one wrote); none when the program cannot copy. Each sequence's ``fed``
+        and ``cached`` count the copied positions from now (the core runs the copies before the step's run)."""
+        if not self.copies:
+            return []
+        out = []
+        for seq in self.running:
+            if seq.new or not seq.reuses:
+                continue
+            limit, best, source = len(seq.prompt) - 1, seq.fed, None
+            for other in self.running:
+                if other is not seq and other.fed > best:
+                    held = kept_prefix(other.context[:other.fed], seq.prompt, limit)
+                    if held > best:
+                        best, source = held, other
+            if source is not None:
+                assert seq.slot is not None and source.slot is not None  # running sequences hold a slot
+                out.append(Copy(seq.id, source.slot, seq.slot, seq.fed, best))
+                self.counters.prefix_hits += best - seq.fed
+                seq.cached += best - seq.fed
+                seq.fed = best
+        return out
+
+    def copy_failed(self, copies: Seq[Copy], error: BaseException) -> list[Update]:
+        """The copies did not run: their sequences end with ``error``, their slots remembering what they held
+        before (the positions the copies were to write are not remembered)."""
+        seqs = []
+        for copy in copies:
+            seq = self.by_id.get(copy.seq_id)
+            if seq is not None:
+                seq.fed = min(seq.fed, copy.start)
+                if seq not in seqs:
+                    seqs.append(seq)
+        return self.fail_sequences(seqs, error)
+
+    def waits(self, seq: Sequence) -> bool:
+        """Whether prefilling ``seq`` leaves its next prompt positions to a sequence admitted before it that is still
+        prefilling the same tokens (a copy brings them over once written): only where the program copies."""
+        if not self.copies or not seq.reuses or seq.new:
+            return False
+        limit = len(seq.prompt) - 1
+        for other in self.running:
+            if other is seq:
+                return False
+            if not other.new and kept_prefix(other.prompt, seq.prompt, limit) > seq.fed:
+                return True
+        return False
 
     def schedule(self, proposals: Mapping[int, Proposal] | None = None) -> list[Feed]:
         """This step's feeds: decoding sequences first (what they have not written yet, then the guesses of their
@@ -240,7 +311,7 @@ class Scheduler:
         a sequence that wants its prompt's log-probabilities feeds at most the logits ``rows`` left (a row each,
         one kept for each prompt after it)."""
         out = []
-        prefilling = [seq for seq in self.running if not seq.new]
+        prefilling = [seq for seq in self.running if not seq.new and not self.waits(seq)]
         for i, seq in enumerate(prefilling):
             if budget <= 0:
                 break

@@ -16,7 +16,8 @@ that unrelated prompts spread over the slots), and :meth:`SlotTable.reusable` sa
 first positions it need not feed again: tokens compared one by one (never a hash), at most all but
 the prompt's last token (whose logits the generation needs). The memory lives here, with the
 Program's engine core, so every front end on the Program shares it; a slot taken and not yet given
-back is nobody else's to reuse.
+back is nobody else's to take, though what its generation has written and kept may be copied into
+another's slot (:meth:`pyrt.llm.scheduler.Scheduler.catch_up`, :mod:`pyrt.llm.kv_copy`).
 
 No lock: only the core's thread calls it (:mod:`pyrt.llm.stepping`).
 

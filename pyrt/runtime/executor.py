@@ -28,6 +28,7 @@ from pyrt.format.pytree import input_flattener, output_builder
 from pyrt.kernels.base import noop
 from pyrt.memory.interop import caller_kind, is_torch_tensor
 from pyrt.memory.table import PLANNED
+from pyrt.runtime import state_rows
 from pyrt.runtime.cuda_graphs import Segment, segment_steps
 from pyrt.runtime.device_context import DeviceContext
 from pyrt.runtime.graph_forward import graph_forward
@@ -112,6 +113,18 @@ class MethodRunner:
             self._steps = self._fast if observer is None else [
                 [None if step is None else observer.wrap(self, ci, pc, step) for pc, step in enumerate(chain)]
                 for ci, chain in enumerate(self._plain)]
+
+    # -- state ---------------------------------------------------------------------------
+    def state_sizes(self) -> tuple[int, ...]:
+        """The first dimensions of the method's state tensors (:mod:`pyrt.runtime.state_rows`)."""
+        return state_rows.state_sizes(self.plan)
+
+    def copy_state_rows(self, size: int, runs: Sequence[tuple[int, int, int]]) -> int:
+        """Rows copied inside the state tensors of first dimension ``size``, between runs (taking the run lock)."""
+        with self._lock:
+            if self.closed:
+                raise ProgramClosedError(f"method {self.name!r}: the program was closed")
+            return state_rows.copy_rows(self.plan, self.devices, size, runs)
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[Any], stream: Any = None) -> Any:

@@ -265,6 +265,25 @@ class Program:
         KV-cache slots hold when a run it did not make could have written them."""
         return self._runs.get(method, 0)
 
+    def state_sizes(self, method: str = "forward") -> tuple[int, ...]:
+        """The first dimensions of ``method``'s state tensors, the memory its runs keep (an LLM file's KV caches;
+        :mod:`pyrt.runtime.state_rows`); () where the file exposes none (state inside an opaque engine)."""
+        return self._runner_of(method).state_sizes()
+
+    def copy_state_rows(self, method: str, size: int, runs: Sequence[tuple[int, int, int]]) -> int:
+        """In ``method``'s state tensors of first dimension ``size``, rows ``src .. src + count - 1`` copied to
+        ``dst ..`` for each ``(src, dst, count)`` of ``runs``, ordered after the method's last run and before its
+        next (on device: queued on its stream, no host synchronisation); how many tensors it copied in. Not a run
+        (:meth:`runs` does not count it)."""
+        return self._runner_of(method).copy_state_rows(size, runs)
+
+    def _runner_of(self, method: str) -> MethodRunner:
+        self._check_open()
+        runner = self._runners.get(method)
+        if runner is None:
+            raise InputError(f"{self.source}: no method {method!r}; methods are {list(self._runners)}")
+        return runner
+
     def __call__(self, *inputs: Any, stream: Any = None) -> Any:
         """``program(*inputs)`` runs ``forward``."""
         self._check_open()

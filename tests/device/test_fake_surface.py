@@ -77,6 +77,7 @@ FAKE_ONLY: dict[str, dict[str, str]] = {
         "ask_extra_bytes": "bytes added to what the fake asks an output allocator for (the overflow path)",
         "allocations_asked": "(output, bytes) the fake asked output allocators for",
         "seconds_per_row": "a slow GPU for tests of timeouts and overload ($PYRT_SIMULATED_SECONDS_PER_ROW)",
+        "stream_bytes_per_second": "a weight-streamed engine's per-pass cost: its streamed bytes at this rate",
     },
     "Runtime": {
         "stream_requests": "byte counts the fake runtime asked a stream reader for",

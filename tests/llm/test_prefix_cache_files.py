@@ -93,3 +93,55 @@ def test_a_run_of_the_program_outside_the_engine_makes_it_forget_what_slots_hold
     assert llama.runs() == runs + L.SLOTS
     again = pyrt.generate(llama, BASE, max_new_tokens=4, eos_ids=[])
     assert again.cached_tokens == 0 and again.tokens == archs.greedy(model, BASE, 4)
+
+
+def shared_prompt_at_once(prog: Any, caching: bool, params: list[SamplingParams], cancel: int | None = None
+                          ) -> list[Any]:
+    """Four users of BASE joining one step (the engine paused), each with its own question; ``cancel``: that one is
+    cancelled after the first step (the leader the others copy from, when 0)."""
+    engine = Engine(prog, prefix_caching=caching)
+    with engine.paused():
+        handles = [engine.submit([*BASE, 40 + i, 7], p) for i, p in enumerate(params)]
+        if cancel is not None:
+            engine.step()
+            handles[cancel].cancel()
+    for handle in handles:
+        assert handle.wait(120) and handle.error is None, handle.error
+    return [h.result for h in handles]
+
+
+@pytest.mark.parametrize("kind", ["reference", "portable"])
+def test_users_of_one_prompt_at_once_copy_a_running_slots_positions_and_equal_transformers(kind: str) -> None:
+    model = archs.causal_lm("llama")
+    exported = L.batched("llama", kind)
+    greedy = SamplingParams(max_new_tokens=4, eos_ids=(), logprobs=1)
+    params = [greedy, SamplingParams(max_new_tokens=4, do_sample=True, temperature=1.1, seed=3, eos_ids=(),
+                                     logprobs=1), greedy, greedy]
+    with simulated_gpus(1), pyrt.Program(exported.path) as prog:
+        assert prog.state_sizes()  # the caches are the method's state: copied on the (simulated) device or host
+        on = shared_prompt_at_once(prog, True, params)
+        off = shared_prompt_at_once(prog, False, params)
+        assert [r.cached_tokens for r in on] == [0, len(BASE), len(BASE), len(BASE)]
+        for i, (a, b) in enumerate(zip(on, off, strict=True)):
+            assert a.tokens == b.tokens, i
+            if params[i] is greedy:
+                assert a.tokens == archs.greedy(model, [*BASE, 40 + i, 7], 4), i
+            np.testing.assert_allclose(logged(a), logged(b), atol=1e-5, rtol=0)
+        cancelled = shared_prompt_at_once(prog, True, [greedy] * 4, cancel=0)  # the leader goes mid-prompt
+        assert cancelled[0].finish_reason == "cancelled"
+        for i, result in enumerate(cancelled[1:], 1):
+            assert result.tokens == archs.greedy(model, [*BASE, 40 + i, 7], 4), i
+
+
+def test_copying_state_rows_names_a_run_outside_the_caches_and_counts_the_tensors_it_copied_in() -> None:
+    from pyrt.errors import InputError
+
+    exported = L.batched("llama", "portable")
+    with pyrt.Program(exported.path) as prog:
+        size = L.SLOTS * 2 * (L.MAX_SEQ_LEN + 1)  # slots x kv heads x rows: the test Llama's caches
+        assert size in prog.state_sizes()
+        with pytest.raises(InputError, match="outside 392 rows"):
+            prog.copy_state_rows("forward", size, [(size - 1, 0, 2)])
+        assert prog.copy_state_rows("forward", size, [(0, 49, 3)]) == 4  # 2 layers' keys and values
+        assert prog.copy_state_rows("forward", size + 1, [(0, 49, 3)]) == 0
+        assert prog.runs() == 0  # a copy is not a run

@@ -34,10 +34,14 @@ OUTPUT_ALIGNMENT = 256  # what the fake asks an output allocator for (cudaMalloc
 
 def _run_bytes(engine: FakeCudaEngine, inputs: dict[str, tuple[np.ndarray, tuple[int, ...]]]
                ) -> dict[str, tuple[np.ndarray, tuple[int, ...]]]:
-    """The reference engine's results, after ``seconds_per_row`` per row of the first input (a slow GPU)."""
+    """The reference engine's results, after ``seconds_per_row`` per row of the first input (a slow GPU) and, for an
+    engine that streams weights, the streamed bytes at ``stream_bytes_per_second`` (a cost per pass)."""
     if engine._trt.seconds_per_row > 0:
         shape = inputs[engine.ref.inputs[0].name][1]
         time.sleep(engine._trt.seconds_per_row * (int(shape[0]) if shape else 1))
+    rate = engine._trt.stream_bytes_per_second
+    if rate > 0 and engine.ref.weight_streaming:
+        time.sleep(max(engine.streamable_weights_size - engine.weight_streaming_budget_v2, 0) / rate)
     return engine.ref.run_bytes(inputs)
 
 

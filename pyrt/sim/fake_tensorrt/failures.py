@@ -23,6 +23,10 @@ class FailureInjection:
         # A slow GPU: each launch takes this many seconds per row of its first input (its leading dim) before
         # its results are written, so tests can make runs long on purpose (timeouts, overload).
         self.seconds_per_row = 0.0
+        # A weight-streamed engine's pass: each launch of an engine built with weight streaming first reads the
+        # weights its budget leaves off the device at this many bytes per second (0: free), a cost per pass that
+        # does not depend on the tokens in it, as a GPU streaming its weights over PCIe pays.
+        self.stream_bytes_per_second = 0.0
 
     def inject_failure(self, call: str, times: int = 1) -> None:
         """Make the next ``times`` calls of ``call`` fail as TensorRT fails.
