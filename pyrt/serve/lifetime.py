@@ -307,8 +307,9 @@ def start_ray(init: Callable[[], T], started: Callable[[], list[Marked]], say: C
     ``Node.__init__``), and the raylet itself gives its dashboard agent a fixed 15 s to write its port files
     (``NodeManager::WaitForDashboardAgentPorts``; it aborts after that, and ``RAY_agent_register_timeout_ms``
     does not reach it: measured). That agent is a Python process that imports every dashboard module, slower
-    than that on 2 cores at load 15+. Ray then raises, and the GCS, agents and reaper it started go on running. Only that error is tried again, and only where processes can be found
-    (``/proc``); any other error, and the last try's, is raised as it is.
+    than that on 2 cores at load 15+. Ray then raises, and the GCS, agents and reaper it started go on
+    running. Only that error is tried again, and only where processes can be found (``/proc``); any other
+    error, and the last try's, is raised as it is.
 
     >>> start_ray(lambda: "up", list, print)
     'up'
