@@ -1,9 +1,11 @@
 """Copies of a method's state rows (:mod:`pyrt.runtime.state_rows`) on the adversarially asynchronous fake GPU.
 
-The fake driver runs queued work only when something waits for it, so each test fails if the copy is not
-queued after the last run's work (it would copy rows that run has not written yet) or if the run after it
-does not wait for it (it would find the rows not copied). ``tests/device/test_ordering_mutants.py`` removes
-each ordering statement of ``state_rows.py`` in turn and expects a failure here. The program: two engines on
+The fake driver runs queued work only when something waits for it, so these tests fail if the copy is not
+queued after the last run's work (it would copy rows that run has not written yet) or if what comes after it
+does not wait for it (it would find the rows not copied). A run queues its work on the pyrt stream the copy
+uses, even for a caller that passes a stream of its own, so that stream already orders the copy after the run:
+``tests/device/test_ordering_mutants.py`` exempts the copy's wait for the last run and expects a failure here
+without the event that orders the next run after the copy. The program: two engines on
 cuda:0, ``y = relu(x) * 2`` each, every value in one cuda:0 arena; the value between them is its state.
 """
 
@@ -62,7 +64,7 @@ def _state_after_the_copies(sim: Any, prog: Program) -> np.ndarray:
 @pytest.mark.parametrize("callers_stream", [False, True], ids=["pyrts-stream", "callers-stream"])
 def test_a_copy_after_a_run_still_queued_copies_the_rows_that_run_writes(sim: Any, chain: Path,
                                                                          callers_stream: bool) -> None:
-    """The run is still queued (on pyrt's stream, or on the caller's, which the copy's stream must wait for)."""
+    """The run is still queued when the copy is asked for (its caller passing no stream, or a stream of its own)."""
     x = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
     with Program(str(chain)) as prog:
         assert prog.state_sizes() == (ROWS,)

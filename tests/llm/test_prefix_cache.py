@@ -30,12 +30,6 @@ def want(prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
     return S.reference(prompt, params, S.convention())
 
 
-def check_memory(loop: CoreLoop, lm: S.StubLM) -> None:
-    """Every slot remembers a prefix of what the stub's cache holds there (none unwritten or stale)."""
-    slots = loop.core.slots
-    for slot in range(slots.size):
-        held = slots.remembered(slot)
-        assert list(lm.cache[slot, :len(held)]) == list(held), slot
 
 
 def run(engine: Engine, prompt: list[int], params: SamplingParams = GREEDY) -> Any:
@@ -68,7 +62,7 @@ def test_a_conversation_prefills_only_its_newest_turn_and_gives_the_same_tokens(
     stats = engine.stats()
     assert (stats["prefix_cache_queries"], stats["prefix_cache_hits"]) == (asked, found) and found > 0
     assert plain.stats()["prefix_cache_queries"] == 0
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_a_prompt_differing_at_position_p_reuses_at_most_p_positions() -> None:
@@ -83,7 +77,7 @@ def test_a_prompt_differing_at_position_p_reuses_at_most_p_positions() -> None:
         run(engine, base)  # the slot holds base again
     assert run(engine, base).cached_tokens == len(base) - 1  # the last prompt token is fed again for its logits
     assert run(engine, base[:3]).cached_tokens == 2
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_a_generation_takes_the_slot_with_the_longest_prefix_and_unrelated_ones_spread() -> None:
@@ -95,7 +89,7 @@ def test_a_generation_takes_the_slot_with_the_longest_prefix_and_unrelated_ones_
     for p in reversed(prompts):
         assert run(engine, [*p, 40]).cached_tokens == len(p)
     assert {loop.core.slots.remembered(s)[:3] for s in range(3)} == {tuple(p[:3]) for p in prompts}
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_pyrt_generate_and_engines_share_the_programs_slot_memory() -> None:
@@ -112,7 +106,7 @@ def test_pyrt_generate_and_engines_share_the_programs_slot_memory() -> None:
     assert off.cached_tokens == 0 and off.tokens == first.tokens
     with pytest.raises(InputError, match="prefix_caching=1 must be a bool"):
         pyrt.generate(loop, SYSTEM, max_new_tokens=4, prefix_caching=1)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_a_cancelled_generation_leaves_its_slot_remembering_what_was_written() -> None:
@@ -126,7 +120,7 @@ def test_a_cancelled_generation_leaves_its_slot_remembering_what_was_written() -
         handle.cancel()
         assert handle.wait(30)
     assert loop.core.slots.remembered(0) == tuple(prompt[:16])
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
     result = run(engine, prompt)
     assert result.cached_tokens == 16 and result.tokens == want(prompt)
 
@@ -157,7 +151,7 @@ def test_a_failed_step_is_not_remembered() -> None:
     assert loop.core.slots.remembered(0) == tuple(prompt[:16])  # the third chunk's call failed
     result = run(engine, prompt)
     assert result.cached_tokens == 16 and result.tokens == want(prompt)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_a_one_sequence_file_reuses_its_one_slot() -> None:
@@ -169,7 +163,7 @@ def test_a_one_sequence_file_reuses_its_one_slot() -> None:
     result = run(engine, [*prompt, 30, 31])
     assert result.cached_tokens == len(prompt) and result.tokens == want([*prompt, 30, 31])
     assert lm.calls[calls] == 2  # the two new prompt tokens, in one call
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_prompt_logprobs_feed_the_whole_prompt_again() -> None:
@@ -186,7 +180,7 @@ def test_prompt_logprobs_feed_the_whole_prompt_again() -> None:
     hit, miss = run(engine, prompt, logged), run(Engine(S.stub(slots=1)[0], prefix_caching=False), prompt, logged)
     assert hit.cached_tokens == len(prompt) - 1 and hit.tokens == miss.tokens
     assert np.allclose([t.logprob for t in hit.logprobs], [t.logprob for t in miss.logprobs], atol=1e-5, rtol=0)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_speculative_decoding_and_penalties_give_the_same_tokens_from_a_cached_prefix() -> None:
@@ -198,7 +192,7 @@ def test_speculative_decoding_and_penalties_give_the_same_tokens_from_a_cached_p
     again = run(engine, [*prompt, *first.tokens, 44], params)
     plain = run(Engine(S.stub(slots=2)[0], draft="ngram", prefix_caching=False), [*prompt, *first.tokens, 44], params)
     assert again.cached_tokens >= len(prompt) and again.tokens == plain.tokens
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_concurrent_generations_of_one_prompt_each_get_their_reference() -> None:
@@ -222,7 +216,7 @@ def test_concurrent_generations_of_one_prompt_each_get_their_reference() -> None
     assert late.wait(30) and long.wait(30) and long.result.cached_tokens == len(SYSTEM) + 2
     assert late.result.cached_tokens == len(SYSTEM) + 1
     assert late.result.tokens == want(SYSTEM + [42, 3]) and long.result.tokens == want(long_prompt, longer)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_the_option_is_checked_once_in_the_config() -> None:
@@ -271,4 +265,4 @@ def test_a_run_the_core_did_not_make_makes_it_forget_every_slot() -> None:
     lm.run(np.array([9, 9]), np.array([slot, slot]), np.array([0, 1]), np.array([1]), np.arange(32))  # a caller's
     result = run(engine, prompt)
     assert result.cached_tokens == 0 and result.tokens == want(prompt)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)

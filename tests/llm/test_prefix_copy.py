@@ -16,7 +16,6 @@ import numpy as np
 
 from pyrt.llm import Engine, SamplingParams
 from pyrt.llm.kv_copy import KvCopier
-from pyrt.llm.stepping import CoreLoop
 from tests.fixtures import stub_llm as S
 
 GREEDY = SamplingParams(max_new_tokens=6, eos_ids=(), logprobs=2)
@@ -32,11 +31,6 @@ def want(prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
     return S.reference(prompt, params, S.convention())
 
 
-def check_memory(loop: CoreLoop, lm: S.StubLM) -> None:
-    slots = loop.core.slots
-    for slot in range(slots.size):
-        held = slots.remembered(slot)
-        assert list(lm.cache[slot, :len(held)]) == list(held), slot
 
 
 def logged(result: Any) -> np.ndarray:
@@ -50,7 +44,7 @@ def at_once(copies: bool, prompts: list[list[int]], params: list[SamplingParams]
         handles = [engine.submit(p, q) for p, q in zip(prompts, params, strict=True)]
     for handle in handles:
         assert handle.wait(30) and handle.error is None, handle.error
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
     return [h.result for h in handles], lm
 
 
@@ -95,7 +89,7 @@ def test_a_user_joining_mid_run_copies_what_the_running_slot_wrote_and_kept() ->
         assert handle.wait(30) and handle.result is not None
         assert handle.result.tokens == want(prompt, long)
     assert late.result.cached_tokens == len(SYSTEM) + 3 and other.result.cached_tokens == len(SYSTEM)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_cancelling_the_generation_a_follower_waits_on_lets_the_follower_prefill_itself() -> None:
@@ -110,7 +104,7 @@ def test_cancelling_the_generation_a_follower_waits_on_lets_the_follower_prefill
     assert lead.wait(30) and lead.result.finish_reason == "cancelled"
     assert follow.wait(30) and follow.result.tokens == want(SYSTEM + [42], GREEDY)
     assert follow.result.cached_tokens == 16
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_a_cancelled_follower_leaves_its_slot_remembering_what_was_copied() -> None:
@@ -126,7 +120,7 @@ def test_a_cancelled_follower_leaves_its_slot_remembering_what_was_copied() -> N
     slot = loop.core.slots
     assert any(len(slot.remembered(s)) == 16 for s in range(slot.size))  # the chunk copied, kept
     assert lead.wait(30) and lead.result.tokens == want(SYSTEM + [41], GREEDY)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
     second = Engine(loop)  # another front end on the program's slots
     again = second.submit(SYSTEM + [42], GREEDY)
     assert again.wait(30) and again.result.tokens == want(SYSTEM + [42], GREEDY)
@@ -146,7 +140,7 @@ def test_a_failed_copy_ends_its_generation_and_is_not_remembered() -> None:
         follow = engine.submit(SYSTEM + [42], GREEDY)
     assert follow.wait(30) and isinstance(follow.error, RuntimeError)
     assert lead.wait(30) and lead.result.tokens == want(SYSTEM + [41], GREEDY)
-    check_memory(loop, lm)
+    S.check_memory(loop, lm)
 
 
 def test_without_exposed_state_nothing_is_copied_and_nobody_waits() -> None:
