@@ -121,13 +121,15 @@ class EngineSummary:
     quantization: QuantSummary | None = None  # to_pte(quantize=...): what the engine's linear layers became
     layers: str = ""  # max_engine_size: the decoder layers this engine holds ("0-3", "4-7+head"; "": no cut)
     weight_bytes: int = 0  # bytes of the weights its partition carried (before quantization)
+    released_bytes: int = 0  # file-backed weight pages (a checkpoint's) dropped from the process after its build
 
     @classmethod
     def of(cls, name: str, record: EngineRecord, spec: EngineSpec, ops: tuple[str, ...], source: str,
            bounded_outputs: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> EngineSummary:
         return cls(name, record.key, record.size, spec.device, spec.flavour, spec.budget, spec.streamable,
                    record.build_seconds, ops, spec.inputs, spec.outputs, source, record.extra.get("route", ""),
-                   bounded_outputs, record.extra.get("quantization"))
+                   bounded_outputs, record.extra.get("quantization"),
+                   released_bytes=record.extra.get("released_bytes", 0))
 
 
 @dataclass(frozen=True)

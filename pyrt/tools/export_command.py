@@ -167,7 +167,8 @@ def _as_json(summary: Any) -> dict[str, Any]:
             "seconds": summary.seconds, "tokenizer": summary.tokenizer,
             "engines": [{"name": e.name, "size": e.size, "flavour": e.flavour, "device": e.device,
                          "streamable_weights": e.streamable_weights, "route": e.route,
-                         "build_seconds": e.build_seconds, "layers": e.layers, "weight_bytes": e.weight_bytes}
+                         "build_seconds": e.build_seconds, "layers": e.layers, "weight_bytes": e.weight_bytes,
+                         "released_bytes": e.released_bytes}
                         for e in summary.engines],
             "grouping": summary.grouping,
             "fallback_ops": summary.fallback_ops, "constant_methods": summary.constant_methods,

@@ -331,6 +331,8 @@ def test_pyrt_export_cuts_a_checkpoint_and_json_says_why(tmp_path: Path, capsys:
     assert data["grouping"] == f"max_engine_size={size / 1024:.1f} KiB asked for"
     assert [e["layers"] for e in data["engines"]] == ["0-1", "2-3+head"] and all(e["weight_bytes"] > 0
                                                                                for e in data["engines"])
+    # each group's checkpoint pages (memory-mapped from the shards) left the process after its build
+    assert all(e["released_bytes"] >= e["weight_bytes"] // 2 for e in data["engines"]), data["engines"]
     with opened(out) as prog:
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
                                                                                                  NEW)

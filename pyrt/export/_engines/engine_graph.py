@@ -23,6 +23,7 @@ from pyrt.export._engines.builders import Builder, BuildFailed, Built, make_buil
 from pyrt.export._engines.dims import size_hint
 from pyrt.export._engines.profiles import symbol_profiles
 from pyrt.export._files.engine_store import EngineStore
+from pyrt.export._files.page_release import release_file_pages
 from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
@@ -339,7 +340,14 @@ def _build_one(builder: Builder, part: Extracted, key: str, store: EngineStore, 
     what = f"building {builder.name} engine ({len(part.nodes)} nodes)"
     with options.progress.task(what if not quiet else f"probing {builder.name} on {part.ops}", stage="build") as task:
         try:
-            built = builder.build(part, key, store, weight_streaming=options.weight_streaming, progress=task.note)
+            try:
+                built = builder.build(part, key, store, weight_streaming=options.weight_streaming,
+                                      progress=task.note)
+            finally:  # its weights are in the engine now (or it failed): their file pages leave the process
+                released = release_file_pages(part.module.buffers())
+            if released:
+                log.info("engine %s: %d MiB of file-backed weight pages released", key, released >> 20)
+            built.record.extra["released_bytes"] = released
             _check_bindings(built, part)
             return built, ""
         except BuildFailed as exc:
