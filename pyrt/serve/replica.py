@@ -47,6 +47,7 @@ from pyrt.serve.llm_models import LlmModels
 from pyrt.serve.metrics import ServeMetrics
 from pyrt.serve.openai_routes import OpenAIRoutes
 from pyrt.serve.protocol import ModelInfo, models_of
+from pyrt.serve.replica_grpc import bind_like_the_node
 from pyrt.serve.server_routes import ServerRoutes
 from pyrt.serve.tokenization import Tokenization
 
@@ -76,6 +77,7 @@ class PyrtReplica:
     """
 
     def __init__(self, cfg: ServeConfig, devices: Devices | None = None) -> None:
+        bind_like_the_node()  # before Serve starts this replica's gRPC server: on a loopback node, loopback only
         self.cfg = cfg
         with PteFile.open(cfg.path) as pte:
             self.models: dict[str, ModelInfo] = models_of(pte, cfg.name)
