@@ -1,0 +1,140 @@
+"""Layer-group engines: the runtime's own cost per extra engine per decode step (issue 43 item 6, goal <= 50 us).
+
+One random Llama of ``--layers`` layers (hidden 64, ``archs.causal_lm``), exported with reference engines twice:
+as one engine and cut into one engine per layer (``max_engine_size`` a little over one layer's weights; the head
+a group of its own), so the two files differ only in the number of engines (``layers + 1`` against 1). Each is
+loaded on one simulated GPU and decodes ``--new-tokens`` greedy tokens of one prompt with ``pyrt.generate``;
+the per-step time is the median over ``--samples`` calls of (call time - prefill) / decode steps, alternating the
+files. The difference over the extra engines is what each engine costs a decode step, split by ``cProfile`` into
+the simulated GPU's own work (``pyrt/sim``: the fake TensorRT and CUDA computing the engine's results on the CPU)
+and the rest: pyrt's runtime around the engines (bindings, launches, events, the plan's steps). Threads pinned to 1.
+
+    python benchmarks/bench_group_step.py [--layers 16] [--new-tokens 48] [--samples 9] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import _common  # noqa: E402
+
+sys.path.insert(0, str(_common.ROOT))
+SEQ = 64
+PROMPT = [5, 6, 7, 8, 9]
+
+
+def export(folder: Path, layers: int) -> tuple[Path, Path]:
+    import torch
+
+    from pyrt.export import decoder_to_pte
+    from pyrt.export._graph.layer_groups import EngineSizeWarning
+    from pyrt.testing import archs
+
+    torch.set_num_threads(1)
+    model = archs.causal_lm("llama", layers=layers)
+    layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    one, many = folder / "one.pte", folder / "groups.pte"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineSizeWarning)
+        decoder_to_pte(model, one, max_seq_len=SEQ, builder="reference", route="pyrt", progress=False,
+                       max_engine_size=1 << 40)
+        decoder_to_pte(model, many, max_seq_len=SEQ, builder="reference", route="pyrt", progress=False,
+                       max_engine_size=layer + layer // 4)
+    return one, many
+
+
+def step_times(prog: object, new_tokens: int, samples: int) -> list[float]:
+    """Per decode step seconds of each sample (prefill taken out with its measured TTFT)."""
+    import pyrt
+
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        result = pyrt.generate(prog, PROMPT, max_new_tokens=new_tokens, eos_ids=[])
+        total = time.perf_counter() - t0
+        out.append((total - result.timings.ttft_ms / 1e3) / (new_tokens - 1))
+    return out
+
+
+def sim_share(prog: object, new_tokens: int) -> float:
+    """The share of a generate call's time spent in ``pyrt/sim`` (its functions' own time, cProfile)."""
+    import pyrt
+
+    profile = cProfile.Profile()
+    profile.runcall(pyrt.generate, prog, PROMPT, max_new_tokens=new_tokens, eos_ids=[])
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values())
+    sim = sum(v[2] for (file, _, _), v in stats.items() if f"{os.sep}pyrt{os.sep}sim{os.sep}" in file)
+    return sim / total if total else 0.0
+
+
+def engines_of(path: Path) -> int:
+    from pyrt.pte_reader import PteFile
+
+    plan = PteFile.open(path).program.method("forward")
+    return sum(type(i).__name__ == "DelegateCall" for c in plan.chains for i in c.instructions)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--samples", type=int, default=9)
+    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
+    args = ap.parse_args()
+
+    import pyrt
+    from pyrt.sim import simulated_gpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = export(Path(tmp), args.layers)
+        counts = [engines_of(p) for p in paths]
+        times: dict[Path, list[float]] = {p: [] for p in paths}
+        shares = {}
+        with simulated_gpus(1):
+            progs = {p: pyrt.Program(p) for p in paths}
+            for p in paths:  # warm: first-use imports and allocations out of the timing
+                step_times(progs[p], 4, 1)
+            for _ in range(args.samples):  # alternating the files
+                for p in paths:
+                    times[p] += step_times(progs[p], args.new_tokens, 1)
+            for p in paths:
+                shares[p] = sim_share(progs[p], args.new_tokens)
+            for prog in progs.values():
+                prog.close()
+    one, many = (statistics.median(times[p]) for p in paths)
+    extra = counts[1] - counts[0]
+    per_engine = (many - one) / extra
+    sim_part = (many * shares[paths[1]] - one * shares[paths[0]]) / extra
+    own = per_engine - sim_part
+    head = ["file", "engines", "decode step (median)", "of it in pyrt/sim"]
+    body = [[name, str(n), f"{t * 1e6:,.1f} us", f"{shares[p] * 100:.0f}%"]
+            for name, n, t, p in (("one engine", counts[0], one, paths[0]),
+                                  ("one engine per layer", counts[1], many, paths[1]))]
+    text = (f"Command: `{_common.command_line()}` ({_common.machine()}; a {args.layers}-layer random Llama, hidden "
+            f"64, reference engines, one simulated GPU, {args.new_tokens} greedy tokens of a {len(PROMPT)}-token "
+            f"prompt, medians of {args.samples} alternating calls, threads pinned to 1)\n\n"
+            + _common.markdown_table(head, body)
+            + f"\n\nPer extra engine per decode step: {per_engine * 1e6:.1f} us in all, of which {sim_part * 1e6:.1f}"
+            f" us the simulated GPU's own work and **{own * 1e6:.1f} us pyrt's runtime** around the engine "
+            f"(goal <= 50 us: {'met' if own <= 50e-6 else 'NOT met'}).\n")
+    print(text)
+    if not args.no_write:
+        _common.write_results("bench_group_step", "Layer-group engines: cost per extra engine per decode step",
+                              text)
+
+
+if __name__ == "__main__":
+    main()
