@@ -46,7 +46,7 @@ CONFIGS = ("24x1024", "48x1024", "24x2048")  # layers x hidden
 ROUTES = ("pyrt", "floor", "groups")
 DEFAULT_ROUTES = ("pyrt", "floor")
 DEFAULT_ENGINE_SIZE = "64MiB"
-EXPORT_ARGS = ["--builder", "tensorrt_rtx", "--weight-streaming", "--max-seq-len", "1024", "--max-batch-size", "4"]
+EXPORT_ARGS = ["--weight-streaming", "--max-seq-len", "1024", "--max-batch-size", "4"]
 SHARD = "2GB"
 
 
@@ -56,22 +56,74 @@ def _pin() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
+SHAPES = {"7b": (32, 4096, 11008, 32, 32)}  # named shapes: layers, hidden, MLP, heads, KV heads (Llama-2-7B's)
+
+
+def shape(config: str) -> tuple[int, int, int, int, int]:
+    """(layers, hidden, MLP, heads, KV heads) of ``config``: a name of :data:`SHAPES`, or ``LAYERSxHIDDEN`` (MLP 4x
+    hidden, 16 heads, 4 KV heads)."""
+    if config in SHAPES:
+        return SHAPES[config]
+    layers, hidden = (int(x) for x in config.split("x"))
+    return layers, hidden, 4 * hidden, 16, 4
+
+
 def child_checkpoint(config: str, out: str) -> dict:
-    """Save a random float16 Llama of ``config`` as a sharded checkpoint (its own process: its memory goes)."""
+    """Save a random float16 Llama of ``config`` as a sharded checkpoint (its own process: its memory goes).
+
+    Named shapes (7B) are written shard by shard, each tensor drawn (normal, std 0.02) as its shard is written, so
+    no more than one shard is ever in memory; the others are ``save_pretrained`` of a random-init model."""
     import torch
     import transformers as tf
 
-    layers, hidden = (int(x) for x in config.split("x"))
-    cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
-                         bos_token_id=1, eos_token_id=2)
+    layers, hidden, mlp, heads, kv = shape(config)
+    cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
+                         bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.float16)
-    model = tf.LlamaForCausalLM(cfg)
-    model.save_pretrained(out, max_shard_size=SHARD)
-    params = sum(p.numel() for p in model.parameters())
+    if config in SHAPES:
+        params = _write_shards(cfg, Path(out))
+    else:
+        torch.set_default_dtype(torch.float16)
+        model = tf.LlamaForCausalLM(cfg)
+        model.save_pretrained(out, max_shard_size=SHARD)
+        params = sum(p.numel() for p in model.parameters())
     return {"params": params, "bytes": sum(f.stat().st_size for f in Path(out).glob("*.safetensors")),
             "shards": len(list(Path(out).glob("*.safetensors")))}
+
+
+def _write_shards(cfg: object, out: Path, shard_bytes: int = 2 * 10**9) -> int:
+    """A checkpoint of ``cfg`` written one shard at a time (safetensors + its index); returns the parameters."""
+    import torch
+    import transformers as tf
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        names = [(n, tuple(t.shape)) for n, t in tf.LlamaForCausalLM(cfg).state_dict().items()]
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, dims in names:
+        nbytes = 2 * int(torch.Size(dims).numel())
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, dims))
+        size += nbytes
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(out)  # type: ignore[attr-defined]
+    weight_map, total = {}, 0
+    for k, members in enumerate(shards, 1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {n: (torch.randn(d, dtype=torch.float32) * 0.02).to(torch.float16) if not n.endswith("norm.weight")
+                   else torch.ones(d, dtype=torch.float16) for n, d in members}
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        for n, t in tensors.items():
+            weight_map[n] = file
+            total += t.numel()
+        del tensors
+    index = {"metadata": {"total_size": 2 * total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
 
 
 class AnonPeak:
@@ -122,10 +174,9 @@ def _anon_bytes(pid: int) -> int:
     return 0
 
 
-def child_pyrt(ckpt: str, out: str, engine_size: str | None = None) -> dict:
+def child_pyrt(ckpt: str, out: str, engine_size: str | None = None, builder: str = "tensorrt_rtx") -> dict:
     import executorch.exir  # noqa: F401  (what export imports lazily, loaded before the base)
     import onnxscript  # noqa: F401
-    import tensorrt_rtx
     import torch
     import transformers  # noqa: F401
 
@@ -134,7 +185,10 @@ def child_pyrt(ckpt: str, out: str, engine_size: str | None = None) -> dict:
     from pyrt.tools.cli import main
 
     torch.set_num_threads(1)
-    tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base
+    if builder == "tensorrt_rtx":
+        import tensorrt_rtx
+
+        tensorrt_rtx.Builder(shared_logger(tensorrt_rtx))  # loads TensorRT-RTX's libraries before the base
     builds = _BuildTimes()
     logging.getLogger("pyrt.export").addHandler(builds)
     logging.getLogger("pyrt.export").setLevel(logging.INFO)
@@ -144,7 +198,8 @@ def child_pyrt(ckpt: str, out: str, engine_size: str | None = None) -> dict:
     summary = Path(out).with_suffix(".json")
     sized = [] if engine_size is None else ["--max-engine-size", engine_size]
     with open(summary, "w") as fh, _stdout_to(fh), AnonPeak() as anon:
-        status = main(["export", ckpt, "-o", out, *EXPORT_ARGS, *sized, "--no-progress", "--json"])
+        status = main(["export", ckpt, "-o", out, "--builder", builder, *EXPORT_ARGS, *sized, "--no-progress",
+                       "--json"])
     wall = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"pyrt export exited {status}")
@@ -253,7 +308,7 @@ def stages_table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
-def _run(config: str, routes: list[str], tmp: Path, engine_size: str) -> list[dict]:
+def _run(config: str, routes: list[str], tmp: Path, engine_size: str, builder: str) -> list[dict]:
     ckpt = tmp / f"llama-{config}"
     made = run_json([sys.executable, __file__, "--child", "checkpoint", "--config", config, "--out", str(ckpt)],
                     f"checkpoint {config}")
@@ -261,7 +316,7 @@ def _run(config: str, routes: list[str], tmp: Path, engine_size: str) -> list[di
     for route in routes:
         out = tmp / f"{config}-{route}.pte"
         row = run_json([sys.executable, __file__, "--child", route, "--ckpt", str(ckpt), "--out", str(out),
-                        "--max-engine-size", engine_size], f"{route} {config}")
+                        "--max-engine-size", engine_size, "--builder", builder], f"{route} {config}")
         rows.append({"config": config, "params": made["params"], "ckpt_bytes": made["bytes"], **row})
         print(json.dumps(rows[-1]), flush=True)
         for leftover in (out, out.with_suffix(".json"), out.with_suffix(".tokenizer")):
@@ -272,10 +327,14 @@ def _run(config: str, routes: list[str], tmp: Path, engine_size: str) -> list[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="LAYERSxHIDDEN, e.g. 24x1024")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
+                        help="LAYERSxHIDDEN, e.g. 24x1024, or 7b (Llama-2-7B's shape)")
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(DEFAULT_ROUTES))
     parser.add_argument("--max-engine-size", default=DEFAULT_ENGINE_SIZE, metavar="SIZE",
                         help=f"the groups route's --max-engine-size (default {DEFAULT_ENGINE_SIZE})")
+    parser.add_argument("--builder", default="tensorrt_rtx", choices=("tensorrt_rtx", "reference"),
+                        help="pyrt export's --builder on the pyrt and groups routes (default tensorrt_rtx; reference: "
+                        "pyrt's own engines, where TensorRT-RTX's build time is out of reach)")
     parser.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=("checkpoint", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -285,22 +344,24 @@ def main() -> None:
     if args.child:
         _pin()
         result = (child_checkpoint(args.config, args.out) if args.child == "checkpoint"
-                  else child_pyrt(args.ckpt, args.out) if args.child == "pyrt"
-                  else child_pyrt(args.ckpt, args.out, args.max_engine_size) if args.child == "groups"
+                  else child_pyrt(args.ckpt, args.out, None, args.builder) if args.child == "pyrt"
+                  else child_pyrt(args.ckpt, args.out, args.max_engine_size, args.builder) if args.child == "groups"
                   else child_floor(args.ckpt, args.out))
         print(json.dumps(result))
         return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-llm-export-", dir=os.environ.get("BENCH_TMP")) as tmp:
         for config in args.configs:
-            rows.extend(_run(config, args.routes, Path(tmp), args.max_engine_size))
+            rows.extend(_run(config, args.routes, Path(tmp), args.max_engine_size, args.builder))
     flags = "" if args.configs == list(CONFIGS) else f" --configs {' '.join(args.configs)}"
     flags += "" if args.routes == list(DEFAULT_ROUTES) else f" --routes {' '.join(args.routes)}"
     flags += f" --max-engine-size {args.max_engine_size}" if "groups" in args.routes else ""
+    flags += f" --builder {args.builder}" if args.builder != "tensorrt_rtx" else ""
     text = (f"### LLM export from a sharded checkpoint: `pyrt export` vs TensorRT-RTX alone\n\n"
             f"Command: `PYTHONPATH=$PWD python benchmarks/bench_llm_export.py{flags}` (x86_64, {os.cpu_count()} CPUs; "
             f"{time.strftime('%Y-%m-%d')}; each route one fresh process pinned to one CPU and one thread; random "
-            "float16 Llamas, vocabulary 32,000, 16 heads, 4 KV heads, MLP 4x hidden, saved in 2 GB shards; pyrt: "
+            "float16 Llamas, vocabulary 32,000, 16 heads, 4 KV heads, MLP 4x hidden (7b: Llama-2-7B's shape), saved in "
+            "2 GB shards; pyrt: "
             f"`pyrt export CKPT -o m.pte {' '.join(EXPORT_ARGS)}`). Base = RSS with everything imported, before a "
             "weight is read; growth = `ru_maxrss` - base; \"beyond the checkpoint\" = growth less the checkpoint's "
             "bytes (its pages are in RSS once read, on both routes).\n\n" + table(rows)
