@@ -81,5 +81,5 @@ def test_read_only_shared_maps_are_released(tmp_path: Path) -> None:
 
 def test_anonymous_memory_is_left_alone() -> None:
     tensor = torch.arange(PAGES * mmap.PAGESIZE // 4, dtype=torch.float32)
-    assert release_file_pages([tensor, tensor[::2], torch.empty(0)]) == 0
+    assert release_file_pages([tensor, tensor[::2], torch.empty(0), object()]) == 0
     np.testing.assert_array_equal(tensor.numpy(), np.arange(tensor.numel(), dtype=np.float32))

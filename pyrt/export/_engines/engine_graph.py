@@ -69,6 +69,7 @@ def stage_engines(model: Any, example_inputs: Any, options: ExportOptions, store
     profiles = None if options.profiles is None else symbol_profiles(program, options.profiles)
     builder = make_builder(options.flavour, options.quantize, profiles)
     program, gm, forced = prepare_graph(program, options.forced_fallback, options.progress)
+    _release_weights(program)
     engines, reasons = _partition_and_build(gm, builder, options, store, forced,
                                             gm.meta.get("mutable_buffers", frozenset()))
     return gm, _example_args(program, example_inputs), engines, program, reasons
@@ -82,6 +83,14 @@ def _program(model: Any, example_inputs: Any, options: ExportOptions) -> torch.e
         raise ExportError(f"to_pte needs an nn.Module or an ExportedProgram, got {type(model).__name__}")
     with options.progress.task("exporting with torch.export", stage="export"):
         return _export(model, example_inputs, options.dynamic_shapes)
+
+
+def _release_weights(program: torch.export.ExportedProgram) -> None:
+    """torch.export may have read every weight (a 7B checkpoint's 13 GB of mapped pages were all resident after
+    it): their file pages leave the process before the first build, which reads back only its own group's."""
+    released = release_file_pages([*program.state_dict.values(), *program.constants.values()])
+    if released:
+        log.info("%d MiB of file-backed weight pages released before the engine builds", released >> 20)
 
 
 def _keeps_its_engines(options: ExportOptions) -> None:

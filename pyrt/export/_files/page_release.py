@@ -58,8 +58,9 @@ def file_spans(maps: str = "/proc/self/maps") -> list[FileSpan]:
     return spans
 
 
-def release_file_pages(tensors: Iterable[torch.Tensor]) -> int:
-    """Drop the pages of ``tensors`` that are a file's own (see the module); returns the bytes released.
+def release_file_pages(tensors: Iterable[object]) -> int:
+    """Drop the pages of ``tensors`` that are a file's own (see the module); returns the bytes advised away
+    (whatever of them was resident; anything that is not a CPU tensor is skipped).
 
     A page a tensor shares with a neighbour is released too: it comes back from the file when touched.
     """
@@ -84,10 +85,10 @@ def release_file_pages(tensors: Iterable[torch.Tensor]) -> int:
     return released
 
 
-def _extents(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+def _extents(tensors: Iterable[object]) -> list[tuple[int, int]]:
     out = []
     for t in tensors:
-        if t.device.type != "cpu" or t.numel() == 0:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.numel() == 0:
             continue
         if t.is_contiguous():
             out.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
