@@ -21,6 +21,7 @@ import torch
 
 from pyrt.errors import CheckpointError
 from pyrt.export._checkpoint.directory import CONFIG, INDEX, SINGLE, CheckpointFiles
+from pyrt.export._files.page_release import file_spans
 
 log = logging.getLogger("pyrt.export")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -129,11 +130,9 @@ def _no_transformers_bar() -> Iterator[None]:
 def mapped_bytes(model: Any, files: CheckpointFiles) -> tuple[int, int] | None:
     """(parameter bytes mapped from the shards, all parameter bytes); None where ``/proc/self/maps`` is absent."""
     shards = {str(Path(s.path).resolve()) for s in files.shards}
-    try:
-        with open("/proc/self/maps") as fh:
-            spans = [_span(line) for line in fh if line.rstrip().split(" ")[-1] in shards]
-    except OSError:
+    if not Path("/proc/self/maps").exists():
         return None
+    spans = [(s.start, s.end) for s in file_spans() if s.path in shards]
     total = mapped = 0
     seen: set[int] = set()
     for p in model.parameters():
@@ -144,8 +143,3 @@ def mapped_bytes(model: Any, files: CheckpointFiles) -> tuple[int, int] | None:
         if any(lo <= p.data_ptr() < hi for lo, hi in spans):
             mapped += p.nbytes
     return mapped, total
-
-
-def _span(line: str) -> tuple[int, int]:
-    lo, hi = line.split(" ", 1)[0].split("-")
-    return int(lo, 16), int(hi, 16)

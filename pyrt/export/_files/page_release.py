@@ -34,11 +34,12 @@ _PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61  # /proc/PID/pagemap entry
 
 @dataclass(frozen=True)
 class FileSpan:
-    """One file mapping of this process: ``[start, end)``, and whether it is private (copy-on-write)."""
+    """One file mapping of this process: ``[start, end)``, whether it is private (copy-on-write), the file."""
 
     start: int
     end: int
     private: bool
+    path: str
 
 
 def file_spans(maps: str = "/proc/self/maps") -> list[FileSpan]:
@@ -52,7 +53,7 @@ def file_spans(maps: str = "/proc/self/maps") -> list[FileSpan]:
                 if len(fields) < 6 or not fields[5].startswith("/"):
                     continue
                 lo, hi = fields[0].split("-")
-                spans.append(FileSpan(int(lo, 16), int(hi, 16), fields[1].endswith("p")))
+                spans.append(FileSpan(int(lo, 16), int(hi, 16), fields[1].endswith("p"), fields[5].rstrip("\n")))
     except OSError:
         return []
     return spans
