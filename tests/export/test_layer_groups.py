@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,12 +151,16 @@ def _plan(path: Path) -> tuple[list[list[int]], list[tuple[str, list[int]]], Any
     return delegates, copies, plan
 
 
-def check_state_and_hidden_stay_on_device(path: Path, groups: list[str], layers: int = LAYERS) -> None:
-    """No host round trip between the groups: every host -> device copy reads a method input and every device ->
-    host copy writes a method output; each KV-cache buffer (a ``copy_`` write-back's destination) is read by one
-    delegate only: its group's (``groups``: each delegate's layers)."""
+def check_state_and_hidden_stay_on_device(path: Path, groups: list[str], layers: int = LAYERS,
+                                         devices: int = 1) -> None:
+    """No host round trip between the groups: every host -> device copy reads a method input, once per device the
+    groups use (not once per group), and every device -> host copy writes a method output; each KV-cache buffer
+    (a ``copy_`` write-back's destination) is read by one delegate only: its group's (``groups``: each delegate's
+    layers)."""
     delegates, copies, plan = _plan(path)
     assert len(delegates) == len(groups)
+    copied = Counter(args[0] for name, args in copies if name == "et_copy::_h2d_copy")
+    assert copied and max(copied.values()) <= devices, copied
     for name, args in copies:
         if name == "et_copy::_h2d_copy":
             assert args[0] in plan.inputs, (name, args)
@@ -310,7 +315,7 @@ def test_groups_spread_over_two_gpus_in_order_and_give_transformers_tokens(tmp_p
              for d in PteFile.open(path).program.method("forward").delegates]
     assert [s["target_device"] for s in specs] == devices
     # the hidden state crosses the GPUs device to device (the runtime's peer copy), not through the host
-    check_state_and_hidden_stay_on_device(path, [e.layers for e in summary.engines])
+    check_state_and_hidden_stay_on_device(path, [e.layers for e in summary.engines], devices=2)
     with simulated_gpus(2), pyrt.Program(path) as prog:
         assert pyrt.generate(prog, PROMPT, max_new_tokens=NEW, eos_ids=[]).tokens == archs.greedy(_model(), PROMPT,
                                                                                                  NEW)

@@ -15,6 +15,10 @@ device, and writes the engine's output back directly. Memory planning then place
 the buffer in that device's arena, and the write-back is a device-to-device
 ``aten::copy_``.
 
+The same pass keeps one host -> device copy per host value and device
+(:func:`share_host_copies`): ExecuTorch copies a host input once for each delegate
+that reads it, which for a decoder cut into layer groups is once per group and step.
+
 Every written-back buffer is also marked ``et_init_buffer``, so its initial value
 (the registered buffer's, zeros for a fresh cache) is stored in the file's mutable
 data and loaded with the program: without it ExecuTorch leaves the memory
@@ -47,6 +51,7 @@ class StateOnDevice:
     def __call__(self, gm: fx.GraphModule) -> Any:
         self.moved.extend(move_state_to_device(gm))
         skip_host_hops(gm)
+        share_host_copies(gm)
         return self.then(gm)
 
 
@@ -104,6 +109,34 @@ def skip_host_hops(gm: fx.GraphModule) -> int:
         gm.recompile()
         log.info("%d value(s) go from delegate to delegate across GPUs without a host copy", hops)
     return hops
+
+
+def share_host_copies(gm: fx.GraphModule) -> int:
+    """One host -> device copy per host value and device: ExecuTorch copies a host value once for each delegate
+    that reads it, so a decoder cut into layer groups copied its positions once per group and step; the later
+    copies are dropped and their readers read the first. A value something writes in place (a written-back
+    buffer) keeps every copy: a later one may read what the write left. Returns how many copies went."""
+    h2d, _ = _copy_ops()
+    first: dict[tuple[fx.Node, Any], fx.Node] = {}
+    shared = 0
+    for node in [n for n in gm.graph.nodes if n.op == "call_function" and n.target == h2d]:
+        source, device = node.args[0], _device(node)
+        if not isinstance(source, fx.Node) or device is None or _written_in_place(source):
+            continue
+        kept = first.setdefault((source, device), node)
+        if kept is node:
+            continue
+        node.replace_all_uses_with(kept)
+        gm.graph.erase_node(node)
+        shared += 1
+    if shared:
+        gm.recompile()
+        log.info("%d host -> device copies shared with an earlier copy of the same value", shared)
+    return shared
+
+
+def _written_in_place(node: fx.Node) -> bool:
+    return any(u.op == "call_function" and _is_copy_(u.target) and u.args[0] is node for u in node.users)
 
 
 def _copy_ops() -> tuple[Any, Any]:
