@@ -89,6 +89,11 @@ class TensorRTEngine:
         self._applied_budget: int | None = None
         self._budget_source: str | None = None
         self._shapes_set = False
+        # what the last calls settled, so a run whose shapes repeat (every decode step) does not redo it:
+        # the (shape, dtype) of each input check_inputs accepted; the input shapes set on the context, with the
+        # output shapes TensorRT inferred from them (valid while _shapes_set)
+        self._checked: tuple[tuple[tuple[int, ...], str], ...] | None = None
+        self._inferred: tuple[tuple[tuple[int, ...], ...], list[tuple[int, ...]]] | None = None
         self._bound: list[int] = []  # addresses bound on the current context, in name order
         self._allocators = output_allocator.OutputAllocators(self.name)  # data-dependent outputs, per context
         self.scratch: scratch_mod.SharedScratch | None = None  # contexts use its memory (USER_MANAGED)
@@ -248,6 +253,7 @@ class TensorRTEngine:
                 applied = self._set_budget(min(budget, streamable), retry_with_zero=False)
         elif budget is not None:
             _log.warning("%s: %s budget %d ignored: the engine has no streamable weights", self.name, source, budget)
+        self._inferred = None
         context = self._create_context()
         if context is None:
             raise EngineError(f"{self.name}: could not create an execution context on device {self.device} "
@@ -322,6 +328,9 @@ class TensorRTEngine:
     # -- shapes ------------------------------------------------------------------------
     def check_inputs(self, shapes_dtypes: Sequence[tuple[Sequence[int], str]]) -> None:
         """InputError naming the binding unless each (shape, dtype) fits its input."""
+        key = tuple((tuple(shape), dtype) for shape, dtype in shapes_dtypes)
+        if key == self._checked:  # the same as the last accepted: the same verdict and profile
+            return
         if len(shapes_dtypes) != len(self._inputs):
             raise InputError(f"{self.name}: expected {len(self._inputs)} inputs {self.input_names}, "
                              f"got {len(shapes_dtypes)}")
@@ -338,14 +347,22 @@ class TensorRTEngine:
         if any(len(spec.profiles) > 1 for spec in self._inputs):
             self._wanted_profile = profiles_mod.pick_profile(self.name, self.profiles, {
                 spec.name: tuple(s) for spec, (s, _) in zip(self._inputs, shapes_dtypes, strict=True)})
+        self._checked = key
 
     def infer_output_shapes(self, input_shapes: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-        """Set the input shapes; return every output's shape, in ``output_names`` order."""
+        """Set the input shapes; return every output's shape, in ``output_names`` order.
+
+        Shapes the context already holds (the last call's, on the same context and profile) are not set again.
+        """
         context = self._ready()
+        key = tuple(tuple(shape) for shape in input_shapes)
+        if self._shapes_set and self._inferred is not None and self._inferred[0] == key:
+            return list(self._inferred[1])
         if len(input_shapes) != len(self._inputs):
             raise InputError(f"{self.name}: expected {len(self._inputs)} input shapes, got {len(input_shapes)}")
         self._cuda.set_device(self.device)
         self._shapes_set = False
+        self._inferred = None
         for spec, shape in zip(self._inputs, input_shapes, strict=True):
             self._set_shape(spec.name, tuple(shape))
         try:
@@ -358,7 +375,8 @@ class TensorRTEngine:
         self._allocators.ensure(self._trt, context, [n for n, s in zip(self.output_names, shapes, strict=True)
                                                      if min(s, default=0) < 0])
         self._shapes_set = True
-        return shapes
+        self._inferred = (key, shapes)
+        return list(shapes)
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         if not self._context.set_input_shape(name, shape):

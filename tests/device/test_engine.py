@@ -457,6 +457,40 @@ def test_addresses_are_bound_once_per_context_until_they_change(sim) -> None:
         _check(LINEAR, [got], [x], 1e-5)
 
 
+def test_input_shapes_are_set_once_per_context_and_profile_until_they_change(sim) -> None:
+    """A run whose shapes repeat the last (every decode step) neither re-checks nor re-sets them; new shapes, a
+    new context and a profile switch (which drops the shapes in TensorRT) set them again."""
+    from pyrt.sim.refengine import RefProfile
+
+    calls = sim.tensorrt.calls
+    ref = RefEngine([RefTensor("x", "float32", (-1, 4), (1, 4), (8, 4))], [RefTensor("y", "float32", (-1, 4))],
+                    nodes=[RefNode("aten::relu", [Ref("x")], {}, ["y"])],
+                    profiles=[RefProfile({"x": ((1, 4), (1, 4), (1, 4))}), RefProfile({"x": ((2, 4), (4, 4), (8, 4))})])
+    bindings = [IOBinding("x", "float32", (-1, 4), True), IOBinding("y", "float32", (-1, 4), False)]
+    with TensorRTEngine.load(memoryview(ref.to_bytes()), device=0, io_bindings=bindings) as engine, \
+            sim.cuda.stream(0) as stream:
+        engine.configure(None, "automatic")
+
+        def prepare(rows: int) -> list[tuple[int, ...]]:
+            engine.check_inputs([((rows, 4), "float32")])
+            engine.use_profile(stream.handle)
+            return engine.infer_output_shapes([(rows, 4)])
+
+        assert [prepare(3) for _ in range(3)] == [[(3, 4)]] * 3
+        assert calls["set_input_shape"] == 1
+        assert prepare(5) == [(5, 4)] and calls["set_input_shape"] == 2  # new shapes, same profile
+        assert prepare(1) == [(1, 4)] and prepare(1) == [(1, 4)]  # profile 0: shapes set once
+        assert calls["set_input_shape"] == 3
+        assert prepare(5) == [(5, 4)]  # back to profile 1: TensorRT dropped its shapes with the switch
+        assert calls["set_input_shape"] == 4
+        engine.configure(None, "automatic")  # a new context holds no shapes
+        assert prepare(5) == [(5, 4)] and calls["set_input_shape"] == 5
+        with pytest.raises(InputError, match="fit none of the engine.s optimization profiles"):
+            engine.check_inputs([((9, 4), "float32")])
+        with pytest.raises(InputError, match="must be float32"):
+            engine.check_inputs([((5, 4), "float16")])  # the dtype is part of what was accepted
+
+
 def test_engines_on_two_devices_run_where_they_live(sim) -> None:
     with _load(LINEAR, device=0) as e0, _load(LINEAR, device=1) as e1:
         x = RNG.standard_normal((4, HIDDEN)).astype(np.float32)
