@@ -203,6 +203,9 @@ def _head_gives_logits(model: Any) -> bool:
 
     Checked on the model itself, eagerly, with a plain causal mask: where a family post-processes its
     logits, the head runs over every token and the rows are picked afterwards (always right, more work).
+    The check runs on the first decoder layer alone (:func:`_first_layer_only`; what follows the base model
+    does not depend on its depth), so it reads one layer's weights and the head, not the whole checkpoint;
+    a family that does not run so shortened is checked whole.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", None)
@@ -210,13 +213,46 @@ def _head_gives_logits(model: Any) -> bool:
         return False
     vocab = int(text_config(model).vocab_size)
     ids = torch.arange(3, device=next(model.parameters()).device)[None, :] % vocab
-    try:
+
+    def same() -> bool:
         with torch.no_grad():
             full = model(input_ids=ids, use_cache=False).logits
             mine = head(base(input_ids=ids, use_cache=False).last_hidden_state)
+        return bool(full.shape == mine.shape and torch.equal(full, mine))
+
+    with contextlib.suppress(Exception), _first_layer_only(model, base) as shortened:
+        if shortened:
+            return same()
+    try:
+        return same()
     except Exception:  # a family whose pieces do not run apart: the whole model it is
         return False
-    return bool(full.shape == mine.shape and torch.equal(full, mine))
+
+
+@contextlib.contextmanager
+def _first_layer_only(model: Any, base: Any) -> Iterator[bool]:
+    """Within: ``base``'s decoder layers cut to the first (its config says one layer); yields False, changing
+    nothing, when no module list of ``num_hidden_layers`` layers is found. Restored on the way out."""
+    config = text_config(model)
+    count = getattr(config, "num_hidden_layers", None)
+    found = [(name, child) for name, child in base.named_children()
+             if isinstance(child, torch.nn.ModuleList) and len(child) == count]
+    if not isinstance(count, int) or count < 2 or len(found) != 1:
+        yield False
+        return
+    name, layers = found[0]
+    types = getattr(config, "layer_types", None)
+    setattr(base, name, torch.nn.ModuleList(layers[:1]))
+    config.num_hidden_layers = 1
+    if isinstance(types, list):
+        config.layer_types = types[:1]
+    try:
+        yield True
+    finally:
+        setattr(base, name, layers)
+        config.num_hidden_layers = count
+        if isinstance(types, list):
+            config.layer_types = types
 
 
 def wrap(model: Any, max_seq_len: int, max_batch_size: int, tree: bool = True) -> torch.nn.Module:
