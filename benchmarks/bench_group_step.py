@@ -6,8 +6,9 @@ a group of its own), so the two files differ only in the number of engines (``la
 loaded on one simulated GPU and decodes ``--new-tokens`` greedy tokens of one prompt with ``pyrt.generate``;
 the per-step time is the median over ``--samples`` calls of (call time - prefill) / decode steps, alternating the
 files. The difference over the extra engines is what each engine costs a decode step, split by ``cProfile`` into
-the simulated GPU's own work (``pyrt/sim``: the fake TensorRT and CUDA computing the engine's results on the CPU)
-and the rest: pyrt's runtime around the engines (bindings, launches, events, the plan's steps). Threads pinned to 1.
+the simulated GPU's own work (``pyrt/sim``: the fake TensorRT and CUDA computing the engine's results on the CPU,
+with the torch and numpy calls it makes) and the rest: pyrt's runtime around the engines (bindings, launches,
+events, the plan's steps). Threads pinned to 1.
 
     python benchmarks/bench_group_step.py [--layers 16] [--new-tokens 48] [--samples 9] [--no-write]
 """
@@ -24,6 +25,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
@@ -69,15 +71,52 @@ def step_times(prog: object, new_tokens: int, samples: int) -> list[float]:
 
 
 def sim_share(prog: object, new_tokens: int) -> float:
-    """The share of a generate call's time spent in ``pyrt/sim`` (its functions' own time, cProfile)."""
+    """The share of a generate call's time that is the simulated GPU's work (cProfile).
+
+    Own time of functions in ``pyrt/sim`` counts as the GPU's, and so does the own time of what they call outside
+    pyrt (torch operators, numpy, builtins computing an engine's results): a function outside pyrt is charged to
+    its callers in proportion to the time each spent in it, up the call graph to the first pyrt function.
+    """
     import pyrt
 
     profile = cProfile.Profile()
     profile.runcall(pyrt.generate, prog, PROMPT, max_new_tokens=new_tokens, eos_ids=[])
-    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    total = sum(v[2] for v in stats.values())
-    sim = sum(v[2] for (file, _, _), v in stats.items() if f"{os.sep}pyrt{os.sep}sim{os.sep}" in file)
+    sim, total = _sim_time(pstats.Stats(profile).stats)  # type: ignore[attr-defined]
     return sim / total if total else 0.0
+
+
+def _owner(file: str) -> str | None:
+    if f"{os.sep}pyrt{os.sep}sim{os.sep}" in file:
+        return "sim"
+    return "pyrt" if f"{os.sep}pyrt{os.sep}" in file else None
+
+
+def _sim_time(stats: dict[Any, Any]) -> tuple[float, float]:
+    """(seconds charged to pyrt/sim, all seconds) of a profile's ``stats``."""
+    share: dict[Any, float] = {}
+
+    def sim_part(func: Any, seen: frozenset[Any] = frozenset()) -> float:
+        """How much of the time spent in ``func`` was spent for pyrt/sim (0..1)."""
+        owner = _owner(func[0])
+        if owner is not None:
+            return 1.0 if owner == "sim" else 0.0
+        if func in share:
+            return share[func]
+        callers = {c: v for c, v in stats.get(func, (0, 0, 0, 0, {}))[4].items() if c not in seen and c != func}
+        weight = sum(v[3] for v in callers.values())
+        part = sum(v[3] * sim_part(c, seen | {func}) for c, v in callers.items()) / weight if weight else 0.0
+        share[func] = part
+        return part
+
+    sim = total = 0.0
+    for func, (_, _, own, _, callers) in stats.items():
+        total += own
+        if _owner(func[0]) is not None:
+            sim += own if _owner(func[0]) == "sim" else 0.0
+            continue
+        for caller, (_, _, edge_own, _) in callers.items():
+            sim += edge_own * (sim_part(caller) if caller != func else 0.0)
+    return sim, total
 
 
 def engines_of(path: Path) -> int:
