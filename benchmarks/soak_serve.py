@@ -10,9 +10,10 @@ a shape past the bounds, a lying binary size, JSON nested 100,000 deep, an unkno
 requests, errors by class, p50/p99 latency of the valid requests, and each replica's RSS and open file
 descriptors (from its stats route).
 
-``--check`` exits 1 unless: no valid request failed and every bad one got a 4xx; after the first window
-(warm-up), each replica's RSS and descriptors grew less than 5%; the last window's p50 is under 3 times the
-first's after warm-up (no drift); the same replicas served throughout.
+``--check`` exits 1 unless: no valid request failed and every bad one got a 4xx; after warm-up (the first window,
+and the empty windows after it, while the clients still wait on warm-up's slow answers), each replica's RSS and
+descriptors grew less than 5%; the last window's p50 is under 3 times the first's after warm-up (no drift); the
+same replicas served throughout.
 
     python benchmarks/soak_serve.py --minutes 10 [--rate 10] [--window-s 60] [--check] [--no-write]
 """
@@ -200,19 +201,26 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
             found.append(f"window {row['window']}: failed requests {bad}")
     if len(rows) < 3:
         return found + [f"{len(rows)} windows: too few to tell warm-up from drift"]
-    base, last = rows[1], rows[-1]
+    # Warm-up is the first window, and any empty windows after it: clients still waiting on warm-up's slow
+    # answers send nothing (a window with no valid answer has no p50 to compare with).
+    base = next((row for row in rows[1:-1] if row["p50_ms"] == row["p50_ms"]), None)
+    last = rows[-1]
+    if base is None:
+        return found + [f"no valid request answered in windows 2-{len(rows) - 1}: nothing after warm-up to "
+                        "compare with"]
     # A replica that restarted shows as a model with more pids after warm-up than it has replicas. A window that
     # did not see one of them is not a change: its stats requests were all routed to the other replica (Ray Serve
     # picks the less busy one, and a generating replica stays busy).
-    after = [pid for row in rows[1:] for pid in row["replicas"]]
+    after = [pid for row in rows[base["window"] - 1:] for pid in row["replicas"]]
     for model in sorted({pid.split(":")[0] for pid in after}):
         pids = sorted({pid for pid in after if pid.split(":")[0] == model})
         if len(pids) > REPLICAS:
             found.append(f"replicas changed: {model} had {len(pids)} pids after warm-up ({', '.join(pids)}), "
                          f"{REPLICAS} replicas")
-    for rep in set(base["replicas"]) & set(last["replicas"]):
+    for rep in sorted(set(base["replicas"]) & set(last["replicas"])):
         for key in ("rss", "fds"):
-            was, now = base["replicas"][rep][key], max(r["replicas"].get(rep, {}).get(key, 0) for r in rows[1:])
+            was = base["replicas"][rep][key]
+            now = max(r["replicas"].get(rep, {}).get(key, 0) for r in rows[base["window"] - 1:])
             if now > was * (1 + GROWTH):
                 found.append(f"replica {rep}: {key} grew from {was} to {now} after warm-up")
     if not last["p50_ms"] < DRIFT * base["p50_ms"]:
