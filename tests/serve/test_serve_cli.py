@@ -56,18 +56,26 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
     requests = pytest.importorskip("requests")
     path = serve_fixtures.build(tmp_path)["dyn"]
     port = free_port()
-    proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", str(BATCH_WAIT_MS),
-                             "--max-batch-size", "32", "--cpus-per-replica", "0.5", *flags],
-                            env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:  # a file, not a pipe: what it said so far is readable while it runs
+        proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", str(BATCH_WAIT_MS),
+                                 "--max-batch-size", "32", "--cpus-per-replica", "0.5", *flags],
+                                env=_env(1), stdout=sink, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}/v2"
+
+    def said() -> str:
+        return f"pyrt serve ready (exit status {proc.poll()}; its output: {log.read_text()[-6000:]})"
+
     try:
         def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"pyrt serve exited before it was ready: {said()}")
             try:
                 return requests.get(f"{base}/health/ready", timeout=5).status_code == 200
             except (requests.ConnectionError, requests.Timeout):  # not listening yet, or too slow to answer yet
                 return False
 
-        wait_for(ready, 180, "pyrt serve ready")
+        wait_for(ready, 180, said)
         xs = [rows(np.random.default_rng(i), 1) for i in range(8)]
 
         def infer(x: np.ndarray) -> tuple[int, list[float]]:
@@ -92,7 +100,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    out = proc.stdout.read() if proc.stdout else ""
+    out = log.read_text()
     assert "draining requests in flight" in out
     from pyrt.serve import ingress
 
