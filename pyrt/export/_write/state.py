@@ -49,17 +49,18 @@ class StateOnDevice:
         self.moved: list[str] = []
 
     def __call__(self, gm: fx.GraphModule) -> Any:
-        self.moved.extend(move_state_to_device(gm))
-        skip_host_hops(gm)
-        share_host_copies(gm)
+        moved = move_state_to_device(gm)
+        self.moved.extend(moved)
+        if len(moved) + skip_host_hops(gm) + share_host_copies(gm):
+            gm.recompile()  # once, after every rewrite
         return self.then(gm)
 
 
 def move_state_to_device(gm: fx.GraphModule) -> list[str]:
-    """Rewrite ``gm`` in place (see the module docstring); returns the buffers moved."""
+    """Rewrite ``gm``'s graph in place (see the module docstring); returns the buffers moved."""
     h2d, d2h = _copy_ops()
     moved = []
-    for copy in [n for n in gm.graph.nodes if n.op == "call_function" and _is_copy_(n.target)]:
+    for copy in _calls(gm, _is_copy_):
         buffer, value = copy.args[0], copy.args[1]
         if not (isinstance(buffer, fx.Node) and buffer.op == "placeholder" and isinstance(value, fx.Node)):
             continue
@@ -78,7 +79,6 @@ def move_state_to_device(gm: fx.GraphModule) -> list[str]:
             gm.graph.erase_node(value)
         moved.append(buffer.name)
     if moved:
-        gm.recompile()
         log.info("kept %d mutable buffer(s) in device memory: %s", len(moved), ", ".join(moved))
     return moved
 
@@ -92,12 +92,12 @@ def skip_host_hops(gm: fx.GraphModule) -> int:
 
     h2d, d2h = _copy_ops()
     hops = 0
-    for node in [n for n in gm.graph.nodes if n.op == "call_function" and n.target == h2d]:
+    for node in _calls(gm, lambda target: target == h2d):
         back = node.args[0]
         if not (isinstance(back, fx.Node) and back.op == "call_function" and back.target == d2h):
             continue
         source = back.args[0]
-        if _delegate_device(source) is None or not node.users or \
+        if not isinstance(source, fx.Node) or _delegate_device(source) is None or not node.users or \
                 any(u.target is not executorch_call_delegate for u in node.users):
             continue
         node.replace_all_uses_with(source)
@@ -106,7 +106,6 @@ def skip_host_hops(gm: fx.GraphModule) -> int:
             gm.graph.erase_node(back)
         hops += 1
     if hops:
-        gm.recompile()
         log.info("%d value(s) go from delegate to delegate across GPUs without a host copy", hops)
     return hops
 
@@ -119,7 +118,7 @@ def share_host_copies(gm: fx.GraphModule) -> int:
     h2d, _ = _copy_ops()
     first: dict[tuple[fx.Node, Any], fx.Node] = {}
     shared = 0
-    for node in [n for n in gm.graph.nodes if n.op == "call_function" and n.target == h2d]:
+    for node in _calls(gm, lambda target: target == h2d):
         source, device = node.args[0], _device(node)
         if not isinstance(source, fx.Node) or device is None or _written_in_place(source):
             continue
@@ -130,13 +129,17 @@ def share_host_copies(gm: fx.GraphModule) -> int:
         gm.graph.erase_node(node)
         shared += 1
     if shared:
-        gm.recompile()
         log.info("%d host -> device copies shared with an earlier copy of the same value", shared)
     return shared
 
 
 def _written_in_place(node: fx.Node) -> bool:
     return any(u.op == "call_function" and _is_copy_(u.target) and u.args[0] is node for u in node.users)
+
+
+def _calls(gm: fx.GraphModule, is_target: Any) -> list[fx.Node]:
+    """``gm``'s call_function nodes whose target ``is_target`` accepts, as a list (the caller rewrites the graph)."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and is_target(n.target)]
 
 
 def _copy_ops() -> tuple[Any, Any]:
