@@ -253,7 +253,6 @@ class TensorRTEngine:
                 applied = self._set_budget(min(budget, streamable), retry_with_zero=False)
         elif budget is not None:
             _log.warning("%s: %s budget %d ignored: the engine has no streamable weights", self.name, source, budget)
-        self._inferred = None
         context = self._create_context()
         if context is None:
             raise EngineError(f"{self.name}: could not create an execution context on device {self.device} "
@@ -457,6 +456,7 @@ class TensorRTEngine:
     def _drop_context(self) -> None:
         self._context = None  # TensorRT destroys it here (the engine keeps no other reference)
         self._shapes_set = False
+        self._inferred = None
         self._bound = []
         self._allocators.clear()  # they belonged to that context
 
