@@ -148,6 +148,20 @@ def test_graph_break_with_dynamic_batch(side: Side, programs: dict[str, Path]) -
             np.testing.assert_allclose(side.to_host(out), data[f"y{b}"], rtol=1e-5, atol=1e-6)
 
 
+def test_threads_sharing_a_program_with_changing_batches_each_get_their_own_result(
+        side: Side, programs: dict[str, Path]) -> None:
+    """The engine remembers the input shapes it last set (and the output shapes TensorRT inferred):
+    callers on four threads, each batch size in turn, must each get the output of their own input."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = _data(programs["graph_break"])
+    batches = [gpu_programs.BATCHES[k % len(gpu_programs.BATCHES)] for k in range(48)]
+    with side.program(programs["graph_break"]) as prog, ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda b: side.to_host(prog(data[f"x{b}"])), batches))
+    for k, (b, out) in enumerate(zip(batches, outs, strict=True)):
+        np.testing.assert_allclose(out, data[f"y{b}"], rtol=1e-5, atol=1e-6, err_msg=f"run {k}, batch {b}")
+
+
 def test_device_inputs_from_every_producer(side: Side, programs: dict[str, Path]) -> None:
     for name in ("graph_break", "trt_only"):
         data = _data(programs[name])
