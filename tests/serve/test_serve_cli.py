@@ -13,14 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyrt.sim import SECONDS_PER_ROW_ENV
 from tests.fixtures import serve as serve_fixtures
 from tests.fixtures.serve import free_port, rows, wait_for
+from tests.fixtures.serve_process import Server
 
 pytestmark = [pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "pyrt", "serve"]
-BATCH_WAIT_MS = 5000  # requests wait this long for a batch: the stop comes while they do, however loaded the machine
+# The stop must come while requests are in flight, however loaded the machine. A request that finds the replica
+# idle runs at once, so each simulated launch takes SECONDS_PER_ROW per row: the others arrive while one runs
+# (with runs of a few ms, 8 requests sent one after another on a loaded machine can each find it idle: all 8
+# were answered before the stop). Those wait BATCH_WAIT_MS for a batch: the test's margin for seeing them all
+# at the replica. The wait and the runs of all 8 rows stay within the 30 s Ray Serve gives a replica to finish
+# its requests at the stop (pyrt.serve.app.GRACEFUL_SHUTDOWN_S).
+SECONDS_PER_ROW = 1.0
+BATCH_WAIT_MS = 15_000
 
 
 def _env(gpus: int | None = None) -> dict[str, str]:
@@ -54,28 +63,15 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
     pytest.importorskip("torch")
     pytest.importorskip("executorch")
     requests = pytest.importorskip("requests")
+    from pyrt.serve.app import GRACEFUL_SHUTDOWN_S
+
+    assert BATCH_WAIT_MS / 1000 + 8 * SECONDS_PER_ROW < GRACEFUL_SHUTDOWN_S  # else the drain cuts requests off
     path = serve_fixtures.build(tmp_path)["dyn"]
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with log.open("w") as sink:  # a file, not a pipe: what it said so far is readable while it runs
-        proc = subprocess.Popen([*COMMAND, str(path), "--port", str(port), "--batch-wait-ms", str(BATCH_WAIT_MS),
-                                 "--max-batch-size", "32", "--cpus-per-replica", "0.5", *flags],
-                                env=_env(1), stdout=sink, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}/v2"
-
-    def said() -> str:
-        return f"pyrt serve ready (exit status {proc.poll()}; its output: {log.read_text()[-6000:]})"
-
+    server = Server(path, tmp_path / "serve.log", "--batch-wait-ms", str(BATCH_WAIT_MS), "--max-batch-size", "32",
+                    "--cpus-per-replica", "0.5", *flags, env={SECONDS_PER_ROW_ENV: str(SECONDS_PER_ROW)})
+    base, proc = f"{server.base}/v2", server.proc
     try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"pyrt serve exited before it was ready: {said()}")
-            try:
-                return requests.get(f"{base}/health/ready", timeout=5).status_code == 200
-            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or too slow to answer yet
-                return False
-
-        wait_for(ready, 180, said)
+        server.wait_ready()  # fails at once, with what it printed, if it exits before it is ready
         xs = [rows(np.random.default_rng(i), 1) for i in range(8)]
 
         def infer(x: np.ndarray) -> tuple[int, list[float]]:
@@ -97,10 +93,8 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tmp_path: Path, flags: l
         assert [status for status, _ in answers] == [200] * 8
         assert proc.wait(timeout=120) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = log.read_text()
+        server.stop()
+    out = server.output()
     assert "draining requests in flight" in out
     from pyrt.serve import ingress
 
