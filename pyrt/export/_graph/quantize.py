@@ -37,6 +37,9 @@ _WEIGHT_USES: dict[Any, tuple[int, bool]] = {
     torch.ops.aten.matmul.default: (1, True),
 }
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# weights are quantized this many elements at a time: the float32 temporaries are a few MiB, not 16 bytes per
+# weight (a 70B model's LM head alone would need 4 GiB of them)
+BLOCK_ELEMENTS = 1 << 20
 
 
 def dequantize_weight(values: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int, shape: list[int],
@@ -88,17 +91,25 @@ def quantize_rows(rows_first: torch.Tensor, scheme: Scheme, name: str, int4_layo
                   ) -> tuple[np.ndarray, np.ndarray, int] | str:
     """A weight ``[out_features, in_features]`` quantized: (stored values, scales in the weight's dtype, group);
     int4 packed two to a byte in ``int4_layout`` (``wq.pack_int4``'s). A reason string where it stays float;
-    ExportError naming ``name`` where the values cannot be quantized."""
-    cols = rows_first.shape[1]
+    ExportError naming ``name`` where the values cannot be quantized. Quantized :data:`BLOCK_ELEMENTS` at a time,
+    so what it holds beyond its result is a block's temporaries, whatever the weight's size."""
+    rows, cols = rows_first.shape
     if scheme.bits == 4 and cols % 2:
         return f"int4 needs an even input size, this layer has {cols}"
     group = scheme.group_for(cols)
     dtype = str(rows_first.dtype).removeprefix("torch.")
-    try:
-        q, scales = wq.quantize(rows_first.float().numpy(), bits=scheme.bits, group=group, scale_dtype=dtype)
-    except ValueError as exc:
-        raise ExportError(f"cannot quantize {name!r}: {exc}") from None
-    return (wq.pack_int4(q, int4_layout) if scheme.bits == 4 else q), scales, group
+    stored = np.empty(wq.stored_shape(scheme.bits, rows, cols), dtype=wq.stored_dtype(scheme.bits))
+    scales = np.empty((rows, cols // group), dtype=np.float32)
+    step = max(1, BLOCK_ELEMENTS // cols)  # rows are quantized independently: a block's temporaries, not the weight's
+    for first in range(0, rows, step):
+        block = slice(first, first + step)
+        try:
+            q, scales[block] = wq.quantize(rows_first[block].float().numpy(), bits=scheme.bits, group=group,
+                                           scale_dtype=dtype)
+        except ValueError as exc:
+            raise ExportError(f"cannot quantize {name!r}: {exc}") from None
+        stored[block] = wq.pack_int4(q, int4_layout) if scheme.bits == 4 else q
+    return stored, scales, group
 
 
 def _replace(module: fx.GraphModule, node: fx.Node, uses: list[tuple[fx.Node, int]], transposed: bool,
