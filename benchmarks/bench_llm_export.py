@@ -56,7 +56,11 @@ def _pin() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
-SHAPES = {"7b": (32, 4096, 11008, 32, 32)}  # named shapes: layers, hidden, MLP, heads, KV heads (Llama-2-7B's)
+# named shapes: layers, hidden, MLP, heads, KV heads (Llama-2-7B's, Llama-2-13B's, CodeLlama-34B's, Llama-2-70B's)
+SHAPES = {"7b": (32, 4096, 11008, 32, 32), "13b": (40, 5120, 13824, 40, 40), "34b": (48, 8192, 22016, 64, 8),
+          "70b": (80, 8192, 28672, 64, 8)}
+VOCAB = 32000
+PAPER = ("7b", "13b", "34b", "70b")  # the shapes the on-paper table plans
 
 
 def shape(config: str) -> tuple[int, int, int, int, int]:
@@ -77,7 +81,7 @@ def child_checkpoint(config: str, out: str) -> dict:
     import transformers as tf
 
     layers, hidden, mlp, heads, kv = shape(config)
-    cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
                          bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     torch.manual_seed(0)
@@ -174,7 +178,8 @@ def _anon_bytes(pid: int) -> int:
     return 0
 
 
-def child_pyrt(ckpt: str, out: str, engine_size: str | None = None, builder: str = "tensorrt_rtx") -> dict:
+def child_pyrt(ckpt: str, out: str, engine_size: str | None = None, builder: str = "tensorrt_rtx",
+               quantize: str | None = None) -> dict:
     import executorch.exir  # noqa: F401  (what export imports lazily, loaded before the base)
     import onnxscript  # noqa: F401
     import torch
@@ -197,6 +202,7 @@ def child_pyrt(ckpt: str, out: str, engine_size: str | None = None, builder: str
     start = time.perf_counter()
     summary = Path(out).with_suffix(".json")
     sized = [] if engine_size is None else ["--max-engine-size", engine_size]
+    sized += [] if quantize is None else ["--quantize", quantize]
     with open(summary, "w") as fh, _stdout_to(fh), AnonPeak() as anon:
         status = main(["export", ckpt, "-o", out, "--builder", builder, *EXPORT_ARGS, *sized, "--no-progress",
                        "--json"])
@@ -208,7 +214,7 @@ def child_pyrt(ckpt: str, out: str, engine_size: str | None = None, builder: str
             "engines": len(data["engines"]), "file_size": data["file_size"], "wall_s": wall,
             "peak_mib": peak_rss_mib(), "base_mib": base, "reset": reset, "stages": data["stages"],
             "build_s": sum(builds.seconds), "anon_peak": anon.peak, "anon_base": anon_base,
-            "grouping": data.get("grouping", "")}
+            "grouping": data.get("grouping", ""), "weights": quantize or "float16"}
 
 
 class _BuildTimes(logging.Handler):
@@ -297,6 +303,59 @@ def anon_table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
+def engine_items(config: str, quantize: str | None) -> list[tuple[str, int, int]]:
+    """What pyrt's cut packs for ``config``, in order: (name, float16 weight bytes: what ``--max-engine-size``
+    counts, bytes in the engine: the linear weights as ``quantize`` stores them, float16 scales per 128).
+
+    The embedding goes with layer 0 and is never quantized (it is not a matrix product's weight); the final norm
+    and the LM head are the last item. Llama's linears: q and o (hidden x hidden), k and v (KV heads x head_dim
+    each), gate, up and down (hidden x MLP); two norms per layer."""
+    layers, hidden, mlp, heads, kv = shape(config)
+    linear = hidden * (2 * hidden + 2 * kv * (hidden // heads) + 3 * mlp)
+    per_weight = {None: 2.0, "int8": 1.0, "int4": 0.5}[quantize] + (0 if quantize is None else 2 / 128)
+    norms = 2 * 2 * hidden
+    embed = head = VOCAB * hidden
+    layer = (2 * linear + norms, int(per_weight * linear) + norms)
+    items = [("layer 0", 2 * embed + layer[0], 2 * embed + layer[1])]
+    items += [(f"layer {k}", *layer) for k in range(1, layers)]
+    items.append(("final norm + LM head", 2 * (head + hidden), int(per_weight * head) + 2 * hidden))
+    return items
+
+
+def paper_table(measured: dict, engine_size: str, quantize: str | None) -> str:
+    """Host memory of exporting each :data:`PAPER` shape with TensorRT-RTX at ``engine_size``, on paper from the
+    measured ``measured`` row (a reference-engine export: pyrt's own pipeline and the imports): its anonymous peak
+    + :data:`pyrt.export.engine_size.BUILD_FACTOR` x the largest engine (TensorRT-RTX's hold while it builds one,
+    which reference engines do not have); peak RSS adds the largest group's checkpoint pages (file-backed,
+    released after its build). The groups are pyrt's own cut (``plan_groups``) of :func:`engine_items`."""
+    import warnings
+
+    from pyrt.export._graph.layer_groups import EngineSizeWarning, plan_groups
+    from pyrt.export.engine_size import BUILD_FACTOR
+    from pyrt.export.options import check_engine_size
+
+    limit = check_engine_size(engine_size, "--max-engine-size")
+    assert limit is not None
+    head = ["model", "weights", "parameters", "checkpoint", "engines", "largest group (float16)", "largest engine",
+            "anonymous peak", "peak RSS", "one engine (anonymous)"]
+    body = []
+    for config in PAPER:
+        items = engine_items(config, quantize)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EngineSizeWarning)
+            groups = plan_groups([(name, f16) for name, f16, _ in items], limit)
+        f16 = max(sum(items[i][1] for i in g) for g in groups)
+        built = max(sum(items[i][2] for i in g) for g in groups)
+        anon = measured["anon_peak"] + BUILD_FACTOR * built
+        whole = measured["anon_base"] + BUILD_FACTOR * sum(b for _, _, b in items)
+        params = sum(f for _, f, _ in items) // 2
+        body.append([config, quantize or "float16", f"{params / 1e9:.1f} B", f"{2 * params / 1e9:.1f} GB",
+                     str(len(groups)), f"{f16 / (1 << 30):.2f} GiB", f"{built / (1 << 30):.2f} GiB",
+                     f"{anon / (1 << 30):.1f} GiB", f"{(anon + f16) / (1 << 30):.1f} GiB",
+                     f"{whole / (1 << 30):.0f} GiB"])
+    return markdown_table(head, body)
+
+
 def stages_table(rows: list[dict]) -> str:
     names = ("load", "export", "build", "write")
     head = ["config", *names, "peak in: " + " / ".join(names)]
@@ -308,7 +367,8 @@ def stages_table(rows: list[dict]) -> str:
     return markdown_table(head, body)
 
 
-def _run(config: str, routes: list[str], tmp: Path, engine_size: str, builder: str) -> list[dict]:
+def _run(config: str, routes: list[str], tmp: Path, engine_size: str, builder: str, quantize: str | None
+         ) -> list[dict]:
     ckpt = tmp / f"llama-{config}"
     made = run_json([sys.executable, __file__, "--child", "checkpoint", "--config", config, "--out", str(ckpt)],
                     f"checkpoint {config}")
@@ -316,7 +376,8 @@ def _run(config: str, routes: list[str], tmp: Path, engine_size: str, builder: s
     for route in routes:
         out = tmp / f"{config}-{route}.pte"
         row = run_json([sys.executable, __file__, "--child", route, "--ckpt", str(ckpt), "--out", str(out),
-                        "--max-engine-size", engine_size, "--builder", builder], f"{route} {config}")
+                        "--max-engine-size", engine_size, "--builder", builder,
+                        *([] if quantize is None else ["--quantize", quantize])], f"{route} {config}")
         rows.append({"config": config, "params": made["params"], "ckpt_bytes": made["bytes"], **row})
         print(json.dumps(rows[-1]), flush=True)
         for leftover in (out, out.with_suffix(".json"), out.with_suffix(".tokenizer")):
@@ -335,6 +396,8 @@ def main() -> None:
     parser.add_argument("--builder", default="tensorrt_rtx", choices=("tensorrt_rtx", "reference"),
                         help="pyrt export's --builder on the pyrt and groups routes (default tensorrt_rtx; reference: "
                         "pyrt's own engines, where TensorRT-RTX's build time is out of reach)")
+    parser.add_argument("--quantize", choices=("int8", "int4"),
+                        help="pyrt export's --quantize on the pyrt and groups routes (default: float16 weights)")
     parser.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=("checkpoint", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -344,19 +407,21 @@ def main() -> None:
     if args.child:
         _pin()
         result = (child_checkpoint(args.config, args.out) if args.child == "checkpoint"
-                  else child_pyrt(args.ckpt, args.out, None, args.builder) if args.child == "pyrt"
-                  else child_pyrt(args.ckpt, args.out, args.max_engine_size, args.builder) if args.child == "groups"
+                  else child_pyrt(args.ckpt, args.out, None, args.builder, args.quantize) if args.child == "pyrt"
+                  else child_pyrt(args.ckpt, args.out, args.max_engine_size, args.builder, args.quantize)
+                  if args.child == "groups"
                   else child_floor(args.ckpt, args.out))
         print(json.dumps(result))
         return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-llm-export-", dir=os.environ.get("BENCH_TMP")) as tmp:
         for config in args.configs:
-            rows.extend(_run(config, args.routes, Path(tmp), args.max_engine_size, args.builder))
+            rows.extend(_run(config, args.routes, Path(tmp), args.max_engine_size, args.builder, args.quantize))
     flags = "" if args.configs == list(CONFIGS) else f" --configs {' '.join(args.configs)}"
     flags += "" if args.routes == list(DEFAULT_ROUTES) else f" --routes {' '.join(args.routes)}"
     flags += f" --max-engine-size {args.max_engine_size}" if "groups" in args.routes else ""
     flags += f" --builder {args.builder}" if args.builder != "tensorrt_rtx" else ""
+    flags += f" --quantize {args.quantize}" if args.quantize else ""
     text = (f"### LLM export from a sharded checkpoint: `pyrt export` vs TensorRT-RTX alone\n\n"
             f"Command: `PYTHONPATH=$PWD python benchmarks/bench_llm_export.py{flags}` (x86_64, {os.cpu_count()} CPUs; "
             f"{time.strftime('%Y-%m-%d')}; each route one fresh process pinned to one CPU and one thread; random "
@@ -369,6 +434,13 @@ def main() -> None:
             "file-backed and not in it), one engine (`pyrt`) against layer groups (`groups`: `--max-engine-size "
             f"{args.max_engine_size}`):\n\n" + anon_table(rows)
             + "\n\nStages of `pyrt export` (wall time; the highest RSS in each):\n\n" + stages_table(rows))
+    measured = [r for r in rows if r["route"] == "groups" and r["config"] == "7b" and args.builder == "reference"]
+    if measured:
+        text += ("\n\nOn paper, from the 7b row's anonymous peak (pyrt's pipeline and the imports, reference engines) "
+                 "+ 2.5x the largest engine (what TensorRT-RTX holds while it builds one; `engine_size.BUILD_FACTOR`)"
+                 f", at `--max-engine-size {args.max_engine_size}`; peak RSS adds the largest group's checkpoint "
+                 "pages (file-backed, released after its build); the last column is one engine of every weight by "
+                 "the same rule:\n\n" + paper_table(measured[0], args.max_engine_size, args.quantize))
     print(text)
     if not args.no_write:
         write_results("bench_llm_export", "Export", text)
