@@ -326,8 +326,9 @@ def paper_table(measured: dict, engine_size: str, quantize: str | None) -> str:
     """Host memory of exporting each :data:`PAPER` shape with TensorRT-RTX at ``engine_size``, on paper from the
     measured ``measured`` row (a reference-engine export: pyrt's own pipeline and the imports): its anonymous peak
     + :data:`pyrt.export.engine_size.BUILD_FACTOR` x the largest engine (TensorRT-RTX's hold while it builds one,
-    which reference engines do not have); peak RSS adds the largest group's checkpoint pages (file-backed,
-    released after its build). The groups are pyrt's own cut (``plan_groups``) of :func:`engine_items`."""
+    which reference engines do not have). The groups are pyrt's own cut (``plan_groups``) of
+    :func:`engine_items`. Peak RSS is not planned: beyond the anonymous peak it is file-backed pages (a group's
+    checkpoint pages, the .pte being written), which the kernel reclaims under pressure."""
     import warnings
 
     from pyrt.export._graph.layer_groups import EngineSizeWarning, plan_groups
@@ -337,7 +338,7 @@ def paper_table(measured: dict, engine_size: str, quantize: str | None) -> str:
     limit = check_engine_size(engine_size, "--max-engine-size")
     assert limit is not None
     head = ["model", "weights", "parameters", "checkpoint", "engines", "largest group (float16)", "largest engine",
-            "anonymous peak", "peak RSS", "one engine (anonymous)"]
+            "anonymous peak", "one engine (anonymous)"]
     body = []
     for config in PAPER:
         items = engine_items(config, quantize)
@@ -351,7 +352,7 @@ def paper_table(measured: dict, engine_size: str, quantize: str | None) -> str:
         params = sum(f for _, f, _ in items) // 2
         body.append([config, quantize or "float16", f"{params / 1e9:.1f} B", f"{2 * params / 1e9:.1f} GB",
                      str(len(groups)), f"{f16 / (1 << 30):.2f} GiB", f"{built / (1 << 30):.2f} GiB",
-                     f"{anon / (1 << 30):.1f} GiB", f"{(anon + f16) / (1 << 30):.1f} GiB",
+                     f"{anon / (1 << 30):.1f} GiB",
                      f"{whole / (1 << 30):.0f} GiB"])
     return markdown_table(head, body)
 
@@ -438,9 +439,9 @@ def main() -> None:
     if measured:
         text += ("\n\nOn paper, from the 7b row's anonymous peak (pyrt's pipeline and the imports, reference engines) "
                  "+ 2.5x the largest engine (what TensorRT-RTX holds while it builds one; `engine_size.BUILD_FACTOR`)"
-                 f", at `--max-engine-size {args.max_engine_size}`; peak RSS adds the largest group's checkpoint "
-                 "pages (file-backed, released after its build); the last column is one engine of every weight by "
-                 "the same rule:\n\n" + paper_table(measured[0], args.max_engine_size, args.quantize))
+                 f", at `--max-engine-size {args.max_engine_size}`; the last column is one engine of every weight by "
+                 "the same rule (its imports + 2.5x the engine):\n\n"
+                 + paper_table(measured[0], args.max_engine_size, args.quantize))
     print(text)
     if not args.no_write:
         write_results("bench_llm_export", "Export", text)
