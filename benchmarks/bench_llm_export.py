@@ -24,6 +24,8 @@ checkpoint's bytes on both routes; "beyond the checkpoint" subtracts them.
     python benchmarks/bench_llm_export.py                          # 24 and 48 layers (hidden 1024), 24 x 2048
     python benchmarks/bench_llm_export.py --configs 24x1024 --no-write
     python benchmarks/bench_llm_export.py --configs 12x512 48x512 --routes pyrt groups --max-engine-size 64MiB
+    python benchmarks/bench_llm_export.py --configs 7b --routes groups --max-engine-size 1GiB --builder reference \
+        --quantize int4            # Llama-2-7B's shape; then 13B / 34B / 70B on paper from it (paper_table)
 """
 
 from __future__ import annotations
