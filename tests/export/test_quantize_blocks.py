@@ -1,7 +1,7 @@
 """Export-time weight quantization works a block of rows at a time (issue 43: host memory within a layer group).
 
-What it holds beyond its result is one block's float32 temporaries, not 16 bytes per weight: a 70B model's LM
-head (262 M weights) would otherwise need about 4 GiB of them on the host that exports it. The blocks give the
+What it holds beyond its result is one block's float32 temporaries, not about 13 bytes per weight: a 70B model's
+LM head (262 M weights) would otherwise need about 3 GiB of them on the host that exports it. The blocks give the
 values and scales of quantizing the whole weight at once, bit for bit.
 """
 

@@ -37,8 +37,8 @@ _WEIGHT_USES: dict[Any, tuple[int, bool]] = {
     torch.ops.aten.matmul.default: (1, True),
 }
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# weights are quantized this many elements at a time: the float32 temporaries are a few MiB, not 16 bytes per
-# weight (a 70B model's LM head alone would need 4 GiB of them)
+# weights are quantized this many elements at a time: the float32 temporaries are a few MiB, not about 13 bytes
+# per weight of the whole layer (a 70B model's LM head alone would need about 3 GiB of them)
 BLOCK_ELEMENTS = 1 << 20
 
 
