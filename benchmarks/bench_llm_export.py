@@ -307,14 +307,16 @@ def anon_table(rows: list[dict]) -> str:
 
 def engine_items(config: str, quantize: str | None) -> list[tuple[str, int, int]]:
     """What pyrt's cut packs for ``config``, in order: (name, float16 weight bytes: what ``--max-engine-size``
-    counts, bytes in the engine: the linear weights as ``quantize`` stores them, float16 scales per 128).
+    counts, bytes in the engine: the linear weights as ``quantize`` stores them, float16 scales per default group).
 
     The embedding goes with layer 0 and is never quantized (it is not a matrix product's weight); the final norm
     and the LM head are the last item. Llama's linears: q and o (hidden x hidden), k and v (KV heads x head_dim
     each), gate, up and down (hidden x MLP); two norms per layer."""
+    from pyrt.format.weight_quant import DEFAULT_GROUP_SIZE, Scheme
+
     layers, hidden, mlp, heads, kv = shape(config)
     linear = hidden * (2 * hidden + 2 * kv * (hidden // heads) + 3 * mlp)
-    per_weight = {None: 2.0, "int8": 1.0, "int4": 0.5}[quantize] + (0 if quantize is None else 2 / 128)
+    per_weight = 2.0 if quantize is None else Scheme(quantize, DEFAULT_GROUP_SIZE).bits / 8 + 2 / DEFAULT_GROUP_SIZE
     norms = 2 * 2 * hidden
     embed = head = VOCAB * hidden
     layer = (2 * linear + norms, int(per_weight * linear) + norms)
