@@ -27,7 +27,7 @@ from pyrt.export._files.page_release import release_file_pages
 from pyrt.export._graph.datadep import bounded_outputs
 from pyrt.export._graph.engine_op import execute_engine_op
 from pyrt.export._graph.fx import finish, graph_copy, inline_submodules, unlift
-from pyrt.export._graph.layer_groups import GroupPlan, cut, split, spread
+from pyrt.export._graph.layer_groups import GroupPlan, cut, spread
 from pyrt.export._graph.partition import (
     NON_COMPUTE,
     Extracted,
@@ -153,6 +153,7 @@ class _Planner:
                  groups: GroupPlan | None = None) -> None:
         self.gm, self.builder, self.options, self.store = gm, builder, options, store
         self.forced, self.state_inputs, self.groups = forced, state_inputs, groups
+        self.regions = None if groups is None else groups.regions()  # max_engine_size: no engine spans two groups
         self.blocked: dict[fx.Node, str] = {}
         self.built: dict[tuple[str, ...], tuple[Extracted, Built]] = {}
         self.probes: dict[Any, bool] = {}
@@ -169,9 +170,7 @@ class _Planner:
         did not change since an earlier round is not extracted again.
         """
         while True:
-            groups = propose(self.gm, self.supported, self.options.min_block_size)
-            if self.groups is not None:  # max_engine_size: each partition cut at its layer groups' boundaries
-                groups = [g for g in split(groups, self.groups) if has_runtime_input(g)]
+            groups = propose(self.gm, self.supported, self.options.min_block_size, self.regions)
             try:
                 parts = [self._extract(g) for g in groups]
             except UnknownSize as exc:

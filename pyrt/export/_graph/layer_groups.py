@@ -61,6 +61,14 @@ class GroupPlan:
     groups: tuple[Group, ...]
     node_group: dict[fx.Node, int]
 
+    def regions(self) -> list[list[fx.Node]]:
+        """Each group's nodes in graph order. Items never decrease along an edge, so no path between two nodes of
+        a group leaves it: each group can be partitioned on its own (:func:`~pyrt.export._graph.partition.propose`)."""
+        out: list[list[fx.Node]] = [[] for _ in self.groups]
+        for node, group in self.node_group.items():
+            out[group].append(node)
+        return out
+
 
 def layer_of(node: fx.Node) -> int | None:
     """The numbered layer torch.export's ``nn_module_stack`` puts ``node`` in (its innermost such module)."""
@@ -176,16 +184,5 @@ def spread(groups: tuple[Group, ...], devices: tuple[str, ...]) -> list[str]:
     return out
 
 
-def split(partitions: list[list[fx.Node]], plan: GroupPlan) -> list[list[fx.Node]]:
-    """Each partition cut into its groups' parts (graph order kept inside each part)."""
-    out: list[list[fx.Node]] = []
-    for nodes in partitions:
-        parts: dict[int, list[fx.Node]] = {}
-        for n in nodes:
-            parts.setdefault(plan.node_group[n], []).append(n)
-        out.extend(parts[g] for g in sorted(parts))
-    return out
-
-
 __all__ = ["EngineSizeWarning", "Group", "GroupPlan", "HEAD", "cut", "layer_of", "node_items", "plan_groups",
-           "split", "spread"]
+           "spread"]

@@ -4,7 +4,8 @@ A node may join an engine when it is a pure ATen operator on tensors (and
 SymInts), it is not forced to fall back (``torch_executed_ops``) and the
 builder says it can build it (:func:`refusal` gives the reason when not).
 torch's ``CapabilityBasedPartitioner`` groups such nodes into cycle-free
-partitions; partitions with fewer than ``min_block_size`` compute
+partitions (layer group by layer group when the decoder is cut: its memory is
+quadratic in the nodes it sees); partitions with fewer than ``min_block_size`` compute
 ops fall back too. Each partition becomes a standalone GraphModule (its
 weights are ``get_attr`` constants inside it, its inputs numbered
 placeholders in first-use order) and is then replaced in the parent graph by
@@ -19,7 +20,7 @@ one ``pyrt::execute_engine`` call whose inputs are wired by position.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -121,17 +122,66 @@ class _Support(OperatorSupportBase):
         return self.supported(node)
 
 
-def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_size: int) -> list[list[fx.Node]]:
+def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_size: int,
+            regions: Sequence[Sequence[fx.Node]] | None = None) -> list[list[fx.Node]]:
     """Partitions (node lists in graph order), ordered by their last node.
 
     An engine call takes the place of its partition's last node, so this is the
     order the engines (and ExecuTorch's delegates) end up in.
+
+    ``regions``: disjoint node lists in graph order, each *convex* (no path between two of its nodes leaves it:
+    layer groups, :meth:`~pyrt.export._graph.layer_groups.GroupPlan.regions`), partitioned one at a time, so no
+    partition spans two. torch's partitioner keeps every node's set of downstream nodes, memory quadratic in the
+    nodes it sees: 1.5 GiB for a whole 96-layer decoder, a group's share for one group. None: the whole graph.
     """
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    partitioner = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True)
-    groups = [sorted(p.nodes, key=order.__getitem__) for p in partitioner.propose_partitions()]
+    found: list[list[fx.Node]] = []
+    for module, original in ([(gm, None)] if regions is None else (_region(nodes) for nodes in regions)):
+        found.extend(_partitions(module, supported if original is None else _through(original, supported),
+                                 original))
+    groups = [sorted(g, key=order.__getitem__) for g in found]
     groups = [g for g in groups if _compute_count(g) >= min_block_size and has_runtime_input(g)]
     return sorted(groups, key=lambda g: order[g[-1]])
+
+
+def _partitions(module: fx.GraphModule, supported: Callable[[fx.Node], bool],
+                original: Mapping[fx.Node, fx.Node] | None) -> list[list[fx.Node]]:
+    """torch's cycle-free partitions of ``module`` (nodes of the parent graph where ``original`` maps copies)."""
+    partitioner = CapabilityBasedPartitioner(module, _Support(supported), allows_single_node_partition=True)
+    found = [list(p.nodes) for p in partitioner.propose_partitions()]
+    return found if original is None else [[original[n] for n in nodes] for nodes in found]
+
+
+def _through(original: Mapping[fx.Node, fx.Node], supported: Callable[[fx.Node], bool]) -> Callable[[fx.Node], bool]:
+    """``supported`` asked of a region copy's parent node (placeholders, which stand for values from outside the
+    region and non-calls inside it, are never supported)."""
+    return lambda node: node in original and supported(original[node])
+
+
+def _region(nodes: Sequence[fx.Node]) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """A module of ``nodes``' calls alone, and copy -> parent node for each call.
+
+    What a call reads from outside the region, and the region's placeholders and ``get_attr`` nodes, are
+    placeholders of the copy (first use first); nothing outside the region is in the copy's graph, so the
+    partitioner's reachability sets stay within it.
+    """
+    inside = set(nodes)
+    graph = fx.Graph()
+    stand_in: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        if n.op != "call_function":
+            stand_in[n] = graph.placeholder(f"in_{len(stand_in)}")
+        else:
+            for a in n.all_input_nodes:
+                if a not in inside and a not in stand_in:
+                    stand_in[a] = graph.placeholder(f"in_{len(stand_in)}")
+    original: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        if n.op == "call_function":
+            copy = graph.node_copy(n, stand_in.__getitem__)
+            stand_in[n] = copy
+            original[copy] = n
+    return fx.GraphModule(torch.nn.Module(), graph), original
 
 
 def _compute_count(nodes: list[fx.Node]) -> int:
