@@ -117,7 +117,7 @@ def test_arguments_of_every_kind_round_trip() -> None:
     assert again.nodes[0].kwargs == {"dtype": DType("float16"), "layout": None, "non_blocking": False}
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(st.lists(st.tuples(st.sampled_from(["float32", "int64", "uint8", "float16"]),
                           st.lists(st.integers(0, 5), max_size=3)), min_size=0, max_size=5))
 def test_random_weights_round_trip(specs: list[tuple[str, list[int]]]) -> None:

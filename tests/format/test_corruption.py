@@ -262,7 +262,7 @@ def mutations(draw: Any, data: bytes) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_mutated_real_files_fail_only_with_pyrt_errors(pte_file: Callable[[str], Path], data: st.DataObject) -> None:
     original = pte_file(data.draw(st.sampled_from(FIXTURES))).read_bytes()
@@ -270,7 +270,7 @@ def test_mutated_real_files_fail_only_with_pyrt_errors(pte_file: Callable[[str],
 
 
 @pytest.mark.slow
-@settings(max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=20_000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_mutated_real_files_long_run(pte_file: Callable[[str], Path], data: st.DataObject) -> None:
     original = pte_file(data.draw(st.sampled_from(FIXTURES))).read_bytes()

@@ -115,7 +115,7 @@ def test_hostile_quantized_file_is_a_typed_error(quantized: bytes, case: str, tm
     assert any(word in delegate["weights_error"] for word in ("quantiz", "scale")), delegate["weights_error"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_mutated_quantized_engines_fail_only_with_pyrt_errors(quantized: bytes, data: st.DataObject) -> None:
     """Random bytes of the reference engine (JSON and packed weights) changed: it loads and runs, or a PyrtError."""

@@ -198,7 +198,7 @@ bindings = st.builds(IOBinding, names, st.sampled_from(["float32", "float16", "b
 aliases = st.builds(AliasedIO, names, names, st.sampled_from(["kv_cache_update", "user"]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(engine=st.binary(max_size=300), io=st.lists(bindings, max_size=6), aliased=st.lists(aliases, max_size=3),
        hw=st.booleans(), device=st.integers(0, 2**31), meta=st.text(max_size=40),
        platform=st.sampled_from(["linux_x86_64", "linux_aarch64", "windows_x86_64", "windows_arm64", "unknown"]))

@@ -50,7 +50,7 @@ def test_scales_round_as_torch_rounds(dtype: str) -> None:
     assert np.array_equal(wq.round_scales(x, dtype), np.where(want > 0, want, 1))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.sampled_from([4, 8]), st.sampled_from([16, 32]), st.integers(1, 4), st.data())
 def test_error_is_at_most_half_a_step(bits: int, group: int, rows: int, data: st.DataObject) -> None:
     w = data.draw(_weights(rows, group * 2))
@@ -60,7 +60,7 @@ def test_error_is_at_most_half_a_step(bits: int, group: int, rows: int, data: st
     assert np.all(err <= s[:, :, None] * (0.5 + 1e-5))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(hnp.arrays(np.int8, (3, 8), elements=st.integers(-8, 7)), st.sampled_from(wq.LAYOUTS))
 def test_int4_packing_round_trips(q: np.ndarray, layout: str) -> None:
     packed = wq.pack_int4(q, layout)

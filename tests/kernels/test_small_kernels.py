@@ -122,7 +122,7 @@ def test_every_builder_is_tested() -> None:
     assert {n.removeprefix("aten::") for n in BUILDERS} == EXACT | CLOSE
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(name=st.sampled_from(sorted(EXACT | CLOSE)),
        shape=st.lists(st.integers(1, 6), min_size=2, max_size=3).map(tuple),
        dtype=st.sampled_from(["float32", "float64"]),

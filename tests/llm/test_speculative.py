@@ -290,7 +290,7 @@ def test_the_ngram_index_guesses_what_lookup_guesses() -> None:
 
     from pyrt.llm.ngram import NgramIndex
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=300)
     @given(st.lists(st.integers(0, 4), min_size=0, max_size=40), st.integers(1, 6), st.integers(1, 4),
            st.integers(0, 3))
     def same(ids: list[int], k: int, max_n: int, cut: int) -> None:

@@ -612,7 +612,7 @@ def _report(line: str) -> None:
 
 
 def _settings(n: int) -> Any:
-    return settings(max_examples=n, deadline=None, database=None, derandomize=False,
+    return settings(max_examples=n, database=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 

@@ -182,7 +182,7 @@ def _valid(replica: Any, x: np.ndarray) -> Any:
     return asyncio.run(replica(asgi_request("POST", "/v2/models/dyn/infer", body)))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
+@settings(max_examples=EXAMPLES, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_hostile_requests_are_4xx_and_the_replica_serves_on(served: tuple[Any, np.ndarray, np.ndarray],
