@@ -54,7 +54,7 @@ def convex(part: list[fx.Node]) -> bool:
 def test_no_partition_spans_two_regions_and_each_region_is_partitioned_as_a_whole_graph_would_be() -> None:
     gm, supported = chain(40, unsupported=frozenset({13, 27}))
     nodes = calls(gm)
-    regions = cuts([n for n in gm.graph.nodes], 10)
+    regions = cuts(list(gm.graph.nodes), 10)
     parts = propose(gm, supported, 1, regions)
     region_of = {n: r for r, members in enumerate(regions) for n in members}
     assert all(len({region_of[n] for n in p}) == 1 for p in parts)

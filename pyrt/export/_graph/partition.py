@@ -135,27 +135,25 @@ def propose(gm: fx.GraphModule, supported: Callable[[fx.Node], bool], min_block_
     nodes it sees: 1.5 GiB for a whole 96-layer decoder, a group's share for one group. None: the whole graph.
     """
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    found: list[list[fx.Node]] = []
-    for module, original in ([(gm, None)] if regions is None else (_region(nodes) for nodes in regions)):
-        found.extend(_partitions(module, supported if original is None else _through(original, supported),
-                                 original))
+    found = _partitions(gm, supported) if regions is None else \
+        [part for nodes in regions for part in _region_partitions(nodes, supported)]
     groups = [sorted(g, key=order.__getitem__) for g in found]
     groups = [g for g in groups if _compute_count(g) >= min_block_size and has_runtime_input(g)]
     return sorted(groups, key=lambda g: order[g[-1]])
 
 
-def _partitions(module: fx.GraphModule, supported: Callable[[fx.Node], bool],
-                original: Mapping[fx.Node, fx.Node] | None) -> list[list[fx.Node]]:
-    """torch's cycle-free partitions of ``module`` (nodes of the parent graph where ``original`` maps copies)."""
+def _partitions(module: fx.GraphModule, supported: Callable[[fx.Node], bool]) -> list[list[fx.Node]]:
+    """torch's cycle-free partitions of ``module``."""
     partitioner = CapabilityBasedPartitioner(module, _Support(supported), allows_single_node_partition=True)
-    found = [list(p.nodes) for p in partitioner.propose_partitions()]
-    return found if original is None else [[original[n] for n in nodes] for nodes in found]
+    return [list(p.nodes) for p in partitioner.propose_partitions()]
 
 
-def _through(original: Mapping[fx.Node, fx.Node], supported: Callable[[fx.Node], bool]) -> Callable[[fx.Node], bool]:
-    """``supported`` asked of a region copy's parent node (placeholders, which stand for values from outside the
-    region and non-calls inside it, are never supported)."""
-    return lambda node: node in original and supported(original[node])
+def _region_partitions(nodes: Sequence[fx.Node], supported: Callable[[fx.Node], bool]) -> list[list[fx.Node]]:
+    """:func:`_partitions` of a copy of the region ``nodes`` (:func:`_region`), as nodes of the parent graph.
+    ``supported`` is asked of the parent's nodes; the copy's placeholders are never supported."""
+    module, original = _region(nodes)
+    found = _partitions(module, lambda node: node in original and supported(original[node]))
+    return [[original[n] for n in part] for part in found]
 
 
 def _region(nodes: Sequence[fx.Node]) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
